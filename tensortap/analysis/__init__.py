@@ -1,0 +1,1 @@
+"""Analysis helpers (smdebug's import path)."""

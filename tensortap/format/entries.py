@@ -1,0 +1,58 @@
+"""The in-memory index entry every source (native store, smdebug out_dir) produces for the trial.
+
+One entry = one saved thing: a raw tensor, one reduction of a tensor, or a shape alone, for one
+(name, global step, mode, mode step, worker). Entries are numpy structured arrays so that a trial of
+millions of entries is indexed and queried with vectorised numpy, not Python objects.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# kind
+RAW = 0
+REDUCTION = 1
+SHAPE = 2
+
+# Reduction codes; ABS_FLAG is or-ed in for abs_ reductions (abs_mean = MEAN | ABS_FLAG).
+REDUCTIONS = ("min", "max", "mean", "std", "variance", "sum", "prod", "median", "l1", "l2")
+NORMS = ("l1", "l2")
+REDUCTION_CODE = {name: i for i, name in enumerate(REDUCTIONS)}
+ABS_FLAG = 0x80
+NO_REDUCTION = 0xFF
+
+INLINE_BYTES = 16  # payloads up to this size live in the index entry itself
+INLINE_CHUNK = 0xFFFFFFFF  # `chunk` value of an entry whose payload is inline
+
+ENTRY_DTYPE = np.dtype(
+    [
+        ("name", "<u4"),  # id into Source.names
+        ("worker", "<u2"),  # id into Source.workers
+        ("mode", "u1"),  # ModeKeys value
+        ("kind", "u1"),  # RAW / REDUCTION / SHAPE
+        ("reduction", "u1"),  # REDUCTION_CODE | ABS_FLAG, NO_REDUCTION otherwise
+        ("dtype", "<u2"),  # id into Source.dtypes (payload dtype)
+        ("shape", "<u4"),  # id into Source.shapes (the tensor's shape; a reduction's own value is a scalar)
+        ("step", "<i8"),  # global step
+        ("mode_step", "<i8"),
+        ("chunk", "<u4"),  # id of the file holding the payload (source-specific), INLINE_CHUNK if inline
+        ("offset", "<u8"),
+        ("length", "<u8"),  # payload bytes
+        ("crc", "<u4"),  # CRC32C of the payload (0 where the source has none)
+        ("inline", f"V{INLINE_BYTES}"),  # the payload itself when chunk == INLINE_CHUNK
+    ]
+)
+
+
+def reduction_code(name: str, abs: bool = False) -> int:
+    """Code of reduction `name` (`l1`/`l2` also as `l1_norm`), with the abs flag."""
+    base = name[: -len("_norm")] if name.endswith("_norm") else name
+    if base not in REDUCTION_CODE:
+        raise ValueError(f"unknown reduction {name!r}: allowed are {', '.join(REDUCTIONS)}")
+    return REDUCTION_CODE[base] | (ABS_FLAG if abs else 0)
+
+
+def reduction_name(code: int) -> tuple[str, bool]:
+    """(name, abs) of a reduction code."""
+    code = int(code)
+    return REDUCTIONS[code & 0x7F], bool(code & ABS_FLAG)

@@ -1,0 +1,252 @@
+"""Reads the native chunked store (docs/format.md) incrementally, for a trial."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tensortap.exceptions import CorruptData
+from tensortap.format import codec, layout
+from tensortap.format.entries import ENTRY_DTYPE, INLINE_CHUNK, SHAPE
+from tensortap.format.source import CollectionInfo, Source
+from tensortap.storage.base import Storage
+
+logger = logging.getLogger("tensortap")
+
+
+def is_native_out_dir(storage: Storage) -> bool:
+    return bool(storage.list(layout.ROOT + "/"))
+
+
+@dataclass
+class _Chunk:
+    worker: str
+    seq: int
+    idx_key: str
+    dat_key: str
+    read_upto: int = 0  # bytes of the .idx consumed
+    sealed: bool = False  # a later chunk of the worker exists and this one was read to its end
+
+
+class NativeSource(Source):
+    """A job written by tensortap's ChunkWriter."""
+
+    def __init__(self, storage: Storage, range_steps: tuple[int | None, int | None] | None = None):
+        super().__init__()
+        self.storage = storage
+        self.range_steps = range_steps
+        self.passed_mode_step: dict[str, dict[str, int]] = {}
+        self.metadata: dict[str, dict[str, Any]] = {}
+        self._chunks: list[_Chunk] = []  # id = position
+        self._chunk_by_key: dict[str, int] = {}
+        self._name_ids: dict[str, int] = {}
+        self._worker_ids: dict[str, int] = {}
+        self._dtype_ids: dict[str, int] = {}
+        self._shape_ids: dict[tuple, int] = {}
+        self._num_workers_seen: dict[str, int] = {}
+
+    @property
+    def location(self) -> str:
+        return self.storage.url
+
+    # --- tables -----------------------------------------------------------------------------
+
+    def _intern(self, table: dict, lst: list, key: Any, value: Any = None) -> int:
+        i = table.get(key)
+        if i is None:
+            i = table[key] = len(lst)
+            lst.append(key if value is None else value)
+        return i
+
+    # --- refresh ----------------------------------------------------------------------------
+
+    def _discover(self) -> None:
+        for key in self.storage.list(layout.ROOT + "/"):
+            p = layout.parse_chunk_key(key)
+            if p is None or p[2] != "idx" or key in self._chunk_by_key:
+                continue
+            worker, seq, _ = p
+            self._chunk_by_key[key] = len(self._chunks)
+            self._chunks.append(_Chunk(worker, seq, key, layout.chunk_key(worker, seq, layout.DATA_SUFFIX)))
+        last_seq: dict[str, int] = {}
+        for c in self._chunks:
+            last_seq[c.worker] = max(last_seq.get(c.worker, -1), c.seq)
+        self._last_seq = last_seq
+
+    def refresh(self) -> np.ndarray:
+        self._discover()
+        out = []
+        for cid, c in enumerate(self._chunks):
+            if c.sealed:
+                continue
+            size = self.storage.size(c.idx_key) or 0
+            if size > c.read_upto:
+                buf = self.storage.read_range(c.idx_key, c.read_upto, size - c.read_upto)
+                path = self.storage.describe(c.idx_key)
+                try:
+                    blocks, used = codec.decode_blocks(buf, c.read_upto, path)
+                except CorruptData:
+                    logger.error("tensortap: %s has a corrupt index block; later blocks of it are skipped",
+                                 path)
+                    c.sealed = True
+                    continue
+                for header, disk in blocks:
+                    out.append(self._ingest(cid, c, header, disk))
+                c.read_upto += used
+            if self._last_seq.get(c.worker, c.seq) > c.seq and c.read_upto >= size:
+                c.sealed = True
+        if not out:
+            return self.empty()
+        entries = np.concatenate(out)
+        if self.range_steps is not None:
+            lo, hi = self.range_steps
+            keep = np.ones(len(entries), dtype=bool)
+            if lo is not None:
+                keep &= entries["step"] >= lo
+            if hi is not None:
+                keep &= entries["step"] < hi
+            entries = entries[keep]
+        return entries
+
+    def _ingest(self, cid: int, c: _Chunk, header: dict, disk: np.ndarray) -> np.ndarray:
+        worker = header.get("worker", c.worker)
+        wid = self._intern(self._worker_ids, self.workers, worker)
+        if "metadata" in header:
+            self.metadata[worker] = header["metadata"]
+        nw = header.get("num_workers")
+        if isinstance(nw, int):
+            self._num_workers_seen[worker] = nw
+            self.num_workers = max(self._num_workers_seen.values())
+        if "collections" in header:
+            self._merge_collections(header["collections"])
+        if "passed" in header:
+            p = header["passed"]
+            self.passed_step[worker] = max(self.passed_step.get(worker, -1), int(p["step"]))
+            pm = self.passed_mode_step.setdefault(worker, {})
+            for m, s in p.get("mode_steps", {}).items():
+                pm[m] = max(pm.get(m, -1), int(s))
+        if header.get("end"):
+            self.ended_workers.add(worker)
+        n = len(disk)
+        if n == 0:
+            return self.empty()
+        name_map = np.array([self._intern(self._name_ids, self.names, s) for s in header["names"]], dtype="<u4")
+        dtype_map = np.array(
+            [self._intern(self._dtype_ids, self.dtypes, s, _safe_dtype(s)) for s in header["dtypes"]],
+            dtype="<u2",
+        )
+        shape_map = np.array(
+            [self._intern(self._shape_ids, self.shapes, tuple(s)) for s in header["shapes"]], dtype="<u4"
+        )
+        e = np.empty(n, dtype=ENTRY_DTYPE)
+        e["name"] = name_map[disk["name"]]
+        e["worker"] = wid
+        for f in ("mode", "kind", "reduction", "step", "mode_step", "offset", "length", "crc", "inline"):
+            e[f] = disk[f]
+        e["dtype"] = dtype_map[disk["dtype"]]
+        e["shape"] = shape_map[disk["shape"]]
+        e["chunk"] = np.where(disk["flags"] & codec.FLAG_INLINE, INLINE_CHUNK, cid)
+        return e
+
+    def _merge_collections(self, cj: dict) -> None:
+        for name, d in (cj.get("collections") or {}).items():
+            info = self.collections.get(name)
+            if info is None:
+                info = self.collections[name] = CollectionInfo(name)
+            info.tensor_names.update(d.get("tensor_names") or [])
+            for rx in d.get("include_regex") or []:
+                if rx not in info.include_regex:
+                    info.include_regex.append(rx)
+            info.config = d
+
+    # --- payloads ---------------------------------------------------------------------------
+
+    def read_values(self, entries: np.ndarray) -> list[np.ndarray]:
+        out: list[np.ndarray | None] = [None] * len(entries)
+        if len(entries) == 0:
+            return []
+        chunk = entries["chunk"]
+        inline_idx = np.nonzero(chunk == INLINE_CHUNK)[0]
+        if len(inline_idx):
+            self._decode_inline(entries, inline_idx, out)
+        for cid in np.unique(chunk[chunk != INLINE_CHUNK]):
+            idx = np.nonzero(chunk == cid)[0]
+            c = self._chunks[int(cid)]
+            order = idx[np.argsort(entries["offset"][idx], kind="stable")]
+            # Coalesce neighbouring payloads into few reads.
+            ranges: list[tuple[int, int]] = []
+            members: list[list[int]] = []
+            for i in order:
+                off, n = int(entries["offset"][i]), int(entries["length"][i])
+                if ranges and off <= ranges[-1][0] + ranges[-1][1] + 65536:
+                    start = ranges[-1][0]
+                    ranges[-1] = (start, max(ranges[-1][1], off + n - start))
+                    members[-1].append(i)
+                else:
+                    ranges.append((off, n))
+                    members.append([i])
+            bufs = self.storage.read_ranges(c.dat_key, ranges)
+            path = self.storage.describe(c.dat_key)
+            for (start, _), buf, mem in zip(ranges, bufs, members, strict=True):
+                mv = memoryview(buf)
+                for i in mem:
+                    e = entries[i]
+                    lo = int(e["offset"]) - start
+                    n = int(e["length"])
+                    piece = mv[lo : lo + n]
+                    if len(piece) != n:
+                        raise CorruptData(path, int(e["offset"]), f"payload truncated ({len(piece)} of {n} bytes)")
+                    if codec.crc32c(piece) != int(e["crc"]):
+                        raise CorruptData(path, int(e["offset"]), "payload checksum mismatch")
+                    out[i] = self._decode(e, piece)
+        return out  # type: ignore[return-value]
+
+    def _decode(self, e: np.void, buf: bytes | memoryview) -> np.ndarray:
+        dt = self.dtypes[int(e["dtype"])]
+        if int(e["kind"]) == SHAPE:
+            raise ValueError("a shape entry has no value")
+        shape = () if int(e["kind"]) != 0 else self.shapes[int(e["shape"])]
+        return np.frombuffer(buf, dtype=dt).reshape(shape).copy()
+
+    def _decode_inline(self, entries: np.ndarray, idx: np.ndarray, out: list) -> None:
+        sub = entries[idx]
+        raw = np.frombuffer(sub["inline"].tobytes(), dtype=np.uint8).reshape(len(sub), -1)
+        keys = np.stack([sub["dtype"].astype(np.int64), sub["kind"].astype(np.int64),
+                         sub["shape"].astype(np.int64), sub["length"].astype(np.int64)], axis=1)
+        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        for g, (dt_id, kind, shape_id, length) in enumerate(uniq):
+            sel = np.nonzero(inverse == g)[0]
+            dt = self.dtypes[int(dt_id)]
+            shape = () if int(kind) != 0 else self.shapes[int(shape_id)]
+            block = np.ascontiguousarray(raw[sel, : int(length)])
+            vals = block.view(dt).reshape((len(sel), *shape)) if int(length) else np.zeros(
+                (len(sel), *shape), dtype=dt
+            )
+            for j, i in enumerate(sel):
+                out[int(idx[i])] = np.array(vals[j])
+
+    def read_stacked_inline(self, entries: np.ndarray) -> np.ndarray | None:
+        """All-inline entries of one dtype and shape as one stacked array, else None (the bulk fast path)."""
+        if len(entries) == 0 or not np.all(entries["chunk"] == INLINE_CHUNK):
+            return None
+        for f in ("dtype", "kind", "shape", "length"):
+            if not np.all(entries[f] == entries[f][0]):
+                return None
+        e0 = entries[0]
+        dt = self.dtypes[int(e0["dtype"])]
+        shape = () if int(e0["kind"]) != 0 else self.shapes[int(e0["shape"])]
+        n = int(e0["length"])
+        raw = np.frombuffer(entries["inline"].tobytes(), dtype=np.uint8).reshape(len(entries), -1)
+        return np.ascontiguousarray(raw[:, :n]).view(dt).reshape((len(entries), *shape))
+
+
+def _safe_dtype(s: str) -> np.dtype:
+    try:
+        return codec.dtype_from_str(s)
+    except Exception as e:  # keep the index readable; decoding this dtype raises later
+        logger.warning("tensortap: %s", e)
+        return np.dtype("V1")

@@ -1,0 +1,392 @@
+"""The background writer: the training thread hands off records; one thread encodes and appends them.
+
+Memory is bounded by `max_pending_bytes`. When storage falls behind and that bound is reached, the
+policy decides: "block" (default) makes `submit` wait for room, up to `block_timeout` seconds, and then
+drops; "drop" drops at once. Drops are counted (`dropped_records`) and warned about once.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tensortap.format import codec, layout
+from tensortap.format.entries import (
+    INLINE_BYTES,
+    NO_REDUCTION,
+    RAW,
+    REDUCTION,
+    SHAPE,
+    reduction_code,
+)
+from tensortap.storage.base import Storage
+
+logger = logging.getLogger("tensortap")
+
+
+@dataclass
+class Record:
+    """One tensor of one step, as handed to the writer.
+
+    `value` is the raw array (already on the host) or None. `reductions` lists (name, abs) to compute
+    from `value` in the writer thread; `reduction_values` holds reductions computed elsewhere
+    (e.g. on the GPU). `save_raw` stores the value itself; `save_shape` stores the shape alone when
+    nothing else records it.
+    """
+
+    name: str
+    step: int
+    mode: int
+    mode_step: int
+    value: np.ndarray | None = None
+    save_raw: bool = True
+    reductions: tuple[tuple[str, bool], ...] = ()
+    reduction_values: dict[tuple[str, bool], Any] = field(default_factory=dict)
+    save_shape: bool = False
+    shape: tuple[int, ...] | None = None
+
+    def nbytes(self) -> int:
+        return 256 + (self.value.nbytes if self.value is not None else 0)
+
+
+def compute_reduction(arr: np.ndarray, name: str, abs_: bool) -> np.ndarray:
+    """A reduction of `arr` as a 0-d array. Norms are flattened vector norms, for every framework."""
+    x = np.abs(arr) if abs_ else arr
+    if x.dtype.kind == "b" or x.dtype.kind in "iu" and name in ("mean", "std", "variance", "median", "l2"):
+        x = x.astype(np.float64)
+    elif x.dtype.kind == "V" or x.dtype == np.float16:
+        x = x.astype(np.float32)  # bfloat16 / float16: reduce in float32 like the frameworks do
+    flat = x.ravel()
+    if name == "min":
+        r = np.min(flat)
+    elif name == "max":
+        r = np.max(flat)
+    elif name == "mean":
+        r = np.mean(flat)
+    elif name == "std":
+        r = np.std(flat)
+    elif name == "variance":
+        r = np.var(flat)
+    elif name == "sum":
+        r = np.sum(flat)
+    elif name == "prod":
+        r = np.prod(flat)
+    elif name == "median":
+        r = np.median(flat)
+    elif name == "l1":
+        r = np.linalg.norm(flat, ord=1)
+    elif name == "l2":
+        r = np.linalg.norm(flat, ord=2)
+    else:
+        raise ValueError(f"unknown reduction {name!r}")
+    return np.asarray(r)
+
+
+class _Tables:
+    """Block-local tables of names, dtypes and shapes."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, int] = {}
+        self.dtypes: dict[str, int] = {}
+        self.shapes: dict[tuple[int, ...], int] = {}
+
+    @staticmethod
+    def _id(table: dict, key: Any) -> int:
+        i = table.get(key)
+        if i is None:
+            i = table[key] = len(table)
+        return i
+
+    def to_header(self) -> dict[str, Any]:
+        return {"names": list(self.names), "dtypes": list(self.dtypes), "shapes": [list(s) for s in self.shapes]}
+
+
+_STOP = object()
+
+
+class ChunkWriter:
+    """Appends one worker's records to chunk files (`.dat` payloads + `.idx` index blocks).
+
+    Every `flush_interval` seconds (and at `flush()`/`close()`), payloads are written and flushed to
+    the data file first, then one index block describing them is appended to the index file. A
+    reader therefore never finds an index entry whose payload is not on disk, and a crash loses at
+    most what was not flushed yet.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        worker: str,
+        *,
+        num_workers: int = 1,
+        flush_interval: float = 0.5,
+        chunk_bytes: int = 256 << 20,
+        max_pending_bytes: int = 512 << 20,
+        backpressure: str = "block",
+        block_timeout: float = 30.0,
+        metadata: dict[str, Any] | None = None,
+    ):
+        if backpressure not in ("block", "drop"):
+            raise ValueError(f"backpressure must be 'block' or 'drop', not {backpressure!r}")
+        if not storage.supports_append:
+            raise NotImplementedError(f"{type(storage).__name__}: sealed-chunk writing is not available yet")
+        self.storage = storage
+        self.worker = worker
+        self.num_workers = num_workers
+        self.flush_interval = flush_interval
+        self.chunk_bytes = chunk_bytes
+        self.max_pending_bytes = max_pending_bytes
+        self.backpressure = backpressure
+        self.block_timeout = block_timeout
+        self.metadata = dict(metadata or {})
+        self.dropped_records = 0
+        self.written_records = 0
+        self.error: BaseException | None = None
+
+        self._pending_bytes = 0
+        self._submitted = 0  # records accepted by submit()
+        self._encoded = 0  # records the writer thread has taken into a block
+        self._passed_mark: tuple[int, dict[str, Any]] | None = None
+        self._published_step = -1
+        self._room = threading.Condition()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._seq = self._first_free_seq()
+        self._idx = self._dat = None
+        self._dat_size = 0
+        # State of the block being built (writer thread only).
+        self._tables = _Tables()
+        self._rows: list[tuple] = []
+        self._payloads: list[bytes] = []
+        self._payload_size = 0
+        self._passed: dict[str, Any] | None = None
+        self._collections: dict[str, Any] | None = None
+        self._first_block = True
+        self._flush_events: list[threading.Event] = []
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"tensortap-writer-{worker}", daemon=True)
+        self._thread.start()
+
+    # --- training-thread side ---------------------------------------------------------------
+
+    def submit(self, record: Record) -> bool:
+        """Hand off a record; False if it was dropped under backpressure."""
+        if self._closed or self.error is not None:
+            return False
+        size = record.nbytes()
+        with self._room:
+            if self._pending_bytes + size > self.max_pending_bytes:
+                if self.backpressure == "block":
+                    deadline = time.monotonic() + self.block_timeout
+                    while self._pending_bytes + size > self.max_pending_bytes and self.error is None:
+                        left = deadline - time.monotonic()
+                        if left <= 0 or not self._thread.is_alive():
+                            break
+                        self._room.wait(min(left, 0.5))
+                if self._pending_bytes + size > self.max_pending_bytes:
+                    self._drop()
+                    return False
+            self._pending_bytes += size
+            self._submitted += 1
+        self._queue.put(record)
+        return True
+
+    def _drop(self) -> None:
+        if self.dropped_records == 0:
+            logger.warning(
+                "tensortap: storage is falling behind (%d bytes pending); dropping records "
+                "(policy %r). Training continues.",
+                self._pending_bytes,
+                self.backpressure,
+            )
+        self.dropped_records += 1
+
+    def mark_step_passed(self, step: int, mode_steps: dict[str, int]) -> None:
+        """The worker finished global step `step` (and these mode steps): nothing more comes for them.
+
+        Costs one attribute write on the training thread; the writer publishes the mark once every
+        record submitted before it is written.
+        """
+        self._passed_mark = (self._submitted, {"step": step, "mode_steps": mode_steps})
+
+    def set_collections(self, collections_json: dict[str, Any]) -> None:
+        self._queue.put(("collections", collections_json))
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Write out everything handed off so far; True when done within `timeout`."""
+        ev = threading.Event()
+        self._queue.put(("flush", ev))
+        return ev.wait(timeout)
+
+    def close(self, timeout: float | None = 60.0) -> None:
+        """Flush, write the end-of-job block and stop the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+
+    # --- writer thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        last_flush = time.monotonic()
+        try:
+            while True:
+                timeout = max(0.0, self.flush_interval - (time.monotonic() - last_flush))
+                try:
+                    item = self._queue.get(timeout=timeout)
+                except queue.Empty:
+                    item = None
+                if item is _STOP:
+                    self._write_block(end=True)
+                    break
+                if isinstance(item, Record):
+                    self._encode(item)
+                    with self._room:
+                        self._pending_bytes -= item.nbytes()
+                        self._room.notify_all()
+                elif isinstance(item, tuple):
+                    what, arg = item
+                    if what == "collections":
+                        self._collections = arg
+                    elif what == "flush":
+                        self._flush_events.append(arg)
+                        self._write_block()
+                        last_flush = time.monotonic()
+                if time.monotonic() - last_flush >= self.flush_interval or self._payload_size > (64 << 20):
+                    self._write_block()
+                    last_flush = time.monotonic()
+        except BaseException as e:  # never raise into training; the hook checks .error
+            self.error = e
+            logger.exception("tensortap: the writer of %s failed; no more data will be saved", self.worker)
+            with self._room:
+                self._room.notify_all()
+        finally:
+            for ev in self._flush_events:
+                ev.set()
+            for f in (self._dat, self._idx):
+                if f is not None:
+                    try:
+                        f.close()
+                    except OSError:
+                        pass
+
+    def _first_free_seq(self) -> int:
+        keys = self.storage.list(layout.worker_dir(self.worker) + "/")
+        seqs = [p[1] for k in keys if (p := layout.parse_chunk_key(k))]
+        return max(seqs) + 1 if seqs else 0
+
+    def _open_chunk(self) -> None:
+        self._dat = self.storage.open_append(layout.chunk_key(self.worker, self._seq, layout.DATA_SUFFIX))
+        self._idx = self.storage.open_append(layout.chunk_key(self.worker, self._seq, layout.INDEX_SUFFIX))
+        self._dat_size = 0
+        self._first_block = True
+
+    def _add_payload(self, buf: bytes) -> tuple[int, int, int, bytes]:
+        """(flags, offset, crc, inline) for a payload: inline when small, else appended to the data file."""
+        if len(buf) <= INLINE_BYTES:
+            return codec.FLAG_INLINE, 0, 0, buf
+        off = self._dat_size + self._payload_size
+        self._payloads.append(buf)
+        self._payload_size += len(buf)
+        return 0, off, codec.crc32c(buf), b""
+
+    def _encode(self, r: Record) -> None:
+        if self._dat is None:
+            self._open_chunk()
+        t = self._tables
+        name_id = t._id(t.names, r.name)
+        value = r.value
+        shape = tuple(value.shape) if value is not None else tuple(r.shape or ())
+        shape_id = t._id(t.shapes, shape)
+        wrote_any = False
+        if value is not None and r.save_raw:
+            buf = value.tobytes()
+            flags, off, crc, inl = self._add_payload(buf)
+            dtype_id = t._id(t.dtypes, codec.dtype_to_str(value.dtype))
+            self._rows.append(
+                (name_id, r.mode, RAW, NO_REDUCTION, flags, dtype_id, shape_id, r.step, r.mode_step,
+                 off, len(buf), crc, inl)
+            )
+            wrote_any = True
+        reductions = dict(r.reduction_values)
+        if value is not None and value.size > 0:
+            for red in r.reductions:
+                if red not in reductions:
+                    try:
+                        reductions[red] = compute_reduction(value, *red)
+                    except (TypeError, ValueError) as e:
+                        logger.debug("tensortap: reduction %s of %s skipped: %s", red, r.name, e)
+        for (red_name, abs_), rv in reductions.items():
+            rv = codec.as_storable(rv)
+            buf = rv.tobytes()
+            flags, off, crc, inl = self._add_payload(buf)
+            dtype_id = t._id(t.dtypes, codec.dtype_to_str(rv.dtype))
+            self._rows.append(
+                (name_id, r.mode, REDUCTION, reduction_code(red_name, abs_), flags, dtype_id, shape_id,
+                 r.step, r.mode_step, off, len(buf), crc, inl)
+            )
+            wrote_any = True
+        if r.save_shape and not wrote_any:
+            dtype_id = t._id(t.dtypes, codec.dtype_to_str(value.dtype) if value is not None else "|V0")
+            self._rows.append(
+                (name_id, r.mode, SHAPE, NO_REDUCTION, 0, dtype_id, shape_id, r.step, r.mode_step, 0, 0, 0, b"")
+            )
+        self.written_records += 1
+        self._encoded += 1
+
+    def _write_block(self, end: bool = False) -> None:
+        mark = self._passed_mark  # read once: the training thread may replace it at any time
+        if mark is not None and mark[0] <= self._encoded and mark[1]["step"] > self._published_step:
+            self._passed = mark[1]
+            self._published_step = mark[1]["step"]
+        if not self._rows and self._passed is None and self._collections is None and not end:
+            for ev in self._flush_events:
+                ev.set()
+            self._flush_events.clear()
+            return
+        if self._dat is None:
+            self._open_chunk()
+        header: dict[str, Any] = self._tables.to_header()
+        header["worker"] = self.worker
+        header["num_workers"] = self.num_workers
+        header["time"] = time.time()
+        if self._first_block:
+            header["format_version"] = codec.FORMAT_VERSION
+            header["metadata"] = self.metadata
+        if self._passed is not None:
+            header["passed"] = self._passed
+        if self._collections is not None:
+            header["collections"] = self._collections
+        if end:
+            header["end"] = True
+        entries = np.array(self._rows, dtype=codec.DISK_ENTRY_DTYPE) if self._rows else np.empty(
+            0, dtype=codec.DISK_ENTRY_DTYPE
+        )
+        # Payloads first, then the index block that points at them.
+        if self._payloads:
+            self._dat.write(b"".join(self._payloads))
+            self._dat.flush()
+            self._dat_size += self._payload_size
+        self._idx.write(codec.encode_block(header, entries))
+        self._idx.flush()
+        self._first_block = False
+        self._rows.clear()
+        self._payloads.clear()
+        self._payload_size = 0
+        self._tables = _Tables()
+        self._collections = None
+        self._passed = None
+        for ev in self._flush_events:
+            ev.set()
+        self._flush_events.clear()
+        if self._dat_size >= self.chunk_bytes and not end:
+            self._dat.close()
+            self._idx.close()
+            self._seq += 1
+            self._open_chunk()

@@ -1,0 +1,538 @@
+"""The framework-agnostic hook: steps, modes, collections, and hand-off to the background writer.
+
+Framework hooks (tensortap.pytorch, ...) subclass it and only adapt their framework's callbacks and
+tensors. Every callback they run goes through `guard()`, so an error inside tensortap is logged once,
+counted, and turns the hook off while training goes on. `TENSORTAP_DISABLE=1` turns every hook off.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from tensortap import modes as _modes
+from tensortap.collection import (
+    NON_REDUCTION_COLLECTIONS,
+    TRAIN_ONLY_COLLECTIONS,
+    Collection,
+    CollectionKeys,
+    CollectionManager,
+)
+from tensortap.config import ReductionConfig, SaveConfig
+from tensortap.exceptions import InvalidConfiguration, TensorTapError
+from tensortap.format import codec, layout
+from tensortap.format.writer import ChunkWriter, Record
+from tensortap.modes import ModeKeys
+from tensortap.storage import open_storage
+
+logger = logging.getLogger("tensortap")
+
+DISABLE_ENV = "TENSORTAP_DISABLE"
+INCLUDE_WORKERS = ("one", "all")
+
+
+def disabled_by_env() -> bool:
+    return os.environ.get(DISABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _rank_from_env() -> tuple[int, int]:
+    """(rank, world size) from the launcher's environment (torchrun, MPI, SLURM), else (0, 1)."""
+    for r, w in (("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                 ("PMI_RANK", "PMI_SIZE")):
+        if r in os.environ and w in os.environ:
+            try:
+                return int(os.environ[r]), int(os.environ[w])
+            except ValueError:
+                pass
+    return 0, 1
+
+
+class Hook:
+    """Captures tensors of a training job into `out_dir` (a local path or, with tensortap[s3], s3://...).
+
+    Steps: `next_step()` starts the next step (the first is 0); `set_mode(mode)` switches between
+    TRAIN/EVAL/PREDICT/GLOBAL, each mode counting its own steps; saving outside a step starts one.
+    """
+
+    #: collections every hook of this kind creates; framework hooks extend it
+    builtin_collections: tuple[str, ...] = (CollectionKeys.ALL, CollectionKeys.DEFAULT, CollectionKeys.SCALARS)
+    #: saved when include_collections is None
+    default_include_collections: tuple[str, ...] = (CollectionKeys.DEFAULT, CollectionKeys.SCALARS)
+
+    def __init__(
+        self,
+        out_dir: str,
+        export_tensorboard: bool = False,
+        tensorboard_dir: str | None = None,
+        dry_run: bool = False,
+        reduction_config: ReductionConfig | None = None,
+        save_config: SaveConfig | Any = None,
+        include_regex: str | Iterable[str] | None = None,
+        include_collections: Iterable[str | Collection] | None = None,
+        save_all: bool = False,
+        include_workers: str = "one",
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        worker: str | None = None,
+        flush_interval: float = 0.5,
+        chunk_bytes: int = 256 << 20,
+        max_pending_bytes: int = 512 << 20,
+        backpressure: str = "block",
+    ):
+        if out_dir is None or not str(out_dir).strip():
+            raise InvalidConfiguration(f"out_dir={out_dir!r}: give a local directory or an s3://bucket/prefix")
+        self.out_dir = str(out_dir)
+        for flag_name, flag in (("dry_run", dry_run), ("save_all", save_all),
+                                ("export_tensorboard", export_tensorboard)):
+            if not isinstance(flag, bool):
+                raise InvalidConfiguration(f"{flag_name}={flag!r} must be True or False")
+        if include_workers not in INCLUDE_WORKERS:
+            raise InvalidConfiguration(f"include_workers={include_workers!r}: allowed are 'one' and 'all'")
+        if reduction_config is not None and not isinstance(reduction_config, ReductionConfig):
+            raise InvalidConfiguration(
+                f"reduction_config={reduction_config!r} must be a tensortap.ReductionConfig or None"
+            )
+        if not (isinstance(flush_interval, int | float) and flush_interval > 0):
+            raise InvalidConfiguration(f"flush_interval={flush_interval!r} must be a positive number of seconds")
+        if backpressure not in ("block", "drop"):
+            raise InvalidConfiguration(f"backpressure={backpressure!r}: allowed are 'block' and 'drop'")
+        self.save_config = SaveConfig.coerce(save_config)
+        self.reduction_config = reduction_config or ReductionConfig(save_raw_tensor=True)
+        self.dry_run = dry_run
+        self.save_all = save_all
+        self.include_workers = include_workers
+        self.export_tensorboard = export_tensorboard
+        self.tensorboard_dir = tensorboard_dir
+        if export_tensorboard or tensorboard_dir:
+            logger.warning("tensortap: TensorBoard export is not available yet; the option is ignored")
+
+        self.collection_manager = CollectionManager()
+        for name in self.builtin_collections:
+            self.collection_manager.get(name)
+        self._init_builtin_collections()
+        if include_regex:
+            regexes = [include_regex] if isinstance(include_regex, str) else list(include_regex)
+            self.collection_manager.get(CollectionKeys.DEFAULT).include(regexes)
+        included: list[str] = []
+        for c in include_collections if include_collections is not None else self.default_include_collections:
+            if isinstance(c, Collection):
+                self.collection_manager.add(c)
+                c = c.name
+            elif not isinstance(c, str):
+                raise InvalidConfiguration(f"include_collections entry {c!r} must be a collection name or Collection")
+            included.append(c)
+        if include_regex and CollectionKeys.DEFAULT not in included:
+            included.append(CollectionKeys.DEFAULT)
+        if save_all:
+            self.collection_manager.get(CollectionKeys.ALL).include(".*")
+            included.append(CollectionKeys.ALL)
+        self.include_collections = list(dict.fromkeys(included))
+
+        # Workers.
+        env_rank, env_world = _rank_from_env()
+        self.rank = env_rank if rank is None else int(rank)
+        self.world_size = env_world if world_size is None else int(world_size)
+        if not 0 <= self.rank < max(self.world_size, 1):
+            raise InvalidConfiguration(f"rank={self.rank} is not in [0, world_size={self.world_size})")
+        self.worker = worker or f"worker_{self.rank}"
+        self.num_workers = self.world_size if include_workers == "all" else 1
+        self.collection_manager.set_num_workers(self.num_workers)
+        #: whether this process writes anything (include_workers="one": rank 0 only)
+        self.writes = include_workers == "all" or self.rank == 0
+
+        # Step state: global step and per-mode steps; -1 until the first step starts.
+        self.mode: ModeKeys = _modes.GLOBAL
+        self.step = -1
+        self.mode_steps: dict[ModeKeys, int] = {m: -1 for m in ModeKeys}
+        self._in_step = False
+
+        # Error isolation.
+        self.disabled = disabled_by_env()
+        self.error_count = 0
+        self.first_error: BaseException | None = None
+
+        self._writer_opts = dict(
+            flush_interval=flush_interval, chunk_bytes=chunk_bytes,
+            max_pending_bytes=max_pending_bytes, backpressure=backpressure,
+        )
+        self._writer: ChunkWriter | None = None
+        self._storage = None
+        self._prepared = False
+        self._closed = False
+        self._save_cache_key: tuple | None = None
+        self._save_now: list[Collection] = []
+        self._match_cache: dict[str, list[Collection]] = {}
+        self._collections_dirty = True
+        if not self.disabled and self.writes and not self.dry_run:
+            self._check_out_dir()
+        # Nothing lost: a job that forgets close() still gets its data flushed and its end marked.
+        atexit.register(_close_at_exit, weakref.ref(self))
+
+    # --- construction helpers ---------------------------------------------------------------
+
+    def _init_builtin_collections(self) -> None:
+        """Set the regexes of the built-in collections (framework hooks override)."""
+
+    def _check_out_dir(self) -> None:
+        storage = open_storage(self.out_dir)
+        for key in storage.list(layout.worker_dir(self.worker) + "/"):
+            if key.endswith(layout.INDEX_SUFFIX):
+                raise InvalidConfiguration(
+                    f"out_dir {self.out_dir!r} already holds data of {self.worker}: "
+                    "use a new out_dir for every training job"
+                )
+        self._storage = storage
+
+    @classmethod
+    def create_from_json_file(cls, json_file_path: str | None = None, **overrides: Any) -> Hook:
+        """A hook configured by smdebug-style JSON: `json_file_path`, else $TENSORTAP_CONFIG,
+        else $SMDEBUG_CONFIG_FILE_PATH."""
+        from tensortap.hook_config import load_hook_config
+
+        cfg = load_hook_config(json_file_path)
+        kwargs = cfg.hook_kwargs()
+        kwargs.update(overrides)
+        hook = cls(**kwargs)
+        for name, coll in cfg.collection_configs.items():
+            existing = hook.collection_manager.get(name)
+            if coll.include_regex:
+                existing.include(coll.include_regex)
+            if coll.save_config is not None:
+                existing.save_config = coll.save_config
+            if coll.reduction_config is not None:
+                existing.reduction_config = coll.reduction_config
+            existing.save_histogram = coll.save_histogram
+        return hook
+
+    # --- error isolation --------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def guard(self, where: str) -> Iterator[None]:
+        """Run hook work so that an internal error disables the hook instead of breaking training."""
+        try:
+            yield
+        except TensorTapError as e:
+            if isinstance(e, InvalidConfiguration):
+                raise
+            self._fail(where, e)
+        except Exception as e:  # noqa: BLE001 - by design: never break the training job
+            self._fail(where, e)
+
+    def _fail(self, where: str, e: BaseException) -> None:
+        self.error_count += 1
+        if self.first_error is None:
+            self.first_error = e
+            logger.error(
+                "tensortap: error in %s; the hook turns itself off and training continues", where, exc_info=e
+            )
+        self.disabled = True
+
+    @property
+    def active(self) -> bool:
+        """Whether this hook captures anything (not disabled, not a silent rank, not closed)."""
+        return not self.disabled and self.writes and not self._closed
+
+    # --- collections ------------------------------------------------------------------------
+
+    def get_collection(self, name: str, create: bool = True) -> Collection:
+        self._match_cache.clear()
+        self._save_cache_key = None
+        self._collections_dirty = True
+        return self.collection_manager.get(name, create=create)
+
+    def get_collections(self) -> dict[str, Collection]:
+        self._match_cache.clear()
+        self._save_cache_key = None
+        return self.collection_manager.get_collections()
+
+    def add_collection(self, collection: Collection) -> None:
+        if not isinstance(collection, Collection):
+            raise InvalidConfiguration(f"add_collection takes a tensortap.Collection, not {type(collection).__name__}")
+        self.collection_manager.add(collection)
+        self._match_cache.clear()
+        self._save_cache_key = None
+        self._collections_dirty = True
+
+    def _prepare(self) -> None:
+        """Validate collections once, at the first step."""
+        for name in self.include_collections:
+            c = self.collection_manager.get(name)
+            if (
+                name not in self.builtin_collections
+                and not c.include_regex
+                and not c.tensor_names
+                and name not in self._programmatic_collections()
+            ):
+                logger.info("tensortap: collection %r matches nothing yet (no regex, no names)", name)
+        self._prepared = True
+
+    def _programmatic_collections(self) -> set[str]:
+        return set()
+
+    def _included(self) -> list[Collection]:
+        if CollectionKeys.ALL in self.include_collections and self.save_all:
+            return list(self.collection_manager.get_collections().values())
+        return [self.collection_manager.get(n) for n in self.include_collections]
+
+    def _coll_save_config(self, c: Collection) -> SaveConfig:
+        return c.save_config.merge_default(self.save_config) if c.save_config is not None else self.save_config
+
+    def _collection_saves_now(self, c: Collection) -> bool:
+        if self.mode in (_modes.EVAL, _modes.PREDICT) and c.name in TRAIN_ONLY_COLLECTIONS:
+            return False
+        return self._coll_save_config(c).should_save_step(self.mode, self.mode_steps[self.mode])
+
+    def collections_to_save(self) -> list[Collection]:
+        """Included collections that save at the current step (cached per step)."""
+        key = (self.step, self.mode)
+        if self._save_cache_key != key:
+            self._save_now = [c for c in self._included() if self._collection_saves_now(c)]
+            self._save_cache_key = key
+        return self._save_now
+
+    def is_saving_step(self) -> bool:
+        """True if anything may be saved at the current step."""
+        return self.active and bool(self.collections_to_save())
+
+    def collections_for(self, name: str) -> list[Collection]:
+        """Collections saving now that contain tensor `name`."""
+        colls = self._match_cache.get(name)
+        if colls is None:
+            colls = self._match_cache[name] = [c for c in self._included() if c.matches(name)]
+        now = self.collections_to_save()
+        return [c for c in colls if c in now]
+
+    def should_save_tensor(self, name: str) -> bool:
+        return self.active and bool(self.collections_for(name))
+
+    # --- steps and modes --------------------------------------------------------------------
+
+    def set_mode(self, mode: ModeKeys | str) -> None:
+        """Switch mode; the next step is counted in it."""
+        mode = _modes.parse_mode(mode)
+        if mode != self.mode:
+            self.end_step()
+            self.mode = mode
+
+    def next_step(self) -> int:
+        """End the current step (if any) and begin the next; returns the new global step."""
+        self.end_step()
+        self.step += 1
+        self.mode_steps[self.mode] += 1
+        self.mode_steps[_modes.GLOBAL] = self.step
+        self._in_step = True
+        if not self._prepared:
+            self._prepare()
+        self.on_step_begin()
+        return self.step
+
+    def end_step(self) -> None:
+        """Finish the current step: readers learn that no more data comes for it."""
+        if not self._in_step:
+            return
+        self._in_step = False
+        self.on_step_end()
+        if self._writer is not None and self.active:
+            with self.guard("end_step"):
+                if self._collections_dirty:
+                    self._writer.set_collections(self.collection_manager.to_json_dict())
+                    self._collections_dirty = False
+                self._writer.mark_step_passed(
+                    self.step, {m.name: s for m, s in self.mode_steps.items() if s >= 0}
+                )
+
+    def _ensure_step(self) -> None:
+        if not self._in_step:
+            self.next_step()
+
+    def on_step_begin(self) -> None:
+        """Called when a step begins (framework hooks override)."""
+
+    def on_step_end(self) -> None:
+        """Called when a step ends, before readers are told (framework hooks override)."""
+
+    @property
+    def mode_step(self) -> int:
+        return self.mode_steps[self.mode]
+
+    # --- saving -----------------------------------------------------------------------------
+
+    def _get_writer(self) -> ChunkWriter:
+        if self._writer is None:
+            if self._storage is None:
+                self._storage = open_storage(self.out_dir)
+            self._writer = ChunkWriter(
+                self._storage,
+                self.worker,
+                num_workers=self.num_workers,
+                metadata={"rank": self.rank, "world_size": self.world_size, "hook": type(self).__name__},
+                **self._writer_opts,
+            )
+        return self._writer
+
+    def _plan(self, name: str, colls: list[Collection]) -> tuple[bool, tuple[tuple[str, bool], ...], bool]:
+        """(save_raw, reductions, save_shape) for a tensor saved in `colls` now."""
+        save_raw = False
+        save_shape = False
+        reds: list[tuple[str, bool]] = []
+        for c in colls:
+            rc = c.reduction_config or self.reduction_config
+            if c.name in NON_REDUCTION_COLLECTIONS:
+                save_raw = True
+                continue
+            save_raw = save_raw or rc.save_raw_tensor
+            save_shape = save_shape or rc.save_shape
+            for r in rc.requested():
+                if r not in reds:
+                    reds.append(r)
+        return save_raw, tuple(reds), save_shape
+
+    def _note_membership(self, name: str, colls: Iterable[Collection]) -> None:
+        for c in colls:
+            if not c.has_tensor_name(name):
+                c.add_tensor_name(name)
+                self._collections_dirty = True
+
+    def write_tensor(
+        self,
+        name: str,
+        value: Any,
+        colls: list[Collection],
+        reduction_values: dict[tuple[str, bool], Any] | None = None,
+        shape: tuple[int, ...] | None = None,
+    ) -> None:
+        """Hand one host-side tensor to the writer with the plan of `colls` (framework hooks call this)."""
+        save_raw, reds, save_shape = self._plan(name, colls)
+        if reduction_values is not None:
+            reds = tuple(r for r in reds if r not in reduction_values)
+        arr = None
+        if value is not None:
+            arr = codec.as_storable(value)
+            if arr is value or (isinstance(value, np.ndarray) and np.shares_memory(arr, value)):
+                arr = arr.copy()  # the caller may mutate its array after we return
+        self._note_membership(name, colls)
+        if self.dry_run:
+            return
+        self._get_writer().submit(
+            Record(
+                name=name, step=self.step, mode=self.mode.value, mode_step=self.mode_steps[self.mode],
+                value=arr, save_raw=save_raw and arr is not None, reductions=reds if arr is not None else (),
+                reduction_values=dict(reduction_values or {}), save_shape=save_shape,
+                shape=tuple(shape) if shape is not None else None,
+            )
+        )
+
+    def save_tensor(
+        self, tensor_name: str, tensor_value: Any, collections_to_write: str | Iterable[str] = CollectionKeys.DEFAULT
+    ) -> None:
+        """Save `tensor_value` at the current step in the named collections (created if missing),
+        when their save config saves this step."""
+        if not isinstance(tensor_name, str) or not tensor_name:
+            raise InvalidConfiguration(f"tensor_name={tensor_name!r} must be a non-empty string")
+        names = [collections_to_write] if isinstance(collections_to_write, str) else list(collections_to_write)
+        if not self.active:
+            return
+        with self.guard("save_tensor"):
+            self._ensure_step()
+            colls = []
+            for n in names:
+                c = self.collection_manager.get(n)
+                if c.name not in self.include_collections and n != CollectionKeys.DEFAULT:
+                    self.include_collections.append(c.name)  # naming a collection asks for it
+                    self._save_cache_key = None
+                    self._match_cache.clear()
+                colls.append(c)
+            now = self.collections_to_save()
+            colls = [c for c in colls if c in now or self._collection_saves_now(c)]
+            if colls:
+                self.write_tensor(tensor_name, tensor_value, colls)
+
+    def save_scalar(self, name: str, value: Any, timestamp: float | None = None) -> None:
+        """Save a scalar as `scalar/<name>` at the current step, whatever the save config."""
+        if not isinstance(name, str) or not name:
+            raise InvalidConfiguration(f"scalar name {name!r} must be a non-empty string")
+        try:
+            size = np.size(value)
+        except Exception:  # noqa: BLE001
+            size = -1
+        if size != 1:
+            raise InvalidConfiguration(f"save_scalar({name!r}, ...) needs a single value, got {value!r}")
+        if not self.active:
+            return
+        with self.guard("save_scalar"):
+            self._ensure_step()
+            coll = self.collection_manager.get(CollectionKeys.SCALARS)
+            full = f"scalar/{name}"
+            self._note_membership(full, [coll])
+            if not self.dry_run:
+                arr = np.asarray(value).reshape(())
+                self._get_writer().submit(
+                    Record(name=full, step=self.step, mode=self.mode.value,
+                           mode_step=self.mode_steps[self.mode], value=codec.as_storable(arr))
+                )
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def flush(self, timeout: float | None = 30.0) -> None:
+        """Make everything handed off so far visible to readers."""
+        if self._writer is not None and self.active:
+            with self.guard("flush"):
+                if self._collections_dirty:
+                    self._writer.set_collections(self.collection_manager.to_json_dict())
+                    self._collections_dirty = False
+                self._writer.flush(timeout)
+
+    def close(self) -> None:
+        """End the step, flush, and mark this worker's job as ended."""
+        if self._closed:
+            return
+        with self.guard("close"):
+            self.end_step()
+            self.on_close()
+            if self.writes and not self.disabled and not self.dry_run:
+                w = self._get_writer()
+                w.set_collections(self.collection_manager.to_json_dict())
+                w.close()
+                if w.error is not None:
+                    raise w.error
+                if w.dropped_records:
+                    logger.warning("tensortap: %d records were dropped under backpressure", w.dropped_records)
+            elif self._writer is not None:
+                self._writer.close()
+        self._closed = True
+
+    def on_close(self) -> None:
+        """Called at close, before the writer ends (framework hooks override)."""
+
+    def __enter__(self) -> Hook:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def dropped_records(self) -> int:
+        return self._writer.dropped_records if self._writer is not None else 0
+
+    def has_default_hook_configuration(self) -> bool:
+        return set(self.include_collections) == set(self.default_include_collections)
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} out_dir={self.out_dir!r} worker={self.worker} step={self.step} "
+            f"mode={self.mode.name} collections={self.include_collections}>"
+        )
+
+
+def _close_at_exit(ref: weakref.ref) -> None:
+    hook = ref()
+    if hook is not None and not hook._closed:
+        hook.close()

@@ -1,0 +1,60 @@
+"""The storage interface: a small key/value store of immutable-or-append-only objects.
+
+Keys are '/'-separated paths relative to the store's root. Everything above this layer (format,
+trials, hooks) speaks only this interface; the URL scheme picks the backend in `open_storage`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import BinaryIO
+
+
+class Storage(ABC):
+    """A store rooted at `url`."""
+
+    #: True where objects can grow in place (local files); False for object stores (S3), where a
+    #: writer publishes sealed objects instead.
+    supports_append: bool = False
+
+    def __init__(self, url: str):
+        self.url = url
+
+    @abstractmethod
+    def read(self, key: str) -> bytes:
+        """The whole object; FileNotFoundError naming the key if missing."""
+
+    @abstractmethod
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        """`length` bytes from `offset` (fewer only if the object is shorter)."""
+
+    def read_ranges(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Several (offset, length) ranges of one object, in order. Backends may read them in parallel."""
+        return [self.read_range(key, off, n) for off, n in ranges]
+
+    @abstractmethod
+    def size(self, key: str) -> int | None:
+        """The object's size in bytes, None if it does not exist."""
+
+    def exists(self, key: str) -> bool:
+        return self.size(key) is not None
+
+    @abstractmethod
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
+        """Keys under `prefix` (recursive), sorted, only those > `start_after` when given."""
+
+    @abstractmethod
+    def write(self, key: str, data: bytes) -> None:
+        """Create or replace an object; readers see the old or the new content, never a mix."""
+
+    def open_append(self, key: str) -> BinaryIO:
+        """A binary handle appending to `key` (created if missing). Only where `supports_append`."""
+        raise NotImplementedError(f"{type(self).__name__} does not support appending")
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove an object; no error if it is missing."""
+
+    def describe(self, key: str) -> str:
+        """A human-readable location of `key` for error messages."""
+        return f"{self.url.rstrip('/')}/{key}"

@@ -1,0 +1,90 @@
+"""Local-filesystem storage."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import BinaryIO
+
+from tensortap.storage.base import Storage
+
+
+class LocalStorage(Storage):
+    supports_append = True
+
+    def __init__(self, root: str):
+        root = os.path.abspath(os.path.expanduser(root))
+        super().__init__(root)
+        self.root = root
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, *key.split("/")) if key else self.root
+
+    def read(self, key: str) -> bytes:
+        with open(self._path(key), "rb") as f:
+            return f.read()
+
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        with open(self._path(key), "rb") as f:
+            f.seek(offset)
+            return f.read(length)
+
+    def read_ranges(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        out = []
+        with open(self._path(key), "rb") as f:
+            for off, n in ranges:
+                f.seek(off)
+                out.append(f.read(n))
+        return out
+
+    def size(self, key: str) -> int | None:
+        try:
+            return os.stat(self._path(key)).st_size
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
+        base = self._path(prefix.rstrip("/")) if prefix else self.root
+        if not os.path.isdir(base):
+            return []
+        keys = []
+        for dirpath, _dirs, files in os.walk(base):
+            rel = os.path.relpath(dirpath, self.root)
+            rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+            for f in files:
+                if f.endswith(".partial"):
+                    continue  # an atomic write still in progress
+                keys.append(rel + f)
+        keys.sort()
+        if start_after is not None:
+            keys = [k for k in keys if k > start_after]
+        return keys
+
+    def write(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{uuid.uuid4().hex}.partial"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    def open_append(self, key: str) -> BinaryIO:
+        path = self._path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return open(path, "ab", buffering=0)
+
+    def delete(self, key: str) -> None:
+        try:
+            os.unlink(self._path(key))
+        except FileNotFoundError:
+            pass
+
+    def describe(self, key: str) -> str:
+        return self._path(key)

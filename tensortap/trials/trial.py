@@ -1,0 +1,383 @@
+"""A Trial: the queryable view of one training job's saved data, live or finished."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from tensortap import modes as _modes
+from tensortap.exceptions import (
+    NoMoreData,
+    StepNotYetAvailable,
+    StepUnavailable,
+    TensorUnavailable,
+)
+from tensortap.format.entries import ENTRY_DTYPE, REDUCTION, reduction_name
+from tensortap.format.source import CollectionInfo, Source
+from tensortap.modes import ModeKeys
+from tensortap.trials.state import StepState
+from tensortap.trials.tensor import Tensor
+
+logger = logging.getLogger("tensortap")
+
+_NEVER = np.iinfo(np.int64).max
+
+
+def natural_key(s: str) -> tuple:
+    """Sort key that orders worker_2 before worker_10."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s))
+
+
+class Trial:
+    """Saved tensors of one job, read through a Source, refreshed incrementally while the job runs."""
+
+    def __init__(
+        self,
+        source: Source,
+        name: str,
+        range_steps: tuple[int | None, int | None] | None = None,
+        refresh_interval: float = 0.05,
+    ):
+        self.source = source
+        self.name = name
+        self.path = source.location
+        self.range_steps = range_steps
+        self.refresh_interval = refresh_interval
+        self.dynamic_refresh = True
+        self._last_refresh = 0.0
+        self._chunks: list[np.ndarray] = []
+        self._all = np.empty(0, dtype=ENTRY_DTYPE)
+        self._groups: dict[int, tuple[int, int]] = {}  # name id -> [start, end) in self._all
+        self._dirty = False
+        self.generation = 0
+        self._tensors: dict[str, Tensor] = {}
+        self._name_ids: dict[str, int] = {}
+        # step bookkeeping
+        self._global_to_mode: dict[int, tuple[ModeKeys, int]] = {}
+        self._mode_to_global: dict[ModeKeys, dict[int, int]] = {}
+        self._workers_for_step: dict[int, set[int]] = {}
+        self._sorted_steps: list[int] = []
+        self.refresh_data()
+
+    # --- refresh ----------------------------------------------------------------------------
+
+    def refresh_data(self) -> None:
+        """Read what the job wrote since the last refresh."""
+        new = self.source.refresh()
+        self._last_refresh = time.monotonic()
+        if len(new):
+            self._chunks.append(new)
+            self._dirty = True
+            self.generation += 1
+            self._index_steps(new)
+        for i in range(len(self._name_ids), len(self.source.names)):
+            self._name_ids[self.source.names[i]] = i
+
+    def maybe_refresh(self) -> None:
+        if not self.dynamic_refresh or self.loaded_all_steps:
+            return
+        if time.monotonic() - self._last_refresh >= self.refresh_interval:
+            self.refresh_data()
+
+    def _index_steps(self, new: np.ndarray) -> None:
+        keys = np.unique(new[["step", "mode", "mode_step"]])
+        added = False
+        for step, mode, mode_step in keys.tolist():
+            if step not in self._global_to_mode:
+                m = ModeKeys(mode)
+                self._global_to_mode[step] = (m, mode_step)
+                self._mode_to_global.setdefault(m, {})[mode_step] = step
+                added = True
+        if added:
+            self._sorted_steps = sorted(self._global_to_mode)
+        sw = np.unique(new[["step", "worker"]])
+        for step, worker in sw.tolist():
+            self._workers_for_step.setdefault(step, set()).add(worker)
+
+    def _consolidate(self) -> None:
+        if not self._dirty:
+            return
+        all_ = np.concatenate([self._all, *self._chunks]) if self._chunks else self._all
+        self._chunks = []
+        order = np.lexsort((all_["worker"], all_["step"], all_["reduction"], all_["kind"], all_["name"]))
+        all_ = all_[order]
+        names = all_["name"]
+        uniq, starts = np.unique(names, return_index=True)
+        ends = np.append(starts[1:], len(names))
+        self._groups = {int(n): (int(s), int(e)) for n, s, e in zip(uniq, starts, ends, strict=True)}
+        self._all = all_
+        self._dirty = False
+
+    def _entries_of(self, name: str) -> np.ndarray:
+        self._consolidate()
+        nid = self._name_ids.get(name)
+        if nid is None or nid not in self._groups:
+            return np.empty(0, dtype=ENTRY_DTYPE)
+        s, e = self._groups[nid]
+        return self._all[s:e]
+
+    # --- completeness -----------------------------------------------------------------------
+
+    @property
+    def loaded_all_steps(self) -> bool:
+        """True once the job has ended (every worker closed): nothing more will be written."""
+        return self.source.training_ended()
+
+    @property
+    def num_workers(self) -> int | None:
+        return self.source.num_workers
+
+    def _worker_done_with(self, worker: str, step: int) -> bool:
+        return worker in self.source.ended_workers or self.source.passed_step.get(worker, -1) >= step
+
+    def is_step_complete(self, global_step: int) -> bool:
+        """Every worker has finished `global_step`: its data is all there."""
+        if self.loaded_all_steps:
+            return True
+        nw = self.source.num_workers
+        workers = self.source.workers
+        if nw is None or len(workers) < nw:
+            return False
+        return all(self._worker_done_with(w, global_step) for w in workers)
+
+    @property
+    def last_complete_step(self) -> int:
+        """The newest global step that is complete, -1 if none."""
+        for g in reversed(self._sorted_steps):
+            if self.is_step_complete(g):
+                return g
+        return -1
+
+    # --- steps and modes --------------------------------------------------------------------
+
+    def _to_global(self, step: int, mode: ModeKeys) -> int | None:
+        if mode == _modes.GLOBAL:
+            return step if step in self._global_to_mode else None
+        return self._mode_to_global.get(mode, {}).get(step)
+
+    def steps(self, mode: ModeKeys | str = _modes.GLOBAL, show_incomplete_steps: bool = False) -> list[int]:
+        """Saved steps of `mode` (mode steps; global steps for GLOBAL), complete ones unless asked."""
+        mode = _modes.parse_mode(mode)
+        self.maybe_refresh()
+        return self._steps(mode, show_incomplete_steps)
+
+    def _steps(self, mode: ModeKeys, show_incomplete_steps: bool) -> list[int]:
+        if mode == _modes.GLOBAL:
+            gs = self._sorted_steps
+            return list(gs) if show_incomplete_steps else [g for g in gs if self.is_step_complete(g)]
+        m2g = self._mode_to_global.get(mode, {})
+        return sorted(s for s, g in m2g.items() if show_incomplete_steps or self.is_step_complete(g))
+
+    def modes(self) -> list[ModeKeys]:
+        """Modes with saved data (never GLOBAL unless data was saved in GLOBAL mode)."""
+        self.maybe_refresh()
+        return sorted(self._mode_to_global, key=lambda m: m.value)
+
+    def mode(self, global_step: int) -> ModeKeys | None:
+        return self.mode_modestep(global_step)[0]
+
+    def mode_step(self, global_step: int) -> int | None:
+        return self.mode_modestep(global_step)[1]
+
+    def mode_modestep(self, global_step: int) -> tuple[ModeKeys | None, int | None]:
+        if global_step not in self._global_to_mode:
+            self.maybe_refresh()
+        return self._global_to_mode.get(global_step, (None, None))
+
+    def global_step(self, mode: ModeKeys | str, mode_step: int) -> int | None:
+        mode = _modes.parse_mode(mode)
+        g = self._to_global(mode_step, mode)
+        if g is None:
+            self.maybe_refresh()
+            g = self._to_global(mode_step, mode)
+        return g
+
+    def workers(self) -> list[str]:
+        self.maybe_refresh()
+        return sorted(self.source.workers, key=natural_key)
+
+    def workers_for_step(self, global_step: int) -> list[str]:
+        ids = self._workers_for_step.get(global_step, set())
+        return sorted((self.source.workers[i] for i in ids), key=natural_key)
+
+    # --- tensors ----------------------------------------------------------------------------
+
+    def _all_names(self) -> list[str]:
+        self._consolidate()
+        return [self.source.names[n] for n in self._groups]
+
+    def tensor_names(
+        self,
+        show_prefixed_tensors: bool = False,
+        *,
+        step: int | None = None,
+        mode: ModeKeys | str = _modes.GLOBAL,
+        regex: str | Iterable[str] | None = None,
+        collection: str | CollectionInfo | None = None,
+    ) -> list[str]:
+        """Sorted names of saved tensors, optionally those saved at `step` of `mode`, matching `regex`
+        (one or a list, re.search) or in `collection`."""
+        if regex is not None and collection is not None:
+            raise ValueError("give either regex or collection, not both")
+        mode = _modes.parse_mode(mode)
+        self.maybe_refresh()
+        names = self._all_names()
+        if step is not None:
+            g = self._to_global(step, mode)
+            if g is None:
+                return []
+            self._consolidate()
+            sel = self._all["name"][self._all["step"] == g]
+            names = [self.source.names[i] for i in np.unique(sel)]
+        if regex is not None:
+            pats = [re.compile(r) for r in ([regex] if isinstance(regex, str) else list(regex))]
+            names = [n for n in names if any(p.search(n) for p in pats)]
+        if collection is not None:
+            coll = self.collection(collection) if isinstance(collection, str) else collection
+            pats = [re.compile(r) for r in coll.include_regex]
+            names = [n for n in names if n in coll.tensor_names or any(p.search(n) for p in pats)]
+        return sorted(names)
+
+    def has_tensor(self, name: str) -> bool:
+        if name not in self._name_ids or self._name_ids[name] not in self._groups:
+            self.maybe_refresh()
+            self._consolidate()
+        nid = self._name_ids.get(name)
+        return nid is not None and nid in self._groups
+
+    def tensor(self, name: str) -> Tensor:
+        if not self.has_tensor(name):
+            raise TensorUnavailable(name)
+        t = self._tensors.get(name)
+        if t is None:
+            t = self._tensors[name] = Tensor(name, self)
+        return t
+
+    def collections(self) -> dict[str, CollectionInfo]:
+        self.maybe_refresh()
+        return dict(self.source.collections)
+
+    def collection(self, name: str) -> CollectionInfo:
+        colls = self.collections()
+        if name not in colls:
+            raise KeyError(f"no collection {name!r} in this trial; it has {sorted(colls)}")
+        return colls[name]
+
+    # --- waiting ----------------------------------------------------------------------------
+
+    def has_passed_step(self, step: int, mode: ModeKeys | str = _modes.GLOBAL) -> StepState:
+        """Whether `step` of `mode` is AVAILABLE, will never be (UNAVAILABLE), or may come (NOT_YET_AVAILABLE)."""
+        mode = _modes.parse_mode(mode)
+        self.maybe_refresh()
+        g = self._to_global(step, mode)
+        if g is not None:
+            return StepState.AVAILABLE if self.is_step_complete(g) else StepState.NOT_YET_AVAILABLE
+        if self.loaded_all_steps:
+            return StepState.UNAVAILABLE
+        if self._all_workers_passed(step, mode):
+            return StepState.UNAVAILABLE
+        return StepState.NOT_YET_AVAILABLE
+
+    def _all_workers_passed(self, step: int, mode: ModeKeys) -> bool:
+        nw = self.source.num_workers
+        workers = self.source.workers
+        if nw is None or len(workers) < nw:
+            return False
+        for w in workers:
+            if w in self.source.ended_workers:
+                continue
+            if mode == _modes.GLOBAL:
+                if self.source.passed_step.get(w, -1) < step:
+                    return False
+            else:
+                pm = getattr(self.source, "passed_mode_step", {}).get(w, {})
+                if pm.get(mode.name, -1) < step:
+                    return False
+        return True
+
+    def wait_for_steps(
+        self, required_steps: Iterable[int], mode: ModeKeys | str = _modes.GLOBAL, timeout: float | None = None
+    ) -> None:
+        """Block until every step is available. Raises StepUnavailable for a step that will never come,
+        NoMoreData past the end of a finished job, StepNotYetAvailable when `timeout` seconds pass."""
+        mode = _modes.parse_mode(mode)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.02
+        for step in sorted(required_steps):
+            while True:
+                self.refresh_data()
+                state = self.has_passed_step(step, mode)
+                if state == StepState.AVAILABLE:
+                    break
+                if state == StepState.UNAVAILABLE:
+                    steps = self._steps(mode, True)
+                    if self.loaded_all_steps and (not steps or step > steps[-1]):
+                        raise NoMoreData(step, mode, steps[-1] if steps else None)
+                    raise StepUnavailable(step, mode)
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise StepNotYetAvailable(step, mode)
+                time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
+                delay = min(delay * 1.5, 0.5)
+
+    # --- helpers for Tensor -----------------------------------------------------------------
+
+    def _complete_mask(self, steps: np.ndarray) -> np.ndarray:
+        if self.loaded_all_steps:
+            return np.ones(len(steps), dtype=bool)
+        u = np.unique(steps)
+        done = {int(s) for s in u if self.is_step_complete(int(s))}
+        return np.fromiter((int(s) in done for s in steps), dtype=bool, count=len(steps))
+
+    # --- bulk / export ----------------------------------------------------------------------
+
+    def to_dataframe(
+        self,
+        names: Iterable[str] | None = None,
+        *,
+        regex: str | None = None,
+        collection: str | None = None,
+        mode: ModeKeys | str = _modes.GLOBAL,
+        reductions: bool = True,
+    ) -> Any:
+        """A long-form pandas DataFrame (tensor, worker, step, mode, mode_step, reduction, value) of every
+        scalar tensor and saved reduction. Needs pandas (tensortap[pandas])."""
+        import pandas as pd
+
+        mode = _modes.parse_mode(mode)
+        if names is None:
+            names = self.tensor_names(regex=regex, collection=collection)
+        rows: dict[str, list] = {k: [] for k in ("tensor", "worker", "step", "mode", "mode_step", "reduction",
+                                                 "value")}
+        for name in names:
+            e = self._entries_of(name)
+            if mode != _modes.GLOBAL:
+                e = e[e["mode"] == mode.value]
+            raw = e[(e["kind"] == 0)]
+            raw = raw[[self.source.shapes[i] in ((), (1,)) for i in raw["shape"]]] if len(raw) else raw
+            sel = [raw]
+            if reductions:
+                sel.append(e[e["kind"] == REDUCTION])
+            for part in sel:
+                if not len(part):
+                    continue
+                vals = self.source.read_values(part)
+                rows["tensor"] += [name] * len(part)
+                rows["worker"] += [self.source.workers[w] for w in part["worker"]]
+                rows["step"] += part["step"].tolist()
+                rows["mode"] += [ModeKeys(m).name for m in part["mode"]]
+                rows["mode_step"] += part["mode_step"].tolist()
+                rows["reduction"] += [
+                    None if k != REDUCTION else ("abs_" if reduction_name(r)[1] else "") + reduction_name(r)[0]
+                    for k, r in zip(part["kind"], part["reduction"], strict=True)
+                ]
+                rows["value"] += [np.asarray(v).reshape(-1)[0].item() for v in vals]
+        return pd.DataFrame(rows)
+
+    def __repr__(self) -> str:
+        return f"<Trial {self.name!r} path={self.path!r} steps={len(self._sorted_steps)} workers={self.workers()}>"
+
