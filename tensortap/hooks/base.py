@@ -158,6 +158,7 @@ class Hook:
         self.disabled = disabled_by_env()
         self.error_count = 0
         self.first_error: BaseException | None = None
+        self._warned: set[str] = set()
 
         self._writer_opts = dict(
             flush_interval=flush_interval, chunk_bytes=chunk_bytes,
@@ -234,6 +235,11 @@ class Hook:
                 "tensortap: error in %s; the hook turns itself off and training continues", where, exc_info=e
             )
         self.disabled = True
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message)
 
     @property
     def active(self) -> bool:
@@ -453,7 +459,12 @@ class Hook:
             now = self.collections_to_save()
             colls = [c for c in colls if c in now or self._collection_saves_now(c)]
             if colls:
-                self.write_tensor(tensor_name, tensor_value, colls)
+                try:
+                    value = codec.as_storable(tensor_value)
+                except (TypeError, ValueError) as e:
+                    self._warn_once(f"unstorable:{tensor_name}", f"tensortap: {tensor_name!r} not saved: {e}")
+                    return
+                self.write_tensor(tensor_name, value, colls)
 
     def save_scalar(self, name: str, value: Any, timestamp: float | None = None) -> None:
         """Save a scalar as `scalar/<name>` at the current step, whatever the save config."""
