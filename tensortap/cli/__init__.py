@@ -1,0 +1,1 @@
+"""The `tensortap` command line."""
