@@ -164,45 +164,93 @@ class NativeSource(Source):
 
     # --- payloads ---------------------------------------------------------------------------
 
+    def _payloads(self, entries: np.ndarray) -> list[bytes | None]:
+        """CRC-checked payload bytes of non-inline entries (None for inline ones), in order."""
+        out: list[bytes | None] = [None] * len(entries)
+        chunk = entries["chunk"]
+        for cid in np.unique(chunk[chunk != INLINE_CHUNK]).tolist():
+            idx = np.nonzero(chunk == cid)[0]
+            c = self._chunks[cid]
+            path = self.storage.describe(c.dat_key)
+            offs = entries["offset"][idx].tolist()
+            lens = entries["length"][idx].tolist()
+            crcs = entries["crc"][idx].tolist()
+            mm = self.storage.mapped(c.dat_key)
+            if mm is not None:
+                pieces = [mm[o : o + n] for o, n in zip(offs, lens, strict=True)]
+            else:
+                pieces = self._read_coalesced(c.dat_key, offs, lens)
+            crc = codec.crc32c
+            for i, piece, off, n, want in zip(idx.tolist(), pieces, offs, lens, crcs, strict=True):
+                if len(piece) != n:
+                    raise CorruptData(path, off, f"payload truncated ({len(piece)} of {n} bytes)")
+                if crc(piece) != want:
+                    raise CorruptData(path, off, "payload checksum mismatch")
+                out[i] = piece
+        return out
+
+    def _read_coalesced(self, key: str, offs: list[int], lens: list[int]) -> list[bytes]:
+        """Payloads by ranged reads, neighbouring ranges merged into one read."""
+        order = sorted(range(len(offs)), key=offs.__getitem__)
+        ranges: list[tuple[int, int]] = []
+        members: list[list[int]] = []
+        for i in order:
+            off, n = offs[i], lens[i]
+            if ranges and off <= ranges[-1][0] + ranges[-1][1] + 65536:
+                start = ranges[-1][0]
+                ranges[-1] = (start, max(ranges[-1][1], off + n - start))
+                members[-1].append(i)
+            else:
+                ranges.append((off, n))
+                members.append([i])
+        out: list[bytes] = [b""] * len(offs)
+        for (start, _), buf, mem in zip(ranges, self.storage.read_ranges(key, ranges), members, strict=True):
+            for i in mem:
+                out[i] = buf[offs[i] - start : offs[i] - start + lens[i]]
+        return out
+
     def read_values(self, entries: np.ndarray) -> list[np.ndarray]:
-        out: list[np.ndarray | None] = [None] * len(entries)
         if len(entries) == 0:
             return []
+        out: list[np.ndarray | None] = [None] * len(entries)
         chunk = entries["chunk"]
         inline_idx = np.nonzero(chunk == INLINE_CHUNK)[0]
         if len(inline_idx):
             self._decode_inline(entries, inline_idx, out)
-        for cid in np.unique(chunk[chunk != INLINE_CHUNK]):
-            idx = np.nonzero(chunk == cid)[0]
-            c = self._chunks[int(cid)]
-            order = idx[np.argsort(entries["offset"][idx], kind="stable")]
-            # Coalesce neighbouring payloads into few reads.
-            ranges: list[tuple[int, int]] = []
-            members: list[list[int]] = []
-            for i in order:
-                off, n = int(entries["offset"][i]), int(entries["length"][i])
-                if ranges and off <= ranges[-1][0] + ranges[-1][1] + 65536:
-                    start = ranges[-1][0]
-                    ranges[-1] = (start, max(ranges[-1][1], off + n - start))
-                    members[-1].append(i)
-                else:
-                    ranges.append((off, n))
-                    members.append([i])
-            bufs = self.storage.read_ranges(c.dat_key, ranges)
-            path = self.storage.describe(c.dat_key)
-            for (start, _), buf, mem in zip(ranges, bufs, members, strict=True):
-                mv = memoryview(buf)
-                for i in mem:
-                    e = entries[i]
-                    lo = int(e["offset"]) - start
-                    n = int(e["length"])
-                    piece = mv[lo : lo + n]
-                    if len(piece) != n:
-                        raise CorruptData(path, int(e["offset"]), f"payload truncated ({len(piece)} of {n} bytes)")
-                    if codec.crc32c(piece) != int(e["crc"]):
-                        raise CorruptData(path, int(e["offset"]), "payload checksum mismatch")
-                    out[i] = self._decode(e, piece)
+        if len(inline_idx) < len(entries):
+            payloads = self._payloads(entries)
+            kinds = entries["kind"].tolist()
+            dts = entries["dtype"].tolist()
+            shapes = entries["shape"].tolist()
+            for i, buf in enumerate(payloads):
+                if buf is None:
+                    continue
+                if kinds[i] == SHAPE:
+                    raise ValueError("a shape entry has no value")
+                shape = self.shapes[shapes[i]] if kinds[i] == 0 else ()
+                out[i] = np.frombuffer(buf, dtype=self.dtypes[dts[i]]).reshape(shape).copy()
         return out  # type: ignore[return-value]
+
+    def read_stacked(self, entries: np.ndarray) -> np.ndarray | None:
+        """Entries of one kind, dtype and shape as one stacked array (the bulk path); None if they differ."""
+        if len(entries) == 0:
+            return None
+        for f in ("dtype", "kind", "shape"):
+            if not np.all(entries[f] == entries[f][0]):
+                return None
+        inline = self.read_stacked_inline(entries)
+        if inline is not None:
+            return inline
+        e0 = entries[0]
+        dt = self.dtypes[int(e0["dtype"])]
+        shape = () if int(e0["kind"]) != 0 else self.shapes[int(e0["shape"])]
+        if np.any(entries["chunk"] == INLINE_CHUNK):
+            return None
+        out = np.empty((len(entries), *shape), dtype=dt)
+        rows = out.reshape(len(entries), -1).view(np.uint8)
+        for j, buf in enumerate(self._payloads(entries)):
+            rows[j] = np.frombuffer(buf, dtype=np.uint8)
+        return out
 
     def _decode(self, e: np.void, buf: bytes | memoryview) -> np.ndarray:
         dt = self.dtypes[int(e["dtype"])]

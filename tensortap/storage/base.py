@@ -7,7 +7,7 @@ trials, hooks) speaks only this interface; the URL scheme picks the backend in `
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 
 class Storage(ABC):
@@ -31,6 +31,10 @@ class Storage(ABC):
     def read_ranges(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
         """Several (offset, length) ranges of one object, in order. Backends may read them in parallel."""
         return [self.read_range(key, off, n) for off, n in ranges]
+
+    def mapped(self, key: str) -> Any | None:
+        """A zero-copy bytes-like view of the whole object (local files: mmap), or None if the backend has none."""
+        return None
 
     @abstractmethod
     def size(self, key: str) -> int | None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import uuid
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from tensortap.storage.base import Storage
 
@@ -16,6 +17,7 @@ class LocalStorage(Storage):
         root = os.path.abspath(os.path.expanduser(root))
         super().__init__(root)
         self.root = root
+        self._maps: dict[str, tuple[int, mmap.mmap]] = {}
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *key.split("/")) if key else self.root
@@ -36,6 +38,23 @@ class LocalStorage(Storage):
                 f.seek(off)
                 out.append(f.read(n))
         return out
+
+    def mapped(self, key: str) -> Any | None:
+        """An mmap of the file, re-made when the file has grown; None for an empty or missing file."""
+        path = self._path(key)
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            return None
+        cached = self._maps.get(key)
+        if cached is not None and cached[0] >= size:
+            return cached[1]
+        if size == 0:
+            return None
+        with open(path, "rb") as f:
+            mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+        self._maps[key] = (size, mm)
+        return mm
 
     def size(self, key: str) -> int | None:
         try:

@@ -200,7 +200,7 @@ class Tensor:
         part = self._series(_RAW_KEY, mode, worker)
         steps = part["step" if mode == _modes.GLOBAL else "mode_step"]
         src = self.trial.source
-        fast = getattr(src, "read_stacked_inline", None)
+        fast = getattr(src, "read_stacked", None)
         arr = fast(part) if fast is not None else None
         if arr is not None:
             return steps.copy(), arr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import logging
 import re
 import time
@@ -26,6 +27,7 @@ from tensortap.trials.tensor import Tensor
 logger = logging.getLogger("tensortap")
 
 _NEVER = np.iinfo(np.int64).max
+_MODE_BY_VALUE = {m.value: m for m in ModeKeys}
 
 
 def natural_key(s: str) -> tuple:
@@ -60,7 +62,6 @@ class Trial:
         # step bookkeeping
         self._global_to_mode: dict[int, tuple[ModeKeys, int]] = {}
         self._mode_to_global: dict[ModeKeys, dict[int, int]] = {}
-        self._workers_for_step: dict[int, set[int]] = {}
         self._sorted_steps: list[int] = []
         self.refresh_data()
 
@@ -85,19 +86,20 @@ class Trial:
             self.refresh_data()
 
     def _index_steps(self, new: np.ndarray) -> None:
-        keys = np.unique(new[["step", "mode", "mode_step"]])
+        steps = new["step"]
+        uniq, first = np.unique(steps, return_index=True)
+        g2m = self._global_to_mode
         added = False
-        for step, mode, mode_step in keys.tolist():
-            if step not in self._global_to_mode:
-                m = ModeKeys(mode)
-                self._global_to_mode[step] = (m, mode_step)
+        for step, mode, mode_step in zip(
+            uniq.tolist(), new["mode"][first].tolist(), new["mode_step"][first].tolist(), strict=True
+        ):
+            if step not in g2m:
+                m = _MODE_BY_VALUE[mode]
+                g2m[step] = (m, mode_step)
                 self._mode_to_global.setdefault(m, {})[mode_step] = step
                 added = True
         if added:
-            self._sorted_steps = sorted(self._global_to_mode)
-        sw = np.unique(new[["step", "worker"]])
-        for step, worker in sw.tolist():
-            self._workers_for_step.setdefault(step, set()).add(worker)
+            self._sorted_steps = sorted(g2m)
 
     def _consolidate(self) -> None:
         if not self._dirty:
@@ -135,23 +137,28 @@ class Trial:
     def _worker_done_with(self, worker: str, step: int) -> bool:
         return worker in self.source.ended_workers or self.source.passed_step.get(worker, -1) >= step
 
-    def is_step_complete(self, global_step: int) -> bool:
-        """Every worker has finished `global_step`: its data is all there."""
+    def complete_upto(self) -> float:
+        """Every global step <= this is complete (every worker finished it); -1 if none, inf once ended."""
         if self.loaded_all_steps:
-            return True
+            return float("inf")
         nw = self.source.num_workers
         workers = self.source.workers
         if nw is None or len(workers) < nw:
-            return False
-        return all(self._worker_done_with(w, global_step) for w in workers)
+            return -1
+        return min(
+            float("inf") if w in self.source.ended_workers else self.source.passed_step.get(w, -1) for w in workers
+        )
+
+    def is_step_complete(self, global_step: int) -> bool:
+        """Every worker has finished `global_step`: its data is all there."""
+        return global_step <= self.complete_upto()
 
     @property
     def last_complete_step(self) -> int:
-        """The newest global step that is complete, -1 if none."""
-        for g in reversed(self._sorted_steps):
-            if self.is_step_complete(g):
-                return g
-        return -1
+        """The newest saved global step that is complete, -1 if none."""
+        upto = self.complete_upto()
+        i = bisect.bisect_right(self._sorted_steps, upto)
+        return self._sorted_steps[i - 1] if i else -1
 
     # --- steps and modes --------------------------------------------------------------------
 
@@ -167,11 +174,12 @@ class Trial:
         return self._steps(mode, show_incomplete_steps)
 
     def _steps(self, mode: ModeKeys, show_incomplete_steps: bool) -> list[int]:
+        gs = self._sorted_steps
+        upto = float("inf") if show_incomplete_steps else self.complete_upto()
         if mode == _modes.GLOBAL:
-            gs = self._sorted_steps
-            return list(gs) if show_incomplete_steps else [g for g in gs if self.is_step_complete(g)]
+            return gs[: bisect.bisect_right(gs, upto)]
         m2g = self._mode_to_global.get(mode, {})
-        return sorted(s for s, g in m2g.items() if show_incomplete_steps or self.is_step_complete(g))
+        return sorted(s for s, g in m2g.items() if g <= upto)
 
     def modes(self) -> list[ModeKeys]:
         """Modes with saved data (never GLOBAL unless data was saved in GLOBAL mode)."""
@@ -202,8 +210,10 @@ class Trial:
         return sorted(self.source.workers, key=natural_key)
 
     def workers_for_step(self, global_step: int) -> list[str]:
-        ids = self._workers_for_step.get(global_step, set())
-        return sorted((self.source.workers[i] for i in ids), key=natural_key)
+        """Workers that saved anything at `global_step`."""
+        self._consolidate()
+        ids = np.unique(self._all["worker"][self._all["step"] == global_step])
+        return sorted((self.source.workers[int(i)] for i in ids), key=natural_key)
 
     # --- tensors ----------------------------------------------------------------------------
 
@@ -327,11 +337,10 @@ class Trial:
     # --- helpers for Tensor -----------------------------------------------------------------
 
     def _complete_mask(self, steps: np.ndarray) -> np.ndarray:
-        if self.loaded_all_steps:
+        upto = self.complete_upto()
+        if upto == float("inf"):
             return np.ones(len(steps), dtype=bool)
-        u = np.unique(steps)
-        done = {int(s) for s in u if self.is_step_complete(int(s))}
-        return np.fromiter((int(s) in done for s in steps), dtype=bool, count=len(steps))
+        return steps <= upto
 
     # --- bulk / export ----------------------------------------------------------------------
 
