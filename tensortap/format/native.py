@@ -47,6 +47,7 @@ class NativeSource(Source):
         self._dtype_ids: dict[str, int] = {}
         self._shape_ids: dict[tuple, int] = {}
         self._num_workers_seen: dict[str, int] = {}
+        self._last_key: dict[str, str] = {}
 
     @property
     def location(self) -> str:
@@ -63,8 +64,23 @@ class NativeSource(Source):
 
     # --- refresh ----------------------------------------------------------------------------
 
+    def _list_chunk_keys(self) -> list[str]:
+        if self.storage.supports_append:
+            return self.storage.list(layout.ROOT + "/")  # local: one small walk of the worker folders
+        # Object store: one LIST per worker folder, starting after the newest key already seen, so the
+        # cost grows with new chunks only.
+        keys: list[str] = []
+        list_dirs = getattr(self.storage, "list_dirs", None)
+        dirs = list_dirs(layout.ROOT) if list_dirs else [layout.ROOT]
+        for d in dirs:
+            new = self.storage.list(d + "/", start_after=self._last_key.get(d))
+            if new:
+                self._last_key[d] = new[-1]
+                keys.extend(new)
+        return keys
+
     def _discover(self) -> None:
-        for key in self.storage.list(layout.ROOT + "/"):
+        for key in self._list_chunk_keys():
             p = layout.parse_chunk_key(key)
             if p is None or p[2] != "idx" or key in self._chunk_by_key:
                 continue
@@ -78,25 +94,33 @@ class NativeSource(Source):
 
     def refresh(self) -> np.ndarray:
         self._discover()
+        immutable = not self.storage.supports_append
         out = []
         for cid, c in enumerate(self._chunks):
             if c.sealed:
                 continue
-            size = self.storage.size(c.idx_key) or 0
-            if size > c.read_upto:
-                buf = self.storage.read_range(c.idx_key, c.read_upto, size - c.read_upto)
-                path = self.storage.describe(c.idx_key)
+            path = self.storage.describe(c.idx_key)
+            if immutable:
+                # Published objects are complete and never change: read each once.
+                buf = self.storage.read(c.idx_key)
+                size = len(buf)
+            else:
+                size = self.storage.size(c.idx_key) or 0
+                buf = self.storage.read_range(c.idx_key, c.read_upto, size - c.read_upto) if size > c.read_upto else b""
+            if buf:
                 try:
                     blocks, used = codec.decode_blocks(buf, c.read_upto, path)
                 except CorruptData:
-                    logger.error("tensortap: %s has a corrupt index block; later blocks of it are skipped",
-                                 path)
+                    logger.error("tensortap: %s has a corrupt index block; later blocks of it are skipped", path)
                     c.sealed = True
                     continue
                 for header, disk in blocks:
                     out.append(self._ingest(cid, c, header, disk))
                 c.read_upto += used
-            if self._last_seq.get(c.worker, c.seq) > c.seq and c.read_upto >= size:
+                if immutable and used < size:
+                    c.sealed = True
+                    raise CorruptData(path, used, f"index object truncated ({size - used} trailing bytes)")
+            if immutable or (self._last_seq.get(c.worker, c.seq) > c.seq and c.read_upto >= size):
                 c.sealed = True
         if not out:
             return self.empty()

@@ -1,0 +1,238 @@
+"""S3 (and S3-compatible: MinIO, Ceph, moto) storage. Imported only when an s3:// URL is used.
+
+Endpoint and credentials follow boto3's own conventions (AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3,
+profiles, environment credentials). Objects are immutable here: writers publish sealed chunks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from tensortap.storage.base import Storage
+
+logger = logging.getLogger("tensortap")
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """(bucket, prefix without trailing slash) of s3://bucket/prefix."""
+    if not url.startswith("s3://"):
+        raise ValueError(f"not an s3:// URL: {url!r}")
+    rest = url[len("s3://") :]
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise ValueError(f"{url!r} names no bucket: use s3://bucket/prefix")
+    return bucket, prefix.strip("/")
+
+
+class _RangeCache:
+    """A byte-bounded LRU of fetched ranges (objects never change, so entries never go stale)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.size = 0
+        self._d: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, k: tuple[str, int, int]) -> bytes | None:
+        with self._lock:
+            v = self._d.get(k)
+            if v is not None:
+                self._d.move_to_end(k)
+            return v
+
+    def put(self, k: tuple[str, int, int], v: bytes) -> None:
+        if len(v) > self.max_bytes // 4:
+            return
+        with self._lock:
+            if k in self._d:
+                return
+            self._d[k] = v
+            self.size += len(v)
+            while self.size > self.max_bytes and self._d:
+                _, old = self._d.popitem(last=False)
+                self.size -= len(old)
+
+
+class S3Storage(Storage):
+    supports_append = False
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        client: Any = None,
+        max_workers: int = 16,
+        cache_bytes: int = 256 << 20,
+        coalesce_gap: int = 256 << 10,
+        max_attempts: int = 5,
+    ):
+        super().__init__(url.rstrip("/"))
+        self.bucket, self.prefix = parse_s3_url(url)
+        if client is None:
+            import boto3
+            from botocore.config import Config
+
+            client = boto3.client(
+                "s3",
+                config=Config(retries={"max_attempts": max_attempts, "mode": "standard"},
+                              max_pool_connections=max(max_workers, 10)),
+            )
+        self.client = client
+        self.max_workers = max_workers
+        self.coalesce_gap = coalesce_gap
+        self._cache = _RangeCache(cache_bytes)
+        self._pool: ThreadPoolExecutor | None = None
+        self._bucket_checked = False
+
+    # --- keys -------------------------------------------------------------------------------
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _rel(self, full: str) -> str:
+        return full[len(self.prefix) + 1 :] if self.prefix else full
+
+    def describe(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._key(key)}"
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def _not_found(self, e: Exception) -> bool:
+        code = getattr(e, "response", {}).get("Error", {}).get("Code")
+        return code in ("NoSuchKey", "404", "NotFound")
+
+    def read(self, key: str) -> bytes:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        except Exception as e:
+            if self._not_found(e):
+                raise FileNotFoundError(f"{self.describe(key)}: no such object") from None
+            raise
+
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        ck = (key, offset, length)
+        hit = self._cache.get(ck)
+        if hit is not None:
+            return hit
+        try:
+            resp = self.client.get_object(
+                Bucket=self.bucket, Key=self._key(key), Range=f"bytes={offset}-{offset + length - 1}"
+            )
+        except Exception as e:
+            if self._not_found(e):
+                raise FileNotFoundError(f"{self.describe(key)}: no such object") from None
+            if getattr(e, "response", {}).get("Error", {}).get("Code") == "InvalidRange":
+                return b""
+            raise
+        data = resp["Body"].read()
+        self._cache.put(ck, data)
+        return data
+
+    def read_ranges(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Ranges of one object: neighbours coalesced into one GET, GETs issued in parallel."""
+        if not ranges:
+            return []
+        order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
+        groups: list[list[int]] = []
+        spans: list[tuple[int, int]] = []
+        for i in order:
+            off, n = ranges[i]
+            if spans and off <= spans[-1][0] + spans[-1][1] + self.coalesce_gap:
+                start = spans[-1][0]
+                spans[-1] = (start, max(spans[-1][1], off + n - start))
+                groups[-1].append(i)
+            else:
+                spans.append((off, n))
+                groups.append([i])
+        if len(spans) == 1:
+            bufs = [self.read_range(key, *spans[0])]
+        else:
+            bufs = list(self._executor().map(lambda s: self.read_range(key, *s), spans))
+        out: list[bytes] = [b""] * len(ranges)
+        for (start, _), buf, members in zip(spans, bufs, groups, strict=True):
+            for i in members:
+                off, n = ranges[i]
+                out[i] = buf[off - start : off - start + n]
+        return out
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="tensortap-s3")
+        return self._pool
+
+    def size(self, key: str) -> int | None:
+        try:
+            return int(self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
+        except Exception as e:
+            if self._not_found(e) or getattr(e, "response", {}).get("Error", {}).get("Code") in ("403",):
+                return None
+            raise
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._key(prefix)}
+        if start_after is not None:
+            kwargs["StartAfter"] = self._key(start_after)
+        keys: list[str] = []
+        paginator = self.client.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(**kwargs):
+                keys.extend(self._rel(o["Key"]) for o in page.get("Contents", []))
+        except Exception as e:
+            if getattr(e, "response", {}).get("Error", {}).get("Code") == "NoSuchBucket":
+                return []
+            raise
+        keys.sort()
+        return keys
+
+    def list_dirs(self, prefix: str) -> list[str]:
+        """Immediate sub-folders of `prefix` (one LIST with a delimiter)."""
+        p = self._key(prefix.rstrip("/") + "/")
+        out = []
+        paginator = self.client.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=p, Delimiter="/"):
+                out.extend(self._rel(cp["Prefix"]).rstrip("/") for cp in page.get("CommonPrefixes", []))
+        except Exception as e:
+            if getattr(e, "response", {}).get("Error", {}).get("Code") == "NoSuchBucket":
+                return []
+            raise
+        return sorted(out)
+
+    # --- writes -----------------------------------------------------------------------------
+
+    def ensure_bucket(self) -> None:
+        if self._bucket_checked:
+            return
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except Exception:  # noqa: BLE001 - missing or not ours: try to create it, as smdebug did
+            try:
+                self.client.create_bucket(Bucket=self.bucket)
+            except Exception as e:  # noqa: BLE001
+                code = getattr(e, "response", {}).get("Error", {}).get("Code")
+                if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                    raise
+        self._bucket_checked = True
+
+    def write(self, key: str, data: bytes) -> None:
+        self.ensure_bucket()
+        if len(data) > (64 << 20):
+            import io
+
+            from boto3.s3.transfer import TransferConfig
+
+            self.client.upload_fileobj(
+                io.BytesIO(data), self.bucket, self._key(key),
+                Config=TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=32 << 20),
+            )
+        else:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))

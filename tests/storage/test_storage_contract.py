@@ -1,0 +1,56 @@
+"""One contract every storage backend passes: local files and S3 (against a real S3 server on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tensortap.storage import LocalStorage, open_storage
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage(request, tmp_path):
+    if request.param == "local":
+        return LocalStorage(str(tmp_path / "store"))
+    url = request.getfixturevalue("s3_url")
+    return open_storage(url)
+
+
+def test_write_read_size_exists(storage):
+    assert storage.size("a/b.bin") is None and not storage.exists("a/b.bin")
+    storage.write("a/b.bin", b"hello world")
+    assert storage.read("a/b.bin") == b"hello world"
+    assert storage.size("a/b.bin") == 11 and storage.exists("a/b.bin")
+    storage.write("a/b.bin", b"replaced")
+    assert storage.read("a/b.bin") == b"replaced"
+    with pytest.raises(FileNotFoundError, match="missing"):
+        storage.read("missing")
+
+
+def test_ranges(storage):
+    data = bytes(range(256)) * 40
+    storage.write("r.bin", data)
+    assert storage.read_range("r.bin", 10, 5) == data[10:15]
+    assert storage.read_range("r.bin", len(data) - 3, 10) == data[-3:]
+    ranges = [(5000, 100), (0, 10), (20, 30), (9000, 240), (100, 1)]
+    assert storage.read_ranges("r.bin", ranges) == [data[o : o + n] for o, n in ranges]
+
+
+def test_list_sorted_recursive_and_start_after(storage):
+    for k in ["x/2", "x/1", "x/sub/3", "y/4", "x0"]:
+        storage.write(k, b"-")
+    assert storage.list("x/") == ["x/1", "x/2", "x/sub/3"]
+    assert storage.list("x/", start_after="x/1") == ["x/2", "x/sub/3"]
+    assert storage.list("nothing/") == []
+    assert "y/4" in storage.list()
+    storage.delete("x/1")
+    storage.delete("x/never-existed")
+    assert storage.list("x/") == ["x/2", "x/sub/3"]
+
+
+def test_open_storage_picks_backend_by_scheme(tmp_path):
+    assert isinstance(open_storage(str(tmp_path)), LocalStorage)
+    assert isinstance(open_storage(f"file://{tmp_path}"), LocalStorage)
+    with pytest.raises(ValueError, match="unsupported URL scheme"):
+        open_storage("gs://bucket/x")
+    with pytest.raises(ValueError):
+        open_storage("")
