@@ -88,6 +88,36 @@ def compute_reduction(arr: np.ndarray, name: str, abs_: bool) -> np.ndarray:
     return np.asarray(r)
 
 
+def _byte_view(arr: np.ndarray) -> np.ndarray:
+    """The bytes of a C-contiguous array as a 1-d uint8 view (no copy)."""
+    return arr.reshape(-1).view(np.uint8)
+
+
+def _write_payloads(f: Any, payloads: list[bytes | np.ndarray], small: int = 1 << 16) -> None:
+    """Append payloads in order: small ones joined, large ones written straight from their arrays
+    (the write releases the GIL and copies nothing)."""
+    pending: list[bytes | np.ndarray] = []
+
+    def write_all(buf: Any) -> None:
+        view = memoryview(buf).cast("B")
+        while len(view):
+            n = f.write(view)
+            if n is None:  # a non-blocking raw stream: nothing written yet
+                continue
+            view = view[n:]
+
+    for p in payloads:
+        if len(p) < small:
+            pending.append(p)
+            continue
+        if pending:
+            write_all(b"".join(bytes(x) if not isinstance(x, bytes) else x for x in pending))
+            pending = []
+        write_all(p)
+    if pending:
+        write_all(b"".join(bytes(x) if not isinstance(x, bytes) else x for x in pending))
+
+
 class _Tables:
     """Block-local tables of names, dtypes and shapes."""
 
@@ -130,12 +160,11 @@ class ChunkWriter:
         max_pending_bytes: int = 512 << 20,
         backpressure: str = "block",
         block_timeout: float = 30.0,
+        seal_interval: float = 2.0,
         metadata: dict[str, Any] | None = None,
     ):
         if backpressure not in ("block", "drop"):
             raise ValueError(f"backpressure must be 'block' or 'drop', not {backpressure!r}")
-        if not storage.supports_append:
-            raise NotImplementedError(f"{type(storage).__name__}: sealed-chunk writing is not available yet")
         self.storage = storage
         self.worker = worker
         self.num_workers = num_workers
@@ -144,7 +173,20 @@ class ChunkWriter:
         self.max_pending_bytes = max_pending_bytes
         self.backpressure = backpressure
         self.block_timeout = block_timeout
+        self.seal_interval = seal_interval
+        #: object stores cannot append: chunks are built in memory and published whole ("sealed")
+        self.sealed_mode = not storage.supports_append
+        self._dat_buf = bytearray()
+        self._idx_buf = bytearray()
+        self._chunk_started = time.monotonic()
+        self._unpublished: list[tuple[int, bytes, bytes]] = []  # (seq, data, index) awaiting upload
+        self._unpublished_bytes = 0
+        self._retry_at = 0.0
+        self._retry_delay = 0.5
+        self.outage = False  # publishing is failing; new records are dropped once the buffer is full
+        self.lost_records = 0
         self.metadata = dict(metadata or {})
+        self.close_timeout = 30.0
         self.dropped_records = 0
         self.written_records = 0
         self.error: BaseException | None = None
@@ -162,7 +204,7 @@ class ChunkWriter:
         # State of the block being built (writer thread only).
         self._tables = _Tables()
         self._rows: list[tuple] = []
-        self._payloads: list[bytes] = []
+        self._payloads: list[bytes | np.ndarray] = []
         self._payload_size = 0
         self._passed: dict[str, Any] | None = None
         self._collections: dict[str, Any] | None = None
@@ -180,15 +222,16 @@ class ChunkWriter:
             return False
         size = record.nbytes()
         with self._room:
-            if self._pending_bytes + size > self.max_pending_bytes:
-                if self.backpressure == "block":
+            if self._pending_bytes + self._unpublished_bytes + size > self.max_pending_bytes:
+                if self.backpressure == "block" and not self.outage:
                     deadline = time.monotonic() + self.block_timeout
-                    while self._pending_bytes + size > self.max_pending_bytes and self.error is None:
+                    while (self._pending_bytes + self._unpublished_bytes + size > self.max_pending_bytes
+                           and self.error is None and not self.outage):
                         left = deadline - time.monotonic()
                         if left <= 0 or not self._thread.is_alive():
                             break
                         self._room.wait(min(left, 0.5))
-                if self._pending_bytes + size > self.max_pending_bytes:
+                if self._pending_bytes + self._unpublished_bytes + size > self.max_pending_bytes:
                     self._drop()
                     return False
             self._pending_bytes += size
@@ -244,6 +287,7 @@ class ChunkWriter:
                     item = None
                 if item is _STOP:
                     self._write_block(end=True)
+                    self._drain_unpublished(deadline=time.monotonic() + self.close_timeout)
                     break
                 if isinstance(item, Record):
                     self._encode(item)
@@ -261,6 +305,8 @@ class ChunkWriter:
                 if time.monotonic() - last_flush >= self.flush_interval or self._payload_size > (64 << 20):
                     self._write_block()
                     last_flush = time.monotonic()
+                if self._unpublished and time.monotonic() >= self._retry_at:
+                    self._publish_pending()
         except BaseException as e:  # never raise into training; the hook checks .error
             self.error = e
             logger.exception("tensortap: the writer of %s failed; no more data will be saved", self.worker)
@@ -269,7 +315,7 @@ class ChunkWriter:
         finally:
             for ev in self._flush_events:
                 ev.set()
-            for f in (self._dat, self._idx):
+            for f in (self._dat, self._idx) if not self.sealed_mode else ():
                 if f is not None:
                     try:
                         f.close()
@@ -282,15 +328,22 @@ class ChunkWriter:
         return max(seqs) + 1 if seqs else 0
 
     def _open_chunk(self) -> None:
-        self._dat = self.storage.open_append(layout.chunk_key(self.worker, self._seq, layout.DATA_SUFFIX))
-        self._idx = self.storage.open_append(layout.chunk_key(self.worker, self._seq, layout.INDEX_SUFFIX))
+        if self.sealed_mode:
+            self._dat = self._idx = True  # marks the chunk open; bytes go to _dat_buf / _idx_buf
+            self._dat_buf = bytearray()
+            self._idx_buf = bytearray()
+            self._chunk_started = time.monotonic()
+        else:
+            self._dat = self.storage.open_append(layout.chunk_key(self.worker, self._seq, layout.DATA_SUFFIX))
+            self._idx = self.storage.open_append(layout.chunk_key(self.worker, self._seq, layout.INDEX_SUFFIX))
         self._dat_size = 0
         self._first_block = True
 
-    def _add_payload(self, buf: bytes) -> tuple[int, int, int, bytes]:
-        """(flags, offset, crc, inline) for a payload: inline when small, else appended to the data file."""
+    def _add_payload(self, buf: bytes | np.ndarray) -> tuple[int, int, int, bytes]:
+        """(flags, offset, crc, inline) for a payload (bytes, or a 1-d uint8 view of a record's array):
+        inline when small, else appended to the data file."""
         if len(buf) <= INLINE_BYTES:
-            return codec.FLAG_INLINE, 0, 0, buf
+            return codec.FLAG_INLINE, 0, 0, bytes(buf)
         off = self._dat_size + self._payload_size
         self._payloads.append(buf)
         self._payload_size += len(buf)
@@ -306,7 +359,7 @@ class ChunkWriter:
         shape_id = t._id(t.shapes, shape)
         wrote_any = False
         if value is not None and r.save_raw:
-            buf = value.tobytes()
+            buf = _byte_view(value)  # no copy: the record owns its array until the block is written
             flags, off, crc, inl = self._add_payload(buf)
             dtype_id = t._id(t.dtypes, codec.dtype_to_str(value.dtype))
             self._rows.append(
@@ -341,11 +394,14 @@ class ChunkWriter:
         self._encoded += 1
 
     def _write_block(self, end: bool = False) -> None:
+        flushing = bool(self._flush_events)
         mark = self._passed_mark  # read once: the training thread may replace it at any time
         if mark is not None and mark[0] <= self._encoded and mark[1]["step"] > self._published_step:
             self._passed = mark[1]
             self._published_step = mark[1]["step"]
         if not self._rows and self._passed is None and self._collections is None and not end:
+            if self.sealed_mode and self._idx_buf and (self._seal_due() or flushing):
+                self._seal()
             for ev in self._flush_events:
                 ev.set()
             self._flush_events.clear()
@@ -369,12 +425,19 @@ class ChunkWriter:
             0, dtype=codec.DISK_ENTRY_DTYPE
         )
         # Payloads first, then the index block that points at them.
-        if self._payloads:
-            self._dat.write(b"".join(self._payloads))
-            self._dat.flush()
+        block = codec.encode_block(header, entries)
+        if self.sealed_mode:
+            for b in self._payloads:
+                self._dat_buf += memoryview(b).cast("B")
             self._dat_size += self._payload_size
-        self._idx.write(codec.encode_block(header, entries))
-        self._idx.flush()
+            self._idx_buf += block
+        else:
+            if self._payloads:
+                _write_payloads(self._dat, self._payloads)
+                self._dat.flush()
+                self._dat_size += self._payload_size
+            self._idx.write(block)
+            self._idx.flush()
         self._first_block = False
         self._rows.clear()
         self._payloads.clear()
@@ -382,11 +445,65 @@ class ChunkWriter:
         self._tables = _Tables()
         self._collections = None
         self._passed = None
-        for ev in self._flush_events:
-            ev.set()
-        self._flush_events.clear()
-        if self._dat_size >= self.chunk_bytes and not end:
+        if self.sealed_mode:
+            if end or flushing or self._dat_size >= self.chunk_bytes or self._seal_due():
+                self._seal()
+        elif self._dat_size >= self.chunk_bytes and not end:
             self._dat.close()
             self._idx.close()
             self._seq += 1
             self._open_chunk()
+        for ev in self._flush_events:
+            ev.set()
+        self._flush_events.clear()
+
+    # --- sealed chunks (object stores) ---------------------------------------------------------
+
+    def _seal_due(self) -> bool:
+        return time.monotonic() - self._chunk_started >= self.seal_interval
+
+    def _seal(self) -> None:
+        """Close the in-memory chunk and publish it (data object first, then its index)."""
+        dat, idx = bytes(self._dat_buf), bytes(self._idx_buf)
+        self._unpublished.append((self._seq, dat, idx))
+        with self._room:
+            self._unpublished_bytes += len(dat) + len(idx)
+        self._seq += 1
+        self._dat = self._idx = None  # the next record opens a new chunk
+        self._dat_buf = bytearray()
+        self._idx_buf = bytearray()
+        self._publish_pending()
+
+    def _publish_pending(self) -> None:
+        """Upload sealed chunks in order; on failure keep them and retry later with backoff."""
+        while self._unpublished:
+            seq, dat, idx = self._unpublished[0]
+            try:
+                if dat:
+                    self.storage.write(layout.chunk_key(self.worker, seq, layout.DATA_SUFFIX), dat)
+                self.storage.write(layout.chunk_key(self.worker, seq, layout.INDEX_SUFFIX), idx)
+            except Exception as e:  # noqa: BLE001 - the store is unreachable: buffer and retry
+                if not self.outage:
+                    logger.warning("tensortap: cannot write to %s (%s); buffering up to %d bytes and retrying",
+                                   self.storage.url, e, self.max_pending_bytes)
+                self.outage = True
+                self._retry_at = time.monotonic() + self._retry_delay
+                self._retry_delay = min(self._retry_delay * 2, 10.0)
+                return
+            self._unpublished.pop(0)
+            with self._room:
+                self._unpublished_bytes -= len(dat) + len(idx)
+                self._room.notify_all()
+            if self.outage:
+                logger.warning("tensortap: %s is reachable again; buffered data uploaded", self.storage.url)
+            self.outage = False
+            self._retry_delay = 0.5
+
+    def _drain_unpublished(self, deadline: float) -> None:
+        while self._unpublished and time.monotonic() < deadline:
+            self._publish_pending()
+            if self._unpublished:
+                time.sleep(min(self._retry_delay, max(0.0, deadline - time.monotonic())))
+        if self._unpublished:
+            logger.error("tensortap: %d chunks could not be written to %s and are lost",
+                         len(self._unpublished), self.storage.url)

@@ -7,6 +7,7 @@ profiles, environment credentials). Objects are immutable here: writers publish 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -76,10 +77,11 @@ class S3Storage(Storage):
             import boto3
             from botocore.config import Config
 
+            retries: dict[str, Any] = {"mode": "standard"}
+            if "AWS_MAX_ATTEMPTS" not in os.environ:  # boto3's own setting wins when given
+                retries["max_attempts"] = max_attempts
             client = boto3.client(
-                "s3",
-                config=Config(retries={"max_attempts": max_attempts, "mode": "standard"},
-                              max_pool_connections=max(max_workers, 10)),
+                "s3", config=Config(retries=retries, max_pool_connections=max(max_workers, 10))
             )
         self.client = client
         self.max_workers = max_workers
