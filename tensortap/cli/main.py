@@ -87,6 +87,76 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_rule_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rule", action="append", default=[], metavar="NAME[:k=v,...]",
+                   help="a built-in rule by snake_case or class name, with parameters (repeatable)")
+    p.add_argument("--rule-file", action="append", default=[], metavar="FILE.py:Class[:k=v,...]",
+                   help="a rule class from your own file (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one final JSON document")
+
+
+def _spec_from_args(args: argparse.Namespace, command: list[str]) -> Any:
+    from tensortap.runner.spec import (
+        JobSpec,
+        load_job_file,
+        merge_job_file,
+        parse_collection,
+        parse_rule,
+        parse_rule_file,
+    )
+
+    spec = JobSpec(out_dir=getattr(args, "out_dir", None) or "", command=command)
+    spec.json_output = args.json
+    if getattr(args, "save_interval", None) is not None:
+        if args.save_interval <= 0:
+            raise ValueError(f"--save-interval {args.save_interval}: must be a positive integer")
+        spec.save_interval = args.save_interval
+    for c in getattr(args, "collection", []):
+        name, params = parse_collection(c)
+        spec.collections[name] = params
+    spec.rules = [parse_rule(r) for r in args.rule] + [parse_rule_file(r) for r in args.rule_file]
+    if getattr(args, "stop_on_issue", False):
+        spec.stop_on_issue = True
+    if getattr(args, "grace_period", None) is not None:
+        spec.grace_period = args.grace_period
+    if getattr(args, "config", None):
+        merge_job_file(spec, load_job_file(args.config))
+    return spec
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from tensortap.runner.run import run_job
+
+    return run_job(_spec_from_args(args, args.training_command))
+
+
+def cmd_rules_list(args: argparse.Namespace) -> int:
+    from tensortap.rules.builtin import describe_rules
+
+    rules = describe_rules()
+    if args.json:
+        json.dump(rules, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return 0
+    for r in rules:
+        params = ", ".join(
+            p["name"] + ("" if p["required"] else f"={p['default']!r}") for p in r["parameters"]
+        )
+        print(f"{r['snake_name']:<32} {r['description']}")
+        print(f"{'':<32} parameters: {params or '-'}")
+    return 0
+
+
+def cmd_rules_run(args: argparse.Namespace) -> int:
+    import os
+
+    from tensortap.runner.run import run_rules_offline
+
+    if "://" not in args.out_dir and not os.path.isdir(args.out_dir):
+        raise FileNotFoundError(f"{args.out_dir}: no such directory")
+    return run_rules_offline(_spec_from_args(args, []))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tensortap", description="Inspect and debug training jobs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -94,12 +164,42 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("out_dir", help="the job's out_dir (local path or s3://bucket/prefix)")
     ls.add_argument("--json", action="store_true", help="print one JSON document")
     ls.set_defaults(func=cmd_ls)
+
+    run = sub.add_parser(
+        "run", help="run a training command with tensortap capture and real-time rules",
+        usage="tensortap run --out-dir DIR [options] -- COMMAND [ARGS...]",
+    )
+    run.add_argument("--out-dir", help="where the job's data goes (local directory or s3://bucket/prefix)")
+    run.add_argument("--collection", action="append", default=[], metavar="NAME[:k=v,...]",
+                     help="a collection to save, with settings such as save_interval=5 (repeatable)")
+    run.add_argument("--save-interval", type=int, help="default save interval of every collection")
+    run.add_argument("--stop-on-issue", action="store_true", help="stop training when a rule finds an issue")
+    run.add_argument("--grace-period", type=float, help="seconds training may take to stop before it is killed")
+    run.add_argument("--config", help="a YAML or JSON job file with the same settings")
+    _add_rule_args(run)
+    run.set_defaults(func=cmd_run)
+
+    rules = sub.add_parser("rules", help="built-in rules: list them, or run them on a saved job")
+    rsub = rules.add_subparsers(dest="rules_command", required=True)
+    rl = rsub.add_parser("list", help="every built-in rule with its parameters and defaults")
+    rl.add_argument("--json", action="store_true")
+    rl.set_defaults(func=cmd_rules_list)
+    rr = rsub.add_parser("run", help="evaluate rules on a finished or running job")
+    rr.add_argument("out_dir")
+    _add_rule_args(rr)
+    rr.set_defaults(func=cmd_rules_run)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in argv:  # everything after -- is the training command, untouched
+        i = argv.index("--")
+        argv, command = argv[:i], argv[i + 1 :]
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.training_command = command
     from tensortap.exceptions import TensorTapError
 
     try:

@@ -51,6 +51,7 @@ class Trial:
         self.range_steps = range_steps
         self.refresh_interval = refresh_interval
         self.dynamic_refresh = True
+        self._assumed_ended = False
         self._last_refresh = 0.0
         self._chunks: list[np.ndarray] = []
         self._all = np.empty(0, dtype=ENTRY_DTYPE)
@@ -128,7 +129,13 @@ class Trial:
     @property
     def loaded_all_steps(self) -> bool:
         """True once the job has ended (every worker closed): nothing more will be written."""
-        return self.source.training_ended()
+        return self._assumed_ended or self.source.training_ended()
+
+    def assume_ended(self) -> None:
+        """Treat the job as ended although not every worker closed (its process died): what was written is
+        all there will be, and every written step counts as complete."""
+        self.refresh_data()
+        self._assumed_ended = True
 
     @property
     def num_workers(self) -> int | None:

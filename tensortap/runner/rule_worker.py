@@ -1,0 +1,144 @@
+"""One rule, evaluated in its own process, in real time, as the job's data grows.
+
+`python -m tensortap.runner.rule_worker JOB.json` where the JSON holds {out_dir, label, rule: RuleSpec,
+stop_on_issue}. Writes OUT_DIR/rules/<label>/status.json as it goes and the rule's report beside it.
+Exit status: 0 NoIssuesFound, 1 IssuesFound, 2 Error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+from tensortap.runner import status as st
+from tensortap.runner.spec import RuleSpec
+
+STATUS_INTERVAL = 0.5
+
+
+def load_rule_class(spec: RuleSpec) -> type:
+    """The rule class of `spec`: a built-in by name, or class `spec.name` from the file `spec.file`."""
+    if spec.file is None:
+        from tensortap.rules.builtin import get_rule
+
+        return get_rule(spec.name)
+    from tensortap.exceptions import InvalidConfiguration
+    from tensortap.rules import Rule
+
+    mod_spec = importlib.util.spec_from_file_location(f"tensortap_user_rules_{abs(hash(spec.file))}", spec.file)
+    if mod_spec is None or mod_spec.loader is None:
+        raise InvalidConfiguration(f"cannot import rules from {spec.file!r}")
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    cls = getattr(module, spec.name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Rule)):
+        found = sorted(
+            n for n, v in vars(module).items() if isinstance(v, type) and issubclass(v, Rule) and v is not Rule
+        )
+        raise InvalidConfiguration(f"{spec.file}: no Rule subclass {spec.name!r}; found {found}")
+    return cls
+
+
+def build_rule(spec: RuleSpec, trial: Any, stop_on_issue: bool = False) -> Any:
+    """An instance of the rule over `trial` with its parameters (strings are parsed by the rule)."""
+    cls = load_rule_class(spec)
+    actions = []
+    if stop_on_issue:
+        from tensortap.rules.actions import StopTraining
+
+        actions.append(StopTraining(out_dir=trial.path))
+    try:
+        return cls(trial, actions=actions, **spec.params)
+    except TypeError as e:
+        from tensortap.exceptions import InvalidConfiguration
+
+        names = [n for n, _ in cls.parameters()] if hasattr(cls, "parameters") else []
+        raise InvalidConfiguration(f"rule {spec.name}: {e}; its parameters are {names}") from None
+
+
+def run(job: dict[str, Any]) -> int:
+    from tensortap.exceptions import RuleEvaluationConditionMet, StepNotYetAvailable
+    from tensortap.rules import invoke_rule
+    from tensortap.storage import open_storage
+    from tensortap.trials import create_trial
+
+    out_dir, label = job["out_dir"], job["label"]
+    spec = RuleSpec.from_json(job["rule"])
+    storage = open_storage(out_dir)
+    state: dict[str, Any] = {"status": st.IN_PROGRESS, "last_step": None, "first_step": None, "message": ""}
+    last_write = [0.0]
+
+    def publish(force: bool = False, **changes: Any) -> None:
+        state.update(changes)
+        if force or time.monotonic() - last_write[0] >= STATUS_INTERVAL:
+            st.write_status(storage, label, rule=spec.name, params=spec.params, **state)
+            last_write[0] = time.monotonic()
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    publish(force=True)
+    try:
+        trial = create_trial(out_dir)
+        if job.get("offline"):
+            trial.assume_ended()  # evaluate what is saved now, then finish
+        rule = build_rule(spec, trial, job.get("stop_on_issue", False))
+        original = rule.invoke
+
+        def invoke(step: int) -> None:
+            original(step)
+            publish(last_step=step)
+
+        rule.invoke = invoke
+        step = 0
+        while True:
+            try:
+                invoke_rule(rule, start_step=step, raise_eval_cond=True, stop_at_job_end=True, timeout=0.5)
+                break  # the job ended and every step was evaluated
+            except StepNotYetAvailable as e:
+                step = e.step
+                if st.training_ended(storage):
+                    # Training exited without closing its hook: what it wrote is all there will be.
+                    trial.assume_ended()
+        report = rule.report.to_dict()
+        _write_report(storage, label, rule)
+        publish(force=True, status=st.NO_ISSUES_FOUND, message="no issues found", report=report)
+        return 0
+    except RuleEvaluationConditionMet as e:
+        report = rule.report.to_dict()
+        _write_report(storage, label, rule)
+        viol = report.get("first_violations") or []
+        detail = "; ".join(str(v.get("condition", v)) for v in viol[:2]) if viol else ""
+        msg = f"{spec.name} fired at step {e.step}" + (f": {detail}" if detail else "")
+        publish(force=True, status=st.ISSUES_FOUND, first_step=e.step, last_step=e.step, message=msg, report=report)
+        return 1
+    except KeyboardInterrupt:
+        publish(force=True, status=st.STOPPED, message="stopped before the job ended")
+        return 2
+    except Exception as e:  # noqa: BLE001 - any failure of the rule is its status, not a crash of the run
+        publish(force=True, status=st.ERROR, message=f"{type(e).__name__}: {e}",
+                traceback=traceback.format_exc(limit=8))
+        return 2
+
+
+def _write_report(storage: Any, label: str, rule: Any) -> None:
+    storage.write(f"rules/{label}/report.json", rule.report.to_json().encode())
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    with open(argv[0], encoding="utf-8") as f:
+        job = json.load(f)
+    return run(job)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,321 @@
+"""`tensortap run`: start the training command with capture configured, run each rule in its own process
+beside it, show their status live, stop the job when a rule fires (if asked), and report."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tensortap.exceptions import InvalidConfiguration
+from tensortap.runner import status as st
+from tensortap.runner.spec import JobSpec, RuleSpec
+
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(__file__), "bootstrap")
+KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL
+RULES_SETTLE = 120.0  # seconds rules may take to finish after training ended
+
+
+@dataclass
+class RuleProc:
+    label: str
+    spec: RuleSpec
+    proc: subprocess.Popen | None = None
+    status: dict[str, Any] = field(default_factory=lambda: {"status": st.IN_PROGRESS})
+
+
+def _labels(rules: list[RuleSpec]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for r in rules:
+        base = r.label
+        seen[base] = seen.get(base, 0) + 1
+        out.append(base if seen[base] == 1 else f"{base}_{seen[base]}")
+    return out
+
+
+def validate(spec: JobSpec) -> None:
+    """Fail before anything starts: unknown rules, bad parameters, an out_dir that already holds a job."""
+    from tensortap.runner.rule_worker import build_rule
+    from tensortap.storage import open_storage
+    from tensortap.trials import create_trial
+
+    if not spec.command:
+        raise InvalidConfiguration("no training command: write it after --, e.g. tensortap run ... -- python train.py")
+    if not spec.out_dir:
+        raise InvalidConfiguration("--out-dir is required (a local directory or s3://bucket/prefix)")
+    if spec.include_workers not in ("one", "all"):
+        raise InvalidConfiguration(f"include_workers={spec.include_workers!r}: allowed are 'one' and 'all'")
+    storage = open_storage(spec.out_dir)
+    if storage.list("tensortap/") or storage.list("rules/"):
+        raise InvalidConfiguration(f"--out-dir {spec.out_dir!r} already holds a job: use a new directory")
+    trial = create_trial(spec.out_dir)
+    for r in spec.rules:
+        build_rule(r, trial)  # parses the parameters: errors name the rule, parameter and value
+
+
+def _rich_console() -> Any | None:
+    if not sys.stdout.isatty():
+        return None
+    try:
+        from rich.console import Console
+    except ImportError:
+        return None
+    return Console()
+
+
+def _table(rules: list[RuleProc], training: str) -> Any:
+    from rich.table import Table
+
+    t = Table(title=f"tensortap rules — training: {training}", expand=False)
+    for col in ("rule", "status", "last step", "first step fired", "message"):
+        t.add_column(col)
+    colours = {st.ISSUES_FOUND: "red", st.NO_ISSUES_FOUND: "green", st.ERROR: "magenta", st.IN_PROGRESS: "cyan"}
+    for r in rules:
+        s = r.status
+        status = s.get("status", st.IN_PROGRESS)
+        t.add_row(r.label, f"[{colours.get(status, 'white')}]{status}[/]", str(s.get("last_step", "") or "-"),
+                  str(s.get("first_step") if s.get("first_step") is not None else "-"), str(s.get("message", ""))[:70])
+    return t
+
+
+class Runner:
+    def __init__(self, spec: JobSpec):
+        self.spec = spec
+        self.labels = _labels(spec.rules)
+        self.rules = [RuleProc(label, r) for label, r in zip(self.labels, spec.rules, strict=True)]
+        self.training: subprocess.Popen | None = None
+        self.training_exit: int | None = None
+        self.stopped_by: str | None = None
+        self.stop_requested_at: float | None = None
+        self.interrupted = False
+        self.console = None if spec.json_output else _rich_console()
+        self.tmp = tempfile.mkdtemp(prefix="tensortap-run-")
+
+    # --- output ---------------------------------------------------------------------------------
+
+    def say(self, msg: str) -> None:
+        stream = sys.stderr if self.spec.json_output else sys.stdout
+        if self.console is not None:
+            self.console.print(msg, markup=False, highlight=False)
+        else:
+            print(msg, file=stream, flush=True)
+
+    def _pump(self, pipe: Any) -> None:
+        """Training output, passed through (above the live table on a terminal)."""
+        for line in iter(pipe.readline, ""):
+            line = line.rstrip("\n")
+            if self.console is not None:
+                self.console.print(line, markup=False, highlight=False)
+            else:
+                print(line, file=sys.stderr if self.spec.json_output else sys.stdout, flush=True)
+        pipe.close()
+
+    # --- processes ------------------------------------------------------------------------------
+
+    def _child_env(self, config_path: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env["TENSORTAP_CONFIG"] = config_path
+        env["TENSORTAP_AUTO"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *filter(None, [env.get("PYTHONPATH")])])
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def start(self, offline: bool = False) -> None:
+        from tensortap.runner.hook_config import build_hook_config
+
+        if offline:
+            self.training_exit = 0
+        else:
+            config_path = os.path.join(self.tmp, "hook_config.json")
+            with open(config_path, "w", encoding="utf-8") as f:
+                json.dump(build_hook_config(self.spec), f, indent=2)
+            self.training = subprocess.Popen(
+                self.spec.command, env=self._child_env(config_path), stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
+            )
+            threading.Thread(target=self._pump, args=(self.training.stdout,), daemon=True).start()
+        for r in self.rules:
+            job = {"out_dir": self.spec.out_dir, "label": r.label, "rule": r.spec.to_json(),
+                   "stop_on_issue": self.spec.stop_on_issue, "offline": offline}
+            path = os.path.join(self.tmp, f"rule_{r.label}.json")
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(job, f)
+            r.proc = subprocess.Popen([sys.executable, "-m", "tensortap.runner.rule_worker", path],
+                                      env=dict(os.environ), start_new_session=True)
+
+    def _terminate(self, proc: subprocess.Popen | None, wait: float = KILL_WAIT) -> None:
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except OSError:
+            proc.terminate()
+        try:
+            proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                proc.kill()
+            proc.wait()
+
+    def _poll_statuses(self, storage: Any) -> None:
+        for r in self.rules:
+            if r.status.get("status") in st.FINAL and r.proc is not None and r.proc.poll() is not None:
+                continue
+            s = st.read_status(storage, r.label)
+            if s is not None:
+                before = r.status.get("status")
+                r.status = s
+                if s.get("status") != before and self.console is None:
+                    self.say(f"[tensortap] {r.label}: {s.get('status')}"
+                             + (f" at step {s['first_step']}" if s.get("first_step") is not None else "")
+                             + (f" ({s['message']})" if s.get("message") and s.get("status") in st.FINAL else ""))
+            if r.proc is not None and r.proc.poll() is not None and r.status.get("status") not in st.FINAL:
+                r.status = {"status": st.ERROR, "message": f"rule process exited with status {r.proc.returncode}",
+                            "last_step": r.status.get("last_step"), "first_step": None}
+
+    def monitor(self) -> None:
+        from tensortap.storage import open_storage
+
+        storage = open_storage(self.spec.out_dir)
+        live = None
+        if self.console is not None:
+            from rich.live import Live
+
+            live = Live(_table(self.rules, "running"), console=self.console, refresh_per_second=4, transient=False)
+            live.start()
+        try:
+            ended_at = None
+            while True:
+                self._poll_statuses(storage)
+                if self.training_exit is None and self.training is not None and self.training.poll() is not None:
+                    self.training_exit = self.training.returncode
+                    st.write_training_ended(storage, self.training_exit)
+                    ended_at = time.monotonic()
+                fired = [r for r in self.rules if r.status.get("status") == st.ISSUES_FOUND]
+                if fired and self.spec.stop_on_issue and self.training_exit is None:
+                    if self.stop_requested_at is None:
+                        self.stop_requested_at = time.monotonic()
+                        self.stopped_by = fired[0].label
+                        self._ensure_stop_request(fired[0])
+                        self.say(f"[tensortap] {fired[0].label} found an issue at step "
+                                 f"{fired[0].status.get('first_step')}: stopping training")
+                    elif time.monotonic() - self.stop_requested_at > self.spec.grace_period:
+                        self.say(f"[tensortap] training did not stop within {self.spec.grace_period:g} s: terminating")
+                        self._terminate(self.training)
+                if live is not None:
+                    state = "running" if self.training_exit is None else f"exited ({self.training_exit})"
+                    if self.training is None:
+                        state = "offline"
+                    live.update(_table(self.rules, state))
+                rules_done = all(r.proc is None or r.proc.poll() is not None for r in self.rules)
+                if self.training_exit is not None and rules_done:
+                    self._poll_statuses(storage)
+                    break
+                if ended_at is not None and time.monotonic() - ended_at > RULES_SETTLE:
+                    for r in self.rules:
+                        if r.proc is not None and r.proc.poll() is None:
+                            self._terminate(r.proc)
+                    continue
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self.say("[tensortap] interrupted: stopping training and rules")
+            self._terminate(self.training)
+            for r in self.rules:
+                self._terminate(r.proc)
+            self._poll_statuses(storage)
+            if self.training_exit is None and self.training is not None:
+                self.training_exit = self.training.returncode
+        finally:
+            if live is not None:
+                live.update(_table(self.rules, f"exited ({self.training_exit})"))
+                live.stop()
+
+    def _ensure_stop_request(self, rule: RuleProc) -> None:
+        """With --stop-on-issue the rule's own StopTraining action writes the request; write it here too in
+        case the rule is a user rule built without actions."""
+        from tensortap.rules.actions.stop import request_stop, stop_requested
+
+        if stop_requested(self.spec.out_dir, min_interval=0) is None:
+            request_stop(self.spec.out_dir, rule=rule.label, step=rule.status.get("first_step"),
+                         reason=str(rule.status.get("message", "")), report=rule.status.get("report"))
+
+    # --- result ---------------------------------------------------------------------------------
+
+    def result(self) -> tuple[int, dict[str, Any]]:
+        from tensortap.rules.actions.stop import STOP_EXIT_CODE
+
+        rules = [{"name": r.label, "status": r.status.get("status", st.ERROR), "first_step": r.status.get("first_step"),
+                  "message": r.status.get("message", "")} for r in self.rules]
+        code = self.training_exit if self.training_exit is not None else -1
+        stopped_by = self.stopped_by
+        if stopped_by is None and code == STOP_EXIT_CODE:
+            stopped_by = next((r["name"] for r in rules if r["status"] == st.ISSUES_FOUND), "stop request")
+        if self.interrupted:
+            stopped_by = "interrupt"
+        training_failed = code != 0 and not (stopped_by and stopped_by != "interrupt")
+        if self.interrupted or training_failed or any(r["status"] in (st.ERROR, st.STOPPED) for r in rules):
+            exit_status = 2
+        elif any(r["status"] == st.ISSUES_FOUND for r in rules):
+            exit_status = 1
+        else:
+            exit_status = 0
+        return exit_status, {"rules": rules, "training": {"exit_code": code, "stopped_by": stopped_by}}
+
+
+def _report(runner: Runner, spec: JobSpec, doc: dict[str, Any], offline: bool = False) -> None:
+    if spec.json_output:
+        print(json.dumps(doc, indent=2))
+        return
+    t = doc["training"]
+    if not offline:
+        runner.say(f"[tensortap] training exit code {t['exit_code']}"
+                   + (f", stopped by {t['stopped_by']}" if t["stopped_by"] else ""))
+    for r in doc["rules"]:
+        runner.say(f"[tensortap] {r['name']}: {r['status']}"
+                   + (f" (first at step {r['first_step']})" if r["first_step"] is not None else "")
+                   + (f": {r['message']}" if r["status"] in (st.ISSUES_FOUND, st.ERROR) and r["message"] else ""))
+    runner.say(f"[tensortap] data: {spec.out_dir}   inspect: tensortap ls {spec.out_dir}")
+
+
+def run_rules_offline(spec: JobSpec) -> int:
+    """`tensortap rules run`: evaluate rules on a saved (finished or running) job; same output and exit codes."""
+    from tensortap.runner.rule_worker import build_rule
+    from tensortap.trials import create_trial
+
+    if not spec.rules:
+        raise InvalidConfiguration("give at least one --rule")
+    trial = create_trial(spec.out_dir)
+    if not trial.steps(show_incomplete_steps=True):
+        raise InvalidConfiguration(f"{spec.out_dir}: no saved data found")
+    for r in spec.rules:
+        build_rule(r, trial)
+    runner = Runner(spec)
+    runner.start(offline=True)
+    runner.monitor()
+    exit_status, doc = runner.result()
+    doc.pop("training", None)
+    _report(runner, spec, {**doc, "training": {"exit_code": None, "stopped_by": None}}, offline=True)
+    return exit_status
+
+
+def run_job(spec: JobSpec) -> int:
+    validate(spec)
+    runner = Runner(spec)
+    runner.say(f"[tensortap] out_dir {spec.out_dir}; rules: {', '.join(runner.labels) or 'none'}; "
+               f"training: {' '.join(spec.command)}")
+    runner.start()
+    runner.monitor()
+    exit_status, doc = runner.result()
+    _report(runner, spec, doc)
+    return exit_status
