@@ -61,15 +61,26 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smdebug-sample", type=int, default=300)
     args = ap.parse_args()
+    import socket
+
     import boto3
-    from moto.server import ThreadedMotoServer
 
     import tensortap as tt
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
+    # moto's server in its own process, so that it does not share this process's GIL
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.1)
     os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
                       AWS_ENDPOINT_URL=endpoint)
     boto3.client("s3").create_bucket(Bucket="bench")
@@ -78,6 +89,7 @@ def main() -> int:
 
     rng = np.random.default_rng(0)
     mats = [rng.standard_normal((64, 64)).astype(np.float32) for _ in range(job["matrices"])]
+    print("tensortap: writing job (a) to S3 ...", flush=True)
     t0 = time.perf_counter()
     hook = tt.Hook(url, save_config=tt.SaveConfig(save_interval=1))
     for step in range(job["steps"]):
@@ -109,7 +121,7 @@ def main() -> int:
     smd_python = os.environ.get("SMDEBUG_PYTHON", "/work/smdebug-venv/bin/python")
     if not os.path.exists(smd_python):
         print(f"smdebug column skipped: no smdebug venv at {smd_python}")
-        server.stop()
+        server.terminate()
         return 0
     local = tempfile.mkdtemp(prefix="smd-a-")
     r = subprocess.run([smd_python, "-c", SMDEBUG_SCRIPT, local, str(job["steps"]), str(job["scalars"]),
@@ -129,7 +141,7 @@ def main() -> int:
           f"{smd_rate:,.1f} values/s (a full read of {n} values would take ~{n / smd_rate / 60:.0f} min)")
     print(f"tensortap reads {tt_rate / smd_rate:,.0f}x faster than smdebug's S3 trial "
           f"(open {s['open_s'] / open_s:.0f}x faster)")
-    server.stop()
+    server.terminate()
     return 0
 
 

@@ -12,8 +12,11 @@ import pytest
 def s3_server():
     """A moto S3 server on 127.0.0.1; yields its endpoint URL and points boto3 at it."""
     pytest.importorskip("moto")
+    import logging
+
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

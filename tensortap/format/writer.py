@@ -161,6 +161,7 @@ class ChunkWriter:
         backpressure: str = "block",
         block_timeout: float = 30.0,
         seal_interval: float = 2.0,
+        sealed_chunk_bytes: int = 32 << 20,
         metadata: dict[str, Any] | None = None,
     ):
         if backpressure not in ("block", "drop"):
@@ -176,6 +177,10 @@ class ChunkWriter:
         self.seal_interval = seal_interval
         #: object stores cannot append: chunks are built in memory and published whole ("sealed")
         self.sealed_mode = not storage.supports_append
+        if self.sealed_mode:
+            # Object stores serve ranged GETs faster from smaller objects, and a reader lists chunks,
+            # not steps: keep sealed chunks moderate.
+            self.chunk_bytes = min(chunk_bytes, sealed_chunk_bytes)
         self._dat_buf = bytearray()
         self._idx_buf = bytearray()
         self._chunk_started = time.monotonic()
@@ -218,26 +223,31 @@ class ChunkWriter:
 
     def submit(self, record: Record) -> bool:
         """Hand off a record; False if it was dropped under backpressure."""
+        return self.submit_many((record,)) == 1
+
+    def submit_many(self, records: list[Record] | tuple[Record, ...]) -> int:
+        """Hand off several records at once (all or none): how many were accepted."""
         if self._closed or self.error is not None:
-            return False
-        size = record.nbytes()
+            return 0
+        size = sum(r.nbytes() for r in records)
         with self._room:
-            if self._pending_bytes + self._unpublished_bytes + size > self.max_pending_bytes:
-                if self.backpressure == "block" and not self.outage:
+            if self._pending_bytes + size > self.max_pending_bytes:
+                if self.backpressure == "block":
                     deadline = time.monotonic() + self.block_timeout
-                    while (self._pending_bytes + self._unpublished_bytes + size > self.max_pending_bytes
-                           and self.error is None and not self.outage):
+                    while self._pending_bytes + size > self.max_pending_bytes and self.error is None:
                         left = deadline - time.monotonic()
                         if left <= 0 or not self._thread.is_alive():
                             break
                         self._room.wait(min(left, 0.5))
-                if self._pending_bytes + self._unpublished_bytes + size > self.max_pending_bytes:
-                    self._drop()
-                    return False
+                if self._pending_bytes + size > self.max_pending_bytes:
+                    for _ in records:
+                        self._drop()
+                    return 0
             self._pending_bytes += size
-            self._submitted += 1
-        self._queue.put(record)
-        return True
+            self._submitted += len(records)
+        for r in records:
+            self._queue.put(r)
+        return len(records)
 
     def _drop(self) -> None:
         if self.dropped_records == 0:

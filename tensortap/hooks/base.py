@@ -11,6 +11,8 @@ import atexit
 import contextlib
 import logging
 import os
+import threading
+import time
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -30,7 +32,7 @@ from tensortap.exceptions import InvalidConfiguration, TensorTapError
 from tensortap.format import codec, layout
 from tensortap.format.writer import ChunkWriter, Record
 from tensortap.modes import ModeKeys
-from tensortap.storage import open_storage
+from tensortap.storage import is_remote, open_storage
 
 logger = logging.getLogger("tensortap")
 
@@ -172,6 +174,12 @@ class Hook:
         self._save_now: list[Collection] = []
         self._match_cache: dict[str, list[Collection]] = {}
         self._collections_dirty = True
+        # Stop requests (tensortap.rules.actions.stop): every rank watches, writing or not.
+        self._stop_watch = not disabled_by_env()
+        self._stop_request: dict | None = None
+        self._next_stop_check = 0.0
+        self._remote = is_remote(self.out_dir)
+        self._stop_thread: threading.Thread | None = None
         if not self.disabled and self.writes and not self.dry_run:
             self._check_out_dir()
         # Nothing lost: a job that forgets close() still gets its data flushed and its end marked.
@@ -329,7 +337,13 @@ class Hook:
             self.mode = mode
 
     def next_step(self) -> int:
-        """End the current step (if any) and begin the next; returns the new global step."""
+        """End the current step (if any) and begin the next; returns the new global step.
+
+        At this boundary a stop request (a rule's StopTraining action) ends training: the hook closes
+        (everything flushed, the job marked ended) and TrainingStopped (a SystemExit) is raised.
+        """
+        if self._stop_watch:
+            self._check_stop_request()
         self.end_step()
         self.step += 1
         self.mode_steps[self.mode] += 1
@@ -339,6 +353,38 @@ class Hook:
             self._prepare()
         self.on_step_begin()
         return self.step
+
+    def _check_stop_request(self) -> None:
+        """One stat per second at most (local); object stores are polled by a background thread."""
+        now = time.monotonic()
+        if self._stop_request is None and now < self._next_stop_check:
+            return
+        self._next_stop_check = now + 1.0
+        from tensortap.rules.actions.stop import StopSignal, stop_requested
+
+        if self._stop_request is None and not self._remote:
+            try:
+                self._stop_request = stop_requested(self.out_dir, min_interval=0)
+            except Exception as e:  # noqa: BLE001 - an unreadable control file must not break training
+                self._warn_once("stop-check", f"tensortap: cannot check for stop requests: {e}")
+                self._stop_watch = False
+        elif self._remote and self._stop_thread is None:
+            self._stop_thread = threading.Thread(target=self._poll_stop, name="tensortap-stop-watch", daemon=True)
+            self._stop_thread.start()
+        req = self._stop_request
+        if req is not None and not self._closed:
+            self._stop_watch = False
+            StopSignal(self.out_dir).stop(self, req)  # closes the hook, raises TrainingStopped
+
+    def _poll_stop(self) -> None:
+        from tensortap.rules.actions.stop import stop_requested
+
+        while not self._closed and self._stop_request is None:
+            try:
+                self._stop_request = stop_requested(self.out_dir, min_interval=0)
+            except Exception:  # noqa: BLE001 - the store may be unreachable for a while
+                pass
+            time.sleep(1.0)
 
     def end_step(self) -> None:
         """Finish the current step: readers learn that no more data comes for it."""
@@ -414,15 +460,19 @@ class Hook:
         colls: list[Collection],
         reduction_values: dict[tuple[str, bool], Any] | None = None,
         shape: tuple[int, ...] | None = None,
+        copy: bool = True,
     ) -> None:
-        """Hand one host-side tensor to the writer with the plan of `colls` (framework hooks call this)."""
+        """Hand one host-side tensor to the writer with the plan of `colls` (framework hooks call this).
+
+        With `copy=False` the caller hands `value` over: it must not change it afterwards.
+        """
         save_raw, reds, save_shape = self._plan(name, colls)
         if reduction_values is not None:
             reds = tuple(r for r in reds if r not in reduction_values)
         arr = None
         if value is not None:
             arr = codec.as_storable(value)
-            if arr is value or (isinstance(value, np.ndarray) and np.shares_memory(arr, value)):
+            if copy and (arr is value or (isinstance(value, np.ndarray) and np.shares_memory(arr, value))):
                 arr = arr.copy()  # the caller may mutate its array after we return
         self._note_membership(name, colls)
         if self.dry_run:
@@ -435,6 +485,26 @@ class Hook:
                 shape=tuple(shape) if shape is not None else None,
             )
         )
+
+    def write_tensors(self, items: Iterable[tuple[str, Any, list[Collection]]], copy: bool = True) -> None:
+        """`write_tensor(name, value, colls, copy=copy)` for each item, with one hand-off to the writer."""
+        plans: dict[tuple[int, ...], tuple[bool, tuple[tuple[str, bool], ...], bool]] = {}
+        step, mode, mode_step = self.step, self.mode.value, self.mode_steps[self.mode]
+        records = []
+        for name, value, colls in items:
+            key = tuple(map(id, colls))
+            plan = plans.get(key)
+            if plan is None:
+                plan = plans[key] = self._plan(name, colls)
+            save_raw, reds, save_shape = plan
+            arr = codec.as_storable(value)
+            if copy and (arr is value or (isinstance(value, np.ndarray) and np.shares_memory(arr, value))):
+                arr = arr.copy()
+            self._note_membership(name, colls)
+            records.append(Record(name=name, step=step, mode=mode, mode_step=mode_step, value=arr,
+                                  save_raw=save_raw, reductions=reds, save_shape=save_shape))
+        if records and not self.dry_run:
+            self._get_writer().submit_many(records)
 
     def save_tensor(
         self, tensor_name: str, tensor_value: Any, collections_to_write: str | Iterable[str] = CollectionKeys.DEFAULT

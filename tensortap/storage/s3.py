@@ -67,8 +67,9 @@ class S3Storage(Storage):
         *,
         client: Any = None,
         max_workers: int = 16,
-        cache_bytes: int = 256 << 20,
+        cache_bytes: int = 1 << 30,
         coalesce_gap: int = 256 << 10,
+        block_bytes: int = 8 << 20,
         max_attempts: int = 5,
     ):
         super().__init__(url.rstrip("/"))
@@ -86,6 +87,7 @@ class S3Storage(Storage):
         self.client = client
         self.max_workers = max_workers
         self.coalesce_gap = coalesce_gap
+        self.block_bytes = block_bytes
         self._cache = _RangeCache(cache_bytes)
         self._pool: ThreadPoolExecutor | None = None
         self._bucket_checked = False
@@ -122,6 +124,16 @@ class S3Storage(Storage):
         hit = self._cache.get(ck)
         if hit is not None:
             return hit
+        bb = self.block_bytes
+        block = self._cache.get((key, offset // bb * bb, bb))
+        if block is not None and offset + length <= offset // bb * bb + len(block):
+            lo = offset - offset // bb * bb
+            return block[lo : lo + length]
+        data = self._get_range(key, offset, length)
+        self._cache.put(ck, data)
+        return data
+
+    def _get_range(self, key: str, offset: int, length: int) -> bytes:
         try:
             resp = self.client.get_object(
                 Bucket=self.bucket, Key=self._key(key), Range=f"bytes={offset}-{offset + length - 1}"
@@ -132,14 +144,46 @@ class S3Storage(Storage):
             if getattr(e, "response", {}).get("Error", {}).get("Code") == "InvalidRange":
                 return b""
             raise
-        data = resp["Body"].read()
-        self._cache.put(ck, data)
-        return data
+        return resp["Body"].read()
+
+    def _read_blocks(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Ranges served from aligned blocks of the object, each block fetched once (in parallel) and kept
+        in the LRU cache, so that reading many scattered ranges — one tensor across a chunk, then the next —
+        costs a few large GETs instead of one GET per range."""
+        bb = self.block_bytes
+        needed = sorted({b for off, n in ranges for b in range(off // bb, (off + n - 1) // bb + 1)})
+        blocks: dict[int, bytes] = {}
+        missing = []
+        for b in needed:
+            hit = self._cache.get((key, b * bb, bb))
+            if hit is None:
+                missing.append(b)
+            else:
+                blocks[b] = hit
+        if missing:
+            fetched = list(self._executor().map(lambda b: self._get_range(key, b * bb, bb), missing))
+            for b, data in zip(missing, fetched, strict=True):
+                blocks[b] = data
+                self._cache.put((key, b * bb, bb), data)
+        out = []
+        for off, n in ranges:
+            first, last = off // bb, (off + n - 1) // bb
+            if first == last:
+                lo = off - first * bb
+                out.append(blocks[first][lo : lo + n])
+            else:
+                joined = b"".join(blocks[b] for b in range(first, last + 1))
+                lo = off - first * bb
+                out.append(joined[lo : lo + n])
+        return out
 
     def read_ranges(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
-        """Ranges of one object: neighbours coalesced into one GET, GETs issued in parallel."""
+        """Ranges of one object: neighbours coalesced into one GET, GETs issued in parallel; many scattered
+        ranges are served from cached aligned blocks instead."""
         if not ranges:
             return []
+        if len(ranges) > 8:
+            return self._read_blocks(key, ranges)
         order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
         groups: list[list[int]] = []
         spans: list[tuple[int, int]] = []

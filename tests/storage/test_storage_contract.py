@@ -54,3 +54,19 @@ def test_open_storage_picks_backend_by_scheme(tmp_path):
         open_storage("gs://bucket/x")
     with pytest.raises(ValueError):
         open_storage("")
+
+
+def test_many_scattered_ranges_across_blocks(storage):
+    import random
+
+    if hasattr(storage, "block_bytes"):
+        storage.block_bytes = 1000  # make ranges cross block boundaries
+    data = bytes(random.Random(1).randbytes(10_000))
+    storage.write("scattered.bin", data)
+    rng = random.Random(2)
+    ranges = [(o, rng.randint(1, 2500)) for o in (rng.randint(0, 9_000) for _ in range(40))]
+    ranges = [(o, min(n, len(data) - o)) for o, n in ranges]
+    assert storage.read_ranges("scattered.bin", ranges) == [data[o : o + n] for o, n in ranges]
+    # and again, now from the block cache
+    assert storage.read_ranges("scattered.bin", ranges[::-1]) == [data[o : o + n] for o, n in ranges[::-1]]
+    assert storage.read_range("scattered.bin", 1500, 700) == data[1500:2200]

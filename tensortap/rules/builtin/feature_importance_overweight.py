@@ -1,0 +1,53 @@
+"""FeatureImportanceOverweight (XGBoost)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tensortap.rules.builtin._stats import MEAN
+from tensortap.rules.params import as_float, as_int, as_regex_list
+from tensortap.rules.rule import Rule
+
+__all__ = ["FeatureImportanceOverweight"]
+
+
+class FeatureImportanceOverweight(Rule):
+    """Fires at a step where the `nfeatures` most important features (one scalar tensor per feature, matching
+    `tensor_regex`, e.g. `feature_importance/weight/f0`) hold more than `threshold` of the total importance
+    (importances are normalised to sum 1). With `nfeatures` features or fewer the share is trivially 1, so
+    the step is not judged (a warning goes in the report)."""
+
+    description = "A few features carry most of the importance: the top nfeatures share > threshold."
+    count_empty_steps = False
+
+    def __init__(self, base_trial: Any, threshold: float | str = 0.8, nfeatures: int | str = 3,
+                 tensor_regex: Any = ".*feature_importance/weight", *, action_str: str = "", actions: Any = None):
+        super().__init__(base_trial, action_str, actions=actions)
+        n = self.rule_name
+        self.threshold = as_float(threshold, "threshold", n, minimum=0.0, maximum=1.0)
+        self.nfeatures = as_int(nfeatures, "nfeatures", n, minimum=1)
+        self.tensor_regex = as_regex_list(tensor_regex, "tensor_regex", n)
+        self.set_parameters(threshold=self.threshold, nfeatures=self.nfeatures, tensor_regex=self.tensor_regex)
+
+    def invoke_at_step(self, step: int) -> bool:
+        vals = {}
+        for name in self.select(regex=self.tensor_regex):
+            v = self.stat(name, step, MEAN)
+            if v is not None and v == v:
+                vals[name] = abs(v)
+        if not vals:
+            return False
+        if len(vals) <= self.nfeatures:
+            self.report.warn(f"only {len(vals)} features, not more than nfeatures={self.nfeatures}: not judged")
+            return False
+        total = sum(vals.values())
+        if total <= 0:
+            return False
+        top = sorted(vals.items(), key=lambda kv: -kv[1])[: self.nfeatures]
+        share = float(np.sum([v for _, v in top]) / total)
+        if share > self.threshold:
+            self.violation(step, f"the top {self.nfeatures} features hold {share:.3g} of the importance "
+                           f"(> {self.threshold:g}): " + ", ".join(k for k, _ in top), top[0][0], share)
+        return bool(self._violations)

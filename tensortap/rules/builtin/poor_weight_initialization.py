@@ -1,0 +1,93 @@
+"""PoorWeightInitialization."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tensortap.rules.builtin._stats import MEAN
+from tensortap.rules.params import as_float, as_int, as_regex_list
+from tensortap.rules.rule import Rule
+
+__all__ = ["PoorWeightInitialization"]
+
+
+class PoorWeightInitialization(Rule):
+    """Judges the first `steps` saved steps of the job; fires at one of them if
+    * the activation inputs (tensors matching `activation_inputs_regex`, one per layer) have variances whose
+      max / min across layers exceeds `threshold`; or
+    * the gradients (all values of the `gradients` collection at the step, pooled) have a spread between their
+      5th and 95th percentiles below `distribution_range` (inferred: pooled over the step's gradients, since
+      AWS's "minimum difference between 5th and 95th percentiles of the gradient distribution" names no
+      grouping); or
+    * a loss of the `losses` collection has not decreased below its best value for `patience` saved steps."""
+
+    description = "Poor initialisation: layer variances mismatch, gradients collapse, or the loss does not move."
+    count_empty_steps = False
+
+    def __init__(self, base_trial: Any, activation_inputs_regex: Any = ".*relu_input", threshold: float | str = 10.0,
+                 distribution_range: float | str = 0.001, patience: int | str = 5, steps: int | str = 10, *,
+                 action_str: str = "", actions: Any = None):
+        super().__init__(base_trial, action_str, actions=actions)
+        n = self.rule_name
+        self.activation_inputs_regex = as_regex_list(activation_inputs_regex, "activation_inputs_regex", n)
+        self.threshold = as_float(threshold, "threshold", n, minimum=1.0)
+        self.distribution_range = as_float(distribution_range, "distribution_range", n, minimum=0.0)
+        self.patience = as_int(patience, "patience", n, minimum=1)
+        self.steps = as_int(steps, "steps", n, minimum=1)
+        self.set_parameters(activation_inputs_regex=self.activation_inputs_regex, threshold=self.threshold,
+                            distribution_range=self.distribution_range, patience=self.patience, steps=self.steps)
+        self._first: list[int] = []
+        self._loss: dict[str, list[float]] = {}
+
+    def _in_first_steps(self, step: int) -> bool:
+        if len(self._first) < self.steps:
+            self._first = self.base_trial.steps()[: self.steps]
+        return step in self._first
+
+    def invoke_at_step(self, step: int) -> bool:
+        if not self._in_first_steps(step):
+            return False
+        # 1. activation-input variance across layers
+        if self.activation_inputs_regex:
+            var = {}
+            for name in self.select(regex=self.activation_inputs_regex):
+                x = self.raw(name, step)  # only the first steps are judged: no whole-series statistic
+                if x is not None and np.size(x):
+                    v = float(np.var(np.asarray(x), dtype=np.float64))
+                    if v == v:
+                        var[name] = v
+            if len(var) >= 2:
+                hi, lo = max(var, key=var.get), min(var, key=var.get)
+                ratio = float("inf") if var[lo] == 0 else var[hi] / var[lo]
+                if var[hi] > 0 and ratio > self.threshold:
+                    self.violation(step, f"activation-input variance ratio across layers {ratio:.3g} "
+                                   f"({hi}: {var[hi]:.3g} / {lo}: {var[lo]:.3g}) > {self.threshold:g}", hi, ratio)
+        # 2. gradient distribution
+        grads = [g for g in (self.raw(n, step) for n in self.select(["gradients"])) if g is not None]
+        if grads:
+            pooled = np.concatenate([np.asarray(g, dtype=np.float64).reshape(-1) for g in grads])
+            pooled = pooled[np.isfinite(pooled)]
+            if pooled.size:
+                p5, p95 = np.percentile(pooled, [5, 95])
+                if p95 - p5 < self.distribution_range:
+                    self.violation(step, f"gradient p95 - p5 = {p95 - p5:.3g} < distribution_range "
+                                   f"{self.distribution_range:g}", "gradients", float(p95 - p5))
+        # 3. loss convergence
+        for name in self.select(["losses"]):
+            v = self.stat(name, step, MEAN)
+            if v is None:
+                continue
+            st = self._loss.get(name)
+            if st is None:
+                self._loss[name] = [v, 0]
+                continue
+            if v < st[0]:
+                st[0], st[1] = v, 0
+            else:
+                st[1] += 1
+                if st[1] >= self.patience:
+                    self.violation(step, f"loss has not decreased below {st[0]:.4g} for {int(st[1])} steps "
+                                   f"(patience {self.patience})", name, v)
+        return bool(self._violations)
