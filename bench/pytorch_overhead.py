@@ -1,0 +1,179 @@
+"""Training-step overhead of the PyTorch hook: tensortap vs smdebug 1.0.34 vs no hook.
+
+Workloads: an MLP 64->256->256->10 (batch 64, SGD) and a small CNN (batch 32, 3x32x32), one CPU thread,
+collections weights+biases+gradients+losses, saved every 1, 10, 100 steps or never.
+
+Every measurement is a child process that trains two identical models, one hooked and one not, in
+alternating blocks of steps, and reports the median step time of each; the ratio hooked/plain is
+therefore measured in the same run. The driver alternates configurations over several rounds and
+prints the median ratio. smdebug runs in its own venv (SMDEBUG_PYTHON, default
+/work/smdebug-venv/bin/python): `pip install torch==2.13.0 smdebug==1.0.34 "numpy<2" "pandas<3" requests
+psutil`; it is skipped with a message when absent.
+
+    .venv/bin/python bench/pytorch_overhead.py [--rounds 3] [--models mlp,cnn] [--libs tensortap,smdebug]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+INTERVALS = ("1", "10", "100", "never")
+COLLECTIONS = ["weights", "biases", "gradients", "losses"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_SMDEBUG_PYTHON = "/work/smdebug-venv/bin/python"
+
+
+def _build(model_name: str):
+    import torch
+    from torch import nn
+
+    if model_name == "mlp":
+        model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+        x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
+    else:
+        model = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(32 * 8 * 8, 64), nn.ReLU(), nn.Linear(64, 10),
+        )
+        x, y = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), nn.CrossEntropyLoss(), x, y
+
+
+def child(lib: str, interval: str, model_name: str, blocks: int, steps: int) -> dict:
+    """Train a plain and a hooked model in alternating blocks; median step times in microseconds."""
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    plain = _build(model_name)
+    hooked = _build(model_name)
+    out_dir = os.path.join(tempfile.mkdtemp(prefix=f"ttbench_{lib}_", dir=os.environ.get("TTBENCH_OUT_ROOT")), "run")
+    if interval == "never":
+        cfg_kwargs = dict(start_step=0, end_step=0)
+    else:
+        cfg_kwargs = dict(save_interval=int(interval))
+    if lib == "smdebug":
+        import smdebug.pytorch as smd
+
+        hook = smd.Hook(out_dir=out_dir, save_config=smd.SaveConfig(**cfg_kwargs), include_collections=COLLECTIONS)
+    else:
+        import tensortap.pytorch as tp
+
+        hook = tp.Hook(out_dir=out_dir, save_config=tp.SaveConfig(**cfg_kwargs), include_collections=COLLECTIONS)
+    hook.register_module(hooked[0])
+    hook.register_loss(hooked[2])
+
+    def run(setup, n):
+        model, opt, loss_fn, x, y = setup
+        t0, c0 = time.perf_counter(), time.thread_time()
+        for _ in range(n):
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+        return (time.perf_counter() - t0) / n * 1e6, (time.thread_time() - c0) / n * 1e6
+
+    run(plain, steps // 2)
+    run(hooked, steps // 2)
+    times: dict[str, list[tuple[float, float]]] = {"plain": [], "hooked": []}
+    for b in range(blocks):
+        order = (plain, hooked) if b % 2 == 0 else (hooked, plain)
+        for setup in order:
+            times["plain" if setup is plain else "hooked"].append(run(setup, steps))
+    hook.close()
+    shutil.rmtree(os.path.dirname(out_dir), ignore_errors=True)
+    p, h = (statistics.median(w for w, _c in times[k]) for k in ("plain", "hooked"))
+    pc, hc = (statistics.median(c for _w, c in times[k]) for k in ("plain", "hooked"))
+    # wall: step time; cpu: CPU time of the training thread alone (robust to other load on the machine,
+    # blind to work done by the writer thread on another core)
+    return {"lib": lib, "interval": interval, "model": model_name, "plain_us": p, "hooked_us": h, "ratio": h / p,
+            "plain_cpu_us": pc, "hooked_cpu_us": hc, "cpu_ratio": hc / pc, "out_root": os.path.dirname(out_dir)}
+
+
+def _run_child(python: str, lib: str, interval: str, model: str, blocks: int, steps: int) -> dict | None:
+    cmd = [python, os.path.abspath(__file__), "--child", lib, interval, model, str(blocks), str(steps)]
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE))
+    env.pop("TENSORTAP_DISABLE", None)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            res = json.loads(line)
+            shutil.rmtree(res["out_root"], ignore_errors=True)  # smdebug may write its end marker at exit
+            return res
+    print(f"  [{lib} {interval} {model}] failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--blocks", type=int, default=10, help="alternating blocks per child run")
+    ap.add_argument("--steps", type=int, default=200, help="steps per block")
+    ap.add_argument("--models", default="mlp,cnn")
+    ap.add_argument("--libs", default="tensortap,smdebug")
+    ap.add_argument("--intervals", default=",".join(INTERVALS))
+    ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--out-root", help="where the hooks write (default: the system temp dir); e.g. /dev/shm to "
+                    "measure the hooks without the disk")
+    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        lib, interval, model, blocks, steps = args.child
+        print(json.dumps(child(lib, interval, model, int(blocks), int(steps))))
+        return
+
+    if args.out_root:
+        os.environ["TTBENCH_OUT_ROOT"] = args.out_root
+    smdebug_python = os.environ.get("SMDEBUG_PYTHON", DEFAULT_SMDEBUG_PYTHON)
+    libs = [s for s in args.libs.split(",") if s]
+    if "smdebug" in libs and not os.path.exists(smdebug_python):
+        print(f"smdebug venv not found at {smdebug_python}: skipping smdebug (set SMDEBUG_PYTHON)")
+        libs.remove("smdebug")
+    pythons = {"tensortap": sys.executable, "smdebug": smdebug_python}
+    configs = [(m, lib, iv) for m in args.models.split(",") for iv in args.intervals.split(",") for lib in libs]
+    results: dict[tuple[str, str, str], list[dict]] = {c: [] for c in configs}
+    for r in range(args.rounds):
+        for m, lib, iv in configs:  # alternate every configuration within each round
+            res = _run_child(pythons[lib], lib, iv, m, args.blocks, args.steps)
+            if res is not None:
+                results[(m, lib, iv)].append(res)
+                print(f"round {r} {m:4s} {lib:9s} interval={iv:5s} plain={res['plain_us']:8.1f}us "
+                      f"hooked={res['hooked_us']:8.1f}us x{res['ratio']:.3f} (training-thread CPU "
+                      f"x{res['cpu_ratio']:.3f})", flush=True)
+
+    intervals = args.intervals.split(",")
+    summary = []
+    for key, title in (("ratio", "step time"), ("cpu_ratio", "training-thread CPU time")):
+        print(f"\nmedian over rounds: {title}, hooked / no hook, same process")
+        print(f"{'model':5s} {'library':9s} " + " ".join(f"{'every ' + iv if iv != 'never' else 'never':>11s}"
+                                                       for iv in intervals))
+        for m in args.models.split(","):
+            for lib in libs:
+                cells = []
+                for iv in intervals:
+                    rs = [x for x in results[(m, lib, iv)] if key in x]
+                    if rs:
+                        ratio = statistics.median(x[key] for x in rs)
+                        cells.append(f"x{ratio:10.3f}")
+                        summary.append({"metric": key, "model": m, "lib": lib, "interval": iv, "ratio": ratio,
+                                        "plain_us": statistics.median(x["plain_us"] for x in rs),
+                                        "runs": [x[key] for x in rs]})
+                    else:
+                        cells.append(f"{'n/a':>11s}")
+                print(f"{m:5s} {lib:9s} " + " ".join(cells))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""Torch tensors to host numpy arrays: single tensors, and batches with one copy per (device, dtype)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+# torch dtypes numpy lacks, stored through ml_dtypes when it is installed (else upcast to float32).
+_ML_DTYPE_NAMES = {
+    torch.bfloat16: "bfloat16",
+    getattr(torch, "float8_e4m3fn", None): "float8_e4m3fn",
+    getattr(torch, "float8_e5m2", None): "float8_e5m2",
+}
+_ML_DTYPE_NAMES.pop(None, None)
+_SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16}
+
+_MAX_DEPTH = 16
+
+
+def iter_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    """The tensors in a module's inputs or outputs, in order: tensors, tuples, lists, dicts, dataclasses."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth >= _MAX_DEPTH:
+        return
+    elif isinstance(obj, (tuple, list)):
+        for v in obj:
+            yield from iter_tensors(v, depth + 1)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from iter_tensors(v, depth + 1)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from iter_tensors(getattr(obj, f.name, None), depth + 1)
+
+
+def capturable(t: torch.Tensor) -> bool:
+    """Whether `t` holds real, dense data we can copy (not sparse, meta, fake or nested)."""
+    return t.layout == torch.strided and t.device.type != "meta" and not getattr(t, "is_nested", False)
+
+
+def host_numpy(t: torch.Tensor) -> np.ndarray:
+    """A numpy array of a CPU tensor, sharing its memory when the dtype allows."""
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    name = _ML_DTYPE_NAMES.get(t.dtype)
+    if name is not None:
+        try:
+            import ml_dtypes
+        except ImportError:
+            return t.float().numpy()
+        return t.view(_SAME_WIDTH_INT[t.element_size()]).numpy().view(getattr(ml_dtypes, name))
+    try:
+        return t.numpy()
+    except (TypeError, RuntimeError):
+        return t.float().numpy()  # e.g. complex32, quantized: a readable approximation beats nothing
+
+
+class _Slot:
+    """A pooled host buffer laid out for one list of shapes."""
+
+    __slots__ = ("buf", "flat", "views", "layout", "base_refs")
+
+    def __init__(self, dtype: torch.dtype, shapes: tuple[torch.Size, ...]):
+        numel = [_numel(s) for s in shapes]
+        flat = torch.empty(sum(numel), dtype=dtype)
+        self.buf = flat.numpy()  # TypeError for dtypes numpy lacks: no pooling for them
+        self.flat = torch.from_numpy(self.buf)
+        self.views: list[torch.Tensor] = []
+        self.layout: list[tuple[int, int, tuple[int, ...]]] = []
+        off = 0
+        for shape, k in zip(shapes, numel, strict=True):
+            self.views.append(self.flat[off:off + k].view(shape))
+            self.layout.append((off, off + k, tuple(shape)))
+            off += k
+        self.base_refs = sys.getrefcount(self.buf)
+
+    def free(self) -> bool:
+        """Nobody (the writer) holds a view of the buffer any more."""
+        return sys.getrefcount(self.buf) <= self.base_refs
+
+
+def _numel(shape: Any) -> int:
+    k = 1
+    for d in shape:
+        k *= d
+    return k
+
+
+class BufferPool:
+    """Reusable host buffers for batch copies (fresh large allocations cost a page fault per page).
+
+    A buffer is reused once the writer dropped every view of it. At most `per_layout` buffers per
+    layout and `max_bytes` in all; beyond that copies go to fresh memory.
+    """
+
+    def __init__(self, per_layout: int = 8, max_bytes: int = 256 << 20):
+        self.per_layout = per_layout
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._slots: dict[tuple, list[_Slot]] = {}
+
+    def get(self, dtype: torch.dtype, shapes: tuple[torch.Size, ...]) -> _Slot | None:
+        """A free buffer for tensors of these shapes, or None."""
+        key = (dtype, shapes)
+        slots = self._slots.get(key)
+        if slots is None:
+            slots = self._slots[key] = []
+        for slot in slots:
+            if slot.free():
+                return slot
+        if len(slots) >= self.per_layout:
+            return None
+        size = _numel_total(shapes) * torch.empty((), dtype=dtype).element_size()
+        if self.nbytes + size > self.max_bytes:
+            return None
+        try:
+            slot = _Slot(dtype, shapes)
+        except (TypeError, RuntimeError):
+            return None
+        self.nbytes += size
+        slots.append(slot)
+        return slot
+
+
+def _numel_total(shapes: tuple[torch.Size, ...]) -> int:
+    return sum(_numel(s) for s in shapes)
+
+
+_foreach_copy = getattr(torch, "_foreach_copy_", None)
+
+
+class HostBatch:
+    """Host copies of several tensors: one copy per (device, dtype) group.
+
+    CPU groups are copied at once, into a pooled buffer when one is free. Other devices are copied
+    asynchronously into pinned memory (when the accelerator supports it) and waited for in
+    `arrays()`, normally at the end of the step, long after the copy finished.
+    """
+
+    __slots__ = ("_groups", "_n")
+
+    def __init__(self, tensors: list[torch.Tensor], force_async: bool = False, pool: BufferPool | None = None):
+        """Copy `tensors` (detached, none requiring grad) to the host."""
+        self._n = len(tensors)
+        t0 = tensors[0]
+        dev, dt = t0.device, t0.dtype
+        if all(t.dtype == dt and t.device == dev for t in tensors):
+            groups = [((dev, dt), list(range(len(tensors))))]
+        else:
+            by_key: dict[tuple, list[int]] = {}
+            for i, t in enumerate(tensors):
+                by_key.setdefault((t.device, t.dtype), []).append(i)
+            groups = list(by_key.items())
+        # each group: (positions, host numpy array or None, layout, torch host tensor, event, keep-alive)
+        self._groups: list[tuple[Any, ...]] = []
+        for (device, dtype), idx in groups:
+            parts = [tensors[i] for i in idx] if len(groups) > 1 else tensors
+            if device.type == "cpu" and not force_async:
+                slot = pool.get(dtype, tuple(p.shape for p in parts)) if pool is not None else None
+                if slot is not None:
+                    if _foreach_copy is not None:
+                        _foreach_copy(slot.views, parts)
+                    else:
+                        for v, p in zip(slot.views, parts, strict=True):
+                            v.copy_(p)
+                    self._groups.append((idx, slot.buf, slot.layout, None, None, None))
+                    continue
+                host = torch.cat([p.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].reshape(-1).clone()
+                self._groups.append((idx, None, _layout(parts), host, None, None))
+                continue
+            flat_src = torch.cat([p.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].reshape(-1)
+            pin = device.type == "cuda"
+            host = torch.empty(flat_src.shape, dtype=flat_src.dtype, pin_memory=pin)
+            host.copy_(flat_src, non_blocking=pin)
+            event = None
+            if pin:
+                event = torch.cuda.Event()
+                event.record()
+            self._groups.append((idx, None, _layout(parts), host, event, flat_src))
+
+    def arrays(self) -> list[np.ndarray]:
+        """Host arrays in the order of the tensors given (views of private buffers: the caller owns them)."""
+        if len(self._groups) == 1 and self._groups[0][4] is None:
+            _idx, buf, layout, host, _e, _k = self._groups[0]
+            flat = buf if buf is not None else host_numpy(host)
+            return [flat[a:b].reshape(shape) for a, b, shape in layout]
+        out: list[Any] = [None] * self._n
+        for idx, buf, layout, host, event, _keep in self._groups:
+            if event is not None:
+                event.synchronize()
+            flat = buf if buf is not None else host_numpy(host)
+            for i, (a, b, shape) in zip(idx, layout, strict=True):
+                out[i] = flat[a:b].reshape(shape)
+        return out
+
+
+def _layout(parts: list[torch.Tensor]) -> list[tuple[int, int, tuple[int, ...]]]:
+    out = []
+    off = 0
+    for p in parts:
+        k = p.numel()
+        out.append((off, off + k, tuple(p.shape)))
+        off += k
+    return out

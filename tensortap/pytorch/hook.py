@@ -1,0 +1,573 @@
+"""The PyTorch hook: captures weights, gradients, losses, module inputs/outputs and optimizer state.
+
+Names follow smdebug's PyTorch naming: parameters `<RootClass>_<param>`, gradients
+`gradient/<RootClass>_<param>`, module I/O `<module>_input_<i>` / `<module>_output_<i>` (the root
+module is named by its class), losses `<LossClass>_output_0`. Optimizer state is saved as
+`optimizer/param_group_<g>/<key>` and `optimizer/<RootClass>_<param>/<state key>`.
+
+Steps that save nothing cost one call of the root module's forward pre-hook: per-module forward hooks
+and per-parameter gradient hooks are only installed for steps that save them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from tensortap import modes as _modes
+from tensortap.collection import TRAIN_ONLY_COLLECTIONS, Collection, CollectionKeys
+from tensortap.exceptions import InvalidConfiguration
+from tensortap.hooks.base import Hook as BaseHook
+from tensortap.pytorch import singleton
+from tensortap.pytorch._tensors import BufferPool, HostBatch, capturable, host_numpy, iter_tensors
+
+logger = logging.getLogger("tensortap")
+
+INPUT_SUFFIX = "_input_"
+OUTPUT_SUFFIX = "_output_"
+GRADIENT_PREFIX = "gradient/"
+OPTIMIZER_PREFIX = "optimizer/"
+
+K = CollectionKeys
+_PARAM_COLLECTIONS = frozenset({K.WEIGHTS, K.BIASES, K.GRADIENTS})
+# Collections that need no per-module forward hooks (losses come from registered loss modules).
+_NOT_IO = frozenset({K.WEIGHTS, K.BIASES, K.GRADIENTS, K.LOSSES, K.SCALARS, K.OPTIMIZER_VARIABLES})
+_NO_STATE_KEYS = frozenset({"params"})
+_INF = float("inf")
+_SMALL = 4096  # elements: a lone tensor this small is copied directly
+
+
+def _is_compiled(module: nn.Module) -> bool:
+    return hasattr(module, "_orig_mod") and type(module).__name__ == "OptimizedModule"
+
+
+def _detect_rank() -> tuple[int | None, int | None]:
+    """(rank, world size) from torch.distributed, else Horovod (if imported), else (None, None)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except (ImportError, RuntimeError, ValueError):
+        pass
+    hvd = sys.modules.get("horovod.torch")
+    if hvd is not None:
+        try:
+            if hvd.is_initialized():
+                return hvd.rank(), hvd.size()
+        except Exception:  # noqa: BLE001 - an odd Horovod build must not stop the job
+            pass
+    return None, None
+
+
+@dataclass
+class _Root:
+    """A registered module whose forward starts a step."""
+
+    module: nn.Module  # the module registered (gets the forward pre-hook)
+    name: str  # class name of the (uncompiled) module
+    params: list[tuple[str, nn.Parameter]]
+    io_hooks: list[tuple[nn.Module, Any]]  # (module, forward hook) to install on steps saving I/O
+    compiled: bool
+    handles: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class _Plan:
+    """What a step saving a given set of collections captures."""
+
+    weights: list[tuple[str, nn.Parameter, list[Collection]]]
+    grads: dict[int, tuple[nn.Parameter, str, list[Collection]]]
+    io: bool
+    weight_items: list[tuple[str, list[Collection]]] = field(default_factory=list)
+    some_odd: bool = False  # some parameter may not be capturable (sparse, meta, ...)
+    param_views: list[torch.Tensor] | None = None
+
+
+class Hook(BaseHook):
+    """Captures a PyTorch training job; `register_module(model)` and `register_loss(loss_fn)` hook it up."""
+
+    builtin_collections = (
+        K.ALL, K.DEFAULT, K.SCALARS, K.WEIGHTS, K.BIASES, K.GRADIENTS, K.LOSSES, K.INPUTS, K.OUTPUTS,
+        K.OPTIMIZER_VARIABLES,
+    )
+    default_include_collections = (K.LOSSES, K.SCALARS)
+
+    def __init__(self, out_dir: str, *args: Any, rank: int | None = None, world_size: int | None = None,
+                 **kwargs: Any):
+        if rank is None and world_size is None:
+            rank, world_size = _detect_rank()
+        super().__init__(out_dir, *args, rank=rank, world_size=world_size, **kwargs)
+        self._roots: list[_Root] = []
+        self._module_ids: set[int] = set()  # every module inside a registered root
+        self._param_names: dict[int, str] = {}
+        self._losses: list[tuple[nn.Module, Any]] = []  # (loss module, forward hook for saving steps)
+        self._opt_handles: list[Any] = []
+        self._plans: dict[tuple[int, ...], _Plan] = {}
+        self._quiet_until: float = -1  # mode steps before this save nothing (while the mode stays)
+        # quiet steps still take the full path when the base hook is due to check for a stop request
+        self._stop_checks = all(hasattr(self, a) for a in ("_stop_watch", "_next_stop_check"))
+        self._saving = False  # the current step saves something
+        self._step_handles: list[Any] = []  # hooks installed for this step only
+        self._io_counts: dict[str, int] = {}
+        self._grad_targets: dict[int, tuple[nn.Parameter, str, list[Collection]]] = {}
+        self._param_hooks_on = False
+        self._grad_cb_queued = False
+        self._pending_grads: dict[str, tuple[Any, list[Collection]]] = {}
+        self._staged: list[tuple[HostBatch, list[tuple[str, list[Collection]]]]] = []
+        self._pool = BufferPool()
+        #: testing aid: copy CPU tensors through the asynchronous (accelerator) path
+        self._force_async_copies = False
+        singleton.set_hook(self)
+
+    def _init_builtin_collections(self) -> None:
+        get = self.collection_manager.get
+        get(K.WEIGHTS).include("^(?!gradient).*weight")
+        get(K.BIASES).include("^(?!gradient).*bias")
+        get(K.GRADIENTS).include("^gradient")
+        get(K.LOSSES).include("[Ll]oss_(?!input).*output")
+        get(K.INPUTS).include(r"_input_\d+$")
+        get(K.OUTPUTS).include(r"_output_\d+$")
+        get(K.OPTIMIZER_VARIABLES).include("^optimizer/")
+
+    def _programmatic_collections(self) -> set[str]:
+        return set(self.builtin_collections)
+
+    # --- collection changes invalidate the per-save-set plans ------------------------------
+
+    def get_collection(self, name: str, create: bool = True) -> Collection:
+        self._config_changed()
+        return super().get_collection(name, create)
+
+    def get_collections(self) -> dict[str, Collection]:
+        self._config_changed()
+        return super().get_collections()
+
+    def add_collection(self, collection: Collection) -> None:
+        self._config_changed()
+        super().add_collection(collection)
+
+    # --- registration ------------------------------------------------------------------------
+
+    def register_module(self, module: nn.Module) -> None:
+        """Hook `module` (usually the whole model): its forward starts a step; parameters, gradients and
+        module inputs/outputs become capturable. A submodule of a registered module is already covered."""
+        if not isinstance(module, nn.Module):
+            raise InvalidConfiguration(f"register_module takes a torch.nn.Module, not {type(module).__name__}")
+        if self.disabled or self._closed:
+            return
+        inner = module._orig_mod if _is_compiled(module) else module
+        if id(module) in self._module_ids or id(inner) in self._module_ids:
+            logger.debug("tensortap: %s is already registered (or inside a registered module)", inner._get_name())
+            return
+        # A registered module inside the new one stops being a root: the new one starts the steps.
+        for old in [r for r in self._roots if any(m is r.module for m in inner.modules()) or r.module is module]:
+            for h in old.handles:
+                h.remove()
+            self._roots.remove(old)
+            for m in old.module.modules():
+                self._module_ids.discard(id(m))
+        compiled = _is_compiled(module) or getattr(module, "_compiled_call_impl", None) is not None
+        root_name = inner._get_name()
+        params = [(f"{root_name}_{n}", p) for n, p in inner.named_parameters()]
+        io_hooks: list[tuple[nn.Module, Any]] = []
+        if _is_compiled(module):
+            io_hooks.append((module, functools.partial(self._io_hook, root_name)))  # outside the compiled code
+        elif not compiled:
+            for n, m in inner.named_modules():
+                io_hooks.append((m, functools.partial(self._io_hook, n if n else root_name)))
+        pre_hook = self._root_pre_hook
+        if compiled and not _is_compiled(module):
+            pre_hook = torch.compiler.disable(pre_hook)
+        root = _Root(module, root_name, params, io_hooks, compiled)
+        root.handles.append(module.register_forward_pre_hook(pre_hook))
+        self._roots.append(root)
+        self._module_ids.add(id(module))
+        self._module_ids.update(id(m) for m in inner.modules())
+        for pname, p in params:
+            self._param_names[id(p)] = pname
+        self._config_changed()
+        if compiled:
+            logger.info("tensortap: %s is compiled: inputs/outputs of its submodules are not captured", root_name)
+
+    register_block = register_module
+    register_hook = register_module
+
+    def register_loss(self, loss_module: nn.Module) -> None:
+        """Hook a loss module (e.g. `nn.CrossEntropyLoss()`): its output is saved as `<LossClass>_output_0`."""
+        if not isinstance(loss_module, nn.Module):
+            raise InvalidConfiguration(f"register_loss takes a torch.nn.Module, not {type(loss_module).__name__}")
+        if self.disabled or self._closed:
+            return
+        name = loss_module._get_name()
+        if any(m is loss_module for m, _fn in self._losses):
+            return
+        self._losses.append((loss_module, functools.partial(self._loss_hook, name)))
+
+    def register_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Save the optimizer's hyperparameters (learning rate, ...) and state (momentum buffers, ...) after
+        `optimizer.step()` on TRAIN steps that save the `optimizer_variables` collection."""
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise InvalidConfiguration(f"register_optimizer takes a torch.optim.Optimizer, not {optimizer!r}")
+        if self.disabled or self._closed:
+            return
+        self._opt_handles.append(optimizer.register_step_post_hook(self._optimizer_hook))
+
+    # --- callbacks ---------------------------------------------------------------------------
+
+    def _root_pre_hook(self, module: nn.Module, args: Any) -> None:
+        if self.disabled or self._closed:
+            return
+        mode = self.mode
+        mode_step = self.mode_steps[mode] + 1
+        if (
+            mode_step < self._quiet_until
+            and self._in_step
+            and not self._saving
+            and not (self._stop_checks and (self._stop_watch and time.monotonic() >= self._next_stop_check))
+        ):
+            # Nothing to save before `_quiet_until`: only count the step. Readers learn that the
+            # quiet steps passed when the next saving step ends.
+            self.step += 1
+            self.mode_steps[mode] = mode_step
+            self.mode_steps[_modes.GLOBAL] = self.step
+            return
+        try:
+            self.next_step()
+        except Exception as e:  # noqa: BLE001 - never break training
+            self._fail("forward pre-hook", e)
+
+    def _io_hook(self, name: str, module: nn.Module, inputs: Any, outputs: Any) -> None:
+        if not self._saving or self.disabled:
+            return
+        try:
+            self._write_io(name, INPUT_SUFFIX, inputs)
+            self._write_io(name, OUTPUT_SUFFIX, outputs)
+        except Exception as e:  # noqa: BLE001
+            self._fail("forward hook", e)
+
+    def _loss_hook(self, name: str, module: nn.Module, inputs: Any, outputs: Any) -> None:
+        if not self._saving or self.disabled:
+            return
+        try:
+            self._write_io(name, INPUT_SUFFIX, inputs)
+            self._write_io(name, OUTPUT_SUFFIX, outputs)
+        except Exception as e:  # noqa: BLE001
+            self._fail("loss forward hook", e)
+
+    def _grad_root_hook(self, module: nn.Module, inputs: Any, outputs: Any) -> None:
+        # Gradients are read once the backward pass ends. A hook on the output starts that; a model
+        # whose output does not require grad gets a hook on each parameter instead.
+        if not self._saving or self.disabled or not self._grad_targets:
+            return
+        try:
+            found = False
+            for t in iter_tensors(outputs):
+                if t.requires_grad and t.grad_fn is not None:
+                    self._step_handles.append(t.register_hook(self._output_grad_hook))
+                    found = True
+            if not found and not self._param_hooks_on:
+                self._param_hooks_on = True
+                for p, _name, _colls in self._grad_targets.values():
+                    self._step_handles.append(p.register_post_accumulate_grad_hook(self._param_grad_hook))
+        except Exception as e:  # noqa: BLE001
+            self._fail("gradient hook", e)
+
+    def _output_grad_hook(self, grad: torch.Tensor) -> None:
+        if self.disabled:
+            return
+        try:
+            self._queue_grad_collection()
+        except Exception as e:  # noqa: BLE001
+            self._fail("gradient hook", e)
+
+    def _param_grad_hook(self, param: nn.Parameter) -> None:
+        if self.disabled:
+            return
+        try:
+            self._queue_grad_collection()
+        except Exception as e:  # noqa: BLE001
+            self._fail("gradient hook", e)
+
+    def _queue_grad_collection(self) -> None:
+        if not self._grad_cb_queued:
+            self._grad_cb_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
+
+    def _after_backward(self) -> None:
+        # Queue once more so that callbacks queued later in this backward (DDP's gradient
+        # reduction) run before the gradients are read.
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(self._collect_grads)
+        except Exception as e:  # noqa: BLE001
+            self._grad_cb_queued = False
+            self._fail("gradient hook", e)
+
+    def _collect_grads(self) -> None:
+        self._grad_cb_queued = False
+        if self.disabled or not self._saving:
+            return
+        try:
+            items: list[tuple[str, list[Collection]]] = []
+            tensors: list[torch.Tensor] = []
+            for p, name, colls in self._grad_targets.values():
+                g = p.grad
+                if g is not None and capturable(g):
+                    items.append((name, colls))
+                    tensors.append(g)
+            if tensors:
+                arrays = HostBatch(tensors, self._force_async_copies, self._pool).arrays()
+                for (name, colls), arr in zip(items, arrays, strict=True):
+                    self._pending_grads[name] = (arr, colls)  # a later backward of this step replaces it
+        except Exception as e:  # noqa: BLE001
+            self._fail("gradient capture", e)
+
+    def _optimizer_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self._saving or self.disabled or self.mode in (_modes.EVAL, _modes.PREDICT):
+            return
+        try:
+            self._save_optimizer(optimizer)
+        except Exception as e:  # noqa: BLE001
+            self._fail("optimizer hook", e)
+
+    # --- steps -------------------------------------------------------------------------------
+
+    def on_step_begin(self) -> None:
+        self._saving = False
+        if not self.active:
+            self._quiet_until = _INF
+            return
+        now = self.collections_to_save()
+        if not now:
+            self._quiet_until = self._next_saving_step()
+            return
+        self._quiet_until = -1
+        self._saving = True
+        self._io_counts.clear()
+        plan = self._plan_for(now)
+        if plan.weights:
+            self._save_params(plan)
+        if plan.grads:
+            self._grad_targets = plan.grads
+            self._param_hooks_on = False
+            for root in self._roots:
+                if root.compiled and not _is_compiled(root.module):
+                    # model.compile(): a forward hook would run inside the compiled code. Parameter
+                    # hooks run in autograd, outside it.
+                    for _pname, p in root.params:
+                        if id(p) in plan.grads:
+                            self._step_handles.append(p.register_post_accumulate_grad_hook(self._param_grad_hook))
+                else:
+                    self._step_handles.append(root.module.register_forward_hook(self._grad_root_hook))
+        for m, fn in self._losses:
+            self._step_handles.append(m.register_forward_hook(fn))
+        if plan.io:
+            for root in self._roots:
+                for m, fn in root.io_hooks:
+                    self._step_handles.append(m.register_forward_hook(fn))
+
+    def on_step_end(self) -> None:
+        if self._step_handles:
+            for h in self._step_handles:
+                h.remove()
+            self._step_handles.clear()
+        self._grad_targets = {}
+        saving, self._saving = self._saving, False
+        pending, self._pending_grads = self._pending_grads, {}
+        staged, self._staged = self._staged, []
+        if not saving or not self.active:
+            return
+        try:
+            for batch, items in staged:
+                self.write_tensors(
+                    [(name, arr, colls) for (name, colls), arr in zip(items, batch.arrays(), strict=True)], copy=False
+                )
+            if pending:
+                self.write_tensors([(name, arr, colls) for name, (arr, colls) in pending.items()], copy=False)
+        except Exception as e:  # noqa: BLE001
+            self._fail("step end", e)
+
+    def on_close(self) -> None:
+        for root in self._roots:
+            for h in root.handles:
+                h.remove()
+        for h in self._opt_handles + self._step_handles:
+            h.remove()
+        self._roots.clear()
+        self._losses.clear()
+        self._opt_handles.clear()
+        self._step_handles.clear()
+
+    def _next_saving_step(self) -> float:
+        """The next step of the current mode at which an included collection saves (inf if none)."""
+        mode = self.mode
+        step = self.mode_steps[mode]
+        best: float = _INF
+        train_only = mode in (_modes.EVAL, _modes.PREDICT)
+        for c in self._included():
+            if train_only and c.name in TRAIN_ONLY_COLLECTIONS:
+                continue
+            cfg = self._coll_save_config(c).get_save_config(mode)
+            for s in cfg.save_steps:
+                if s >= step:
+                    best = min(best, s)
+                    break
+            first = max(step, cfg.start_step)
+            first = -(-first // cfg.save_interval) * cfg.save_interval
+            if cfg.end_step is None or first < cfg.end_step:
+                best = min(best, first)
+        return best
+
+    def _config_changed(self) -> None:
+        self._plans.clear()
+        self._quiet_until = -1
+
+    def _plan_for(self, now: list[Collection]) -> _Plan:
+        key = tuple(id(c) for c in now)
+        plan = self._plans.get(key)
+        if plan is None:
+            train = self.mode not in (_modes.EVAL, _modes.PREDICT)
+            weights = []
+            grads: dict[int, tuple[nn.Parameter, str, list[Collection]]] = {}
+            for root in self._roots:
+                for pname, p in root.params:
+                    colls = self.collections_for(pname)
+                    if colls:
+                        weights.append((pname, p, colls))
+                    gname = GRADIENT_PREFIX + pname
+                    colls = self.collections_for(gname) if train and p.requires_grad else []
+                    if colls:
+                        grads[id(p)] = (p, gname, colls)
+            io = any(
+                c.name not in _NOT_IO
+                and (c.include_regex or any(INPUT_SUFFIX in n or OUTPUT_SUFFIX in n for n in c.tensor_names))
+                for c in now
+            )
+            plan = self._plans[key] = _Plan(
+                weights, grads, io and bool(self._roots), [(n, c) for n, _p, c in weights],
+                any(not capturable(p) for _n, p, _c in weights),
+            )
+            if len(self._plans) > 64:
+                self._plans.clear()
+        return plan
+
+    # --- capture -----------------------------------------------------------------------------
+
+    def _save_params(self, plan: _Plan) -> None:
+        # Detached views of the parameters, cached while every parameter keeps its storage.
+        views = plan.param_views
+        if views is None or any(
+            v.data_ptr() != p.data_ptr() for v, (_n, p, _c) in zip(views, plan.weights, strict=True)
+        ):
+            views = plan.param_views = [p.detach() for _n, p, _c in plan.weights]
+        keep = [i for i, v in enumerate(views) if capturable(v)] if plan.some_odd else None
+        if keep is None:
+            self._stage_or_write(views, plan.weight_items)
+        else:
+            self._stage_or_write([views[i] for i in keep], [plan.weight_items[i] for i in keep])
+
+    def _stage_or_write(self, tensors: list[torch.Tensor], items: list[tuple[str, list[Collection]]]) -> None:
+        if not tensors:
+            return
+        batch = HostBatch(tensors, self._force_async_copies, self._pool)
+        if self._force_async_copies or any(t.device.type != "cpu" for t in tensors):
+            self._staged.append((batch, items))  # copied asynchronously; written at the end of the step
+            return
+        self.write_tensors(
+            [(name, arr, colls) for (name, colls), arr in zip(items, batch.arrays(), strict=True)], copy=False
+        )
+
+    def _write_io(self, prefix: str, suffix: str, obj: Any) -> None:
+        key = prefix + suffix
+        idx = self._io_counts.get(key, 0)
+        tensors: list[torch.Tensor] = []
+        items: list[tuple[str, list[Collection]]] = []
+        for t in iter_tensors(obj):
+            name = f"{key}{idx}"
+            idx += 1
+            colls = self.collections_for(name)
+            if colls and capturable(t):
+                tensors.append(t.detach())
+                items.append((name, colls))
+        self._io_counts[key] = idx
+        if len(tensors) == 1 and tensors[0].numel() <= _SMALL and tensors[0].device.type == "cpu":
+            self.write_tensor(items[0][0], host_numpy(tensors[0]), items[0][1])  # e.g. a loss: copied here
+        else:
+            self._stage_or_write(tensors, items)
+
+    def _save_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        tensors: list[torch.Tensor] = []
+        items: list[tuple[str, list[Collection]]] = []
+
+        def add(name: str, value: Any) -> None:
+            colls = [c for c in self.collections_for(name) if c.name not in _PARAM_COLLECTIONS]
+            if not colls:
+                return
+            if isinstance(value, torch.Tensor):
+                if capturable(value):
+                    tensors.append(value)
+                    items.append((name, colls))
+            else:
+                self.write_tensor(name, value, colls)
+
+        for g, group in enumerate(optimizer.param_groups):
+            for k, v in group.items():
+                if k in _NO_STATE_KEYS or isinstance(v, bool) or v is None:
+                    continue
+                if isinstance(v, (int, float, torch.Tensor)) or (
+                    isinstance(v, tuple) and v and all(isinstance(x, (int, float)) for x in v)
+                ):
+                    add(f"{OPTIMIZER_PREFIX}param_group_{g}/{k}", v)
+        for i, (p, state) in enumerate(optimizer.state.items()):
+            pname = self._param_names.get(id(p), f"param_{i}")
+            for k, v in state.items():
+                if isinstance(v, torch.Tensor) or (isinstance(v, (int, float)) and not isinstance(v, bool)):
+                    add(f"{OPTIMIZER_PREFIX}{pname}/{k}", v)
+        self._stage_or_write(tensors, items)
+
+    # --- user API ----------------------------------------------------------------------------
+
+    def record_tensor_value(self, tensor_name: str, tensor_value: torch.Tensor) -> None:
+        """Save a tensor computed outside modules (e.g. a functional loss) as `<tensor_name>_output_0`."""
+        if not isinstance(tensor_value, torch.Tensor):
+            raise InvalidConfiguration(f"tensor_value must be a torch.Tensor, not {type(tensor_value).__name__}")
+        if not self.active:
+            return
+        with self.guard("record_tensor_value"):
+            self._ensure_step()
+            if self._saving:
+                self._write_io(tensor_name, OUTPUT_SUFFIX, tensor_value)
+
+    def save_tensor(self, tensor_name: str, tensor_value: Any,
+                    collections_to_write: str | list[str] = CollectionKeys.DEFAULT) -> None:
+        """Save a tensor (torch or numpy) at the current step in the named collections."""
+        if isinstance(tensor_value, torch.Tensor) and self.active:
+            with self.guard("save_tensor"):
+                t = tensor_value.detach()
+                if t.device.type != "cpu":
+                    self._ensure_step()
+                    names = [collections_to_write] if isinstance(collections_to_write, str) else collections_to_write
+                    if not any(self._collection_saves_now(self.collection_manager.get(n)) for n in names):
+                        return  # spare the device-to-host copy
+                    t = t.cpu()
+                tensor_value = host_numpy(t)
+        n_included = len(self.include_collections)
+        super().save_tensor(tensor_name, tensor_value, collections_to_write)
+        if len(self.include_collections) != n_included:
+            self._config_changed()
+
+    def save_scalar(self, name: str, value: Any, timestamp: float | None = None) -> None:
+        """Save a scalar (a number or a one-element tensor) as `scalar/<name>`, whatever the save config."""
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise InvalidConfiguration(f"save_scalar({name!r}, ...) needs a single value, got shape "
+                                           f"{tuple(value.shape)}")
+            value = value.detach().reshape(()).cpu().item()
+        super().save_scalar(name, value, timestamp)

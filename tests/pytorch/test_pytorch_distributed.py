@@ -1,0 +1,123 @@
+"""A 2-process gloo DDP job: include_workers="all" saves both workers, "one" only worker_0."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.distributed.is_available():
+    pytest.skip("torch.distributed is not available", allow_module_level=True)
+
+import tensortap.pytorch as tp  # noqa: E402
+
+WORKER = textwrap.dedent(
+    """
+    import json, os, sys
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    import tensortap.pytorch as tp
+
+    out_dir, include_workers, rec_dir = sys.argv[1:4]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(rank)
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)))
+    hook = tp.Hook(out_dir=out_dir, save_config=tp.SaveConfig(save_interval=1), include_workers=include_workers,
+                   include_collections=["weights", "gradients", "losses"])
+    loss_fn = nn.CrossEntropyLoss()
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = {}
+    for step in range(3):
+        x, y = torch.randn(4, 6), torch.randint(0, 3, (4,))
+        rec[f"w{step}"] = model.module[0].weight.detach().clone().numpy()
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        rec[f"loss{step}"] = loss.detach().clone().numpy()
+        rec[f"g{step}"] = model.module[0].weight.grad.clone().numpy()
+        opt.step()
+    hook.close()
+    np.savez(os.path.join(rec_dir, f"rank{rank}.npz"), **rec)
+    print(json.dumps({"rank": rank, "worker": hook.worker, "writes": hook.writes, "step": hook.step,
+                      "errors": hook.error_count}))
+    dist.destroy_process_group()
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(tmp_path, include_workers: str) -> tuple[list[subprocess.Popen], str, str]:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    out_dir = str(tmp_path / f"run_{include_workers}")
+    rec_dir = tmp_path / f"rec_{include_workers}"
+    rec_dir.mkdir()
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                   OMP_NUM_THREADS="1")
+        env.pop("TENSORTAP_DISABLE", None)
+        procs.append(subprocess.Popen([sys.executable, str(script), out_dir, include_workers, str(rec_dir)],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs, out_dir, str(rec_dir)
+
+
+def _wait(procs) -> list[dict]:
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def test_two_process_gloo_all_and_one(tmp_path):
+    jobs = {iw: _launch(tmp_path, iw) for iw in ("all", "one")}  # both jobs run at once
+    results = {iw: _wait(procs) for iw, (procs, _o, _r) in jobs.items()}
+
+    for iw, res in results.items():
+        assert [r["worker"] for r in res] == ["worker_0", "worker_1"]
+        assert all(r["step"] == 2 and r["errors"] == 0 for r in res)
+        assert [r["writes"] for r in res] == ([True, True] if iw == "all" else [True, False])
+
+    # "all": every worker's data, bit-identical to what each rank saw
+    _p, out_dir, rec_dir = jobs["all"]
+    t = tp.create_trial(out_dir)
+    assert t.workers() == ["worker_0", "worker_1"]
+    assert t.steps() == [0, 1, 2]
+    w_name = "DistributedDataParallel_module.0.weight"
+    for rank in range(2):
+        rec = np.load(os.path.join(rec_dir, f"rank{rank}.npz"))
+        worker = f"worker_{rank}"
+        for s in range(3):
+            assert np.array_equal(t.tensor(w_name).value(s, worker=worker), rec[f"w{s}"])
+            assert np.array_equal(t.tensor("CrossEntropyLoss_output_0").value(s, worker=worker), rec[f"loss{s}"])
+            assert np.array_equal(t.tensor("gradient/" + w_name).value(s, worker=worker), rec[f"g{s}"])
+    assert sorted(t.tensor(w_name).workers(1)) == ["worker_0", "worker_1"]
+
+    # "one": only the chief wrote anything
+    _p, out_dir, rec_dir = jobs["one"]
+    t = tp.create_trial(out_dir)
+    assert t.workers() == ["worker_0"]
+    rec = np.load(os.path.join(rec_dir, "rank0.npz"))
+    for s in range(3):
+        assert np.array_equal(t.tensor(w_name).value(s), rec[f"w{s}"])
+    assert not any("worker_1" in f for _d, _s, files in os.walk(out_dir) for f in files)

@@ -1,0 +1,564 @@
+"""The PyTorch hook against real torch (CPU): saved values are bit-identical to what the script saw."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import tensortap.pytorch as tp  # noqa: E402
+from tensortap.pytorch import _tensors  # noqa: E402
+
+TRAIN, EVAL, PREDICT = tp.modes.TRAIN, tp.modes.EVAL, tp.modes.PREDICT
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+@dataclasses.dataclass
+class Out:
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+class MultiOut(nn.Module):
+    """Returns a tuple, a dict or a dataclass."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        y = self.fc2(h)
+        if self.kind == "tuple":
+            return y, h
+        if self.kind == "dict":
+            return {"logits": y, "hidden": h}
+        return Out(y, h)
+
+
+@pytest.fixture(autouse=True)
+def _reset_hook(monkeypatch):
+    monkeypatch.delenv("TENSORTAP_DISABLE", raising=False)
+    torch.manual_seed(0)
+    yield
+    tp.del_hook()
+
+
+def _batch(n=5):
+    return torch.randn(n, 8), torch.randint(0, 4, (n,))
+
+
+def _train(model, hook_or_none, steps, loss_fn=None, opt=None, record=None, mode=TRAIN):
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
+    opt = opt or torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(steps):
+        x, y = _batch()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        opt.zero_grad()
+        out = model(x)
+        loss = loss_fn(out, y)
+        loss.backward()
+        if record is not None:
+            record.append({
+                "w": before,
+                "g": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+                "loss": loss.detach().clone(),
+                "out": out.detach().clone(),
+                "x": x.clone(),
+            })
+        opt.step()
+    return opt
+
+
+def test_weights_gradients_losses_bit_identical(tmp_path):
+    model = Net()
+    hook = tp.Hook(out_dir=str(tmp_path / "run"), save_config=tp.SaveConfig(save_interval=2),
+                   include_collections=["weights", "biases", "gradients", "losses"])
+    loss_fn = nn.CrossEntropyLoss()
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    rec: list = []
+    _train(model, hook, 5, loss_fn=loss_fn, record=rec)
+    hook.close()
+
+    t = tp.create_trial(str(tmp_path / "run"))
+    assert t.steps() == [0, 2, 4]
+    assert set(t.tensor_names()) == {
+        "Net_fc1.weight", "Net_fc1.bias", "Net_fc2.weight", "Net_fc2.bias",
+        "gradient/Net_fc1.weight", "gradient/Net_fc1.bias", "gradient/Net_fc2.weight", "gradient/Net_fc2.bias",
+        "CrossEntropyLoss_output_0",
+    }
+    for s in (0, 2, 4):
+        for n in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"):
+            assert np.array_equal(t.tensor(f"Net_{n}").value(s), rec[s]["w"][n].numpy())
+            assert np.array_equal(t.tensor(f"gradient/Net_{n}").value(s), rec[s]["g"][n].numpy())
+        assert np.array_equal(t.tensor("CrossEntropyLoss_output_0").value(s), rec[s]["loss"].numpy())
+    assert set(t.tensor_names(collection="weights")) == {"Net_fc1.weight", "Net_fc2.weight"}
+    assert set(t.tensor_names(collection="biases")) == {"Net_fc1.bias", "Net_fc2.bias"}
+    assert set(t.tensor_names(collection="losses")) == {"CrossEntropyLoss_output_0"}
+    assert t.workers() == ["worker_0"]
+
+
+def test_default_collections_save_losses_only(tmp_path):
+    model = Net()
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=1))
+    loss_fn = nn.MSELoss()
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    losses = []
+    for _ in range(3):
+        out = model(torch.randn(2, 8))
+        loss = loss_fn(out, torch.zeros(2, 4))
+        losses.append(loss.detach().clone())
+        loss.backward()
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    assert t.tensor_names() == ["MSELoss_output_0"]
+    for s in range(3):
+        assert np.array_equal(t.tensor("MSELoss_output_0").value(s), losses[s].numpy())
+
+
+@pytest.mark.parametrize("kind", ["tuple", "dict", "dataclass"])
+def test_inputs_outputs_of_modules_with_structured_outputs(tmp_path, kind):
+    model = MultiOut(kind)
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["inputs", "outputs"])
+    hook.register_module(model)
+    seen = []
+    for _ in range(2):
+        x = torch.randn(3, 8)
+        out = model(x)
+        y, h = (out if kind == "tuple" else (out["logits"], out["hidden"]) if kind == "dict"
+                else (out.logits, out.hidden))
+        seen.append((x.clone(), y.detach().clone(), h.detach().clone()))
+        (y.sum() + h.sum()).backward()
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    names = set(t.tensor_names())
+    assert {"MultiOut_input_0", "MultiOut_output_0", "MultiOut_output_1", "fc1_input_0", "fc1_output_0",
+            "fc2_input_0", "fc2_output_0"} <= names
+    assert not any(n.startswith("gradient/") or n.startswith("MultiOut_fc") for n in names)
+    for s, (x, y, h) in enumerate(seen):
+        assert np.array_equal(t.tensor("MultiOut_input_0").value(s), x.numpy())
+        assert np.array_equal(t.tensor("MultiOut_output_0").value(s), y.numpy())
+        assert np.array_equal(t.tensor("MultiOut_output_1").value(s), h.numpy())
+        assert np.array_equal(t.tensor("fc2_output_0").value(s), y.numpy())
+    assert set(t.tensor_names(collection="inputs")) >= {"MultiOut_input_0", "fc1_input_0"}
+
+
+def test_include_regex_on_module_names_and_inplace_activation(tmp_path):
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(inplace=True), nn.Linear(16, 4))
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=1), include_regex=["^0_output"])
+    hook.register_module(model)
+    x = torch.randn(3, 8)
+    pre_relu = model[0](x).detach().clone()
+    model(x)
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    assert t.tensor_names() == ["0_output_0"]
+    # The ReLU ran in place on this output afterwards: the hook copied it before.
+    assert np.array_equal(t.tensor("0_output_0").value(0), pre_relu.numpy())
+
+
+def test_modes_and_mode_steps_no_gradients_in_eval(tmp_path):
+    model = Net()
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights", "gradients", "losses"])
+    loss_fn = nn.CrossEntropyLoss()
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    hook.set_mode(TRAIN)
+    _train(model, hook, 3, loss_fn=loss_fn)
+    hook.set_mode(EVAL)
+    model.eval()
+    eval_losses = []
+    with torch.no_grad():
+        for _ in range(2):
+            x, y = _batch()
+            eval_losses.append(loss_fn(model(x), y).clone())
+    hook.set_mode(PREDICT)
+    with torch.no_grad():
+        model(torch.randn(2, 8))
+    hook.set_mode(TRAIN)
+    model.train()
+    _train(model, hook, 1, loss_fn=loss_fn)
+    assert (hook.step, hook.mode_steps[TRAIN], hook.mode_steps[EVAL], hook.mode_steps[PREDICT]) == (6, 3, 1, 0)
+    hook.close()
+
+    t = tp.create_trial(str(tmp_path))
+    assert t.steps() == [0, 1, 2, 3, 4, 5, 6]
+    assert t.steps(TRAIN) == [0, 1, 2, 3]
+    assert t.steps(EVAL) == [0, 1]
+    assert t.steps(PREDICT) == [0]
+    g = t.tensor("gradient/Net_fc1.weight")
+    assert g.steps() == [0, 1, 2, 6]  # never in EVAL/PREDICT
+    assert g.steps(TRAIN) == [0, 1, 2, 3]
+    loss = t.tensor("CrossEntropyLoss_output_0")
+    assert loss.steps(EVAL) == [0, 1]
+    for i in range(2):
+        assert np.array_equal(loss.value(i, mode=EVAL), eval_losses[i].numpy())
+    assert t.tensor("Net_fc1.weight").steps(PREDICT) == [0]
+
+
+def test_per_mode_and_per_collection_save_configs(tmp_path):
+    model = Net()
+    hook = tp.Hook(
+        out_dir=str(tmp_path),
+        save_config=tp.SaveConfig(mode_save_configs={TRAIN: tp.SaveConfigMode(save_interval=3),
+                                                     EVAL: tp.SaveConfigMode(save_interval=2, start_step=1)}),
+        include_collections=["weights", "gradients", "losses"],
+    )
+    hook.get_collection("gradients").save_config = tp.SaveConfig(save_interval=2)
+    loss_fn = nn.CrossEntropyLoss()
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    hook.set_mode(TRAIN)
+    _train(model, hook, 7, loss_fn=loss_fn)
+    hook.set_mode(EVAL)
+    with torch.no_grad():
+        for _ in range(3):
+            loss_fn(model(torch.randn(2, 8)), torch.zeros(2, dtype=torch.long))
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    assert t.tensor("Net_fc1.weight").steps(TRAIN) == [0, 3, 6]
+    assert t.tensor("gradient/Net_fc1.weight").steps(TRAIN) == [0, 2, 4, 6]
+    assert t.tensor("CrossEntropyLoss_output_0").steps(EVAL) == [2]
+    assert t.tensor("Net_fc1.weight").steps(EVAL) == [2]
+
+
+def test_collection_change_after_quiet_steps_takes_effect(tmp_path):
+    model = Net()
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=1000),
+                   include_collections=["weights"])
+    hook.register_module(model)
+    for _ in range(3):
+        model(torch.randn(1, 8))
+    hook.get_collection("weights").save_config = tp.SaveConfig(save_interval=2)
+    for _ in range(3):
+        model(torch.randn(1, 8))
+    hook.close()
+    assert tp.create_trial(str(tmp_path)).tensor("Net_fc1.weight").steps() == [0, 4]
+
+
+def test_frozen_parameters_no_crash(tmp_path):
+    model = Net()
+    model.fc1.weight.requires_grad_(False)
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights", "gradients"])
+    hook.register_module(model)
+    rec: list = []
+    _train(model, hook, 2, opt=torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1),
+           record=rec)
+    hook.close()
+    assert hook.error_count == 0
+    t = tp.create_trial(str(tmp_path))
+    names = set(t.tensor_names())
+    assert "Net_fc1.weight" in names and "gradient/Net_fc1.weight" not in names
+    assert np.array_equal(t.tensor("gradient/Net_fc2.weight").value(1), rec[1]["g"]["fc2.weight"].numpy())
+    assert np.array_equal(t.tensor("Net_fc1.weight").value(1), rec[1]["w"]["fc1.weight"].numpy())
+
+
+def test_gradients_when_output_does_not_require_grad(tmp_path):
+    """The loss is computed from something other than the model's output: per-parameter hooks."""
+
+    class Side(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.last = None
+
+        def forward(self, x):
+            self.last = self.fc(x)
+            return self.last.detach()
+
+    model = Side()
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["gradients"])
+    hook.register_module(model)
+    grads = []
+    for _ in range(2):
+        model.zero_grad()
+        model(torch.randn(2, 4))
+        model.last.pow(2).sum().backward()
+        grads.append(model.fc.weight.grad.clone())
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    for s in range(2):
+        assert np.array_equal(t.tensor("gradient/Side_fc.weight").value(s), grads[s].numpy())
+
+
+def test_optimizer_variables(tmp_path):
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=2),
+                   include_collections=["optimizer_variables"])
+    hook.register_module(model)
+    hook.register_optimizer(opt)
+    bufs = []
+    for _ in range(3):
+        x, y = _batch()
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        bufs.append(opt.state[model.fc1.weight]["momentum_buffer"].clone())
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    assert t.tensor("optimizer/param_group_0/lr").value(2) == pytest.approx(0.05)
+    for s in (0, 2):
+        assert np.array_equal(t.tensor("optimizer/Net_fc1.weight/momentum_buffer").value(s), bufs[s].numpy())
+    # optimizer state is not mistaken for weights
+    assert not any(n.startswith("Net_") for n in t.tensor_names())
+
+
+def test_reductions_and_shapes(tmp_path):
+    model = Net()
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights", "gradients"],
+                   reduction_config=tp.ReductionConfig(reductions=["mean", "max"], norms=["l2"], save_shape=True))
+    hook.register_module(model)
+    rec: list = []
+    _train(model, hook, 1, record=rec)
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    w = rec[0]["w"]["fc1.weight"].numpy()
+    g = rec[0]["g"]["fc1.weight"].numpy()
+    tw = t.tensor("Net_fc1.weight")
+    assert tw.reduction_value(0, "l2") == pytest.approx(np.linalg.norm(w.ravel()), rel=1e-6)
+    assert tw.reduction_value(0, "max") == w.max()
+    assert t.tensor("gradient/Net_fc1.weight").reduction_value(0, "mean") == pytest.approx(g.mean(), rel=1e-5)
+    assert tuple(tw.shape(0)) == (16, 8)
+
+
+def test_save_tensor_save_scalar_and_record_tensor_value(tmp_path):
+    model = Net()
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=1))
+    hook.register_module(model)
+    out = model(torch.randn(2, 8))
+    loss = nn.functional.mse_loss(out, torch.zeros(2, 4))
+    hook.record_tensor_value("mse_loss", loss)
+    t_custom = torch.arange(6.0, requires_grad=True).reshape(2, 3)
+    hook.save_tensor("custom", t_custom, "mine")
+    hook.save_scalar("lr", torch.tensor(0.25))
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    assert np.array_equal(t.tensor("mse_loss_output_0").value(0), loss.detach().numpy())
+    assert "mse_loss_output_0" in t.tensor_names(collection="losses")
+    assert np.array_equal(t.tensor("custom").value(0), t_custom.detach().numpy())
+    assert t.tensor("scalar/lr").value(0) == 0.25
+
+
+def test_async_copy_path_gives_identical_values(tmp_path):
+    """The accelerator path (deferred copies written at step end), exercised on CPU tensors."""
+    model = Net()
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights", "gradients", "losses", "outputs"])
+    hook._force_async_copies = True
+    loss_fn = nn.CrossEntropyLoss()
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    rec: list = []
+    _train(model, hook, 2, loss_fn=loss_fn, record=rec)
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    for s in range(2):
+        assert np.array_equal(t.tensor("Net_fc2.weight").value(s), rec[s]["w"]["fc2.weight"].numpy())
+        assert np.array_equal(t.tensor("gradient/Net_fc1.bias").value(s), rec[s]["g"]["fc1.bias"].numpy())
+        assert np.array_equal(t.tensor("Net_output_0").value(s), rec[s]["out"].numpy())
+
+
+def test_bfloat16_parameters(tmp_path):
+    pytest.importorskip("ml_dtypes")
+    model = Net().to(torch.bfloat16)
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights"])
+    hook.register_module(model)
+    model(torch.randn(2, 8, dtype=torch.bfloat16))
+    hook.close()
+    got = tp.create_trial(str(tmp_path)).tensor("Net_fc1.weight").value(0)
+    assert str(got.dtype) == "bfloat16"
+    assert np.array_equal(got.view(np.int16), model.fc1.weight.detach().view(torch.int16).numpy())
+
+
+def test_nested_registration_counts_each_forward_once(tmp_path):
+    model = Net()
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights"])
+    hook.register_module(model.fc1)  # a submodule first: replaced as root by its parent below
+    hook.register_module(model)
+    hook.register_module(model.fc2)  # inside a registered module: nothing to do
+    for _ in range(3):
+        model(torch.randn(1, 8))
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    assert t.steps() == [0, 1, 2]
+    assert "Net_fc1.weight" in t.tensor_names()
+
+
+def test_dataparallel_wrapper_names(tmp_path):
+    model = nn.DataParallel(Net())
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights", "gradients"])
+    hook.register_module(model)
+    rec: list = []
+    _train(model, hook, 1, record=rec)
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    assert np.array_equal(t.tensor("DataParallel_module.fc1.weight").value(0), rec[0]["w"]["module.fc1.weight"].numpy())
+    assert np.array_equal(t.tensor("gradient/DataParallel_module.fc1.weight").value(0),
+                          rec[0]["g"]["module.fc1.weight"].numpy())
+
+
+def test_torch_compile_model(tmp_path):
+    model = Net()
+    compiled = torch.compile(model, backend="eager")
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=2),
+                   include_collections=["weights", "gradients", "losses", "outputs"])
+    loss_fn = nn.CrossEntropyLoss()
+    hook.register_module(compiled)
+    hook.register_loss(loss_fn)
+    rec: list = []
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _train(compiled, hook, 4, loss_fn=loss_fn, opt=opt, record=rec)
+    hook.close()
+    assert hook.error_count == 0
+    t = tp.create_trial(str(tmp_path))
+    assert t.steps() == [0, 2]
+    for s in (0, 2):
+        # named like the uncompiled model
+        assert np.array_equal(t.tensor("Net_fc1.weight").value(s), rec[s]["w"]["_orig_mod.fc1.weight"].numpy())
+        assert np.array_equal(t.tensor("gradient/Net_fc2.bias").value(s), rec[s]["g"]["_orig_mod.fc2.bias"].numpy())
+        assert np.array_equal(t.tensor("Net_output_0").value(s), rec[s]["out"].numpy())
+        assert np.array_equal(t.tensor("CrossEntropyLoss_output_0").value(s), rec[s]["loss"].numpy())
+
+
+def test_model_compile_in_place(tmp_path):
+    model = Net()
+    model.compile(backend="eager")
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights", "gradients", "losses"])
+    loss_fn = nn.CrossEntropyLoss()
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    rec: list = []
+    _train(model, hook, 3, loss_fn=loss_fn, record=rec)
+    hook.close()
+    assert hook.error_count == 0
+    t = tp.create_trial(str(tmp_path))
+    assert t.steps() == [0, 1, 2]
+    for s in range(3):
+        assert np.array_equal(t.tensor("Net_fc1.weight").value(s), rec[s]["w"]["fc1.weight"].numpy())
+        assert np.array_equal(t.tensor("gradient/Net_fc1.weight").value(s), rec[s]["g"]["fc1.weight"].numpy())
+        assert np.array_equal(t.tensor("CrossEntropyLoss_output_0").value(s), rec[s]["loss"].numpy())
+
+
+def test_injected_failure_disables_hook_and_training_continues(tmp_path, monkeypatch, caplog):
+    model = Net()
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights", "gradients", "losses"])
+    loss_fn = nn.CrossEntropyLoss()
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    calls = {"n": 0}
+    real = _tensors.HostBatch.arrays
+
+    def failing(self):
+        calls["n"] += 1
+        if calls["n"] >= 3:
+            raise RuntimeError("injected failure")
+        return real(self)
+
+    monkeypatch.setattr(_tensors.HostBatch, "arrays", failing)
+    w0 = model.fc1.weight.detach().clone()
+    with caplog.at_level(logging.ERROR, logger="tensortap"):
+        _train(model, hook, 6, loss_fn=loss_fn)
+    assert hook.disabled and hook.error_count == 1
+    assert sum("turns itself off" in r.getMessage() for r in caplog.records) == 1
+    assert not torch.equal(model.fc1.weight, w0)  # training went on: all 6 optimizer steps ran
+    assert calls["n"] == 3  # and the hook did no more work after it failed
+    hook.close()
+
+
+def test_failure_inside_backward_does_not_break_backward(tmp_path, monkeypatch):
+    model = Net()
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["gradients"])
+    hook.register_module(model)
+
+    def boom(t):
+        raise ValueError("injected in the autograd callback")
+
+    import tensortap.pytorch.hook as hook_module
+
+    monkeypatch.setattr(hook_module, "capturable", boom)  # runs in the end-of-backward callback
+    rec: list = []
+    _train(model, hook, 3, record=rec)
+    assert hook.disabled
+    assert len(rec) == 3 and all(r["g"] for r in rec)
+    hook.close()
+
+
+def test_disable_env_turns_everything_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORTAP_DISABLE", "1")
+    model = Net()
+    loss_fn = nn.CrossEntropyLoss()
+    hook = tp.Hook(out_dir=str(tmp_path / "run"), save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights", "gradients", "losses"])
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    assert not model._forward_pre_hooks and not loss_fn._forward_hooks
+    _train(model, hook, 2, loss_fn=loss_fn)
+    hook.close()
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").rglob("*.idx"))
+
+
+def test_get_hook_singleton_and_json_config(tmp_path, monkeypatch):
+    assert tp.get_hook() is None
+    monkeypatch.delenv("TENSORTAP_CONFIG", raising=False)
+    monkeypatch.setenv("SMDEBUG_CONFIG_FILE_PATH", str(tmp_path / "missing.json"))
+    assert tp.get_hook(create_if_not_exists=True) is None
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({
+        "LocalPath": str(tmp_path / "run"),
+        "HookParameters": {"save_interval": "2"},
+        "CollectionConfigurations": [{"CollectionName": "weights"}],
+    }))
+    monkeypatch.setenv("TENSORTAP_CONFIG", str(cfg))
+    hook = tp.get_hook(create_if_not_exists=True)
+    assert isinstance(hook, tp.Hook) and tp.get_hook() is hook
+    assert "weights" in hook.include_collections
+    model = Net()
+    hook.register_module(model)
+    for _ in range(3):
+        model(torch.randn(1, 8))
+    hook.close()
+    assert tp.create_trial(str(tmp_path / "run")).tensor("Net_fc1.weight").steps() == [0, 2]
+    other = tp.Hook(out_dir=str(tmp_path / "other"))
+    assert tp.get_hook() is other
+    tp.del_hook()
+    assert tp.get_hook() is None
+    other.close()
+
+
+def test_import_tensortap_does_not_import_torch():
+    code = "import sys, tensortap; assert 'torch' not in sys.modules; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
