@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import contextvars
 import logging
 import os
 import threading
@@ -89,6 +90,20 @@ class Hook:
         max_pending_bytes: int = 512 << 20,
         backpressure: str = "block",
     ):
+        runner_cfg = _runner_config()
+        if runner_cfg is not None:
+            # Under `tensortap run` a script's own hook writes where the runner says, with the runner's
+            # collections added to its own, instead of writing a second copy somewhere else.
+            if out_dir != runner_cfg.out_dir:
+                logger.warning("tensortap run: this script's hook writes to %s (the runner's out_dir), not %s",
+                               runner_cfg.out_dir, out_dir)
+            out_dir = runner_cfg.out_dir
+            include_workers = runner_cfg.include_workers
+            base = list(include_collections) if include_collections is not None else list(
+                self.default_include_collections)
+            include_collections = list(dict.fromkeys([*base, *(runner_cfg.include_collections or [])]))
+            if save_config is None:
+                save_config = runner_cfg.save_config
         if out_dir is None or not str(out_dir).strip():
             raise InvalidConfiguration(f"out_dir={out_dir!r}: give a local directory or an s3://bucket/prefix")
         self.out_dir = str(out_dir)
@@ -182,6 +197,8 @@ class Hook:
         self._stop_thread: threading.Thread | None = None
         if not self.disabled and self.writes and not self.dry_run:
             self._check_out_dir()
+        # applied at the first step, once a framework subclass has finished its own set-up
+        self._pending_collection_configs = runner_cfg.collection_configs if runner_cfg is not None else None
         # Nothing lost: a job that forgets close() still gets its data flushed and its end marked.
         atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -209,9 +226,18 @@ class Hook:
         cfg = load_hook_config(json_file_path)
         kwargs = cfg.hook_kwargs()
         kwargs.update(overrides)
-        hook = cls(**kwargs)
-        for name, coll in cfg.collection_configs.items():
-            existing = hook.collection_manager.get(name)
+        token = _FROM_JSON.set(True)
+        try:
+            hook = cls(**kwargs)
+        finally:
+            _FROM_JSON.reset(token)
+        hook.apply_collection_configs(cfg.collection_configs)
+        return hook
+
+    def apply_collection_configs(self, configs: dict[str, Collection]) -> None:
+        """Merge per-collection settings (regexes, save and reduction configs) into this hook's collections."""
+        for name, coll in configs.items():
+            existing = self.get_collection(name)
             if coll.include_regex:
                 existing.include(coll.include_regex)
             if coll.save_config is not None:
@@ -219,7 +245,6 @@ class Hook:
             if coll.reduction_config is not None:
                 existing.reduction_config = coll.reduction_config
             existing.save_histogram = coll.save_histogram
-        return hook
 
     # --- error isolation --------------------------------------------------------------------
 
@@ -277,6 +302,9 @@ class Hook:
 
     def _prepare(self) -> None:
         """Validate collections once, at the first step."""
+        if self._pending_collection_configs:
+            self.apply_collection_configs(self._pending_collection_configs)
+            self._pending_collection_configs = None
         for name in self.include_collections:
             c = self.collection_manager.get(name)
             if (
@@ -611,6 +639,18 @@ class Hook:
             f"<{type(self).__name__} out_dir={self.out_dir!r} worker={self.worker} step={self.step} "
             f"mode={self.mode.name} collections={self.include_collections}>"
         )
+
+
+_FROM_JSON: contextvars.ContextVar[bool] = contextvars.ContextVar("tensortap_from_json", default=False)
+
+
+def _runner_config() -> Any:
+    """The hook config of `tensortap run` (TENSORTAP_AUTO=1) for a hook the script builds itself, else None."""
+    if os.environ.get("TENSORTAP_AUTO") != "1" or _FROM_JSON.get() or not os.environ.get("TENSORTAP_CONFIG"):
+        return None
+    from tensortap.hook_config import load_hook_config
+
+    return load_hook_config(os.environ["TENSORTAP_CONFIG"])
 
 
 def _close_at_exit(ref: weakref.ref) -> None:

@@ -153,7 +153,6 @@ class StopSignal:
                 hook.close()
             except Exception as e:  # noqa: BLE001 - stopping must not fail on a flush problem
                 logger.error("tensortap: closing the hook before stopping failed: %s", e)
-        logger.error("%s", msg)
         print(msg, file=sys.stderr, flush=True)
         raise TrainingStopped(msg, request, self.exit_code)
 

@@ -1,0 +1,154 @@
+"""Zero-script-change capture for PyTorch, used by `tensortap run` (TENSORTAP_AUTO=1).
+
+When the training script imports torch, `attach` installs global module hooks that find the model(s)
+being trained and the loss modules, without any tensortap code in the script:
+
+* the first top-level forward of a module with parameters registers it with a Hook built from the
+  runner's config ($TENSORTAP_CONFIG): its forward passes then count the steps, as with an explicit
+  `hook.register_module(model)`; `model.train()` / `model.eval()` select the TRAIN / EVAL mode;
+* top-level loss modules (subclasses of `torch.nn.modules.loss._Loss`) are registered as losses;
+* the first `optimizer.step()` ends discovery: the global module hooks are removed (no per-module
+  cost afterwards) and the optimizer is registered when `optimizer_variables` is saved.
+
+If the script builds its own tensortap hook, that hook is used (with the runner's config) and nothing
+is attached automatically.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+logger = logging.getLogger("tensortap")
+
+_state: _Auto | None = None
+
+
+def attach(torch_module: Any = None) -> None:
+    """Install the discovery hooks (once per process)."""
+    global _state
+    from tensortap.hooks.base import disabled_by_env
+
+    if _state is not None or disabled_by_env():
+        return
+    _state = _Auto()
+
+
+def detach() -> None:
+    global _state
+    if _state is not None:
+        _state.remove_global_hooks()
+        _state = None
+
+
+class _Auto:
+    def __init__(self) -> None:
+        import torch
+        from torch.nn.modules import module as mod
+
+        self.torch = torch
+        self.tls = threading.local()
+        self.hook: Any = None
+        self.gave_up = False
+        self.roots: set[int] = set()
+        self.losses: set[int] = set()
+        self.handles = [
+            mod.register_module_forward_pre_hook(self._pre),
+            mod.register_module_forward_hook(self._post, always_call=True),
+        ]
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self.opt_handle = register_optimizer_step_post_hook(self._after_optimizer_step)
+        self.optimizers: set[int] = set()
+
+    # --- discovery ----------------------------------------------------------------------------
+
+    def _get_hook(self) -> Any:
+        if self.hook is not None or self.gave_up:
+            return self.hook
+        from tensortap.pytorch import singleton
+        from tensortap.pytorch.hook import Hook
+
+        existing = singleton.get_hook()
+        if existing is not None:
+            # The script made its own hook (it uses the runner's config): leave the capture to it.
+            self.gave_up = True
+            self.remove_global_hooks()
+            return None
+        self.hook = Hook.create_from_json_file()
+        self.hook._tensortap_auto = True
+        return self.hook
+
+    def _pre(self, module: Any, args: Any) -> None:
+        depth = getattr(self.tls, "depth", 0)
+        self.tls.depth = depth + 1
+        if depth or self.gave_up:
+            return
+        try:
+            self._discover(module, args)
+        except Exception as e:  # noqa: BLE001 - never break training
+            logger.error("tensortap: automatic capture is off: %s", e, exc_info=True)
+            self.gave_up = True
+            self.remove_global_hooks()
+
+    def _post(self, module: Any, args: Any, output: Any) -> None:
+        self.tls.depth = max(0, getattr(self.tls, "depth", 1) - 1)
+
+    def _discover(self, module: Any, args: Any) -> None:
+        from torch.nn.modules.loss import _Loss
+
+        key = id(module)
+        if key in self.roots or key in self.losses:
+            return
+        if isinstance(module, _Loss):
+            hook = self._get_hook()
+            if hook is not None:
+                self.losses.add(key)
+                hook.register_loss(module)
+                if getattr(hook, "_saving", False):
+                    # found in the middle of a saving step: capture this call too
+                    for m, fn in hook._losses:
+                        if m is module:
+                            hook._step_handles.append(m.register_forward_hook(fn))
+            return
+        if next(iter(module.parameters()), None) is None:
+            return  # a parameter-free module called on its own (an activation, a pooling layer)
+        hook = self._get_hook()
+        if hook is None:
+            return
+        self.roots.add(key)
+        # Runs before the hook's own pre-hook: the module's train/eval state picks the mode.
+        module.register_forward_pre_hook(self._mode_hook, prepend=True)
+        hook.register_module(module)
+        # torch fixed this call's pre-hooks before ours ran: start the step as the new hooks would have.
+        self._mode_hook(module, args)
+        hook._root_pre_hook(module, args)
+
+    def _mode_hook(self, module: Any, args: Any) -> None:
+        hook = self.hook
+        if hook is None or hook.disabled:
+            return
+        from tensortap import modes
+
+        want = modes.TRAIN if module.training else modes.EVAL
+        if hook.mode is not want:
+            hook.set_mode(want)
+
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if id(optimizer) in self.optimizers:
+            return
+        self.optimizers.add(id(optimizer))
+        try:
+            hook = self.hook
+            if hook is not None and "optimizer_variables" in hook.include_collections:
+                hook.register_optimizer(optimizer)
+            if self.roots:
+                self.remove_global_hooks()
+        except Exception as e:  # noqa: BLE001
+            logger.error("tensortap: automatic capture of the optimizer failed: %s", e)
+
+    def remove_global_hooks(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []

@@ -1,0 +1,143 @@
+"""`tensortap run` on real PyTorch trainings with no tensortap code in them (zero script change)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tensortap as tt  # noqa: E402
+
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_saturating.py")
+
+PLAIN = textwrap.dedent(
+    """
+    import sys, torch
+    from torch import nn
+    explicit = len(sys.argv) > 1 and sys.argv[1] == "explicit"
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    loss_fn = nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if explicit:
+        import tensortap.pytorch as tp
+        hook = tp.Hook(out_dir="ignored-out-dir", include_collections=["weights", "gradients", "losses"])
+        hook.register_module(model)
+        hook.register_loss(loss_fn)
+    x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+    for step in range(20):
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        for _ in range(3):
+            loss_fn(model(x), y)
+    """
+)
+
+DDP = textwrap.dedent(
+    """
+    import os, torch, torch.distributed as dist
+    from torch import nn
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
+    loss_fn = nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    for step in range(12):
+        x, y = torch.randn(32, 8, generator=g), torch.randint(0, 2, (32,), generator=g)
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+    dist.destroy_process_group()
+    """
+)
+
+
+def tensortap(*args, timeout=300, cwd=None):
+    exe = os.path.join(os.path.dirname(sys.executable), "tensortap")
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+def test_broken_example_is_stopped_early_by_vanishing_gradient(tmp_path):
+    out = str(tmp_path / "job")
+    r = tensortap("run", "--out-dir", out, "--save-interval", "10", "--rule", "vanishing_gradient",
+                  "--rule", "exploding_tensor", "--rule", "loss_not_decreasing:num_steps=50,diff_percent=1",
+                  "--stop-on-issue", "--json", "--", sys.executable, EXAMPLE, "--steps", "5000")
+    assert r.returncode == 1, (r.stdout, r.stderr[-3000:])
+    doc = json.loads(r.stdout)
+    status = {x["name"]: x["status"] for x in doc["rules"]}
+    assert status == {"vanishing_gradient": "IssuesFound", "exploding_tensor": "NoIssuesFound",
+                      "loss_not_decreasing": "NoIssuesFound"}
+    assert doc["training"]["stopped_by"] == "vanishing_gradient"
+    assert "training finished" not in r.stderr
+    trial = tt.create_trial(out)
+    assert trial.loaded_all_steps and trial.steps()[-1] < 4990  # stopped well before the end
+    assert any(n.startswith("gradient/Sequential_0.") for n in trial.tensor_names())
+
+
+def test_healthy_example_ends_with_no_issues(tmp_path):
+    out = str(tmp_path / "job")
+    r = tensortap("run", "--out-dir", out, "--save-interval", "10", "--rule", "vanishing_gradient",
+                  "--rule", "exploding_tensor", "--rule", "loss_not_decreasing:num_steps=50,diff_percent=1",
+                  "--stop-on-issue", "--json", "--", sys.executable, EXAMPLE, "--healthy", "--steps", "300")
+    assert r.returncode == 0, (r.stdout, r.stderr[-3000:])
+    doc = json.loads(r.stdout)
+    assert [x["status"] for x in doc["rules"]] == ["NoIssuesFound"] * 3
+    assert doc["training"] == {"exit_code": 0, "stopped_by": None}
+
+
+def test_zero_script_change_captures_what_an_explicit_hook_captures(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(PLAIN)
+    trials = {}
+    for variant in ("auto", "explicit"):
+        out = str(tmp_path / variant)
+        r = tensortap("run", "--out-dir", out, "--save-interval", "5", "--collection", "weights",
+                      "--collection", "gradients", "--collection", "losses", "--json",
+                      "--", sys.executable, str(script), variant, cwd=str(tmp_path))
+        assert r.returncode == 0, (r.stdout, r.stderr[-3000:])
+        trials[variant] = tt.create_trial(out)
+    auto, explicit = trials["auto"], trials["explicit"]
+    assert not (tmp_path / "ignored-out-dir").exists()  # the script's own hook used the runner's out_dir
+    names = auto.tensor_names()
+    assert names == explicit.tensor_names()
+    assert "Sequential_0.weight" in names and "gradient/Sequential_2.bias" in names
+    assert "CrossEntropyLoss_output_0" in names
+    # The explicit script never calls set_mode (everything is GLOBAL there); the automatic capture
+    # follows model.train()/model.eval(). Global steps are the same.
+    for n in names:
+        assert auto.tensor(n).steps() == explicit.tensor(n).steps(), n
+    assert auto.tensor("Sequential_0.weight").steps(tt.modes.TRAIN) == [0, 5, 10, 15]
+    assert auto.steps(tt.modes.EVAL) == [0] and auto.mode(20) == tt.modes.EVAL  # model.eval() switched the mode
+    for n in ("Sequential_0.weight", "gradient/Sequential_2.bias", "CrossEntropyLoss_output_0"):
+        assert auto.tensor(n).value(10).tobytes() == explicit.tensor(n).value(10).tobytes(), n
+
+
+def test_torchrun_two_processes(tmp_path):
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP)
+    out = str(tmp_path / "job")
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    r = tensortap("run", "--out-dir", out, "--save-interval", "2", "--rule", "vanishing_gradient",
+                  "--rule", "exploding_tensor", "--json", "--", torchrun, "--standalone", "--nproc_per_node", "2",
+                  str(script))
+    assert r.returncode == 0, (r.stdout, r.stderr[-3000:])
+    doc = json.loads(r.stdout)
+    assert [x["status"] for x in doc["rules"]] == ["NoIssuesFound", "NoIssuesFound"]
+    trial = tt.create_trial(out)
+    assert trial.workers() == ["worker_0", "worker_1"]
+    g = "gradient/DistributedDataParallel_module.0.weight"  # smdebug's naming of a DDP-wrapped model
+    assert g in trial.tensor_names()
+    assert trial.tensor(g).workers(4) == ["worker_0", "worker_1"]
+    # DDP averages gradients: both ranks saved the same values
+    assert trial.tensor(g).value(4, worker="worker_0").tobytes() == trial.tensor(g).value(4, worker="worker_1").tobytes()
