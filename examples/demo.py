@@ -1,8 +1,10 @@
-"""tensortap demo: debug a small numpy training loop end to end.
+"""The tensortap demo (`make demo`): a debugged PyTorch training job, end to end, on this machine.
 
-Trains a linear regression with plain gradient descent, captures weights, gradients and the loss with
-the generic tensortap Hook into a local out_dir, then reads them back through a Trial the way a rule
-or a notebook would. Run with `make demo`.
+1. `tensortap run` starts examples/train_saturating.py — plain PyTorch with a real bug (saturated
+   sigmoids, so the gradients vanish) and no tensortap code in it — with three rules watching in real
+   time. VanishingGradient fires and the job is stopped early.
+2. The same script with its bug fixed (--healthy) runs to the end; every rule reports NoIssuesFound.
+3. Where the data is, and how to look at it.
 """
 
 from __future__ import annotations
@@ -13,76 +15,49 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
-
-import tensortap as tt
-from tensortap import modes
-
-
-def train(out_dir: str, steps: int = 200, lr: float = 0.05) -> None:
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((512, 8)).astype(np.float32)
-    true_w = rng.standard_normal(8).astype(np.float32)
-    y = x @ true_w + 0.01 * rng.standard_normal(512).astype(np.float32)
-    x_val, y_val = x[:64], y[:64]
-
-    hook = tt.Hook(
-        out_dir,
-        save_config=tt.SaveConfig(save_interval=10),
-        include_collections=["weights", "gradients", "losses"],
-        reduction_config=tt.ReductionConfig(reductions=["mean", "max"], norms=["l2"], save_raw_tensor=True),
-    )
-    hook.get_collection("losses").save_config = tt.SaveConfigMode(save_interval=1)
-    w = np.zeros(8, dtype=np.float32)
-    for step in range(steps):
-        hook.set_mode(modes.TRAIN)
-        hook.next_step()
-        batch = rng.integers(0, len(x), 64)
-        err = x[batch] @ w - y[batch]
-        grad = 2 * x[batch].T @ err / len(batch)
-        w -= lr * grad
-        hook.save_tensor("weights/w", w, "weights")
-        hook.save_tensor("gradients/w", grad, "gradients")
-        hook.save_tensor("loss", np.float32(np.mean(err**2)), "losses")
-        if step % 50 == 49:  # a short evaluation pass
-            hook.set_mode(modes.EVAL)
-            hook.next_step()
-            hook.save_tensor("loss", np.float32(np.mean((x_val @ w - y_val) ** 2)), "losses")
-    hook.close()
+HERE = os.path.dirname(os.path.abspath(__file__))
+RULES = ["--rule", "vanishing_gradient", "--rule", "exploding_tensor",
+         "--rule", "loss_not_decreasing:num_steps=50,diff_percent=1"]
 
 
-def inspect(out_dir: str) -> None:
-    trial = tt.create_trial(out_dir)
-    print(f"\nJob in {out_dir}: workers {trial.workers()}, modes {[m.name for m in trial.modes()]}, "
-          f"{len(trial.steps())} steps saved, ended: {trial.loaded_all_steps}")
-    print("tensors:", trial.tensor_names())
-    loss = trial.tensor("loss")
-    train_loss = loss.values(modes.TRAIN)
-    print(f"train loss: step 0 = {float(train_loss[0]):.4f}, step {max(train_loss)} = "
-          f"{float(train_loss[max(train_loss)]):.6f}")
-    print("eval loss by eval step:", {s: round(float(v), 6) for s, v in loss.values(modes.EVAL).items()})
-    g = trial.tensor("gradients/w")
-    norms = g.reductions("l2", mode=modes.TRAIN)
-    print("gradient L2 norm (every 10th train step):", {s: round(float(v), 5) for s, v in list(norms.items())[:6]},
-          "...")
-    last = trial.tensor("weights/w").steps()[-1]
-    print(f"final weights (step {last}):", np.round(trial.tensor("weights/w").value(last), 3))
-    vanishing = [s for s, v in norms.items() if v < 1e-7]
-    print("steps with vanishing gradients (L2 < 1e-7):", vanishing or "none")
+def tensortap(*args: str) -> int:
+    exe = os.path.join(os.path.dirname(sys.executable), "tensortap")
+    cmd = [exe if os.path.exists(exe) else "tensortap", *args]
+    print("\n$ " + " ".join(a if " " not in a else repr(a) for a in cmd), flush=True)
+    return subprocess.run(cmd).returncode
 
 
 def main() -> int:
-    out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(tempfile.gettempdir(), "tensortap-demo")
-    shutil.rmtree(out_dir, ignore_errors=True)
-    print(f"Training a small numpy model with a tensortap Hook; data goes to {out_dir}")
-    train(out_dir)
-    inspect(out_dir)
-    print("\n$ tensortap ls", out_dir)
-    exe = os.path.join(os.path.dirname(sys.executable), "tensortap")
-    subprocess.run([exe if os.path.exists(exe) else "tensortap", "ls", out_dir], check=True)
-    print("\nIn Python:\n  import tensortap as tt\n"
-          f"  trial = tt.create_trial({out_dir!r})\n  trial.tensor('loss').values()")
-    return 0
+    base = sys.argv[1] if len(sys.argv) > 1 else os.path.join(tempfile.gettempdir(), "tensortap-demo")
+    shutil.rmtree(base, ignore_errors=True)
+    broken, healthy = os.path.join(base, "broken"), os.path.join(base, "healthy")
+    script = os.path.join(HERE, "train_saturating.py")
+
+    print("== 1. A training job with a bug, watched by three rules (stopped when one fires) ==")
+    rc1 = tensortap("run", "--out-dir", broken, "--save-interval", "10", *RULES, "--stop-on-issue",
+                    "--", sys.executable, script)
+    print(f"(exit status {rc1}: 1 means a rule found an issue)")
+
+    print("\n== 2. The same job with the bug fixed ==")
+    rc2 = tensortap("run", "--out-dir", healthy, "--save-interval", "10", *RULES, "--stop-on-issue",
+                    "--", sys.executable, script, "--healthy", "--steps", "400")
+    print(f"(exit status {rc2}: 0 means every rule reported NoIssuesFound)")
+
+    print("\n== 3. What was saved ==")
+    tensortap("ls", broken)
+    print(f"""
+Rule statuses and reports: {broken}/rules/<rule>/status.json and report.json
+
+Look at it in Python:
+    import tensortap as tt
+    trial = tt.create_trial({broken!r})
+    g = trial.tensor("gradient/Sequential_0.weight")
+    g.reduction_value(0, "mean", abs=True)   # mean |gradient| at step 0: vanishingly small
+    trial.tensor("CrossEntropyLoss_output_0").values()
+""")
+    ok = rc1 == 1 and rc2 == 0
+    print("demo", "finished as expected" if ok else "did NOT behave as expected")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

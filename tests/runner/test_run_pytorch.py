@@ -140,4 +140,5 @@ def test_torchrun_two_processes(tmp_path):
     assert g in trial.tensor_names()
     assert trial.tensor(g).workers(4) == ["worker_0", "worker_1"]
     # DDP averages gradients: both ranks saved the same values
-    assert trial.tensor(g).value(4, worker="worker_0").tobytes() == trial.tensor(g).value(4, worker="worker_1").tobytes()
+    t = trial.tensor(g)
+    assert t.value(4, worker="worker_0").tobytes() == t.value(4, worker="worker_1").tobytes()
