@@ -39,7 +39,8 @@ def values_in(job: dict) -> tuple[int, int]:
     return job["steps"] * job["scalars"], job["steps"] * job["matrices"] * 64 * 64
 
 
-def tensortap_run(job: dict, out: str) -> dict:
+def write_job(job: dict, out: str) -> float:
+    """Write `job` with tensortap's generic hook to `out` (a path or s3:// URL); returns the seconds taken."""
     import tensortap as tt
 
     rng = np.random.default_rng(0)
@@ -53,7 +54,13 @@ def tensortap_run(job: dict, out: str) -> dict:
         for i, m in enumerate(mats):
             hook.save_tensor(f"matrix_{i}", m)
     hook.close()
-    write_s = time.perf_counter() - t0
+    return time.perf_counter() - t0
+
+
+def tensortap_run(job: dict, out: str) -> dict:
+    import tensortap as tt
+
+    write_s = write_job(job, out)
 
     t0 = time.perf_counter()
     trial = tt.create_trial(out)

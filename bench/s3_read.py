@@ -20,10 +20,8 @@ import tempfile
 import textwrap
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(__file__))
-from read_trial import JOBS, SMDEBUG_SCRIPT  # noqa: E402
+from read_trial import JOBS, SMDEBUG_SCRIPT, write_job  # noqa: E402
 
 SMDEBUG_S3_READ = textwrap.dedent(
     """
@@ -87,19 +85,8 @@ def main() -> int:
     job = JOBS["a"]
     url = "s3://bench/tensortap-a"
 
-    rng = np.random.default_rng(0)
-    mats = [rng.standard_normal((64, 64)).astype(np.float32) for _ in range(job["matrices"])]
     print("tensortap: writing job (a) to S3 ...", flush=True)
-    t0 = time.perf_counter()
-    hook = tt.Hook(url, save_config=tt.SaveConfig(save_interval=1))
-    for step in range(job["steps"]):
-        hook.next_step()
-        for i in range(job["scalars"]):
-            hook.save_tensor(f"scalar_{i}", np.float32(step + i))
-        for i, m in enumerate(mats):
-            hook.save_tensor(f"matrix_{i}", m)
-    hook.close()
-    write_s = time.perf_counter() - t0
+    write_s = write_job(job, url)
     from tensortap.storage import open_storage
 
     n_objects = len(open_storage(url).list("tensortap/"))

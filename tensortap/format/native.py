@@ -202,8 +202,8 @@ class NativeSource(Source):
             mm = self.storage.mapped(c.dat_key)
             if mm is not None:
                 pieces = [mm[o : o + n] for o, n in zip(offs, lens, strict=True)]
-            else:
-                pieces = self._read_coalesced(c.dat_key, offs, lens)
+            else:  # object stores: the backend coalesces neighbouring ranges and reads in parallel
+                pieces = self.storage.read_ranges(c.dat_key, list(zip(offs, lens, strict=True)))
             crc = codec.crc32c
             for i, piece, off, n, want in zip(idx.tolist(), pieces, offs, lens, crcs, strict=True):
                 if len(piece) != n:
@@ -211,26 +211,6 @@ class NativeSource(Source):
                 if crc(piece) != want:
                     raise CorruptData(path, off, "payload checksum mismatch")
                 out[i] = piece
-        return out
-
-    def _read_coalesced(self, key: str, offs: list[int], lens: list[int]) -> list[bytes]:
-        """Payloads by ranged reads, neighbouring ranges merged into one read."""
-        order = sorted(range(len(offs)), key=offs.__getitem__)
-        ranges: list[tuple[int, int]] = []
-        members: list[list[int]] = []
-        for i in order:
-            off, n = offs[i], lens[i]
-            if ranges and off <= ranges[-1][0] + ranges[-1][1] + 65536:
-                start = ranges[-1][0]
-                ranges[-1] = (start, max(ranges[-1][1], off + n - start))
-                members[-1].append(i)
-            else:
-                ranges.append((off, n))
-                members.append([i])
-        out: list[bytes] = [b""] * len(offs)
-        for (start, _), buf, mem in zip(ranges, self.storage.read_ranges(key, ranges), members, strict=True):
-            for i in mem:
-                out[i] = buf[offs[i] - start : offs[i] - start + lens[i]]
         return out
 
     def read_values(self, entries: np.ndarray) -> list[np.ndarray]:
