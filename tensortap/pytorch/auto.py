@@ -4,8 +4,10 @@ When the training script imports torch, `attach` installs global module hooks th
 being trained and the loss modules, without any tensortap code in the script:
 
 * the first top-level forward of a module with parameters registers it with a Hook built from the
-  runner's config ($TENSORTAP_CONFIG): its forward passes then count the steps, as with an explicit
-  `hook.register_module(model)`; `model.train()` / `model.eval()` select the TRAIN / EVAL mode;
+  runner's config ($TENSORTAP_CONFIG); `model.train()` / `model.eval()` select the TRAIN / EVAL mode;
+* TRAIN steps are counted at optimizer steps: a training forward starts a new step only once
+  `optimizer.step()` has run since the last one, so gradient accumulation (several forwards per
+  optimizer step) is one step; every EVAL forward is a step;
 * top-level loss modules (subclasses of `torch.nn.modules.loss._Loss`) are registered as losses;
 * the first `optimizer.step()` ends discovery: the global module hooks are removed (no per-module
   cost afterwards) and the optimizer is registered when `optimizer_variables` is saved.
@@ -61,6 +63,7 @@ class _Auto:
 
         self.opt_handle = register_optimizer_step_post_hook(self._after_optimizer_step)
         self.optimizers: set[int] = set()
+        self.stepped = True  # an optimizer step happened since the current TRAIN step began
 
     # --- discovery ----------------------------------------------------------------------------
 
@@ -118,12 +121,25 @@ class _Auto:
         if hook is None:
             return
         self.roots.add(key)
+        if not hasattr(self, "_step_pre_hook"):
+            # The hook's forward pre-hook starts a step; here it may do so only at optimizer-step boundaries.
+            self._step_pre_hook = hook._root_pre_hook
+            hook._root_pre_hook = self._gated_step
         # Runs before the hook's own pre-hook: the module's train/eval state picks the mode.
         module.register_forward_pre_hook(self._mode_hook, prepend=True)
         hook.register_module(module)
         # torch fixed this call's pre-hooks before ours ran: start the step as the new hooks would have.
         self._mode_hook(module, args)
         hook._root_pre_hook(module, args)
+
+    def _gated_step(self, module: Any, args: Any) -> None:
+        from tensortap import modes
+
+        hook = self.hook
+        if hook.mode is modes.TRAIN and not self.stepped and hook._in_step:
+            return  # another forward of the same optimizer step (gradient accumulation)
+        self.stepped = False
+        self._step_pre_hook(module, args)
 
     def _mode_hook(self, module: Any, args: Any) -> None:
         hook = self.hook
@@ -136,6 +152,7 @@ class _Auto:
             hook.set_mode(want)
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.stepped = True
         if id(optimizer) in self.optimizers:
             return
         self.optimizers.add(id(optimizer))

@@ -142,3 +142,32 @@ def test_torchrun_two_processes(tmp_path):
     # DDP averages gradients: both ranks saved the same values
     t = trial.tensor(g)
     assert t.value(4, worker="worker_0").tobytes() == t.value(4, worker="worker_1").tobytes()
+
+
+ACCUMULATE = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    loss_fn = nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(10):              # 10 optimizer steps ...
+        opt.zero_grad()
+        for micro in range(3):          # ... of 3 accumulated micro-batches each
+            loss_fn(model(torch.randn(8, 4)), torch.randint(0, 2, (8,))).backward()
+        opt.step()
+    """
+)
+
+
+def test_train_steps_are_counted_at_optimizer_steps(tmp_path):
+    script = tmp_path / "accumulate.py"
+    script.write_text(ACCUMULATE)
+    out = str(tmp_path / "job")
+    r = tensortap("run", "--out-dir", out, "--save-interval", "1", "--collection", "gradients", "--json",
+                  "--", sys.executable, str(script))
+    assert r.returncode == 0, (r.stdout, r.stderr[-3000:])
+    trial = tt.create_trial(out)
+    assert trial.steps(tt.modes.TRAIN) == list(range(10))
+    assert trial.tensor("gradient/Sequential_0.weight").steps() == list(range(10))
