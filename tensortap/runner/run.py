@@ -78,11 +78,14 @@ def _table(rules: list[RuleProc], training: str) -> Any:
     for col in ("rule", "status", "last step", "first step fired", "message"):
         t.add_column(col)
     colours = {st.ISSUES_FOUND: "red", st.NO_ISSUES_FOUND: "green", st.ERROR: "magenta", st.IN_PROGRESS: "cyan"}
+    def cell(v: Any) -> str:
+        return "-" if v is None else str(v)
+
     for r in rules:
         s = r.status
         status = s.get("status", st.IN_PROGRESS)
-        t.add_row(r.label, f"[{colours.get(status, 'white')}]{status}[/]", str(s.get("last_step", "") or "-"),
-                  str(s.get("first_step") if s.get("first_step") is not None else "-"), str(s.get("message", ""))[:70])
+        t.add_row(r.label, f"[{colours.get(status, 'white')}]{status}[/]", cell(s.get("last_step")),
+                  cell(s.get("first_step")), str(s.get("message", ""))[:70])
     return t
 
 
