@@ -43,6 +43,36 @@ def crc32c(data: bytes | memoryview) -> int:
     return google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data)
 
 
+def _load_crc32c_at() -> Any:
+    """`crc32c_at(address, length)`: CRC32C of raw memory through ctypes, which releases the GIL for the
+    call (google_crc32c keeps it for buffers under 1 MiB, so the writer thread would stall the training
+    thread while it checksums). None when google_crc32c's bundled libcrc32c cannot be found."""
+    import ctypes
+    import glob
+    import os
+
+    pkg = os.path.dirname(google_crc32c.__file__)
+    for path in sorted(glob.glob(os.path.join(pkg + ".libs", "libcrc32c*.so*")) + glob.glob(
+        os.path.join(pkg, "libcrc32c*.so*"))):
+        try:
+            fn = ctypes.CDLL(path).crc32c_value
+        except (OSError, AttributeError):
+            continue
+        fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+        fn.restype = ctypes.c_uint32
+        probe = bytes(range(256)) * 5
+        buf = ctypes.create_string_buffer(probe, len(probe))
+        if fn(ctypes.addressof(buf), len(probe)) == google_crc32c.value(probe):
+            return fn
+    return None
+
+
+try:
+    crc32c_at = _load_crc32c_at()
+except Exception:  # noqa: BLE001 - an odd build: the GIL-holding path still works
+    crc32c_at = None
+
+
 # --- dtypes -------------------------------------------------------------------------------------
 
 def _ml_dtypes():

@@ -55,6 +55,36 @@ class Record:
         return 256 + (self.value.nbytes if self.value is not None else 0)
 
 
+class RecordBatch:
+    """Several raw tensors of one step in one hand-off (no reductions, no shape-only entries).
+
+    `names` is a tuple the caller keeps stable from step to step (the writer caches the block's table
+    ids per names/shapes), `arrays` the host arrays in the same order. `flat`, when given, is one
+    C-contiguous array of the arrays' dtype whose bytes are exactly the arrays' bytes concatenated
+    in order (the arrays are views of it): the writer then appends runs of payloads with one write
+    each. The caller hands the arrays over: it must not change them afterwards.
+    """
+
+    __slots__ = ("names", "arrays", "flat", "step", "mode", "mode_step", "size")
+
+    def __init__(self, names: tuple[str, ...], arrays: list[np.ndarray], flat: np.ndarray | None,
+                 step: int, mode: int, mode_step: int):
+        self.names = names
+        self.arrays = arrays
+        self.flat = flat
+        self.step = step
+        self.mode = mode
+        self.mode_step = mode_step
+        self.size = 256 * len(arrays) + (flat.nbytes if flat is not None else sum(a.nbytes for a in arrays))
+
+    def nbytes(self) -> int:
+        return self.size
+
+    def records(self) -> list[Record]:
+        return [Record(name=n, step=self.step, mode=self.mode, mode_step=self.mode_step, value=a)
+                for n, a in zip(self.names, self.arrays, strict=True)]
+
+
 def compute_reduction(arr: np.ndarray, name: str, abs_: bool) -> np.ndarray:
     """A reduction of `arr` as a 0-d array. Norms are flattened vector norms, for every framework."""
     x = np.abs(arr) if abs_ else arr
@@ -93,29 +123,47 @@ def _byte_view(arr: np.ndarray) -> np.ndarray:
     return arr.reshape(-1).view(np.uint8)
 
 
-def _write_payloads(f: Any, payloads: list[bytes | np.ndarray], small: int = 1 << 16) -> None:
-    """Append payloads in order: small ones joined, large ones written straight from their arrays
-    (the write releases the GIL and copies nothing)."""
-    pending: list[bytes | np.ndarray] = []
-
-    def write_all(buf: Any) -> None:
-        view = memoryview(buf).cast("B")
-        while len(view):
-            n = f.write(view)
-            if n is None:  # a non-blocking raw stream: nothing written yet
-                continue
-            view = view[n:]
-
-    for p in payloads:
-        if len(p) < small:
-            pending.append(p)
+def _write_all(f: Any, buf: Any) -> None:
+    """Write all of `buf` (any C-contiguous buffer) to `f`: the write releases the GIL and copies nothing."""
+    view = memoryview(buf).cast("B")
+    while len(view):
+        n = f.write(view)
+        if n is None:  # a non-blocking raw stream: nothing written yet
             continue
-        if pending:
-            write_all(b"".join(bytes(x) if not isinstance(x, bytes) else x for x in pending))
-            pending = []
-        write_all(p)
-    if pending:
-        write_all(b"".join(bytes(x) if not isinstance(x, bytes) else x for x in pending))
+        view = view[n:]
+
+
+_DIRECT_WRITE = 1 << 16  # payloads at least this large are written straight from their arrays
+_PENDING_WRITE = 1 << 20  # smaller ones are gathered and written once this many bytes are waiting
+_BLOCK_BYTES = 64 << 20  # write an index block at least once per this many payload bytes
+
+
+class _Template:
+    """Entries of a batch layout (names, shapes, dtype) against the current block's tables."""
+
+    __slots__ = ("rows", "lengths", "total", "spans", "rel", "outline", "inline", "runs")
+
+    def __init__(self, rows: np.ndarray, lengths: list[int], runs: list[tuple[int, int]]):
+        self.rows = rows  # name, kind, reduction, flags, dtype, shape and length filled in
+        self.lengths = lengths
+        self.total = sum(lengths)
+        self.spans: list[tuple[int, int]] = []  # of each payload in the batch's flat bytes
+        pos = 0
+        for n in lengths:
+            self.spans.append((pos, pos + n))
+            pos += n
+        # positions of the payloads written to the data file, and of those stored inline
+        self.outline = [i for i, n in enumerate(lengths) if n > INLINE_BYTES]
+        self.inline = [i for i, n in enumerate(lengths) if n <= INLINE_BYTES]
+        outline = self.outline
+        # offsets of those payloads relative to the batch's first written byte
+        rel = np.zeros(len(outline), dtype=np.uint64)
+        pos = 0
+        for j, i in enumerate(outline):
+            rel[j] = pos
+            pos += lengths[i]
+        self.rel = rel
+        self.runs = runs  # (first, end) positions of runs of consecutive written payloads
 
 
 class _Tables:
@@ -208,9 +256,11 @@ class ChunkWriter:
         self._dat_size = 0
         # State of the block being built (writer thread only).
         self._tables = _Tables()
-        self._rows: list[tuple] = []
-        self._payloads: list[bytes | np.ndarray] = []
-        self._payload_size = 0
+        self._rows: list[tuple] = []  # entries of single records, not yet in _row_parts
+        self._row_parts: list[np.ndarray] = []  # entries of the block so far, in order
+        self._templates: dict[tuple, _Template] = {}  # batch layouts against the block's tables
+        self._pend = bytearray()  # small payloads not yet written to the data file
+        self._block_bytes = 0  # payload bytes since the last index block
         self._passed: dict[str, Any] | None = None
         self._collections: dict[str, Any] | None = None
         self._first_block = True
@@ -229,7 +279,23 @@ class ChunkWriter:
         """Hand off several records at once (all or none): how many were accepted."""
         if self._closed or self.error is not None:
             return 0
-        size = sum(r.nbytes() for r in records)
+        if not self._reserve(sum(r.nbytes() for r in records), len(records), len(records)):
+            return 0
+        for r in records:
+            self._queue.put(r)
+        return len(records)
+
+    def submit_batch(self, batch: RecordBatch) -> int:
+        """Hand off a batch of raw tensors (all or none): how many tensors were accepted."""
+        if self._closed or self.error is not None:
+            return 0
+        n = len(batch.arrays)
+        if not self._reserve(batch.size, 1, n):
+            return 0
+        self._queue.put(batch)
+        return n
+
+    def _reserve(self, size: int, items: int, records: int) -> bool:
         with self._room:
             if self._pending_bytes + size > self.max_pending_bytes:
                 if self.backpressure == "block":
@@ -240,14 +306,12 @@ class ChunkWriter:
                             break
                         self._room.wait(min(left, 0.5))
                 if self._pending_bytes + size > self.max_pending_bytes:
-                    for _ in records:
+                    for _ in range(records):
                         self._drop()
-                    return 0
+                    return False
             self._pending_bytes += size
-            self._submitted += len(records)
-        for r in records:
-            self._queue.put(r)
-        return len(records)
+            self._submitted += items
+        return True
 
     def _drop(self) -> None:
         if self.dropped_records == 0:
@@ -299,10 +363,19 @@ class ChunkWriter:
                     self._write_block(end=True)
                     self._drain_unpublished(deadline=time.monotonic() + self.close_timeout)
                     break
-                if isinstance(item, Record):
-                    self._encode(item)
+                if isinstance(item, RecordBatch):
+                    self._encode_batch(item)
+                    size = item.size
+                    item = None  # drop the arrays now: the hook reuses their buffers
                     with self._room:
-                        self._pending_bytes -= item.nbytes()
+                        self._pending_bytes -= size
+                        self._room.notify_all()
+                elif isinstance(item, Record):
+                    self._encode(item)
+                    size = item.nbytes()
+                    item = None
+                    with self._room:
+                        self._pending_bytes -= size
                         self._room.notify_all()
                 elif isinstance(item, tuple):
                     what, arg = item
@@ -312,7 +385,7 @@ class ChunkWriter:
                         self._flush_events.append(arg)
                         self._write_block()
                         last_flush = time.monotonic()
-                if time.monotonic() - last_flush >= self.flush_interval or self._payload_size > (64 << 20):
+                if time.monotonic() - last_flush >= self.flush_interval or self._block_bytes > _BLOCK_BYTES:
                     self._write_block()
                     last_flush = time.monotonic()
                 if self._unpublished and time.monotonic() >= self._retry_at:
@@ -354,10 +427,117 @@ class ChunkWriter:
         inline when small, else appended to the data file."""
         if len(buf) <= INLINE_BYTES:
             return codec.FLAG_INLINE, 0, 0, bytes(buf)
-        off = self._dat_size + self._payload_size
-        self._payloads.append(buf)
-        self._payload_size += len(buf)
-        return 0, off, codec.crc32c(buf), b""
+        return 0, self._append_data(buf), codec.crc32c(buf), b""
+
+    def _append_data(self, buf: Any) -> int:
+        """Append payload bytes to the data file (large ones at once, small ones gathered first); their
+        offset. They are written before the index block that refers to them, and the caller's array is
+        free once this returns."""
+        off = self._dat_size
+        view = memoryview(buf).cast("B")
+        n = len(view)
+        if self.sealed_mode:
+            self._dat_buf += view
+        elif n >= _DIRECT_WRITE:
+            if self._pend:
+                self._write_pending()
+            _write_all(self._dat, view)
+        else:
+            self._pend += view
+            if len(self._pend) >= _PENDING_WRITE:
+                self._write_pending()
+        self._dat_size += n
+        self._block_bytes += n
+        return off
+
+    def _write_pending(self) -> None:
+        _write_all(self._dat, self._pend)
+        self._pend = bytearray()
+
+    def _template(self, b: RecordBatch, dtype_str: str | None) -> _Template:
+        t = self._tables
+        arrays = b.arrays
+        n = len(arrays)
+        rows = np.zeros(n, dtype=codec.DISK_ENTRY_DTYPE)
+        names = [t._id(t.names, name) for name in b.names]
+        shapes = [t._id(t.shapes, tuple(a.shape)) for a in arrays]
+        if dtype_str is not None:
+            dtypes = [t._id(t.dtypes, dtype_str)] * n
+        else:
+            dtypes = [t._id(t.dtypes, codec.dtype_to_str(a.dtype)) for a in arrays]
+        lengths = [a.nbytes for a in arrays]
+        rows["name"] = names
+        rows["kind"] = RAW
+        rows["reduction"] = NO_REDUCTION
+        rows["dtype"] = dtypes
+        rows["shape"] = shapes
+        rows["length"] = lengths
+        runs: list[tuple[int, int]] = []
+        for i in range(n):
+            if lengths[i] <= INLINE_BYTES:
+                continue
+            if runs and runs[-1][1] == i:
+                runs[-1] = (runs[-1][0], i + 1)
+            else:
+                runs.append((i, i + 1))
+        tmpl = _Template(rows, lengths, runs)
+        if tmpl.inline:
+            rows["flags"][tmpl.inline] = codec.FLAG_INLINE
+        return tmpl
+
+    def _encode_batch(self, b: RecordBatch) -> None:
+        if self._dat is None:
+            self._open_chunk()
+        arrays = b.arrays
+        flat = b.flat
+        dtype_str = codec.dtype_to_str(flat.dtype) if flat is not None else None
+        key = (b.names, dtype_str, *[a.shape for a in arrays])
+        tmpl = self._templates.get(key)
+        if tmpl is None:
+            tmpl = self._templates[key] = self._template(b, dtype_str)
+        if flat is not None and flat.nbytes == tmpl.total:
+            byte_flat = flat.reshape(-1).view(np.uint8)
+            pieces = [byte_flat[i:j] for i, j in tmpl.spans]
+            if not tmpl.inline:
+                base = self._append_data(byte_flat)  # every payload, in one write
+            else:
+                base = self._dat_size
+                spans = tmpl.spans
+                for first, end in tmpl.runs:
+                    self._append_data(byte_flat[spans[first][0]:spans[end - 1][1]])
+        else:
+            byte_flat = None
+            pieces = [_byte_view(a) for a in arrays]
+            base = self._dat_size
+            for i in tmpl.outline:
+                self._append_data(pieces[i])
+        crc = codec.crc32c
+        crc_at = codec.crc32c_at
+        if crc_at is not None and byte_flat is not None and not tmpl.inline:
+            addr = byte_flat.ctypes.data  # (byte_flat keeps the memory alive)
+            crcs = [crc_at(addr + i, j - i) for i, j in tmpl.spans]
+        else:
+            crcs = None
+        rows = tmpl.rows.copy()
+        rows["mode"] = b.mode
+        rows["step"] = b.step
+        rows["mode_step"] = b.mode_step
+        if not tmpl.inline:
+            rows["offset"] = tmpl.rel + base
+            rows["crc"] = crcs if crcs is not None else [crc(p) for p in pieces]
+        else:
+            outline = tmpl.outline
+            if outline:
+                rows["offset"][outline] = tmpl.rel + base
+                rows["crc"][outline] = [crc(pieces[i]) for i in outline]
+            for i in tmpl.inline:
+                rows["inline"][i] = pieces[i].tobytes().ljust(INLINE_BYTES, b"\0")
+        if self._rows:
+            self._row_parts.append(np.array(self._rows, dtype=codec.DISK_ENTRY_DTYPE))
+            self._rows.clear()
+        self._row_parts.append(rows)
+        self.written_records += len(arrays)
+        self._encoded += 1
 
     def _encode(self, r: Record) -> None:
         if self._dat is None:
@@ -409,7 +589,7 @@ class ChunkWriter:
         if mark is not None and mark[0] <= self._encoded and mark[1]["step"] > self._published_step:
             self._passed = mark[1]
             self._published_step = mark[1]["step"]
-        if not self._rows and self._passed is None and self._collections is None and not end:
+        if not self._rows and not self._row_parts and self._passed is None and self._collections is None and not end:
             if self.sealed_mode and self._idx_buf and (self._seal_due() or flushing):
                 self._seal()
             for ev in self._flush_events:
@@ -431,28 +611,31 @@ class ChunkWriter:
             header["collections"] = self._collections
         if end:
             header["end"] = True
-        entries = np.array(self._rows, dtype=codec.DISK_ENTRY_DTYPE) if self._rows else np.empty(
-            0, dtype=codec.DISK_ENTRY_DTYPE
-        )
-        # Payloads first, then the index block that points at them.
+        if self._rows:
+            self._row_parts.append(np.array(self._rows, dtype=codec.DISK_ENTRY_DTYPE))
+        parts = self._row_parts
+        if not parts:
+            entries = np.empty(0, dtype=codec.DISK_ENTRY_DTYPE)
+        elif len(parts) == 1:
+            entries = parts[0]
+        else:  # (np.concatenate of structured arrays is slow: join their bytes)
+            entries = np.frombuffer(b"".join([p.tobytes() for p in parts]), dtype=codec.DISK_ENTRY_DTYPE)
+        # Payloads first (most are written already), then the index block that points at them.
         block = codec.encode_block(header, entries)
         if self.sealed_mode:
-            for b in self._payloads:
-                self._dat_buf += memoryview(b).cast("B")
-            self._dat_size += self._payload_size
             self._idx_buf += block
         else:
-            if self._payloads:
-                _write_payloads(self._dat, self._payloads)
-                self._dat.flush()
-                self._dat_size += self._payload_size
-            self._idx.write(block)
+            if self._pend:
+                self._write_pending()
+            self._dat.flush()
+            self._idx.write(block)  # one append
             self._idx.flush()
         self._first_block = False
         self._rows.clear()
-        self._payloads.clear()
-        self._payload_size = 0
+        self._row_parts = []
+        self._block_bytes = 0
         self._tables = _Tables()
+        self._templates = {}
         self._collections = None
         self._passed = None
         if self.sealed_mode:

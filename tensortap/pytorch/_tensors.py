@@ -146,11 +146,12 @@ class HostBatch:
     `arrays()`, normally at the end of the step, long after the copy finished.
     """
 
-    __slots__ = ("_groups", "_n")
+    __slots__ = ("_groups", "_n", "_flat")
 
     def __init__(self, tensors: list[torch.Tensor], force_async: bool = False, pool: BufferPool | None = None):
         """Copy `tensors` (detached, none requiring grad) to the host."""
         self._n = len(tensors)
+        self._flat: np.ndarray | None = None
         t0 = tensors[0]
         dev, dt = t0.device, t0.dtype
         if all(t.dtype == dt and t.device == dev for t in tensors):
@@ -189,9 +190,11 @@ class HostBatch:
 
     def arrays(self) -> list[np.ndarray]:
         """Host arrays in the order of the tensors given (views of private buffers: the caller owns them)."""
-        if len(self._groups) == 1 and self._groups[0][4] is None:
-            _idx, buf, layout, host, _e, _k = self._groups[0]
-            flat = buf if buf is not None else host_numpy(host)
+        if len(self._groups) == 1:
+            _idx, buf, layout, host, event, _k = self._groups[0]
+            if event is not None:
+                event.synchronize()
+            flat = self._flat = buf if buf is not None else host_numpy(host)
             return [flat[a:b].reshape(shape) for a, b, shape in layout]
         out: list[Any] = [None] * self._n
         for idx, buf, layout, host, event, _keep in self._groups:
@@ -201,6 +204,11 @@ class HostBatch:
             for i, (a, b, shape) in zip(idx, layout, strict=True):
                 out[i] = flat[a:b].reshape(shape)
         return out
+
+    def flat(self) -> np.ndarray | None:
+        """After `arrays()`: the one host array they are all views of, in order (None when the tensors
+        were copied in several groups)."""
+        return self._flat
 
 
 def _layout(parts: list[torch.Tensor]) -> list[tuple[int, int, tuple[int, ...]]]:

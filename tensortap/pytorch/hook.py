@@ -24,6 +24,7 @@ from torch import nn
 from tensortap import modes as _modes
 from tensortap.collection import TRAIN_ONLY_COLLECTIONS, Collection, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
+from tensortap.format.writer import RecordBatch
 from tensortap.hooks.base import Hook as BaseHook
 from tensortap.pytorch import singleton
 from tensortap.pytorch._tensors import BufferPool, HostBatch, capturable, host_numpy, iter_tensors
@@ -89,6 +90,19 @@ class _Plan:
     weight_items: list[tuple[str, list[Collection]]] = field(default_factory=list)
     some_odd: bool = False  # some parameter may not be capturable (sparse, meta, ...)
     param_views: list[torch.Tensor] | None = None
+    grad_list: list[tuple[nn.Parameter, str, list[Collection]]] = field(default_factory=list)
+    grad_items: list[tuple[str, list[Collection]]] = field(default_factory=list)
+    weight_spec: _Spec | None = None
+    grad_spec: _Spec | None = None
+
+
+@dataclass
+class _Spec:
+    """A fixed list of tensors saved together at every saving step: their names, and whether they are
+    saved raw only (then they go to the writer as one batch)."""
+
+    names: tuple[str, ...]
+    raw_only: bool
 
 
 class Hook(BaseHook):
@@ -121,7 +135,9 @@ class Hook(BaseHook):
         self._param_hooks_on = False
         self._grad_cb_queued = False
         self._pending_grads: dict[str, tuple[Any, list[Collection]]] = {}
-        self._staged: list[tuple[HostBatch, list[tuple[str, list[Collection]]]]] = []
+        self._grad_batch: HostBatch | None = None  # every planned gradient, copied at once
+        self._step_plan: _Plan | None = None  # of the current saving step
+        self._staged: list[tuple[HostBatch, list[tuple[str, list[Collection]]], _Spec | None]] = []
         self._pool = BufferPool()
         #: testing aid: copy CPU tensors through the asynchronous (accelerator) path
         self._force_async_copies = False
@@ -315,6 +331,15 @@ class Hook(BaseHook):
         if self.disabled or not self._saving:
             return
         try:
+            plan = self._step_plan
+            if plan is not None and plan.grad_list:
+                grads = [p.grad for p, _n, _c in plan.grad_list]
+                if all(g is not None and capturable(g) for g in grads):
+                    # the usual case: every gradient, in one copy (a later backward of this step replaces it)
+                    self._pending_grads = {}
+                    self._grad_batch = HostBatch(grads, self._force_async_copies, self._pool)
+                    return
+            self._expand_grad_batch()
             items: list[tuple[str, list[Collection]]] = []
             tensors: list[torch.Tensor] = []
             for p, name, colls in self._grad_targets.values():
@@ -328,6 +353,13 @@ class Hook(BaseHook):
                     self._pending_grads[name] = (arr, colls)  # a later backward of this step replaces it
         except Exception as e:  # noqa: BLE001
             self._fail("gradient capture", e)
+
+    def _expand_grad_batch(self) -> None:
+        """Turn a pending batch of every gradient into per-name pending gradients."""
+        batch, self._grad_batch = self._grad_batch, None
+        if batch is not None and self._step_plan is not None:
+            for (name, colls), arr in zip(self._step_plan.grad_items, batch.arrays(), strict=True):
+                self._pending_grads[name] = (arr, colls)
 
     def _optimizer_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self._saving or self.disabled or self.mode in (_modes.EVAL, _modes.PREDICT):
@@ -351,7 +383,7 @@ class Hook(BaseHook):
         self._quiet_until = -1
         self._saving = True
         self._io_counts.clear()
-        plan = self._plan_for(now)
+        plan = self._step_plan = self._plan_for(now)
         if plan.weights:
             self._save_params(plan)
         if plan.grads:
@@ -382,13 +414,17 @@ class Hook(BaseHook):
         saving, self._saving = self._saving, False
         pending, self._pending_grads = self._pending_grads, {}
         staged, self._staged = self._staged, []
+        grad_batch, self._grad_batch = self._grad_batch, None
+        plan, self._step_plan = self._step_plan, None
         if not saving or not self.active:
             return
         try:
-            for batch, items in staged:
-                self.write_tensors(
-                    [(name, arr, colls) for (name, colls), arr in zip(items, batch.arrays(), strict=True)], copy=False
-                )
+            for batch, items, spec in staged:
+                self._write_batch(batch, items, spec)
+            if grad_batch is not None and plan is not None:
+                if plan.grad_spec is None:
+                    plan.grad_spec = self._spec(plan.grad_items)
+                self._write_batch(grad_batch, plan.grad_items, plan.grad_spec)
             if pending:
                 self.write_tensors([(name, arr, colls) for name, (arr, colls) in pending.items()], copy=False)
         except Exception as e:  # noqa: BLE001
@@ -453,6 +489,7 @@ class Hook(BaseHook):
             plan = self._plans[key] = _Plan(
                 weights, grads, io and bool(self._roots), [(n, c) for n, _p, c in weights],
                 any(not capturable(p) for _n, p, _c in weights),
+                grad_list=list(grads.values()), grad_items=[(n, c) for _p, n, c in grads.values()],
             )
             if len(self._plans) > 64:
                 self._plans.clear()
@@ -469,19 +506,42 @@ class Hook(BaseHook):
             views = plan.param_views = [p.detach() for _n, p, _c in plan.weights]
         keep = [i for i, v in enumerate(views) if capturable(v)] if plan.some_odd else None
         if keep is None:
-            self._stage_or_write(views, plan.weight_items)
+            if plan.weight_spec is None:
+                plan.weight_spec = self._spec(plan.weight_items)
+            self._stage_or_write(views, plan.weight_items, plan.weight_spec)
         else:
             self._stage_or_write([views[i] for i in keep], [plan.weight_items[i] for i in keep])
 
-    def _stage_or_write(self, tensors: list[torch.Tensor], items: list[tuple[str, list[Collection]]]) -> None:
+    def _spec(self, items: list[tuple[str, list[Collection]]]) -> _Spec:
+        raw_only = True
+        for name, colls in items:
+            save_raw, reds, _shape = self._plan(name, colls)
+            raw_only = raw_only and save_raw and not reds
+            self._note_membership(name, colls)  # once per plan, not per step
+        return _Spec(tuple(name for name, _c in items), raw_only)
+
+    def _stage_or_write(self, tensors: list[torch.Tensor], items: list[tuple[str, list[Collection]]],
+                        spec: _Spec | None = None) -> None:
         if not tensors:
             return
         batch = HostBatch(tensors, self._force_async_copies, self._pool)
         if self._force_async_copies or any(t.device.type != "cpu" for t in tensors):
-            self._staged.append((batch, items))  # copied asynchronously; written at the end of the step
+            self._staged.append((batch, items, spec))  # copied asynchronously; written at the end of the step
             return
-        self.write_tensors(
-            [(name, arr, colls) for (name, colls), arr in zip(items, batch.arrays(), strict=True)], copy=False
+        self._write_batch(batch, items, spec)
+
+    def _write_batch(self, batch: HostBatch, items: list[tuple[str, list[Collection]]], spec: _Spec | None) -> None:
+        """Hand the host copies in `batch` to the writer: one hand-off for a fixed list saved raw only."""
+        arrays = batch.arrays()
+        if spec is None or not spec.raw_only:
+            self.write_tensors([(name, arr, colls) for (name, colls), arr in zip(items, arrays, strict=True)],
+                               copy=False)
+            return
+        if self.dry_run:
+            return
+        mode = self.mode
+        self._get_writer().submit_batch(
+            RecordBatch(spec.names, arrays, batch.flat(), self.step, mode.value, self.mode_steps[mode])
         )
 
     def _write_io(self, prefix: str, suffix: str, obj: Any) -> None:
