@@ -269,14 +269,7 @@ class Hook(BaseHook):
         except Exception as e:  # noqa: BLE001
             self._fail("forward hook", e)
 
-    def _loss_hook(self, name: str, module: nn.Module, inputs: Any, outputs: Any) -> None:
-        if not self._saving or self.disabled:
-            return
-        try:
-            self._write_io(name, INPUT_SUFFIX, inputs)
-            self._write_io(name, OUTPUT_SUFFIX, outputs)
-        except Exception as e:  # noqa: BLE001
-            self._fail("loss forward hook", e)
+    _loss_hook = _io_hook  # a loss module's inputs and outputs are saved the same way
 
     def _grad_root_hook(self, module: nn.Module, inputs: Any, outputs: Any) -> None:
         # Gradients are read once the backward pass ends. A hook on the output starts that; a model
