@@ -8,9 +8,11 @@ alternating blocks of steps, and reports the median step time of each; the ratio
 therefore measured in the same run. The driver alternates configurations over several rounds and
 prints the median ratio. smdebug runs in its own venv (SMDEBUG_PYTHON, default
 /work/smdebug-venv/bin/python): `pip install torch==2.13.0 smdebug==1.0.34 "numpy<2" "pandas<3" requests
-psutil`; it is skipped with a message when absent.
+psutil`; it is skipped with a message when absent. The library `tensortap-process` is tensortap with
+`writer="process"` (the writer in a child process fed through shared memory); `--writer process` adds it.
 
     .venv/bin/python bench/pytorch_overhead.py [--rounds 3] [--models mlp,cnn] [--libs tensortap,smdebug]
+    .venv/bin/python bench/pytorch_overhead.py --models mlp --libs tensortap --writer thread,process
 """
 
 from __future__ import annotations
@@ -68,7 +70,9 @@ def child(lib: str, interval: str, model_name: str, blocks: int, steps: int) -> 
     else:
         import tensortap.pytorch as tp
 
-        hook = tp.Hook(out_dir=out_dir, save_config=tp.SaveConfig(**cfg_kwargs), include_collections=COLLECTIONS)
+        writer = "process" if lib == "tensortap-process" else "thread"
+        hook = tp.Hook(out_dir=out_dir, save_config=tp.SaveConfig(**cfg_kwargs), include_collections=COLLECTIONS,
+                       writer=writer)
     hook.register_module(hooked[0])
     hook.register_loss(hooked[2])
 
@@ -120,6 +124,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200, help="steps per block")
     ap.add_argument("--models", default="mlp,cnn")
     ap.add_argument("--libs", default="tensortap,smdebug")
+    ap.add_argument("--writer", default="thread",
+                    help="tensortap writers to measure, alternating: thread, process or thread,process")
     ap.add_argument("--intervals", default=",".join(INTERVALS))
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--out-root", help="where the hooks write (default: the system temp dir); e.g. /dev/shm to "
@@ -135,10 +141,14 @@ def main() -> None:
         os.environ["TTBENCH_OUT_ROOT"] = args.out_root
     smdebug_python = os.environ.get("SMDEBUG_PYTHON", DEFAULT_SMDEBUG_PYTHON)
     libs = [s for s in args.libs.split(",") if s]
+    if "tensortap" in libs:
+        writers = [w for w in args.writer.split(",") if w]
+        at = libs.index("tensortap")
+        libs[at:at + 1] = ["tensortap" if w == "thread" else f"tensortap-{w}" for w in writers]
     if "smdebug" in libs and not os.path.exists(smdebug_python):
         print(f"smdebug venv not found at {smdebug_python}: skipping smdebug (set SMDEBUG_PYTHON)")
         libs.remove("smdebug")
-    pythons = {"tensortap": sys.executable, "smdebug": smdebug_python}
+    pythons = {"tensortap": sys.executable, "tensortap-process": sys.executable, "smdebug": smdebug_python}
     configs = [(m, lib, iv) for m in args.models.split(",") for iv in args.intervals.split(",") for lib in libs]
     results: dict[tuple[str, str, str], list[dict]] = {c: [] for c in configs}
     for r in range(args.rounds):
@@ -146,7 +156,7 @@ def main() -> None:
             res = _run_child(pythons[lib], lib, iv, m, args.blocks, args.steps)
             if res is not None:
                 results[(m, lib, iv)].append(res)
-                print(f"round {r} {m:4s} {lib:9s} interval={iv:5s} plain={res['plain_us']:8.1f}us "
+                print(f"round {r} {m:4s} {lib:17s} interval={iv:5s} plain={res['plain_us']:8.1f}us "
                       f"hooked={res['hooked_us']:8.1f}us x{res['ratio']:.3f} (training-thread CPU "
                       f"x{res['cpu_ratio']:.3f})", flush=True)
 
@@ -154,7 +164,7 @@ def main() -> None:
     summary = []
     for key, title in (("ratio", "step time"), ("cpu_ratio", "training-thread CPU time")):
         print(f"\nmedian over rounds: {title}, hooked / no hook, same process")
-        print(f"{'model':5s} {'library':9s} " + " ".join(f"{'every ' + iv if iv != 'never' else 'never':>11s}"
+        print(f"{'model':5s} {'library':17s} " + " ".join(f"{'every ' + iv if iv != 'never' else 'never':>11s}"
                                                        for iv in intervals))
         for m in args.models.split(","):
             for lib in libs:
@@ -169,7 +179,7 @@ def main() -> None:
                                         "runs": [x[key] for x in rs]})
                     else:
                         cells.append(f"{'n/a':>11s}")
-                print(f"{m:5s} {lib:9s} " + " ".join(cells))
+                print(f"{m:5s} {lib:17s} " + " ".join(cells))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)

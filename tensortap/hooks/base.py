@@ -39,6 +39,7 @@ logger = logging.getLogger("tensortap")
 
 DISABLE_ENV = "TENSORTAP_DISABLE"
 INCLUDE_WORKERS = ("one", "all")
+WRITERS = ("thread", "process")
 
 
 def disabled_by_env() -> bool:
@@ -89,6 +90,7 @@ class Hook:
         chunk_bytes: int = 256 << 20,
         max_pending_bytes: int = 512 << 20,
         backpressure: str = "block",
+        writer: str = "thread",
     ):
         runner_cfg = _runner_config()
         if runner_cfg is not None:
@@ -121,6 +123,10 @@ class Hook:
             raise InvalidConfiguration(f"flush_interval={flush_interval!r} must be a positive number of seconds")
         if backpressure not in ("block", "drop"):
             raise InvalidConfiguration(f"backpressure={backpressure!r}: allowed are 'block' and 'drop'")
+        if writer not in WRITERS:
+            raise InvalidConfiguration(f"writer={writer!r}: allowed are 'thread' (the default) and 'process'")
+        #: "thread": a writer thread in this process; "process": a writer process fed through shared memory
+        self.writer_kind = writer
         self.save_config = SaveConfig.coerce(save_config)
         self.reduction_config = reduction_config or ReductionConfig(save_raw_tensor=True)
         self.dry_run = dry_run
@@ -449,7 +455,10 @@ class Hook:
         if self._writer is None:
             if self._storage is None:
                 self._storage = open_storage(self.out_dir)
-            self._writer = ChunkWriter(
+            cls: Any = ChunkWriter
+            if self.writer_kind == "process":
+                from tensortap.format.process_writer import ProcessChunkWriter as cls
+            self._writer = cls(
                 self._storage,
                 self.worker,
                 num_workers=self.num_workers,

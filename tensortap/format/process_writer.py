@@ -1,0 +1,637 @@
+"""A writer in a child process: the training process copies payloads into shared memory and goes on.
+
+`ProcessChunkWriter` has the interface the hooks use of `ChunkWriter` (submit, submit_many, submit_batch,
+mark_step_passed, set_collections, flush, close; error, dropped_records, written_records, outage,
+sealed_mode). It starts `python -c ...` (a fresh interpreter that imports tensortap and numpy only,
+never the training script or its framework), which runs a `ChunkWriter` on the same storage URL.
+
+Transport: one shared-memory ring (`ring_bytes`, at most `max_pending_bytes`). Each hand-off is one
+message in the ring: a small pickled header (names, dtypes, shapes, offsets, step, mode: our own
+metadata between our own processes, never saved data) followed by the payload bytes, copied with one
+memcpy per array. A byte on a pipe wakes the child. The child encodes a message (payloads go to the
+data file or an in-memory chunk as they are encoded) and then frees its ring space by advancing the
+shared tail. A message larger than the ring goes through a shared-memory segment of its own.
+
+Step marks (`mark_step_passed`, once per step) are not messages: the training process writes them into
+a seqlock-protected slot of the ring's header (a few stores, no system call), with the number of
+messages sent before it. The child applies a mark once it has processed that many messages, so a step
+is marked passed only after all its records are written.
+
+Backpressure is the same as ChunkWriter's: with the ring full, "block" waits up to `block_timeout`
+seconds and then drops, "drop" drops at once. If the child dies, nothing hangs or raises: the failure
+is logged once, the records in flight and every later record are counted as dropped, and training
+goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from multiprocessing import resource_tracker, shared_memory
+from typing import Any
+
+import numpy as np
+
+from tensortap.format import codec
+from tensortap.format.writer import ChunkWriter, Record, RecordBatch
+from tensortap.storage import open_storage
+from tensortap.storage.base import Storage
+
+logger = logging.getLogger("tensortap")
+
+# Header slots (int64) at the start of the shared segment.
+_HEAD = 0  # ring bytes published by the training process (monotonic)
+_TAIL = 1  # ring bytes freed by the child (monotonic)
+_STATE = 2  # child state, below
+_WRITTEN = 3  # records written by the child
+_OUTAGE = 4  # the child's storage is failing
+_FLUSHED = 5  # last flush request done
+_DONE_MSGS = 6  # messages processed by the child
+_BIG_DONE = 7  # bytes of own-segment messages processed
+_MARK_SEQ = 8  # seqlock of the step mark: odd while the training process writes it
+_MARK_MSGS = 9  # messages sent before the mark
+_MARK_STEP = 10
+_MARK_MODES = 11  # 4 slots: mode steps of TRAIN, EVAL, PREDICT, GLOBAL (-1: none)
+_ERR_LEN = 15
+_SLOTS = 16
+_ERR_AT = 256  # error text of a failed child
+_ERR_MAX = 3840
+_HDR = 4096  # the ring starts here
+
+_STARTING, _RUNNING, _ENDED, _FAILED = 0, 1, 2, 3
+_MODE_NAMES = ("TRAIN", "EVAL", "PREDICT", "GLOBAL")
+_WRAP = -1
+_ALIGN = 64
+
+
+def _align(n: int, a: int = _ALIGN) -> int:
+    return (n + a - 1) & ~(a - 1)
+
+
+class WriterProcessDied(RuntimeError):
+    """The writer process ended unexpectedly."""
+
+
+class ProcessChunkWriter:
+    """ChunkWriter's interface; the writing happens in a child process fed through shared memory."""
+
+    def __init__(
+        self,
+        storage: Storage | str,
+        worker: str,
+        *,
+        num_workers: int = 1,
+        flush_interval: float = 0.5,
+        chunk_bytes: int = 256 << 20,
+        max_pending_bytes: int = 512 << 20,
+        backpressure: str = "block",
+        block_timeout: float = 30.0,
+        metadata: dict[str, Any] | None = None,
+        ring_bytes: int = 64 << 20,
+    ):
+        if backpressure not in ("block", "drop"):
+            raise ValueError(f"backpressure must be 'block' or 'drop', not {backpressure!r}")
+        if isinstance(storage, str):
+            storage = open_storage(storage)
+        self.url = storage.url
+        self.worker = worker
+        self.sealed_mode = not storage.supports_append
+        self.backpressure = backpressure
+        self.block_timeout = block_timeout
+        self.max_pending_bytes = max_pending_bytes
+        self.close_timeout = 60.0
+        self.dropped_records = 0
+        self._error: BaseException | None = None
+        self._final: tuple[int, bool] | None = None  # (written, outage) once closed
+        self._closed = False
+        self._dead = False
+        self._lock = threading.Lock()
+        self._sent = 0  # messages published
+        self._flush_seq = 0
+        self._mark_seq = 0
+        self._big_sent = 0  # bytes of own-segment messages sent
+        self._big_names: deque[tuple[int, str]] = deque()  # (cumulative bytes, name) not yet freed
+        cap = max(_ALIGN * 64, min(int(ring_bytes), int(max_pending_bytes)) // _ALIGN * _ALIGN)
+        self._cap = cap
+        self._head = 0
+        self._shm = shared_memory.SharedMemory(create=True, size=_HDR + cap)
+        self._h = self._shm.buf[:_SLOTS * 8].cast("q")
+        self._u8 = np.ndarray((cap,), dtype=np.uint8, buffer=self._shm.buf, offset=_HDR)
+        for i in range(_SLOTS):
+            self._h[i] = 0
+        for i in range(4):
+            self._h[_MARK_MODES + i] = -1
+        rfd, self._bell = os.pipe()
+        os.set_blocking(self._bell, False)
+        cfg = dict(url=self.url, worker=worker, shm=self._shm.name, size=_HDR + cap, bell=rfd,
+                   num_workers=num_workers, flush_interval=flush_interval, chunk_bytes=chunk_bytes,
+                   max_pending_bytes=max_pending_bytes, metadata=metadata or {})
+        import tensortap
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(tensortap.__file__)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", "from tensortap.format.process_writer import _child_main; _child_main()",
+                 json.dumps(cfg)],
+                stdin=subprocess.DEVNULL, pass_fds=(rfd,), env=env, close_fds=True,
+            )
+        except BaseException:
+            os.close(rfd)
+            os.close(self._bell)
+            self._release_shm(unlink=True)
+            raise
+        os.close(rfd)
+
+    # --- status ------------------------------------------------------------------------------
+
+    @property
+    def error(self) -> BaseException | None:
+        """The child's writer failed (like ChunkWriter.error); a killed child is not an error, only drops."""
+        if self._error is None and self._final is None and self._h[_STATE] == _FAILED:
+            n = self._h[_ERR_LEN]
+            text = bytes(self._shm.buf[_ERR_AT:_ERR_AT + n]).decode("utf-8", "replace")
+            self._error = RuntimeError(f"tensortap writer process failed: {text}")
+        return self._error
+
+    @property
+    def written_records(self) -> int:
+        return self._final[0] if self._final is not None else int(self._h[_WRITTEN])
+
+    @property
+    def outage(self) -> bool:
+        return self._final[1] if self._final is not None else bool(self._h[_OUTAGE])
+
+    def _accepting(self) -> bool:
+        return not self._closed and not self._dead and self.error is None
+
+    def _drop(self, n: int) -> None:
+        if self.dropped_records == 0 and not self._dead:
+            logger.warning("tensortap: storage is falling behind (%d bytes pending); dropping records "
+                           "(policy %r). Training continues.", self._head - self._h[_TAIL], self.backpressure)
+        self.dropped_records += n
+
+    def _died(self) -> None:
+        """The child is gone: log once, count what it had not written, drop from now on."""
+        if self._dead:
+            return
+        self._dead = True
+        code = self._proc.poll()
+        lost = max(0, self._accepted - int(self._h[_WRITTEN]))
+        self.dropped_records += lost
+        logger.error("tensortap: the writer process of %s ended unexpectedly (exit code %s); %d records in "
+                     "flight are lost and no more data will be saved. Training continues.", self.worker, code, lost)
+
+    _accepted = 0  # records accepted (instance attribute once the first one is)
+
+    # --- training-thread side -----------------------------------------------------------------
+
+    def submit(self, record: Record) -> bool:
+        return self.submit_many((record,)) == 1
+
+    def submit_many(self, records: list[Record] | tuple[Record, ...]) -> int:
+        """Hand off several records at once (all or none): how many were accepted."""
+        n = len(records)
+        if not self._accepting():
+            if self._dead:
+                self.dropped_records += n
+            return 0
+        metas = []
+        arrays = []
+        off = 0
+        for r in records:
+            v = r.value
+            vd = None
+            if v is not None:
+                v = v if v.flags.c_contiguous else np.ascontiguousarray(v)
+                vd = (codec.dtype_to_str(v.dtype), v.shape, off, v.nbytes)
+                arrays.append((off, v))
+                off = _align(off + v.nbytes, 16)
+            reds = [(k[0], k[1], codec.dtype_to_str(a.dtype), a.shape, a.tobytes())
+                    for k, rv in r.reduction_values.items() for a in (codec.as_storable(rv),)]
+            metas.append((r.name, r.step, r.mode, r.mode_step, vd, r.save_raw, r.reductions, reds, r.save_shape,
+                          r.shape))
+        return n if self._send(("records", metas), off, arrays, n) else 0
+
+    def submit_batch(self, batch: RecordBatch) -> int:
+        """Hand off a batch of raw tensors (all or none): how many tensors were accepted."""
+        n = len(batch.arrays)
+        if not self._accepting():
+            if self._dead:
+                self.dropped_records += n
+            return 0
+        flat = batch.flat
+        if flat is not None and flat.flags.c_contiguous and flat.nbytes == sum(a.nbytes for a in batch.arrays):
+            shapes = [a.shape for a in batch.arrays]
+            meta = ("batch", batch.names, codec.dtype_to_str(flat.dtype), shapes, batch.step, batch.mode,
+                    batch.mode_step, flat.size)
+            ok = self._send(meta, flat.nbytes, [(0, flat)], n)
+        else:
+            return self.submit_many(batch.records())
+        return n if ok else 0
+
+    def _send(self, meta: tuple, payload_bytes: int, arrays: list[tuple[int, np.ndarray]], n_records: int,
+              control: bool = False) -> bool:
+        """Publish one message (meta + payload); False (records counted as dropped) if there is no room."""
+        with self._lock:  # hooks hand off from one thread, but a user's save_scalar may come from another
+            return self._send_locked(meta, payload_bytes, arrays, n_records, control)
+
+    def _send_locked(self, meta: tuple, payload_bytes: int, arrays: list[tuple[int, np.ndarray]], n_records: int,
+                     control: bool = False) -> bool:
+        m = pickle.dumps(meta, protocol=5)
+        pay_at = _align(16 + len(m))
+        need = _align(pay_at + payload_bytes)
+        if need > self._cap // 2 and payload_bytes:
+            return self._send_big(meta, payload_bytes, arrays, n_records)
+        pos = self._room(need, n_records, control)
+        if pos is None:
+            return False
+        u8 = self._u8
+        hdr = np.array([need, len(m)], dtype=np.int64).view(np.uint8)
+        u8[pos:pos + 16] = hdr
+        u8[pos + 16:pos + 16 + len(m)] = np.frombuffer(m, dtype=np.uint8)
+        base = pos + pay_at
+        for off, a in arrays:
+            if a.nbytes:
+                u8[base + off:base + off + a.nbytes] = a.reshape(-1).view(np.uint8)
+        self._head += need
+        self._publish(n_records)
+        return True
+
+    def _publish(self, n_records: int) -> None:
+        self._h[_HEAD] = self._head
+        self._sent += 1
+        self._accepted += n_records
+        try:
+            os.write(self._bell, b"\0")
+        except BlockingIOError:
+            pass  # the child has wake-ups pending already
+        except OSError:  # EPIPE: the child is gone
+            self._died()
+
+    def _room(self, need: int, n_records: int, control: bool) -> int | None:
+        """Ring position for a message of `need` bytes (a wrap marker written if needed), else None."""
+        cap = self._cap
+        deadline = None
+        delay = 0.0002
+        while True:
+            head = self._head
+            pos = head % cap
+            skip = cap - pos if pos + need > cap else 0
+            if head + skip + need - self._h[_TAIL] <= cap:
+                if skip:
+                    self._u8[pos:pos + 8] = np.array([_WRAP], dtype=np.int64).view(np.uint8)
+                    self._head += skip
+                return self._head % cap
+            if self._dead or self._proc.poll() is not None:
+                self._died()
+                if not control:
+                    self.dropped_records += n_records
+                return None
+            if self.backpressure == "drop" and not control:
+                self._drop(n_records)
+                return None
+            if deadline is None:
+                deadline = time.monotonic() + self.block_timeout
+            elif time.monotonic() >= deadline:
+                if not control:
+                    self._drop(n_records)
+                return None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.005)
+
+    def _send_big(self, meta: tuple, payload_bytes: int, arrays: list[tuple[int, np.ndarray]],
+                  n_records: int) -> bool:
+        """A message larger than half the ring: its payload in a segment of its own."""
+        limit = max(self.max_pending_bytes - self._cap, self._cap)
+        deadline = time.monotonic() + self.block_timeout
+        while self._big_sent - self._h[_BIG_DONE] + payload_bytes > limit and self._big_sent > self._h[_BIG_DONE]:
+            if self._proc.poll() is not None:
+                self._died()
+                self.dropped_records += n_records
+                return False
+            if self.backpressure == "drop" or time.monotonic() >= deadline:
+                self._drop(n_records)
+                return False
+            time.sleep(0.002)
+        seg = shared_memory.SharedMemory(create=True, size=max(payload_bytes, 1))
+        try:
+            buf = np.ndarray((payload_bytes,), dtype=np.uint8, buffer=seg.buf)
+            for off, a in arrays:
+                buf[off:off + a.nbytes] = a.reshape(-1).view(np.uint8)
+            del buf
+        finally:
+            seg.close()
+        resource_tracker.unregister(seg._name, "shared_memory")  # the child unlinks it
+        self._big_sent += payload_bytes
+        self._big_names.append((self._big_sent, seg.name))
+        ok = self._send_locked(("big", seg.name, payload_bytes, meta), 0, [], n_records, control=True)
+        if not ok:
+            self.dropped_records += n_records
+        return ok
+
+    def mark_step_passed(self, step: int, mode_steps: dict[str, int]) -> None:
+        """Nothing more comes for `step`: a few stores into the shared header, no message."""
+        h = self._h
+        s = self._mark_seq + 1
+        h[_MARK_SEQ] = s  # odd: being written
+        h[_MARK_MSGS] = self._sent
+        h[_MARK_STEP] = step
+        get = mode_steps.get
+        h[_MARK_MODES] = get("TRAIN", -1)
+        h[_MARK_MODES + 1] = get("EVAL", -1)
+        h[_MARK_MODES + 2] = get("PREDICT", -1)
+        h[_MARK_MODES + 3] = get("GLOBAL", -1)
+        h[_MARK_SEQ] = s + 1
+        self._mark_seq = s + 1
+
+    def set_collections(self, collections_json: dict[str, Any]) -> None:
+        if self._accepting():
+            self._send(("collections", json.dumps(collections_json)), 0, [], 0, control=True)
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Write out everything handed off so far; True when done within `timeout`."""
+        if not self._accepting():
+            return False
+        self._flush_seq += 1
+        seq = self._flush_seq
+        if not self._send(("flush", seq), 0, [], 0, control=True):
+            return False
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.0005
+        while self._h[_FLUSHED] < seq:
+            if self._h[_STATE] in (_FAILED, _ENDED) or self._proc.poll() is not None:
+                if self._h[_STATE] != _FAILED:
+                    self._died()
+                return False
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
+        return True
+
+    def close(self, timeout: float | None = 60.0) -> None:
+        """Flush, write the end-of-job block, and wait for the child (killed after `timeout`)."""
+        if self._closed:
+            return
+        if not self._dead and self._proc.poll() is None and self._h[_STATE] != _FAILED:
+            self._send(("stop",), 0, [], 0, control=True)
+        self._closed = True
+        try:
+            self._proc.wait(timeout if timeout is not None else self.close_timeout)
+        except subprocess.TimeoutExpired:
+            logger.error("tensortap: the writer process of %s did not finish within %s s; stopping it",
+                         self.worker, timeout)
+            self._proc.kill()
+            self._proc.wait()
+        if self._h[_STATE] != _ENDED and self._h[_STATE] != _FAILED:
+            self._died()
+        self.error  # noqa: B018 - read the child's error text while the segment is mapped
+        self._final = (int(self._h[_WRITTEN]), bool(self._h[_OUTAGE]))
+        done = self._h[_BIG_DONE]
+        for cum, name in self._big_names:  # segments the child never took
+            if cum > done:
+                _unlink(name)
+        try:
+            os.close(self._bell)
+        except OSError:
+            pass
+        self._release_shm(unlink=True)
+
+    def _release_shm(self, unlink: bool) -> None:
+        self._h.release()
+        self._u8 = None
+        self._shm.close()
+        if unlink:
+            self._shm.unlink()
+        self._h = _Closed()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            try:
+                self.close(timeout=5)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+class _Closed:
+    """The header after close: every slot reads 0."""
+
+    def __getitem__(self, i: int) -> int:
+        return 0
+
+    def __setitem__(self, i: int, v: int) -> None:
+        pass
+
+
+def _unlink(name: str) -> None:
+    try:
+        import _posixshmem
+
+        _posixshmem.shm_unlink("/" + name)
+    except (FileNotFoundError, ImportError, OSError):
+        pass
+
+
+# --- child process --------------------------------------------------------------------------------
+
+
+def _open_segment(name: str, size: int) -> Any:
+    """Map a POSIX shared-memory segment without the resource tracker (which would unlink it at our exit)."""
+    import _posixshmem
+    import mmap
+
+    fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+    try:
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+class _ChildWriter(ChunkWriter):
+    """A ChunkWriter whose writer thread reads messages from the shared ring instead of a queue."""
+
+    def __init__(self, storage: Storage, worker: str, mem: Any, bell: int, **kw: Any):
+        self._mem = mem
+        self._hv = memoryview(mem)[:_SLOTS * 8].cast("q")
+        self._ring = np.frombuffer(mem, dtype=np.uint8, offset=_HDR)
+        self._rcap = len(self._ring)
+        self._bell = bell
+        self._tail = 0
+        self._done_msgs = 0
+        self._mark_seen = 0
+        self._stop = False
+        self._parent_gone = False
+        super().__init__(storage, worker, **kw)
+
+    def _run(self) -> None:
+        h = self._hv
+        h[_STATE] = _RUNNING
+        last_flush = time.monotonic()
+        try:
+            while True:
+                if self._tail == h[_HEAD]:
+                    wait = max(0.0, self.flush_interval - (time.monotonic() - last_flush))
+                    r, _w, _x = select.select([self._bell], [], [], min(wait, 0.2))
+                    if r:
+                        if os.read(self._bell, 65536) == b"":
+                            self._parent_gone = True
+                while self._tail < h[_HEAD] and not self._stop:
+                    self._one()
+                    if self._flush_events:
+                        self._take_mark()
+                        self._write_block()
+                        last_flush = time.monotonic()
+                        h[_FLUSHED] = self._flush_events_done
+                    if self._block_bytes > 64 << 20:
+                        self._take_mark()
+                        self._write_block()
+                        last_flush = time.monotonic()
+                self._take_mark()
+                if self._stop:
+                    self._write_block(end=True)
+                    self._drain_unpublished(deadline=time.monotonic() + self.close_timeout)
+                    break
+                if self._parent_gone and self._tail >= h[_HEAD]:
+                    self._write_block()  # no end mark: the training process did not close
+                    self._drain_unpublished(deadline=time.monotonic() + self.close_timeout)
+                    break
+                if time.monotonic() - last_flush >= self.flush_interval:
+                    self._write_block()
+                    last_flush = time.monotonic()
+                if self._unpublished and time.monotonic() >= self._retry_at:
+                    self._publish_pending()
+                h[_OUTAGE] = int(self.outage)
+            h[_WRITTEN] = self.written_records
+            h[_OUTAGE] = int(self.outage)
+            h[_STATE] = _ENDED
+        except BaseException as e:  # noqa: BLE001 - report to the training process
+            self.error = e
+            logger.exception("tensortap: the writer of %s failed; no more data will be saved", self.worker)
+            text = f"{type(e).__name__}: {e}".encode()[:_ERR_MAX]
+            self._mem[_ERR_AT:_ERR_AT + len(text)] = text
+            h[_ERR_LEN] = len(text)
+            h[_STATE] = _FAILED
+        finally:
+            for f in (self._dat, self._idx) if not self.sealed_mode else ():
+                if f is not None:
+                    try:
+                        f.close()
+                    except OSError:
+                        pass
+
+    _flush_events_done = 0
+
+    def _take_mark(self) -> None:
+        """Adopt the training process's latest step mark once every message sent before it is processed."""
+        h = self._hv
+        s = h[_MARK_SEQ]
+        if s == self._mark_seen or s & 1:
+            return
+        msgs, step = h[_MARK_MSGS], h[_MARK_STEP]
+        modes = [h[_MARK_MODES + i] for i in range(4)]
+        if h[_MARK_SEQ] != s or msgs > self._done_msgs:
+            return  # being rewritten, or its records are not all here yet: next time
+        self._mark_seen = s
+        self._passed_mark = (self._encoded, {"step": step, "mode_steps": {
+            n: v for n, v in zip(_MODE_NAMES, modes, strict=True) if v >= 0}})
+
+    def _one(self) -> None:
+        """Process the message at the tail, then free its ring space."""
+        ring, cap = self._ring, self._rcap
+        pos = self._tail % cap
+        total = int(ring[pos:pos + 8].view(np.int64)[0])
+        if total == _WRAP:
+            self._tail += cap - pos
+            return
+        mlen = int(ring[pos + 8:pos + 16].view(np.int64)[0])
+        meta = pickle.loads(ring[pos + 16:pos + 16 + mlen].tobytes())
+        base, pay = ring, pos + _align(16 + mlen)
+        seg = None
+        if meta[0] == "big":
+            _k, name, size, meta = meta
+            seg = _open_segment(name, size)
+            base, pay = np.frombuffer(seg, dtype=np.uint8), 0
+        try:
+            self._handle(meta, base, pay)
+        finally:
+            base = None
+            if seg is not None:
+                try:
+                    seg.close()
+                except BufferError:
+                    pass  # a view is still alive somewhere: the mapping goes with it
+                _unlink(name)
+                self._hv[_BIG_DONE] += size
+        self._tail += total
+        self._done_msgs += 1
+        h = self._hv
+        h[_WRITTEN] = self.written_records
+        h[_DONE_MSGS] = self._done_msgs
+        h[_TAIL] = self._tail
+
+    def _handle(self, meta: tuple, base: np.ndarray, pay: int) -> None:
+        kind = meta[0]
+        if kind == "batch":
+            _k, names, dt, shapes, step, mode, mode_step, count = meta
+            flat = np.frombuffer(base, dtype=codec.dtype_from_str(dt), count=count, offset=pay)
+            arrays = []
+            off = 0
+            for shape in shapes:
+                k = 1
+                for d in shape:
+                    k *= d
+                arrays.append(flat[off:off + k].reshape(shape))
+                off += k
+            self._encode_batch(RecordBatch(names, arrays, flat, step, mode, mode_step))
+        elif kind == "records":
+            for (name, step, mode, mode_step, vd, save_raw, reductions, reds, save_shape, shape) in meta[1]:
+                value = None
+                if vd is not None:
+                    dt, vshape, off, nbytes = vd
+                    dtype = codec.dtype_from_str(dt)
+                    value = np.frombuffer(base, dtype=dtype, count=nbytes // dtype.itemsize if dtype.itemsize else 0,
+                                          offset=pay + off).reshape(vshape)
+                rv = {(rn, ab): np.frombuffer(b, dtype=codec.dtype_from_str(d)).reshape(s).copy()
+                      for rn, ab, d, s, b in reds}
+                self._encode(Record(name=name, step=step, mode=mode, mode_step=mode_step, value=value,
+                                    save_raw=save_raw, reductions=reductions, reduction_values=rv,
+                                    save_shape=save_shape, shape=shape))
+        elif kind == "collections":
+            self._collections = json.loads(meta[1])
+        elif kind == "flush":
+            self._flush_events.append(_Done())
+            self._flush_events_done = meta[1]
+        elif kind == "stop":
+            self._stop = True
+
+
+class _Done:
+    """Stands for a flush request's event: the training process polls the shared FLUSHED slot instead."""
+
+    def set(self) -> None:
+        pass
+
+
+def _child_main() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the training process, which closes us
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    cfg = json.loads(sys.argv[1])
+    mem = _open_segment(cfg["shm"], cfg["size"])
+    storage = open_storage(cfg["url"])
+    w = _ChildWriter(storage, cfg["worker"], mem, cfg["bell"], num_workers=cfg["num_workers"],
+                     flush_interval=cfg["flush_interval"], chunk_bytes=cfg["chunk_bytes"],
+                     max_pending_bytes=cfg["max_pending_bytes"], metadata=cfg["metadata"])
+    w._thread.join()
+    sys.exit(1 if w.error is not None else 0)

@@ -1,0 +1,177 @@
+"""The writer process (Hook(writer="process")): same data as the writer thread, and training survives its death."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import tensortap as tt
+from tensortap.exceptions import InvalidConfiguration
+from tensortap.format.process_writer import ProcessChunkWriter
+from tensortap.format.writer import Record, RecordBatch
+from tensortap.storage import open_storage
+from tensortap.trials.state import StepState
+
+
+def _shm_segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} if os.path.isdir("/dev/shm") else set()
+
+
+def test_generic_hook_round_trip_bit_exact(tmp_path):
+    before = _shm_segments()
+    out = str(tmp_path / "run")
+    hook = tt.Hook(out, writer="process", save_config=tt.SaveConfig(save_interval=1),
+                   reduction_config=tt.ReductionConfig(reductions=["max"], save_raw_tensor=True))
+    rng = np.random.default_rng(0)
+    saved = {}
+    for s in range(6):
+        hook.next_step()
+        a = rng.standard_normal((7, 5)).astype(np.float32)
+        b = (rng.integers(0, 1000, 300_000)).astype(np.int64)  # larger than an inline payload, 2.4 MB
+        hook.save_tensor("a", a)
+        hook.save_tensor("b", b, "other")
+        hook.save_scalar("loss", float(s) / 3)
+        saved[s] = (a.copy(), b.copy())
+    hook.close()
+    assert hook.dropped_records == 0
+    t = tt.create_trial(out)
+    assert t.steps() == list(range(6))
+    for s, (a, b) in saved.items():
+        assert np.array_equal(t.tensor("a").value(s), a)
+        assert t.tensor("a").value(s).dtype == np.float32
+        assert np.array_equal(t.tensor("b").value(s), b)
+        assert t.tensor("a").reduction_value(s, "max") == a.max()
+        assert t.tensor("scalar/loss").value(s) == s / 3
+    assert t.loaded_all_steps
+    assert _shm_segments() <= before  # the ring is unlinked
+
+
+def test_writer_value_is_validated(tmp_path):
+    with pytest.raises(InvalidConfiguration, match=r"writer='procces'.*'thread'.*'process'"):
+        tt.Hook(str(tmp_path), writer="procces")
+    assert tt.Hook(str(tmp_path / "a")).writer_kind == "thread"  # the default is unchanged
+
+
+def test_flush_makes_steps_visible_and_passed(tmp_path):
+    out = str(tmp_path / "run")
+    hook = tt.Hook(out, writer="process", save_config=tt.SaveConfig(save_interval=1), flush_interval=30)
+    for s in range(3):
+        hook.next_step()
+        hook.save_tensor("x", np.full(10, s, dtype=np.float64))
+    hook.next_step()  # ends step 2: marked passed, only once its records are written
+    hook.flush()
+    t = tt.create_trial(out)
+    assert t.tensor("x").steps() == [0, 1, 2]
+    assert np.array_equal(t.tensor("x").value(2), np.full(10, 2.0))
+    assert t.has_passed_step(2) == StepState.AVAILABLE
+    assert not t.loaded_all_steps
+    hook.close()
+
+
+def test_child_killed_training_continues(tmp_path, caplog):
+    out = str(tmp_path / "run")
+    hook = tt.Hook(out, writer="process", save_config=tt.SaveConfig(save_interval=1))
+    for s in range(3):
+        hook.next_step()
+        hook.save_tensor("x", np.full(1000, s, dtype=np.float32))
+    hook.end_step()  # step 2 passed
+    hook.flush()
+    proc = hook._writer._proc
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="tensortap"):
+        for s in range(3, 40):
+            hook.next_step()
+            hook.save_tensor("x", np.full(1000, s, dtype=np.float32))
+        hook.flush()
+        hook.close()
+    assert time.monotonic() - t0 < 5
+    assert hook.dropped_records >= 30
+    assert hook.error_count == 0  # not an error of the hook: training went on
+    died = [r for r in caplog.records if "ended unexpectedly" in r.getMessage()]
+    assert len(died) == 1
+    t = tt.create_trial(out)
+    assert t.tensor("x").steps()[:3] == [0, 1, 2]  # what was flushed before the kill is there
+    assert np.array_equal(t.tensor("x").value(1), np.full(1000, 1, dtype=np.float32))
+
+
+def test_writer_direct_batches_big_messages_and_drop_policy(tmp_path):
+    storage = open_storage(str(tmp_path / "run"))
+    w = ProcessChunkWriter(storage, "worker_0", max_pending_bytes=1 << 20, backpressure="drop", flush_interval=0.1)
+    flat = np.arange(3000, dtype=np.float32)
+    arrays = [flat[:1000].reshape(10, 100), flat[1000:]]
+    assert w.submit_batch(RecordBatch(("p", "q"), arrays, flat, 0, 1, 0)) == 2
+    big = np.arange(200_000, dtype=np.float64)  # 1.6 MB: more than the ring, through its own segment
+    assert w.submit(Record(name="big", step=0, mode=1, mode_step=0, value=big))
+    w.mark_step_passed(0, {"TRAIN": 0, "GLOBAL": 0})
+    assert w.flush(10)
+    # a stalled writer process with the drop policy: hand-offs are dropped at once, nothing blocks
+    os.kill(w._proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        n = sum(w.submit(Record(name="r", step=1, mode=1, mode_step=1, value=np.zeros(60_000, np.uint8)))
+                for _ in range(40))
+        assert time.monotonic() - t0 < 2
+        assert n < 40 and w.dropped_records == 40 - n
+    finally:
+        os.kill(w._proc.pid, signal.SIGCONT)
+    w.close()
+    assert w.error is None and w.written_records == 3 + n
+    t = tt.create_trial(str(tmp_path / "run"))
+    assert np.array_equal(t.tensor("p").value(0), arrays[0])
+    assert np.array_equal(t.tensor("q").value(0), arrays[1])
+    assert np.array_equal(t.tensor("big").value(0), big)
+    assert t.has_passed_step(0) == StepState.AVAILABLE
+
+
+def test_pytorch_hook_round_trip_bit_exact(tmp_path):
+    torch = pytest.importorskip("torch")
+    import tensortap.pytorch as tp
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    loss_fn = torch.nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    out = str(tmp_path / "run")
+    hook = tp.Hook(out_dir=out, writer="process", save_config=tp.SaveConfig(save_interval=2),
+                   include_collections=["weights", "biases", "gradients", "losses"])
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    rec = []
+    try:
+        for _ in range(5):
+            x, y = torch.randn(5, 8), torch.randint(0, 4, (5,))
+            w = {n: p.detach().clone() for n, p in model.named_parameters()}
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            rec.append((w, {n: p.grad.clone() for n, p in model.named_parameters()}, loss.detach().clone()))
+            opt.step()
+        hook.close()
+    finally:
+        tp.del_hook()
+    t = tt.create_trial(out)
+    assert t.steps() == [0, 2, 4]
+    for s in (0, 2, 4):
+        w, g, loss = rec[s]
+        for n in ("0.weight", "0.bias", "2.weight", "2.bias"):
+            assert np.array_equal(t.tensor(f"Sequential_{n}").value(s), w[n].numpy())
+            assert np.array_equal(t.tensor(f"gradient/Sequential_{n}").value(s), g[n].numpy())
+        assert np.array_equal(t.tensor("CrossEntropyLoss_output_0").value(s), loss.numpy())
+    assert hook.dropped_records == 0
+
+
+def test_child_entry_imports_no_framework():
+    import subprocess
+    import sys
+
+    code = ("import sys; from tensortap.format.process_writer import _child_main; "
+            "print(sorted(m for m in ('torch', 'tensorflow', 'jax') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr
