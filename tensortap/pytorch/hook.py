@@ -289,7 +289,8 @@ class Hook(BaseHook):
         except Exception as e:  # noqa: BLE001
             self._fail("gradient hook", e)
 
-    def _output_grad_hook(self, grad: torch.Tensor) -> None:
+    def _output_grad_hook(self, grad_or_param: torch.Tensor) -> None:
+        """The backward pass reached the model output (or a parameter's gradient was accumulated)."""
         if self.disabled:
             return
         try:
@@ -297,13 +298,7 @@ class Hook(BaseHook):
         except Exception as e:  # noqa: BLE001
             self._fail("gradient hook", e)
 
-    def _param_grad_hook(self, param: nn.Parameter) -> None:
-        if self.disabled:
-            return
-        try:
-            self._queue_grad_collection()
-        except Exception as e:  # noqa: BLE001
-            self._fail("gradient hook", e)
+    _param_grad_hook = _output_grad_hook
 
     def _queue_grad_collection(self) -> None:
         if not self._grad_cb_queued:
