@@ -32,6 +32,12 @@ class Storage(ABC):
         """Several (offset, length) ranges of one object, in order. Backends may read them in parallel."""
         return [self.read_range(key, off, n) for off, n in ranges]
 
+    def readinto(self, key: str, offset: int, buf: Any) -> int:
+        """Read len(buf) bytes from `offset` into the writable buffer `buf`; returns the bytes read."""
+        data = self.read_range(key, offset, len(buf))
+        memoryview(buf).cast("B")[: len(data)] = data
+        return len(data)
+
     def mapped(self, key: str) -> Any | None:
         """A zero-copy bytes-like view of the whole object (local files: mmap), or None if the backend has none."""
         return None

@@ -18,6 +18,7 @@ class LocalStorage(Storage):
         super().__init__(root)
         self.root = root
         self._maps: dict[str, tuple[int, mmap.mmap]] = {}
+        self._fds: dict[str, int] = {}
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *key.split("/")) if key else self.root
@@ -38,6 +39,12 @@ class LocalStorage(Storage):
                 f.seek(off)
                 out.append(f.read(n))
         return out
+
+    def readinto(self, key: str, offset: int, buf: Any) -> int:
+        fd = self._fds.get(key)
+        if fd is None:
+            fd = self._fds[key] = os.open(self._path(key), os.O_RDONLY)
+        return os.preadv(fd, [buf], offset)
 
     def mapped(self, key: str) -> Any | None:
         """An mmap of the file, re-made when the file has grown; None for an empty or missing file."""

@@ -149,8 +149,13 @@ def test_corrupt_payload_names_file_and_offset_and_rest_stays_readable(tmp_path)
         trial.tensor("a").value(1)
     assert ei.value.path == path and ei.value.offset == int(victim["offset"])
     assert str(victim["offset"]) in str(ei.value) and path in str(ei.value)
+    with pytest.raises(CorruptData) as ei:
+        trial.tensor("a").stacked()  # the bulk path checks every payload too
+    assert ei.value.offset == int(victim["offset"])
     assert np.array_equal(trial.tensor("a").value(0), a)
     assert np.array_equal(trial.tensor("a").value(2), a + 2)
+    steps, vals = trial.tensor("b").stacked()
+    assert steps.tolist() == [0, 1, 2] and np.array_equal(vals[1], a * 2 + 1)
     assert np.array_equal(trial.tensor("b").value(1), a * 2 + 1)
 
 
