@@ -3,10 +3,12 @@
 Workloads: an MLP 64->256->256->10 (batch 64, SGD) and a small CNN (batch 32, 3x32x32), one CPU thread,
 collections weights+biases+gradients+losses, saved every 1, 10, 100 steps or never.
 
-Every measurement is a child process that trains two identical models, one hooked and one not, in
-alternating blocks of steps, and reports the median step time of each; the ratio hooked/plain is
-therefore measured in the same run. The driver alternates configurations over several rounds and
-prints the median ratio. smdebug runs in its own venv (SMDEBUG_PYTHON, default
+Every measurement is a child process that trains one model in alternating blocks of 100 steps with
+the hook's module and parameter hooks switched on and off (the library keeps running and never
+notices), and reports the median over pairs of blocks of hooked/plain step time. A hooked block is
+charged until tensortap's writer has caught up. The driver alternates configurations over several
+rounds and prints the median ratio. The library `none` is the A/A control: both blocks plain, which
+shows the noise floor of the machine. smdebug runs in its own venv (SMDEBUG_PYTHON, default
 /work/smdebug-venv/bin/python): `pip install torch==2.13.0 smdebug==1.0.34 "numpy<2" "pandas<3" requests
 psutil`; it is skipped with a message when absent. The library `tensortap-process` is tensortap with
 `writer="process"` (the writer in a child process fed through shared memory); `--writer process` adds it.
@@ -50,61 +52,114 @@ def _build(model_name: str):
     return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), nn.CrossEntropyLoss(), x, y
 
 
-def child(lib: str, interval: str, model_name: str, blocks: int, steps: int) -> dict:
-    """Train a plain and a hooked model in alternating blocks; median step times in microseconds."""
+class _HookSwitch:
+    """Turns every module and parameter hook of a model off and on again, in place.
+
+    Plain blocks run the very same model and optimizer as hooked blocks with the hooks' dicts emptied
+    (the library never notices; its writer keeps running). Two separately built models differ by up to
+    ±9% in step time on this VM from memory placement alone, which hides the effects we measure.
+    """
+
+    _MODULE = ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks")
+    _PARAM = ("_backward_hooks", "_post_accumulate_grad_hooks")
+
+    def __init__(self, roots):
+        self.modules = [m for r in roots for m in r.modules()]
+        self.params = [p for r in roots for p in r.parameters()]
+        self.saved: list = []
+
+    def off(self) -> None:
+        for objs, attrs in ((self.modules, self._MODULE), (self.params, self._PARAM)):
+            for o in objs:
+                for a in attrs:
+                    d = getattr(o, a, None)
+                    if d:
+                        self.saved.append((d, dict(d)))
+                        d.clear()
+
+    def on(self) -> None:
+        for d, content in self.saved:
+            d.update(content)
+        self.saved.clear()
+
+
+def _writer_pending(hook) -> int:
+    w = getattr(hook, "_writer", None)
+    return getattr(w, "pending_bytes", 0) if w is not None else 0
+
+
+def child(lib: str, interval: str, model_name: str, pairs: int, steps: int) -> dict:
+    """Alternate blocks of `steps` steps with the hook on and off on one model; per-pair step-time ratios.
+
+    A hooked block is charged until its writer has caught up (tensortap), so writer work that did
+    not overlap training counts against the hook and never slows the next plain block down.
+    """
     import torch
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    plain = _build(model_name)
-    hooked = _build(model_name)
+    model, opt, loss_fn, x, y = _build(model_name)
     out_dir = os.path.join(tempfile.mkdtemp(prefix=f"ttbench_{lib}_", dir=os.environ.get("TTBENCH_OUT_ROOT")), "run")
     if interval == "never":
         cfg_kwargs = dict(start_step=0, end_step=0)
     else:
         cfg_kwargs = dict(save_interval=int(interval))
+    hook = None
     if lib == "smdebug":
         import smdebug.pytorch as smd
 
         hook = smd.Hook(out_dir=out_dir, save_config=smd.SaveConfig(**cfg_kwargs), include_collections=COLLECTIONS)
-    else:
+    elif lib != "none":
         import tensortap.pytorch as tp
 
         writer = "process" if lib == "tensortap-process" else "thread"
         hook = tp.Hook(out_dir=out_dir, save_config=tp.SaveConfig(**cfg_kwargs), include_collections=COLLECTIONS,
                        writer=writer)
-    hook.register_module(hooked[0])
-    hook.register_loss(hooked[2])
+    if hook is not None:
+        hook.register_module(model)
+        hook.register_loss(loss_fn)
+    switch = _HookSwitch([model, loss_fn])
 
-    def run(setup, n):
-        model, opt, loss_fn, x, y = setup
+    def run(hooked: bool, n: int) -> tuple[float, float]:
+        if hooked:
+            switch.on()
+        else:
+            switch.off()
         t0, c0 = time.perf_counter(), time.thread_time()
         for _ in range(n):
             opt.zero_grad()
             loss = loss_fn(model(x), y)
             loss.backward()
             opt.step()
+        while hooked and _writer_pending(hook):
+            time.sleep(0.0005)
         return (time.perf_counter() - t0) / n * 1e6, (time.thread_time() - c0) / n * 1e6
 
-    run(plain, steps // 2)
-    run(hooked, steps // 2)
-    times: dict[str, list[tuple[float, float]]] = {"plain": [], "hooked": []}
-    for b in range(blocks):
-        order = (plain, hooked) if b % 2 == 0 else (hooked, plain)
-        for setup in order:
-            times["plain" if setup is plain else "hooked"].append(run(setup, steps))
-    hook.close()
+    run(True, steps)
+    run(False, steps)
+    wall, cpu, plain_w, hooked_w = [], [], [], []
+    for i in range(pairs):
+        if i % 2 == 0:
+            h, p = run(True, steps), run(False, steps)
+        else:
+            p, h = run(False, steps), run(True, steps)
+        wall.append(h[0] / p[0])
+        cpu.append(h[1] / p[1])
+        plain_w.append(p[0])
+        hooked_w.append(h[0])
+    switch.on()
+    if hook is not None:
+        hook.close()
     shutil.rmtree(os.path.dirname(out_dir), ignore_errors=True)
-    p, h = (statistics.median(w for w, _c in times[k]) for k in ("plain", "hooked"))
-    pc, hc = (statistics.median(c for _w, c in times[k]) for k in ("plain", "hooked"))
-    # wall: step time; cpu: CPU time of the training thread alone (robust to other load on the machine,
-    # blind to work done by the writer thread on another core)
-    return {"lib": lib, "interval": interval, "model": model_name, "plain_us": p, "hooked_us": h, "ratio": h / p,
-            "plain_cpu_us": pc, "hooked_cpu_us": hc, "cpu_ratio": hc / pc, "out_root": os.path.dirname(out_dir)}
+    # ratio: step time; cpu_ratio: CPU time of the training thread alone (robust to other load on the
+    # machine, blind to work done by a writer thread or process on another core)
+    return {"lib": lib, "interval": interval, "model": model_name, "plain_us": statistics.median(plain_w),
+            "hooked_us": statistics.median(hooked_w), "ratio": statistics.median(wall),
+            "cpu_ratio": statistics.median(cpu), "out_root": os.path.dirname(out_dir)}
 
 
-def _run_child(python: str, lib: str, interval: str, model: str, blocks: int, steps: int) -> dict | None:
-    cmd = [python, os.path.abspath(__file__), "--child", lib, interval, model, str(blocks), str(steps)]
+def _run_child(python: str, lib: str, interval: str, model: str, pairs: int, steps: int) -> dict | None:
+    cmd = [python, os.path.abspath(__file__), "--child", lib, interval, model, str(pairs), str(steps)]
     env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE))
     env.pop("TENSORTAP_DISABLE", None)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
@@ -120,8 +175,8 @@ def _run_child(python: str, lib: str, interval: str, model: str, blocks: int, st
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--blocks", type=int, default=10, help="alternating blocks per child run")
-    ap.add_argument("--steps", type=int, default=200, help="steps per block")
+    ap.add_argument("--pairs", type=int, default=30, help="pairs of blocks (hooked, plain) per child run")
+    ap.add_argument("--steps", type=int, default=100, help="steps per block (a multiple of every interval)")
     ap.add_argument("--models", default="mlp,cnn")
     ap.add_argument("--libs", default="tensortap,smdebug")
     ap.add_argument("--writer", default="thread",
@@ -133,8 +188,8 @@ def main() -> None:
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        lib, interval, model, blocks, steps = args.child
-        print(json.dumps(child(lib, interval, model, int(blocks), int(steps))))
+        lib, interval, model, pairs, steps = args.child
+        print(json.dumps(child(lib, interval, model, int(pairs), int(steps))))
         return
 
     if args.out_root:
@@ -148,12 +203,13 @@ def main() -> None:
     if "smdebug" in libs and not os.path.exists(smdebug_python):
         print(f"smdebug venv not found at {smdebug_python}: skipping smdebug (set SMDEBUG_PYTHON)")
         libs.remove("smdebug")
-    pythons = {"tensortap": sys.executable, "tensortap-process": sys.executable, "smdebug": smdebug_python}
+    pythons = {"tensortap": sys.executable, "tensortap-process": sys.executable, "smdebug": smdebug_python,
+               "none": sys.executable}
     configs = [(m, lib, iv) for m in args.models.split(",") for iv in args.intervals.split(",") for lib in libs]
     results: dict[tuple[str, str, str], list[dict]] = {c: [] for c in configs}
     for r in range(args.rounds):
         for m, lib, iv in configs:  # alternate every configuration within each round
-            res = _run_child(pythons[lib], lib, iv, m, args.blocks, args.steps)
+            res = _run_child(pythons[lib], lib, iv, m, args.pairs, args.steps)
             if res is not None:
                 results[(m, lib, iv)].append(res)
                 print(f"round {r} {m:4s} {lib:17s} interval={iv:5s} plain={res['plain_us']:8.1f}us "

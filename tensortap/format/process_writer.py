@@ -70,10 +70,25 @@ _STARTING, _RUNNING, _ENDED, _FAILED = 0, 1, 2, 3
 _MODE_NAMES = ("TRAIN", "EVAL", "PREDICT", "GLOBAL")
 _WRAP = -1
 _ALIGN = 64
+_PAGE = 4096
+_NULL = bool(os.environ.get("TT_NULL_CHILD"))
+_MSG_HDR = 24  # int64 message size, pickled-header size, payload offset
 
 
 def _align(n: int, a: int = _ALIGN) -> int:
     return (n + a - 1) & ~(a - 1)
+
+
+class Reservation:
+    """Ring space handed to the training process to copy a batch's payload into (see `reserve_batch`)."""
+
+    __slots__ = ("start", "payload", "n", "done")
+
+    def __init__(self, start: int, payload: np.ndarray, n: int):
+        self.start = start  # ring position (monotonic) of the message
+        self.payload = payload  # uint8 view of the payload bytes, page-aligned
+        self.n = n  # records
+        self.done = False
 
 
 class WriterProcessDied(RuntimeError):
@@ -119,6 +134,7 @@ class ProcessChunkWriter:
         self._mark_seq = 0
         self._big_sent = 0  # bytes of own-segment messages sent
         self._big_names: deque[tuple[int, str]] = deque()  # (cumulative bytes, name) not yet freed
+        self._open: deque[Reservation] = deque()  # reservations not yet committed, in ring order
         cap = max(_ALIGN * 64, min(int(ring_bytes), int(max_pending_bytes)) // _ALIGN * _ALIGN)
         self._cap = cap
         self._head = 0
@@ -170,6 +186,13 @@ class ProcessChunkWriter:
     @property
     def outage(self) -> bool:
         return self._final[1] if self._final is not None else bool(self._h[_OUTAGE])
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes handed off and not yet processed by the child (0: it has caught up)."""
+        if self._final is not None:
+            return 0
+        return int(self._h[_HEAD] - self._h[_TAIL]) + int(self._big_sent - self._h[_BIG_DONE])
 
     def _accepting(self) -> bool:
         return not self._closed and not self._dead and self.error is None
@@ -248,7 +271,7 @@ class ProcessChunkWriter:
     def _send_locked(self, meta: tuple, payload_bytes: int, arrays: list[tuple[int, np.ndarray]], n_records: int,
                      control: bool = False) -> bool:
         m = pickle.dumps(meta, protocol=5)
-        pay_at = _align(16 + len(m))
+        pay_at = _align(_MSG_HDR + len(m))
         need = _align(pay_at + payload_bytes)
         if need > self._cap // 2 and payload_bytes:
             return self._send_big(meta, payload_bytes, arrays, n_records)
@@ -256,27 +279,98 @@ class ProcessChunkWriter:
         if pos is None:
             return False
         u8 = self._u8
-        hdr = np.array([need, len(m)], dtype=np.int64).view(np.uint8)
-        u8[pos:pos + 16] = hdr
-        u8[pos + 16:pos + 16 + len(m)] = np.frombuffer(m, dtype=np.uint8)
+        self._write_header(pos, need, m, pay_at)
         base = pos + pay_at
         for off, a in arrays:
             if a.nbytes:
                 u8[base + off:base + off + a.nbytes] = a.reshape(-1).view(np.uint8)
         self._head += need
-        self._publish(n_records)
-        return True
-
-    def _publish(self, n_records: int) -> None:
-        self._h[_HEAD] = self._head
         self._sent += 1
         self._accepted += n_records
+        self._publish()
+        return True
+
+    def _write_header(self, pos: int, total: int, m: bytes, pay_at: int) -> None:
+        u8 = self._u8
+        u8[pos:pos + _MSG_HDR] = np.array([total, len(m), pay_at], dtype=np.int64).view(np.uint8)
+        u8[pos + _MSG_HDR:pos + _MSG_HDR + len(m)] = np.frombuffer(m, dtype=np.uint8)
+
+    def _publish(self) -> None:
+        """Let the child see every message up to the first open reservation, and wake it."""
+        head = self._open[0].start if self._open else self._head
+        if head == self._h[_HEAD]:
+            return
+        self._h[_HEAD] = head
         try:
             os.write(self._bell, b"\0")
         except BlockingIOError:
             pass  # the child has wake-ups pending already
         except OSError:  # EPIPE: the child is gone
             self._died()
+
+    # --- payloads copied straight into the ring ----------------------------------------------------
+
+    def reserve_batch(self, names: tuple[str, ...], dtype: np.dtype, shapes: list[tuple[int, ...]], step: int,
+                      mode: int, mode_step: int) -> Reservation | bool | None:
+        """Ring space for a batch of raw tensors, for the caller to copy into (`Reservation.payload`: one
+        page-aligned byte array, the tensors' bytes in order) and then `commit` (or `cancel`).
+
+        Returns None when the batch does not fit in the ring (hand it off with `submit_batch` instead),
+        False when it was dropped under backpressure (counted). Messages sent after an open reservation
+        reach the child only once it is committed or cancelled.
+        """
+        n = len(names)
+        if not self._accepting():
+            if self._dead:
+                self.dropped_records += n
+            return False
+        count = 0
+        for shape in shapes:
+            k = 1
+            for d in shape:
+                k *= d
+            count += k
+        nbytes = count * dtype.itemsize
+        meta = ("batch", names, codec.dtype_to_str(dtype), shapes, step, mode, mode_step, count)
+        m = pickle.dumps(meta, protocol=5)
+        need = _align(_MSG_HDR + len(m)) + _PAGE + _align(nbytes, _PAGE)
+        if need > self._cap // 2:
+            return None
+        with self._lock:
+            pos = self._room(need, n, False)
+            if pos is None:
+                return False
+            # The payload starts on a page (the ring itself starts on one): the child can write it to
+            # the data file with O_DIRECT, straight from the ring.
+            pay_at = _align(pos + _MSG_HDR + len(m), _PAGE) - pos
+            total = pay_at + _align(nbytes, _PAGE)
+            self._write_header(pos, total, m, pay_at)
+            res = Reservation(self._head, self._u8[pos + pay_at:pos + pay_at + nbytes], n)
+            self._head += total
+            self._sent += 1
+            self._accepted += n
+            self._open.append(res)
+            return res
+
+    def commit(self, res: Reservation) -> None:
+        """The reservation's payload is filled in: send it."""
+        with self._lock:
+            res.done = True
+            while self._open and self._open[0].done:
+                self._open.popleft()
+            self._publish()
+
+    def cancel(self, res: Reservation) -> None:
+        """Send nothing for this reservation (its ring space is skipped)."""
+        with self._lock:
+            if res.done:
+                return
+            m = pickle.dumps(("skip",), protocol=5)
+            pos = res.start % self._cap
+            total = int(self._u8[pos:pos + 8].view(np.int64)[0])
+            self._write_header(pos, total, m, _align(_MSG_HDR + len(m)))
+            self._accepted -= res.n
+        self.commit(res)
 
     def _room(self, need: int, n_records: int, control: bool) -> int | None:
         """Ring position for a message of `need` bytes (a wrap marker written if needed), else None."""
@@ -383,6 +477,8 @@ class ProcessChunkWriter:
         """Flush, write the end-of-job block, and wait for the child (killed after `timeout`)."""
         if self._closed:
             return
+        for res in list(self._open):
+            self.cancel(res)
         if not self._dead and self._proc.poll() is None and self._h[_STATE] != _FAILED:
             self._send(("stop",), 0, [], 0, control=True)
         self._closed = True
@@ -471,7 +567,64 @@ class _ChildWriter(ChunkWriter):
         self._mark_seen = 0
         self._stop = False
         self._parent_gone = False
+        self._ring_addr = self._ring.ctypes.data
+        self._pay_pos = -1  # ring position of the payload being handled
+        self._room_after = 0
+        self._direct: int | None = None  # the data file opened with O_DIRECT, when the filesystem allows
         super().__init__(storage, worker, **kw)
+
+    # Payload runs of at least this many bytes that start on a page of the ring are written with
+    # O_DIRECT: the disk reads them from the ring, so the child neither copies them into the page cache
+    # nor takes that memory traffic away from the training process (measured here: 97 us of CPU per
+    # 680 KB against 321 us for a buffered append).
+    _DIRECT_MIN = 1 << 16
+
+    def _open_chunk(self) -> None:
+        super()._open_chunk()
+        self._close_direct()
+        flag = getattr(os, "O_DIRECT", 0)
+        name = getattr(self._dat, "name", None)
+        if flag and not self.sealed_mode and isinstance(name, str):
+            try:
+                self._direct = os.open(name, os.O_WRONLY | flag)
+            except OSError:
+                self._direct = None  # e.g. tmpfs: buffered writes
+
+    def _close_direct(self) -> None:
+        if self._direct is not None:
+            try:
+                os.close(self._direct)
+            except OSError:
+                pass
+            self._direct = None
+
+    def _append_data(self, buf: Any) -> int:
+        fd = self._direct
+        if (fd is None or not isinstance(buf, np.ndarray) or buf.nbytes < self._DIRECT_MIN
+                or buf.ctypes.data != self._ring_addr + self._pay_pos or buf.ctypes.data % _PAGE):
+            return super()._append_data(buf)
+        n = buf.nbytes
+        padded = _align(n, _PAGE)
+        if padded > self._room_after:
+            return super()._append_data(buf)
+        if self._pend:
+            self._write_pending()
+        off = _align(self._dat_size, _PAGE)  # the gap before it stays a hole in the file
+        region = self._ring[self._pay_pos:self._pay_pos + padded]
+        region[n:] = 0  # the page's tail beyond the payload belongs to this message
+        view = memoryview(region)
+        done = 0
+        try:
+            while done < padded:
+                done += os.pwrite(fd, view[done:], off + done)
+        except OSError as e:
+            logger.info("tensortap: O_DIRECT writes failed (%s); writing through the page cache", e)
+            self._dat_size = os.fstat(fd).st_size
+            self._close_direct()
+            return super()._append_data(buf)
+        self._dat_size = off + padded
+        self._block_bytes += n
+        return off
 
     def _run(self) -> None:
         h = self._hv
@@ -522,6 +675,7 @@ class _ChildWriter(ChunkWriter):
             h[_ERR_LEN] = len(text)
             h[_STATE] = _FAILED
         finally:
+            self._close_direct()
             for f in (self._dat, self._idx) if not self.sealed_mode else ():
                 if f is not None:
                     try:
@@ -553,16 +707,19 @@ class _ChildWriter(ChunkWriter):
         if total == _WRAP:
             self._tail += cap - pos
             return
-        mlen = int(ring[pos + 8:pos + 16].view(np.int64)[0])
-        meta = pickle.loads(ring[pos + 16:pos + 16 + mlen].tobytes())
-        base, pay = ring, pos + _align(16 + mlen)
+        mlen, pay_at = (int(v) for v in ring[pos + 8:pos + _MSG_HDR].view(np.int64))
+        meta = pickle.loads(ring[pos + _MSG_HDR:pos + _MSG_HDR + mlen].tobytes())
+        base, pay = ring, pos + pay_at
+        self._pay_pos, self._room_after = pay, total - pay_at  # ring bytes from the payload to the message's end
         seg = None
         if meta[0] == "big":
             _k, name, size, meta = meta
             seg = _open_segment(name, size)
             base, pay = np.frombuffer(seg, dtype=np.uint8), 0
+            self._pay_pos = -1
         try:
-            self._handle(meta, base, pay)
+            if not _NULL or meta[0] not in ("batch", "records"):
+                self._handle(meta, base, pay)
         finally:
             base = None
             if seg is not None:
@@ -613,6 +770,7 @@ class _ChildWriter(ChunkWriter):
             self._flush_events_done = meta[1]
         elif kind == "stop":
             self._stop = True
+        # "skip": a cancelled reservation, nothing to do
 
 
 class _Done:

@@ -271,6 +271,11 @@ class ChunkWriter:
 
     # --- training-thread side ---------------------------------------------------------------
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes handed off and not yet taken by the writer thread (0: it has caught up)."""
+        return self._pending_bytes
+
     def submit(self, record: Record) -> bool:
         """Hand off a record; False if it was dropped under backpressure."""
         return self.submit_many((record,)) == 1

@@ -194,6 +194,8 @@ class Hook:
         self._save_cache_key: tuple | None = None
         self._save_now: list[Collection] = []
         self._match_cache: dict[str, list[Collection]] = {}
+        self._for_cache: dict[str, list[Collection]] = {}  # collections_for() while _save_now stays the same
+        self._merged_cfg: dict[int, tuple[Any, Any, SaveConfig]] = {}  # id(collection) -> merged save config
         self._collections_dirty = True
         # Stop requests (tensortap.rules.actions.stop): every rank watches, writing or not.
         self._stop_watch = not disabled_by_env()
@@ -287,23 +289,27 @@ class Hook:
 
     # --- collections ------------------------------------------------------------------------
 
-    def get_collection(self, name: str, create: bool = True) -> Collection:
+    def _invalidate_caches(self) -> None:
+        """Collections or their configs may have changed: recompute what saves what."""
         self._match_cache.clear()
+        self._for_cache.clear()
+        self._merged_cfg.clear()
         self._save_cache_key = None
+
+    def get_collection(self, name: str, create: bool = True) -> Collection:
+        self._invalidate_caches()
         self._collections_dirty = True
         return self.collection_manager.get(name, create=create)
 
     def get_collections(self) -> dict[str, Collection]:
-        self._match_cache.clear()
-        self._save_cache_key = None
+        self._invalidate_caches()
         return self.collection_manager.get_collections()
 
     def add_collection(self, collection: Collection) -> None:
         if not isinstance(collection, Collection):
             raise InvalidConfiguration(f"add_collection takes a tensortap.Collection, not {type(collection).__name__}")
         self.collection_manager.add(collection)
-        self._match_cache.clear()
-        self._save_cache_key = None
+        self._invalidate_caches()
         self._collections_dirty = True
 
     def _prepare(self) -> None:
@@ -331,7 +337,15 @@ class Hook:
         return [self.collection_manager.get(n) for n in self.include_collections]
 
     def _coll_save_config(self, c: Collection) -> SaveConfig:
-        return c.save_config.merge_default(self.save_config) if c.save_config is not None else self.save_config
+        own = c.save_config
+        if own is None:
+            return self.save_config
+        hit = self._merged_cfg.get(id(c))
+        if hit is not None and hit[0] is own and hit[1] is self.save_config:
+            return hit[2]
+        merged = own.merge_default(self.save_config)
+        self._merged_cfg[id(c)] = (own, self.save_config, merged)
+        return merged
 
     def _collection_saves_now(self, c: Collection) -> bool:
         if self.mode in (_modes.EVAL, _modes.PREDICT) and c.name in TRAIN_ONLY_COLLECTIONS:
@@ -342,7 +356,10 @@ class Hook:
         """Included collections that save at the current step (cached per step)."""
         key = (self.step, self.mode)
         if self._save_cache_key != key:
-            self._save_now = [c for c in self._included() if self._collection_saves_now(c)]
+            now = [c for c in self._included() if self._collection_saves_now(c)]
+            if now != self._save_now:  # same list object while the set stays the same (for the caches)
+                self._save_now = now
+                self._for_cache.clear()
             self._save_cache_key = key
         return self._save_now
 
@@ -352,11 +369,15 @@ class Hook:
 
     def collections_for(self, name: str) -> list[Collection]:
         """Collections saving now that contain tensor `name`."""
+        now = self.collections_to_save()
+        hit = self._for_cache.get(name)
+        if hit is not None:
+            return hit
         colls = self._match_cache.get(name)
         if colls is None:
             colls = self._match_cache[name] = [c for c in self._included() if c.matches(name)]
-        now = self.collections_to_save()
-        return [c for c in colls if c in now]
+        hit = self._for_cache[name] = [c for c in colls if c in now]
+        return hit
 
     def should_save_tensor(self, name: str) -> bool:
         return self.active and bool(self.collections_for(name))
@@ -560,8 +581,7 @@ class Hook:
                 c = self.collection_manager.get(n)
                 if c.name not in self.include_collections and n != CollectionKeys.DEFAULT:
                     self.include_collections.append(c.name)  # naming a collection asks for it
-                    self._save_cache_key = None
-                    self._match_cache.clear()
+                    self._invalidate_caches()
                 colls.append(c)
             now = self.collections_to_save()
             colls = [c for c in colls if c in now or self._collection_saves_now(c)]

@@ -64,6 +64,27 @@ def host_numpy(t: torch.Tensor) -> np.ndarray:
         return t.float().numpy()  # e.g. complex32, quantized: a readable approximation beats nothing
 
 
+_NUMPY_DTYPES: dict[torch.dtype, np.dtype | None] = {}
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
+    """The numpy dtype with the same bytes as `dtype`, or None when numpy has none (bfloat16, ...)."""
+    try:
+        return _NUMPY_DTYPES[dtype]
+    except KeyError:
+        try:
+            nd: np.dtype | None = torch.empty(0, dtype=dtype).numpy().dtype
+        except (TypeError, RuntimeError):
+            nd = None
+        _NUMPY_DTYPES[dtype] = nd
+        return nd
+
+
+def copy_into(payload: np.ndarray, tensors: list[torch.Tensor], dtype: torch.dtype) -> None:
+    """Copy contiguous CPU tensors of `dtype`, in order, into `payload` (a byte array of their total size)."""
+    torch.cat([t.view(-1) for t in tensors], out=torch.from_numpy(payload).view(dtype))
+
+
 class _Slot:
     """A pooled host buffer laid out for one list of shapes."""
 

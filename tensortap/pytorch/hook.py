@@ -27,7 +27,15 @@ from tensortap.exceptions import InvalidConfiguration
 from tensortap.format.writer import RecordBatch
 from tensortap.hooks.base import Hook as BaseHook
 from tensortap.pytorch import singleton
-from tensortap.pytorch._tensors import BufferPool, HostBatch, capturable, host_numpy, iter_tensors
+from tensortap.pytorch._tensors import (
+    BufferPool,
+    HostBatch,
+    capturable,
+    copy_into,
+    host_numpy,
+    iter_tensors,
+    numpy_dtype,
+)
 
 logger = logging.getLogger("tensortap")
 
@@ -130,12 +138,15 @@ class Hook(BaseHook):
         self._stop_checks = all(hasattr(self, a) for a in ("_stop_watch", "_next_stop_check"))
         self._saving = False  # the current step saves something
         self._step_handles: list[Any] = []  # hooks installed for this step only
+        self._plan_handles: list[Any] = []  # module hooks of the saving plan `_handles_plan`
+        self._handles_plan: _Plan | None = None
         self._io_counts: dict[str, int] = {}
         self._grad_targets: dict[int, tuple[nn.Parameter, str, list[Collection]]] = {}
         self._param_hooks_on = False
         self._grad_cb_queued = False
         self._pending_grads: dict[str, tuple[Any, list[Collection]]] = {}
         self._grad_batch: HostBatch | None = None  # every planned gradient, copied at once
+        self._grad_res: Any = None  # ... or copied straight into the writer's shared memory, sent at step end
         self._step_plan: _Plan | None = None  # of the current saving step
         self._staged: list[tuple[HostBatch, list[tuple[str, list[Collection]]], _Spec | None]] = []
         self._pool = BufferPool()
@@ -226,6 +237,7 @@ class Hook(BaseHook):
         if any(m is loss_module for m, _fn in self._losses):
             return
         self._losses.append((loss_module, functools.partial(self._loss_hook, name)))
+        self._remove_plan_handles()  # the next saving step installs its hook
 
     def register_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Save the optimizer's hyperparameters (learning rate, ...) and state (momentum buffers, ...) after
@@ -325,8 +337,16 @@ class Hook(BaseHook):
                 if all(g is not None and capturable(g) for g in grads):
                     # the usual case: every gradient, in one copy (a later backward of this step replaces it)
                     self._pending_grads = {}
+                    if plan.grad_spec is None:
+                        plan.grad_spec = self._spec(plan.grad_items)
+                    res = self._ring_batch(grads, plan.grad_spec, self._grad_res)
+                    if res is not None:
+                        self._grad_res = res or None
+                        return
+                    self._cancel_grad_res()
                     self._grad_batch = HostBatch(grads, self._force_async_copies, self._pool)
                     return
+            self._cancel_grad_res()
             self._expand_grad_batch()
             items: list[tuple[str, list[Collection]]] = []
             tensors: list[torch.Tensor] = []
@@ -341,6 +361,11 @@ class Hook(BaseHook):
                     self._pending_grads[name] = (arr, colls)  # a later backward of this step replaces it
         except Exception as e:  # noqa: BLE001
             self._fail("gradient capture", e)
+
+    def _cancel_grad_res(self) -> None:
+        res, self._grad_res = self._grad_res, None
+        if res is not None:
+            self._writer.cancel(res)
 
     def _expand_grad_batch(self) -> None:
         """Turn a pending batch of every gradient into per-name pending gradients."""
@@ -363,10 +388,12 @@ class Hook(BaseHook):
         self._saving = False
         if not self.active:
             self._quiet_until = _INF
+            self._remove_plan_handles()
             return
         now = self.collections_to_save()
         if not now:
             self._quiet_until = self._next_saving_step()
+            self._remove_plan_handles()
             return
         self._quiet_until = -1
         self._saving = True
@@ -377,21 +404,37 @@ class Hook(BaseHook):
         if plan.grads:
             self._grad_targets = plan.grads
             self._param_hooks_on = False
+        if self._handles_plan is not plan:
+            # Module hooks for this plan stay installed while consecutive steps save with it.
+            self._remove_plan_handles()
+            self._install_plan_handles(plan)
+
+    def _install_plan_handles(self, plan: _Plan) -> None:
+        handles = self._plan_handles
+        if plan.grads:
             for root in self._roots:
                 if root.compiled and not _is_compiled(root.module):
                     # model.compile(): a forward hook would run inside the compiled code. Parameter
                     # hooks run in autograd, outside it.
                     for _pname, p in root.params:
                         if id(p) in plan.grads:
-                            self._step_handles.append(p.register_post_accumulate_grad_hook(self._param_grad_hook))
+                            handles.append(p.register_post_accumulate_grad_hook(self._param_grad_hook))
                 else:
-                    self._step_handles.append(root.module.register_forward_hook(self._grad_root_hook))
+                    handles.append(root.module.register_forward_hook(self._grad_root_hook))
         for m, fn in self._losses:
-            self._step_handles.append(m.register_forward_hook(fn))
+            handles.append(m.register_forward_hook(fn))
         if plan.io:
             for root in self._roots:
                 for m, fn in root.io_hooks:
-                    self._step_handles.append(m.register_forward_hook(fn))
+                    handles.append(m.register_forward_hook(fn))
+        self._handles_plan = plan
+
+    def _remove_plan_handles(self) -> None:
+        if self._plan_handles:
+            for h in self._plan_handles:
+                h.remove()
+            self._plan_handles.clear()
+        self._handles_plan = None
 
     def on_step_end(self) -> None:
         if self._step_handles:
@@ -399,24 +442,16 @@ class Hook(BaseHook):
                 h.remove()
             self._step_handles.clear()
         self._grad_targets = {}
-        saving, self._saving = self._saving, False
-        pending, self._pending_grads = self._pending_grads, {}
         staged, self._staged = self._staged, []
-        grad_batch, self._grad_batch = self._grad_batch, None
-        plan, self._step_plan = self._step_plan, None
-        if not saving or not self.active:
-            return
-        try:
-            for batch, items, spec in staged:
-                self._write_batch(batch, items, spec)
-            if grad_batch is not None and plan is not None:
-                if plan.grad_spec is None:
-                    plan.grad_spec = self._spec(plan.grad_items)
-                self._write_batch(grad_batch, plan.grad_items, plan.grad_spec)
-            if pending:
-                self.write_tensors([(name, arr, colls) for name, (arr, colls) in pending.items()], copy=False)
-        except Exception as e:  # noqa: BLE001
-            self._fail("step end", e)
+        if staged and self._saving and self.active:
+            try:
+                for batch, items, spec in staged:
+                    self._write_batch(batch, items, spec)
+            except Exception as e:  # noqa: BLE001
+                self._fail("step end", e)
+        self._hand_off_grads()
+        self._saving = False
+        self._step_plan = None
 
     def on_close(self) -> None:
         for root in self._roots:
@@ -424,6 +459,7 @@ class Hook(BaseHook):
                 h.remove()
         for h in self._opt_handles + self._step_handles:
             h.remove()
+        self._remove_plan_handles()
         self._roots.clear()
         self._losses.clear()
         self._opt_handles.clear()
@@ -451,6 +487,7 @@ class Hook(BaseHook):
 
     def _config_changed(self) -> None:
         self._plans.clear()
+        self._invalidate_caches()
         self._quiet_until = -1
 
     def _plan_for(self, now: list[Collection]) -> _Plan:
@@ -512,11 +549,69 @@ class Hook(BaseHook):
                         spec: _Spec | None = None) -> None:
         if not tensors:
             return
+        if spec is not None:
+            res = self._ring_batch(tensors, spec)
+            if res is not None:
+                if res:
+                    self._writer.commit(res)
+                return
         batch = HostBatch(tensors, self._force_async_copies, self._pool)
         if self._force_async_copies or any(t.device.type != "cpu" for t in tensors):
             self._staged.append((batch, items, spec))  # copied asynchronously; written at the end of the step
             return
         self._write_batch(batch, items, spec)
+
+    def _ring_batch(self, tensors: list[torch.Tensor], spec: _Spec, res: Any = None) -> Any:
+        """Copy CPU tensors of one dtype straight into the shared memory of a writer process (one copy,
+        no host buffer in between): the reservation to commit, False if the writer dropped the batch,
+        None if this path does not apply. `res`: an open reservation of the same tensors to refill."""
+        if not spec.raw_only or self.dry_run or self._force_async_copies:
+            return None
+        w = self._get_writer()
+        reserve = getattr(w, "reserve_batch", None)
+        if reserve is None:
+            return None
+        dtype = tensors[0].dtype
+        for t in tensors:
+            if t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous():
+                return None
+        if res is None:
+            np_dtype = numpy_dtype(dtype)
+            if np_dtype is None:
+                return None
+            mode = self.mode
+            res = reserve(spec.names, np_dtype, [tuple(t.shape) for t in tensors], self.step, mode.value,
+                          self.mode_steps[mode])
+            if not res:
+                return res
+        copy_into(res.payload, tensors, dtype)
+        return res
+
+    def flush(self, timeout: float | None = 30.0) -> None:
+        """Make everything saved so far visible to readers, the current step's gradients as they are now
+        included (readers keep the first record of a tensor in a step)."""
+        self._hand_off_grads()
+        super().flush(timeout)
+
+    def _hand_off_grads(self) -> None:
+        res, self._grad_res = self._grad_res, None
+        batch, self._grad_batch = self._grad_batch, None
+        pending, self._pending_grads = self._pending_grads, {}
+        plan = self._step_plan
+        if res is not None:
+            if self._saving and self.active:
+                self._writer.commit(res)
+            else:
+                self._writer.cancel(res)
+        if not self._saving or not self.active:
+            return
+        with self.guard("gradients"):
+            if batch is not None and plan is not None:
+                if plan.grad_spec is None:
+                    plan.grad_spec = self._spec(plan.grad_items)
+                self._write_batch(batch, plan.grad_items, plan.grad_spec)
+            if pending:
+                self.write_tensors([(name, arr, colls) for name, (arr, colls) in pending.items()], copy=False)
 
     def _write_batch(self, batch: HostBatch, items: list[tuple[str, list[Collection]]], spec: _Spec | None) -> None:
         """Hand the host copies in `batch` to the writer: one hand-off for a fixed list saved raw only."""
@@ -537,7 +632,7 @@ class Hook(BaseHook):
         idx = self._io_counts.get(key, 0)
         tensors: list[torch.Tensor] = []
         items: list[tuple[str, list[Collection]]] = []
-        for t in iter_tensors(obj):
+        for t in (obj,) if isinstance(obj, torch.Tensor) else iter_tensors(obj):
             name = f"{key}{idx}"
             idx += 1
             colls = self.collections_for(name)

@@ -562,3 +562,34 @@ def test_import_tensortap_does_not_import_torch():
     code = "import sys, tensortap; assert 'torch' not in sys.modules; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_second_backward_of_a_step_replaces_gradients_and_flush_mid_step(tmp_path, writer):
+    """Two backward passes in one step save the accumulated gradients once; a flush between backward
+    and the next step makes the step's gradients readable (both writers)."""
+    model = Net()
+    out = str(tmp_path / "run")
+    hook = tp.Hook(out_dir=out, writer=writer, save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights", "gradients"])
+    hook.register_module(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    grads = []
+    for step in range(3):
+        x, y = _batch()
+        opt.zero_grad()
+        out_ = model(x)
+        nn.functional.cross_entropy(out_, y).backward(retain_graph=True)
+        (out_.square().mean()).backward()  # accumulates into the same .grad
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        if step == 1:
+            hook.flush()
+            t = tp.create_trial(out)
+            assert np.array_equal(t.tensor("gradient/Net_fc1.weight").value(1), grads[1]["fc1.weight"].numpy())
+        opt.step()
+    hook.close()
+    t = tp.create_trial(out)
+    assert t.steps() == [0, 1, 2]
+    for step in range(3):
+        for n in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"):
+            assert np.array_equal(t.tensor(f"gradient/Net_{n}").value(step), grads[step][n].numpy())
