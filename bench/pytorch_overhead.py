@@ -10,11 +10,12 @@ charged until tensortap's writer has caught up. The driver alternates configurat
 rounds and prints the median ratio. The library `none` is the A/A control: both blocks plain, which
 shows the noise floor of the machine. smdebug runs in its own venv (SMDEBUG_PYTHON, default
 /work/smdebug-venv/bin/python): `pip install torch==2.13.0 smdebug==1.0.34 "numpy<2" "pandas<3" requests
-psutil`; it is skipped with a message when absent. The library `tensortap-process` is tensortap with
-`writer="process"` (the writer in a child process fed through shared memory); `--writer process` adds it.
+psutil`; it is skipped with a message when absent. `tensortap` is the default (writer="auto": the
+writer process on x86-64 Linux); `--writer thread,process` measures `tensortap-thread` (writer thread in
+the training process) and `tensortap-process` (writer process fed through shared memory) side by side.
 
     .venv/bin/python bench/pytorch_overhead.py [--rounds 3] [--models mlp,cnn] [--libs tensortap,smdebug]
-    .venv/bin/python bench/pytorch_overhead.py --models mlp --libs tensortap --writer thread,process
+    .venv/bin/python bench/pytorch_overhead.py --models mlp --libs none,tensortap --writer thread,process
 """
 
 from __future__ import annotations
@@ -83,9 +84,10 @@ class _HookSwitch:
         self.saved.clear()
 
 
-def _writer_pending(hook) -> int:
+def _drain(hook) -> None:
     w = getattr(hook, "_writer", None)
-    return getattr(w, "pending_bytes", 0) if w is not None else 0
+    if w is not None and hasattr(w, "drain"):
+        w.drain()
 
 
 def child(lib: str, interval: str, model_name: str, pairs: int, steps: int) -> dict:
@@ -112,7 +114,7 @@ def child(lib: str, interval: str, model_name: str, pairs: int, steps: int) -> d
     elif lib != "none":
         import tensortap.pytorch as tp
 
-        writer = "process" if lib == "tensortap-process" else "thread"
+        writer = lib.split("-", 1)[1] if "-" in lib else "auto"
         hook = tp.Hook(out_dir=out_dir, save_config=tp.SaveConfig(**cfg_kwargs), include_collections=COLLECTIONS,
                        writer=writer)
     if hook is not None:
@@ -131,8 +133,8 @@ def child(lib: str, interval: str, model_name: str, pairs: int, steps: int) -> d
             loss = loss_fn(model(x), y)
             loss.backward()
             opt.step()
-        while hooked and _writer_pending(hook):
-            time.sleep(0.0005)
+        if hooked:
+            _drain(hook)
         return (time.perf_counter() - t0) / n * 1e6, (time.thread_time() - c0) / n * 1e6
 
     run(True, steps)
@@ -179,8 +181,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100, help="steps per block (a multiple of every interval)")
     ap.add_argument("--models", default="mlp,cnn")
     ap.add_argument("--libs", default="tensortap,smdebug")
-    ap.add_argument("--writer", default="thread",
-                    help="tensortap writers to measure, alternating: thread, process or thread,process")
+    ap.add_argument("--writer", default="auto",
+                    help="tensortap writers to measure, alternating: auto (the default), thread, process, "
+                         "or a list such as thread,process")
     ap.add_argument("--intervals", default=",".join(INTERVALS))
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--out-root", help="where the hooks write (default: the system temp dir); e.g. /dev/shm to "
@@ -199,11 +202,12 @@ def main() -> None:
     if "tensortap" in libs:
         writers = [w for w in args.writer.split(",") if w]
         at = libs.index("tensortap")
-        libs[at:at + 1] = ["tensortap" if w == "thread" else f"tensortap-{w}" for w in writers]
+        libs[at:at + 1] = ["tensortap" if w == "auto" else f"tensortap-{w}" for w in writers]
     if "smdebug" in libs and not os.path.exists(smdebug_python):
         print(f"smdebug venv not found at {smdebug_python}: skipping smdebug (set SMDEBUG_PYTHON)")
         libs.remove("smdebug")
-    pythons = {"tensortap": sys.executable, "tensortap-process": sys.executable, "smdebug": smdebug_python,
+    pythons = {"tensortap": sys.executable, "tensortap-thread": sys.executable,
+               "tensortap-process": sys.executable, "smdebug": smdebug_python,
                "none": sys.executable}
     configs = [(m, lib, iv) for m in args.models.split(",") for iv in args.intervals.split(",") for lib in libs]
     results: dict[tuple[str, str, str], list[dict]] = {c: [] for c in configs}

@@ -276,6 +276,16 @@ class ChunkWriter:
         """Bytes handed off and not yet taken by the writer thread (0: it has caught up)."""
         return self._pending_bytes
 
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Wait until the writer thread has taken everything handed off so far (not a flush); True when
+        done within `timeout`."""
+        deadline = time.monotonic() + timeout
+        while self._pending_bytes:
+            if self.error is not None or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.0002)
+        return True
+
     def submit(self, record: Record) -> bool:
         """Hand off a record; False if it was dropped under backpressure."""
         return self.submit_many((record,)) == 1

@@ -12,6 +12,8 @@ import contextlib
 import contextvars
 import logging
 import os
+import platform
+import sys
 import threading
 import time
 import weakref
@@ -39,7 +41,20 @@ logger = logging.getLogger("tensortap")
 
 DISABLE_ENV = "TENSORTAP_DISABLE"
 INCLUDE_WORKERS = ("one", "all")
-WRITERS = ("thread", "process")
+WRITERS = ("auto", "thread", "process")
+
+
+def default_writer(out_dir: str) -> str:
+    """What writer="auto" means for `out_dir`: TENSORTAP_WRITER if set, else "process" for a local out_dir
+    on x86-64 Linux (shared memory, O_DIRECT; its ring protocol relies on x86's store ordering), else
+    "thread" (other platforms, object stores)."""
+    env = os.environ.get("TENSORTAP_WRITER", "").strip().lower()
+    if env in ("thread", "process"):
+        return env
+    if (sys.platform.startswith("linux") and platform.machine().lower() in ("x86_64", "amd64")
+            and not is_remote(out_dir)):
+        return "process"
+    return "thread"
 
 
 def disabled_by_env() -> bool:
@@ -90,7 +105,7 @@ class Hook:
         chunk_bytes: int = 256 << 20,
         max_pending_bytes: int = 512 << 20,
         backpressure: str = "block",
-        writer: str = "thread",
+        writer: str = "auto",
     ):
         runner_cfg = _runner_config()
         if runner_cfg is not None:
@@ -124,9 +139,9 @@ class Hook:
         if backpressure not in ("block", "drop"):
             raise InvalidConfiguration(f"backpressure={backpressure!r}: allowed are 'block' and 'drop'")
         if writer not in WRITERS:
-            raise InvalidConfiguration(f"writer={writer!r}: allowed are 'thread' (the default) and 'process'")
+            raise InvalidConfiguration(f"writer={writer!r}: allowed are 'auto' (the default), 'thread' and 'process'")
         #: "thread": a writer thread in this process; "process": a writer process fed through shared memory
-        self.writer_kind = writer
+        self.writer_kind = default_writer(self.out_dir) if writer == "auto" else writer
         self.save_config = SaveConfig.coerce(save_config)
         self.reduction_config = reduction_config or ReductionConfig(save_raw_tensor=True)
         self.dry_run = dry_run

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import sys
 from collections.abc import Iterator
@@ -80,20 +81,33 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
         return nd
 
 
-def copy_into(payload: np.ndarray, tensors: list[torch.Tensor], dtype: torch.dtype) -> None:
-    """Copy contiguous CPU tensors of `dtype`, in order, into `payload` (a byte array of their total size)."""
-    torch.cat([t.view(-1) for t in tensors], out=torch.from_numpy(payload).view(dtype))
+try:  # streaming stores: the copy does not evict the training step's working set (see _streamcopy.c)
+    from tensortap._streamcopy import gather as _gather
+except ImportError:  # not built (no compiler at install time): memcpy
+    _gather = None
+
+
+def copy_into(address: int, tensors: list[torch.Tensor]) -> None:
+    """Copy contiguous CPU tensors back to back to host memory at `address` (room for all of them)."""
+    if _gather is not None:
+        _gather(address, [(t.data_ptr(), t.nbytes) for t in tensors])
+        return
+    for t in tensors:
+        n = t.nbytes
+        ctypes.memmove(address, t.data_ptr(), n)
+        address += n
 
 
 class _Slot:
     """A pooled host buffer laid out for one list of shapes."""
 
-    __slots__ = ("buf", "flat", "views", "layout", "base_refs")
+    __slots__ = ("buf", "flat", "views", "layout", "base_refs", "address")
 
     def __init__(self, dtype: torch.dtype, shapes: tuple[torch.Size, ...]):
         numel = [_numel(s) for s in shapes]
         flat = torch.empty(sum(numel), dtype=dtype)
         self.buf = flat.numpy()  # TypeError for dtypes numpy lacks: no pooling for them
+        self.address = self.buf.ctypes.data
         self.flat = torch.from_numpy(self.buf)
         self.views: list[torch.Tensor] = []
         self.layout: list[tuple[int, int, tuple[int, ...]]] = []
@@ -189,7 +203,9 @@ class HostBatch:
             if device.type == "cpu" and not force_async:
                 slot = pool.get(dtype, tuple(p.shape for p in parts)) if pool is not None else None
                 if slot is not None:
-                    if _foreach_copy is not None:
+                    if all(p.is_contiguous() for p in parts):
+                        copy_into(slot.address, parts)
+                    elif _foreach_copy is not None:
                         _foreach_copy(slot.views, parts)
                     else:
                         for v, p in zip(slot.views, parts, strict=True):

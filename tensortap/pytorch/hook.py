@@ -111,6 +111,7 @@ class _Spec:
 
     names: tuple[str, ...]
     raw_only: bool
+    shapes: tuple[tuple[int, ...], ...] | None = None  # as last handed to a writer process
 
 
 class Hook(BaseHook):
@@ -147,6 +148,12 @@ class Hook(BaseHook):
         self._pending_grads: dict[str, tuple[Any, list[Collection]]] = {}
         self._grad_batch: HostBatch | None = None  # every planned gradient, copied at once
         self._grad_res: Any = None  # ... or copied straight into the writer's shared memory, sent at step end
+        # Small raw tensors of a step that also saves gradients through a writer process (a loss): held
+        # (cloned) and sent in the gradients' message; the first `_small_in_res` are in `_grad_res`.
+        self._small: list[tuple[str, torch.Tensor, list[Collection]]] = []
+        self._small_in_res = 0
+        self._defer_small = False
+        self._raw_only_cache: dict[tuple, bool] = {}
         self._step_plan: _Plan | None = None  # of the current saving step
         self._staged: list[tuple[HostBatch, list[tuple[str, list[Collection]]], _Spec | None]] = []
         self._pool = BufferPool()
@@ -339,8 +346,19 @@ class Hook(BaseHook):
                     self._pending_grads = {}
                     if plan.grad_spec is None:
                         plan.grad_spec = self._spec(plan.grad_items)
-                    res = self._ring_batch(grads, plan.grad_spec, self._grad_res)
+                    res = self._grad_res
+                    extra = self._small[:self._small_in_res if res is not None else len(self._small)]
+                    if any(t.dtype != grads[0].dtype for _n, t, _c in extra):
+                        extra = []
+                    names = plan.grad_spec.names
+                    tensors = grads
+                    if extra:
+                        tensors = grads + [t for _n, t, _c in extra]
+                        names = names + tuple(n for n, _t, _c in extra)
+                    res = self._ring_batch(tensors, plan.grad_spec, res, names)
                     if res is not None:
+                        if res and self._grad_res is None:
+                            self._small_in_res = len(extra)
                         self._grad_res = res or None
                         return
                     self._cancel_grad_res()
@@ -364,6 +382,7 @@ class Hook(BaseHook):
 
     def _cancel_grad_res(self) -> None:
         res, self._grad_res = self._grad_res, None
+        self._small_in_res = 0
         if res is not None:
             self._writer.cancel(res)
 
@@ -404,6 +423,7 @@ class Hook(BaseHook):
         if plan.grads:
             self._grad_targets = plan.grads
             self._param_hooks_on = False
+        self._defer_small = bool(plan.grad_list) and self.writer_kind == "process" and not self.dry_run
         if self._handles_plan is not plan:
             # Module hooks for this plan stay installed while consecutive steps save with it.
             self._remove_plan_handles()
@@ -487,6 +507,7 @@ class Hook(BaseHook):
 
     def _config_changed(self) -> None:
         self._plans.clear()
+        self._raw_only_cache.clear()
         self._invalidate_caches()
         self._quiet_until = -1
 
@@ -561,10 +582,12 @@ class Hook(BaseHook):
             return
         self._write_batch(batch, items, spec)
 
-    def _ring_batch(self, tensors: list[torch.Tensor], spec: _Spec, res: Any = None) -> Any:
+    def _ring_batch(self, tensors: list[torch.Tensor], spec: _Spec, res: Any = None,
+                    names: tuple[str, ...] | None = None) -> Any:
         """Copy CPU tensors of one dtype straight into the shared memory of a writer process (one copy,
         no host buffer in between): the reservation to commit, False if the writer dropped the batch,
-        None if this path does not apply. `res`: an open reservation of the same tensors to refill."""
+        None if this path does not apply. `res`: an open reservation of the same tensors to refill;
+        `names`: of the tensors when not `spec.names`."""
         if not spec.raw_only or self.dry_run or self._force_async_copies:
             return None
         w = self._get_writer()
@@ -573,18 +596,22 @@ class Hook(BaseHook):
             return None
         dtype = tensors[0].dtype
         for t in tensors:
-            if t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous():
+            if t.dtype != dtype or not t.is_cpu or not t.is_contiguous():
                 return None
         if res is None:
             np_dtype = numpy_dtype(dtype)
             if np_dtype is None:
                 return None
+            shapes = spec.shapes
+            if shapes is None or len(shapes) != len(tensors) or any(
+                t.shape != s for t, s in zip(tensors, shapes, strict=True)
+            ):
+                shapes = spec.shapes = tuple(tuple(t.shape) for t in tensors)
             mode = self.mode
-            res = reserve(spec.names, np_dtype, [tuple(t.shape) for t in tensors], self.step, mode.value,
-                          self.mode_steps[mode])
+            res = reserve(names or spec.names, np_dtype, shapes, self.step, mode.value, self.mode_steps[mode])
             if not res:
                 return res
-        copy_into(res.payload, tensors, dtype)
+        copy_into(w.ring_address + res.offset, tensors)
         return res
 
     def flush(self, timeout: float | None = 30.0) -> None:
@@ -597,14 +624,20 @@ class Hook(BaseHook):
         res, self._grad_res = self._grad_res, None
         batch, self._grad_batch = self._grad_batch, None
         pending, self._pending_grads = self._pending_grads, {}
+        small, self._small = self._small, []
+        in_res, self._small_in_res = self._small_in_res, 0
         plan = self._step_plan
         if res is not None:
             if self._saving and self.active:
                 self._writer.commit(res)
+                small = small[in_res:]
             else:
                 self._writer.cancel(res)
         if not self._saving or not self.active:
             return
+        if small:
+            with self.guard("small tensors"):
+                self.write_tensors([(name, host_numpy(t), colls) for name, t, colls in small], copy=False)
         with self.guard("gradients"):
             if batch is not None and plan is not None:
                 if plan.grad_spec is None:
@@ -640,10 +673,24 @@ class Hook(BaseHook):
                 tensors.append(t.detach())
                 items.append((name, colls))
         self._io_counts[key] = idx
-        if len(tensors) == 1 and tensors[0].numel() <= _SMALL and tensors[0].device.type == "cpu":
-            self.write_tensor(items[0][0], host_numpy(tensors[0]), items[0][1])  # e.g. a loss: copied here
+        if len(tensors) == 1 and tensors[0].numel() <= _SMALL and tensors[0].is_cpu:
+            name, colls = items[0]
+            if self._defer_small and self._raw_only(name, colls):
+                # e.g. a loss: sent with this step's gradients (one hand-off for both), else at step end
+                self._small.append((name, tensors[0].clone(), colls))
+                self._note_membership(name, colls)
+            else:
+                self.write_tensor(name, host_numpy(tensors[0]), colls)  # copied here
         else:
             self._stage_or_write(tensors, items)
+
+    def _raw_only(self, name: str, colls: list[Collection]) -> bool:
+        key = (name, tuple(map(id, colls)))
+        hit = self._raw_only_cache.get(key)
+        if hit is None:
+            save_raw, reds, _shape = self._plan(name, colls)
+            hit = self._raw_only_cache[key] = save_raw and not reds
+        return hit
 
     def _save_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         tensors: list[torch.Tensor] = []

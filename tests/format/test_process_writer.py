@@ -53,9 +53,20 @@ def test_generic_hook_round_trip_bit_exact(tmp_path):
 
 
 def test_writer_value_is_validated(tmp_path):
-    with pytest.raises(InvalidConfiguration, match=r"writer='procces'.*'thread'.*'process'"):
+    with pytest.raises(InvalidConfiguration, match=r"writer='procces'.*'auto'.*'thread'.*'process'"):
         tt.Hook(str(tmp_path), writer="procces")
-    assert tt.Hook(str(tmp_path / "a")).writer_kind == "thread"  # the default is unchanged
+    import platform
+    import sys
+
+    auto = "process" if sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64") else "thread"
+    assert tt.Hook(str(tmp_path / "a")).writer_kind == auto  # the default, "auto"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TENSORTAP_WRITER", "thread")
+        assert tt.Hook(str(tmp_path / "b")).writer_kind == "thread"
+        assert tt.Hook(str(tmp_path / "c"), writer="process").writer_kind == "process"  # explicit wins
+    from tensortap.hooks.base import default_writer
+
+    assert default_writer("s3://bucket/run") == "thread"  # object stores: the writer thread
 
 
 def test_flush_makes_steps_visible_and_passed(tmp_path):
@@ -165,6 +176,9 @@ def test_pytorch_hook_round_trip_bit_exact(tmp_path):
             assert np.array_equal(t.tensor(f"Sequential_{n}").value(s), w[n].numpy())
             assert np.array_equal(t.tensor(f"gradient/Sequential_{n}").value(s), g[n].numpy())
         assert np.array_equal(t.tensor("CrossEntropyLoss_output_0").value(s), loss.numpy())
+    assert t.tensor_names(collection="losses") == ["CrossEntropyLoss_output_0"]
+    assert set(t.tensor_names(collection="gradients")) == {f"gradient/Sequential_{n}" for n in
+                                                          ("0.weight", "0.bias", "2.weight", "2.bias")}
     assert hook.dropped_records == 0
 
 
@@ -187,7 +201,7 @@ def test_reservations_mixed_with_small_records_and_cancel(tmp_path):
     rng = np.random.default_rng(1)
     expect = {}
     for step in range(6):
-        shapes = [(300, 70), (70,), (1000,)]  # 86 KB: above the direct-write threshold
+        shapes = ((300, 70), (70,), (1000,))  # 86 KB: above the direct-write threshold
         res = w.reserve_batch(("w", "b", "g"), np.dtype(np.float32), shapes, step, 1, step)
         assert res.payload.ctypes.data % 4096 == 0
         vals = [rng.standard_normal(s).astype(np.float32) for s in shapes]

@@ -16,6 +16,7 @@ nn = torch.nn
 
 import tensortap.pytorch as tp  # noqa: E402
 from tensortap.pytorch import _tensors  # noqa: E402
+from tensortap.pytorch import hook as hook_module  # noqa: E402
 
 TRAIN, EVAL, PREDICT = tp.modes.TRAIN, tp.modes.EVAL, tp.modes.PREDICT
 
@@ -470,23 +471,26 @@ def test_model_compile_in_place(tmp_path):
         assert np.array_equal(t.tensor("CrossEntropyLoss_output_0").value(s), rec[s]["loss"].numpy())
 
 
-def test_injected_failure_disables_hook_and_training_continues(tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_injected_failure_disables_hook_and_training_continues(tmp_path, monkeypatch, caplog, writer):
     model = Net()
     hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=1),
-                   include_collections=["weights", "gradients", "losses"])
+                   include_collections=["weights", "gradients", "losses"], writer=writer)
     loss_fn = nn.CrossEntropyLoss()
     hook.register_module(model)
     hook.register_loss(loss_fn)
     calls = {"n": 0}
-    real = _tensors.HostBatch.arrays
+    # the copy of saved tensors: into pooled host buffers (thread) or into the writer's ring (process)
+    owner, attr = (_tensors.HostBatch, "arrays") if writer == "thread" else (hook_module, "copy_into")
+    real = getattr(owner, attr)
 
-    def failing(self):
+    def failing(*args):
         calls["n"] += 1
         if calls["n"] >= 3:
             raise RuntimeError("injected failure")
-        return real(self)
+        return real(*args)
 
-    monkeypatch.setattr(_tensors.HostBatch, "arrays", failing)
+    monkeypatch.setattr(owner, attr, failing)
     w0 = model.fc1.weight.detach().clone()
     with caplog.at_level(logging.ERROR, logger="tensortap"):
         _train(model, hook, 6, loss_fn=loss_fn)
