@@ -30,7 +30,7 @@ from tensortap.collection import (
     CollectionKeys,
     CollectionManager,
 )
-from tensortap.config import ReductionConfig, SaveConfig
+from tensortap.config import ReductionConfig, SaveConfig, SaveConfigMode
 from tensortap.exceptions import InvalidConfiguration, TensorTapError
 from tensortap.format import codec, layout
 from tensortap.format.writer import ChunkWriter, Record
@@ -42,6 +42,7 @@ logger = logging.getLogger("tensortap")
 DISABLE_ENV = "TENSORTAP_DISABLE"
 INCLUDE_WORKERS = ("one", "all")
 WRITERS = ("auto", "thread", "process")
+_MODE_NAMES = {m: m.name for m in ModeKeys}  # Enum.name is a slow property, and this runs every step
 
 
 def default_writer(out_dir: str) -> str:
@@ -211,6 +212,7 @@ class Hook:
         self._match_cache: dict[str, list[Collection]] = {}
         self._for_cache: dict[str, list[Collection]] = {}  # collections_for() while _save_now stays the same
         self._merged_cfg: dict[int, tuple[Any, Any, SaveConfig]] = {}  # id(collection) -> merged save config
+        self._schedules: dict[ModeKeys, list[tuple[Collection, SaveConfigMode]]] = {}  # see _mode_schedule
         self._collections_dirty = True
         # Stop requests (tensortap.rules.actions.stop): every rank watches, writing or not.
         self._stop_watch = not disabled_by_env()
@@ -309,6 +311,7 @@ class Hook:
         self._match_cache.clear()
         self._for_cache.clear()
         self._merged_cfg.clear()
+        self._schedules.clear()
         self._save_cache_key = None
 
     def get_collection(self, name: str, create: bool = True) -> Collection:
@@ -367,11 +370,25 @@ class Hook:
             return False
         return self._coll_save_config(c).should_save_step(self.mode, self.mode_steps[self.mode])
 
+    def _mode_schedule(self) -> list[tuple[Collection, SaveConfigMode]]:
+        """(collection, its save config in the current mode) for each included collection that may save in
+        this mode (cached per mode until collections or configs change)."""
+        mode = self.mode
+        sched = self._schedules.get(mode)
+        if sched is None:
+            train_only = mode in (_modes.EVAL, _modes.PREDICT)
+            sched = self._schedules[mode] = [
+                (c, self._coll_save_config(c).get_save_config(mode)) for c in self._included()
+                if not (train_only and c.name in TRAIN_ONLY_COLLECTIONS)
+            ]
+        return sched
+
     def collections_to_save(self) -> list[Collection]:
         """Included collections that save at the current step (cached per step)."""
         key = (self.step, self.mode)
         if self._save_cache_key != key:
-            now = [c for c in self._included() if self._collection_saves_now(c)]
+            step = self.mode_steps[self.mode]
+            now = [c for c, cfg in self._mode_schedule() if cfg.should_save_step(step)]
             if now != self._save_now:  # same list object while the set stays the same (for the caches)
                 self._save_now = now
                 self._for_cache.clear()
@@ -468,7 +485,7 @@ class Hook:
                     self._writer.set_collections(self.collection_manager.to_json_dict())
                     self._collections_dirty = False
                 self._writer.mark_step_passed(
-                    self.step, {m.name: s for m, s in self.mode_steps.items() if s >= 0}
+                    self.step, {_MODE_NAMES[m]: s for m, s in self.mode_steps.items() if s >= 0}
                 )
 
     def _ensure_step(self) -> None:

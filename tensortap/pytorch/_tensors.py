@@ -42,7 +42,7 @@ def iter_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
 
 def capturable(t: torch.Tensor) -> bool:
     """Whether `t` holds real, dense data we can copy (not sparse, meta, fake or nested)."""
-    return t.layout == torch.strided and t.device.type != "meta" and not getattr(t, "is_nested", False)
+    return t.layout is torch.strided and not t.is_meta and not getattr(t, "is_nested", False)
 
 
 def host_numpy(t: torch.Tensor) -> np.ndarray:

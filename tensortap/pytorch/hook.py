@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from tensortap import modes as _modes
-from tensortap.collection import TRAIN_ONLY_COLLECTIONS, Collection, CollectionKeys
+from tensortap.collection import Collection, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.format.writer import RecordBatch
 from tensortap.hooks.base import Hook as BaseHook
@@ -51,6 +51,9 @@ _NOT_IO = frozenset({K.WEIGHTS, K.BIASES, K.GRADIENTS, K.LOSSES, K.SCALARS, K.OP
 _NO_STATE_KEYS = frozenset({"params"})
 _INF = float("inf")
 _SMALL = 4096  # elements: a lone tensor this small is copied directly
+# Module hooks of a saving plan stay installed over a quiet gap of at most this many steps: two calls
+# that return at once on each quiet step cost less than removing and installing them again.
+_KEEP_HANDLES = 16
 
 
 def _is_compiled(module: nn.Module) -> bool:
@@ -412,7 +415,8 @@ class Hook(BaseHook):
         now = self.collections_to_save()
         if not now:
             self._quiet_until = self._next_saving_step()
-            self._remove_plan_handles()
+            if self._quiet_until - self.mode_steps[self.mode] > _KEEP_HANDLES:
+                self._remove_plan_handles()
             return
         self._quiet_until = -1
         self._saving = True
@@ -487,14 +491,9 @@ class Hook(BaseHook):
 
     def _next_saving_step(self) -> float:
         """The next step of the current mode at which an included collection saves (inf if none)."""
-        mode = self.mode
-        step = self.mode_steps[mode]
+        step = self.mode_steps[self.mode]
         best: float = _INF
-        train_only = mode in (_modes.EVAL, _modes.PREDICT)
-        for c in self._included():
-            if train_only and c.name in TRAIN_ONLY_COLLECTIONS:
-                continue
-            cfg = self._coll_save_config(c).get_save_config(mode)
+        for _c, cfg in self._mode_schedule():
             for s in cfg.save_steps:
                 if s >= step:
                     best = min(best, s)
