@@ -227,3 +227,35 @@ def test_reservations_mixed_with_small_records_and_cancel(tmp_path):
     for step, v in expect["small"].items():
         assert np.array_equal(t.tensor("small").value(step), v)
     assert t.has_passed_step(5) == StepState.AVAILABLE
+
+
+def test_forked_copy_of_the_training_process_leaves_the_writer_alone(tmp_path):
+    """A fork (e.g. a DataLoader worker) inherits the writer object: it must not send into the parent's
+    ring, move its step marks, stop its writer process or unlink the ring."""
+    out = str(tmp_path / "run")
+    hook = tt.Hook(out, writer="process", save_config=tt.SaveConfig(save_interval=1))
+    hook.next_step()
+    hook.save_tensor("a", np.full(3, 0.0))
+    w = hook._writer
+    pid = os.fork()
+    if pid == 0:  # the forked copy
+        ok = False
+        try:
+            ok = (not w.submit(Record(name="a", step=99, mode=1, mode_step=99, value=np.ones(3)))
+                  and w._forked)
+            w.mark_step_passed(99, {"GLOBAL": 99})
+            w.close()
+            del w
+        finally:
+            os._exit(0 if ok else 1)
+    _pid, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    for s in range(1, 4):  # the parent goes on writing through the same ring
+        hook.next_step()
+        hook.save_tensor("a", np.full(3, float(s)))
+    hook.close()
+    assert hook.dropped_records == 0
+    t = tt.create_trial(out)
+    assert t.tensor("a").steps() == [0, 1, 2, 3]
+    assert [t.tensor("a").value(s)[0] for s in range(4)] == [0.0, 1.0, 2.0, 3.0]
+    assert t.loaded_all_steps
