@@ -173,6 +173,15 @@ class ProcessChunkWriter:
         self._lag = min(_LAG, cap // 4)
         self._last_bell = 0
         self._shm = shared_memory.SharedMemory(create=True, size=_HDR + cap)
+        try:
+            # Reserve the ring's pages now: on a full /dev/shm (Docker's default is 64 MB) touching an
+            # unbacked page later would kill the training process with SIGBUS; here it is an OSError.
+            if hasattr(os, "posix_fallocate") and getattr(self._shm, "_fd", -1) >= 0:
+                os.posix_fallocate(self._shm._fd, 0, _HDR + cap)
+        except OSError:
+            self._shm.close()
+            self._shm.unlink()
+            raise
         self._h = self._shm.buf[:_SLOTS * 8].cast("q")
         self._u8 = np.ndarray((cap,), dtype=np.uint8, buffer=self._shm.buf, offset=_HDR)
         self._ring_mv = self._shm.buf[_HDR:_HDR + cap]

@@ -508,16 +508,20 @@ class Hook:
         if self._writer is None:
             if self._storage is None:
                 self._storage = open_storage(self.out_dir)
-            cls: Any = ChunkWriter
+            kw = dict(num_workers=self.num_workers,
+                      metadata={"rank": self.rank, "world_size": self.world_size, "hook": type(self).__name__},
+                      **self._writer_opts)
             if self.writer_kind == "process":
-                from tensortap.format.process_writer import ProcessChunkWriter as cls
-            self._writer = cls(
-                self._storage,
-                self.worker,
-                num_workers=self.num_workers,
-                metadata={"rank": self.rank, "world_size": self.world_size, "hook": type(self).__name__},
-                **self._writer_opts,
-            )
+                from tensortap.format.process_writer import ProcessChunkWriter
+
+                try:
+                    self._writer = ProcessChunkWriter(self._storage, self.worker, **kw)
+                except OSError as e:  # e.g. /dev/shm too small, no way to start a process: the thread
+                    logger.warning("tensortap: cannot start the writer process (%s); writing from a thread "
+                                   "instead", e)
+                    self.writer_kind = "thread"
+            if self._writer is None:
+                self._writer = ChunkWriter(self._storage, self.worker, **kw)
         return self._writer
 
     def _plan(self, name: str, colls: list[Collection]) -> tuple[bool, tuple[tuple[str, bool], ...], bool]:

@@ -259,3 +259,25 @@ def test_forked_copy_of_the_training_process_leaves_the_writer_alone(tmp_path):
     assert t.tensor("a").steps() == [0, 1, 2, 3]
     assert [t.tensor("a").value(s)[0] for s in range(4)] == [0.0, 1.0, 2.0, 3.0]
     assert t.loaded_all_steps
+
+
+def test_no_room_for_the_ring_falls_back_to_the_writer_thread(tmp_path, monkeypatch, caplog):
+    """A full /dev/shm (Docker's default is 64 MB) must not kill training with SIGBUS: the ring's pages
+    are reserved up front, and when that fails the hook writes from a thread instead."""
+    import errno
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    out = str(tmp_path / "run")
+    hook = tt.Hook(out, writer="process", save_config=tt.SaveConfig(save_interval=1))
+    with caplog.at_level(logging.WARNING, logger="tensortap"):
+        for s in range(3):
+            hook.next_step()
+            hook.save_tensor("a", np.full(4, float(s)))
+    hook.close()
+    assert hook.writer_kind == "thread" and not hook.disabled
+    assert any("cannot start the writer process" in r.getMessage() for r in caplog.records)
+    t = tt.create_trial(out)
+    assert [t.tensor("a").value(s)[0] for s in range(3)] == [0.0, 1.0, 2.0]
