@@ -401,10 +401,11 @@ class ProcessChunkWriter:
 
     # --- payloads copied straight into the ring ----------------------------------------------------
 
-    def reserve_batch(self, names: tuple[str, ...], dtype: np.dtype, shapes: list[tuple[int, ...]], step: int,
-                      mode: int, mode_step: int) -> Reservation | bool | None:
+    def reserve_batch(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
+                      step: int, mode: int, mode_step: int) -> Reservation | bool | None:
         """Ring space for a batch of raw tensors, for the caller to copy into (`Reservation.payload`: one
-        page-aligned byte array, the tensors' bytes in order) and then `commit` (or `cancel`).
+        page-aligned byte array, the tensors' bytes in order) and then `commit` (or `cancel`). `names` and
+        `shapes` are tuples (the batch's layout is cached by them).
 
         Returns None when the batch does not fit in the ring (hand it off with `submit_batch` instead),
         False when it was dropped under backpressure (counted). Messages sent after an open reservation

@@ -416,8 +416,9 @@ class Hook(BaseHook):
         now = self.collections_to_save()
         if not now:
             self._quiet_until = self._next_saving_step()
-            if self._quiet_until - self.mode_steps[self.mode] > _KEEP_HANDLES:
-                self._remove_plan_handles()
+            kept = self._handles_plan
+            if kept is not None and (kept.io or self._quiet_until - self.mode_steps[self.mode] > _KEEP_HANDLES):
+                self._remove_plan_handles()  # (I/O hooks sit on every module: never kept over quiet steps)
             return
         self._quiet_until = -1
         self._saving = True
