@@ -47,8 +47,21 @@ static void stream_copy(char *d, const char *s, size_t n)
 
 #define RELEASE_GIL_BYTES (1 << 20)
 
+/* addr: n pairs (source address, byte count), copied back to back to d */
+static void copy_all(char *d, const uint64_t *addr, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        stream_copy(d, (const char *)(uintptr_t)addr[2 * i], (size_t)addr[2 * i + 1]);
+        d += addr[2 * i + 1];
+    }
+#if defined(__SSE2__)
+    _mm_sfence(); /* streaming stores are weakly ordered: publish them before the caller's next store */
+#endif
+}
+
 static PyObject *gather(PyObject *self, PyObject *args)
 {
+    (void)self;
     unsigned long long dst;
     PyObject *sources;
     if (!PyArg_ParseTuple(args, "KO:gather", &dst, &sources))
@@ -75,25 +88,12 @@ static PyObject *gather(PyObject *self, PyObject *args)
         total += k;
     }
     Py_DECREF(seq);
-    char *d = (char *)(uintptr_t)dst;
     if (total >= RELEASE_GIL_BYTES) {
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++) {
-            stream_copy(d, (const char *)(uintptr_t)addr[2 * i], (size_t)addr[2 * i + 1]);
-            d += addr[2 * i + 1];
-        }
-#if defined(__SSE2__)
-        _mm_sfence();
-#endif
+        copy_all((char *)(uintptr_t)dst, addr, n);
         Py_END_ALLOW_THREADS
     } else {
-        for (Py_ssize_t i = 0; i < n; i++) {
-            stream_copy(d, (const char *)(uintptr_t)addr[2 * i], (size_t)addr[2 * i + 1]);
-            d += addr[2 * i + 1];
-        }
-#if defined(__SSE2__)
-        _mm_sfence();
-#endif
+        copy_all((char *)(uintptr_t)dst, addr, n);
     }
     PyMem_Free(addr);
     return PyLong_FromUnsignedLongLong(total);

@@ -52,6 +52,8 @@ def default_writer(out_dir: str) -> str:
     env = os.environ.get("TENSORTAP_WRITER", "").strip().lower()
     if env in ("thread", "process"):
         return env
+    if env not in ("", "auto"):
+        raise InvalidConfiguration(f"TENSORTAP_WRITER={env!r}: allowed are 'auto', 'thread' and 'process'")
     if (sys.platform.startswith("linux") and platform.machine().lower() in ("x86_64", "amd64")
             and not is_remote(out_dir)):
         return "process"

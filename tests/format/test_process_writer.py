@@ -64,6 +64,9 @@ def test_writer_value_is_validated(tmp_path):
         mp.setenv("TENSORTAP_WRITER", "thread")
         assert tt.Hook(str(tmp_path / "b")).writer_kind == "thread"
         assert tt.Hook(str(tmp_path / "c"), writer="process").writer_kind == "process"  # explicit wins
+        mp.setenv("TENSORTAP_WRITER", "procss")
+        with pytest.raises(InvalidConfiguration, match=r"TENSORTAP_WRITER='procss'.*'auto'.*'thread'.*'process'"):
+            tt.Hook(str(tmp_path / "d"))
     from tensortap.hooks.base import default_writer
 
     assert default_writer("s3://bucket/run") == "thread"  # object stores: the writer thread
