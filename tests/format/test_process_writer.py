@@ -284,3 +284,38 @@ def test_no_room_for_the_ring_falls_back_to_the_writer_thread(tmp_path, monkeypa
     assert any("cannot start the writer process" in r.getMessage() for r in caplog.records)
     t = tt.create_trial(out)
     assert [t.tensor("a").value(s)[0] for s in range(3)] == [0.0, 1.0, 2.0]
+
+
+def test_pytorch_batches_larger_than_half_the_ring(tmp_path):
+    """Weights and gradients that do not fit in the ring go through segments of their own, bit-exact."""
+    torch = pytest.importorskip("torch")
+    import tensortap.pytorch as tp
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 800), torch.nn.ReLU(), torch.nn.Linear(800, 4))  # 830 KB
+    loss_fn = torch.nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = str(tmp_path / "run")
+    hook = tp.Hook(out_dir=out, writer="process", max_pending_bytes=1 << 20,  # a 1 MB ring
+                   save_config=tp.SaveConfig(save_interval=1), include_collections=["weights", "gradients", "losses"])
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    rec = []
+    try:
+        for _ in range(4):
+            x, y = torch.randn(8, 256), torch.randint(0, 4, (8,))
+            w = model[0].weight.detach().clone()
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            rec.append((w, model[0].weight.grad.clone(), loss.detach().clone()))
+            opt.step()
+        hook.close()
+    finally:
+        tp.del_hook()
+    assert hook.dropped_records == 0
+    t = tt.create_trial(out)
+    for s, (w, g, loss) in enumerate(rec):
+        assert np.array_equal(t.tensor("Sequential_0.weight").value(s), w.numpy())
+        assert np.array_equal(t.tensor("gradient/Sequential_0.weight").value(s), g.numpy())
+        assert np.array_equal(t.tensor("CrossEntropyLoss_output_0").value(s), loss.numpy())
