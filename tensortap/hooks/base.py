@@ -213,6 +213,7 @@ class Hook:
         self._save_now: list[Collection] = []
         self._match_cache: dict[str, list[Collection]] = {}
         self._for_cache: dict[str, list[Collection]] = {}  # collections_for() while _save_now stays the same
+        self._for_gen = 0  # changes whenever _for_cache is emptied (for caches derived from it)
         self._merged_cfg: dict[int, tuple[Any, Any, SaveConfig]] = {}  # id(collection) -> merged save config
         self._schedules: dict[ModeKeys, list[tuple[Collection, SaveConfigMode]]] = {}  # see _mode_schedule
         self._collections_dirty = True
@@ -312,6 +313,7 @@ class Hook:
         """Collections or their configs may have changed: recompute what saves what."""
         self._match_cache.clear()
         self._for_cache.clear()
+        self._for_gen += 1
         self._merged_cfg.clear()
         self._schedules.clear()
         self._save_cache_key = None
@@ -394,6 +396,7 @@ class Hook:
             if now != self._save_now:  # same list object while the set stays the same (for the caches)
                 self._save_now = now
                 self._for_cache.clear()
+                self._for_gen += 1
             self._save_cache_key = key
         return self._save_now
 

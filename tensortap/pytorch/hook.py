@@ -158,6 +158,8 @@ class Hook(BaseHook):
         self._small_in_res = 0
         self._defer_small = False
         self._raw_only_cache: dict[tuple, bool] = {}
+        # (module name + _input_/_output_, first index, count) -> _for_gen when none of those names saves
+        self._io_skip: dict[tuple[str, int, int], int] = {}
         self._step_plan: _Plan | None = None  # of the current saving step
         self._staged: list[tuple[HostBatch, list[tuple[str, list[Collection]]], _Spec | None]] = []
         self._pool = BufferPool()
@@ -663,17 +665,36 @@ class Hook(BaseHook):
 
     def _write_io(self, prefix: str, suffix: str, obj: Any) -> None:
         key = prefix + suffix
-        idx = self._io_counts.get(key, 0)
+        start = idx = self._io_counts.get(key, 0)
+        if isinstance(obj, torch.Tensor):
+            objs: Any = (obj,)
+        elif type(obj) is tuple and all(isinstance(t, torch.Tensor) for t in obj):
+            objs = obj  # e.g. a loss module's (input, target)
+        else:
+            objs = list(iter_tensors(obj))
+        skip = (key, start, len(objs))
+        self.collections_to_save()  # (brings _for_gen up to date for this step)
+        if self._io_skip.get(skip) == self._for_gen:  # none of these names is saved now: just count them
+            self._io_counts[key] = start + len(objs)
+            return
         tensors: list[torch.Tensor] = []
         items: list[tuple[str, list[Collection]]] = []
-        for t in (obj,) if isinstance(obj, torch.Tensor) else iter_tensors(obj):
+        wanted = False
+        for t in objs:
             name = f"{key}{idx}"
             idx += 1
             colls = self.collections_for(name)
-            if colls and capturable(t):
-                tensors.append(t.detach())
-                items.append((name, colls))
+            if colls:
+                wanted = True
+                if capturable(t):
+                    tensors.append(t.detach())
+                    items.append((name, colls))
         self._io_counts[key] = idx
+        if not wanted:
+            if len(self._io_skip) > 4096:
+                self._io_skip.clear()
+            self._io_skip[skip] = self._for_gen
+            return
         if len(tensors) == 1 and tensors[0].numel() <= _SMALL and tensors[0].is_cpu:
             name, colls = items[0]
             if self._defer_small and self._raw_only(name, colls):

@@ -597,3 +597,28 @@ def test_second_backward_of_a_step_replaces_gradients_and_flush_mid_step(tmp_pat
     for step in range(3):
         for n in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"):
             assert np.array_equal(t.tensor(f"gradient/Net_{n}").value(step), grads[step][n].numpy())
+
+
+def test_module_inputs_saved_once_a_collection_asks_for_them_mid_run(tmp_path):
+    """Inputs nobody saves are skipped cheaply on later steps; a regex added mid-run still takes effect."""
+    model = Net()
+    loss_fn = nn.CrossEntropyLoss()
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["losses", "loss_inputs"])
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    xs = []
+    for step in range(4):
+        if step == 2:
+            hook.get_collection("loss_inputs").include(r"^CrossEntropyLoss_input_0$")
+        x, y = _batch()
+        out = model(x)
+        xs.append(out.detach().clone())
+        loss_fn(out, y).backward()
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    assert t.tensor("CrossEntropyLoss_input_0").steps() == [2, 3]
+    for s in (2, 3):
+        assert np.array_equal(t.tensor("CrossEntropyLoss_input_0").value(s), xs[s].numpy())
+    assert t.tensor("CrossEntropyLoss_output_0").steps() == [0, 1, 2, 3]
+    assert not t.has_tensor("CrossEntropyLoss_input_1")
