@@ -77,10 +77,13 @@ _ALIGN = 64
 _PAGE = 4096
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14+; Python 3.11 lacks the name
 # The child handles messages once this many bytes are queued (or at the flush interval, or at once for
-# control messages), so the training process rings the child's bell about once per `_LAG / 2` bytes
-# instead of once per message (a system call and a wake-up each). Measured on the MLP benchmark, 2 MB
-# costs the training thread least (0 and 16 MB were 10-30 us per step worse, within the noise).
+# control messages). Measured on the MLP benchmark, 2 MB costs the training thread least (0 and 16 MB
+# were 10-30 us per step worse, within the noise).
 _LAG = 2 << 20
+# The child looks at the ring this often; the training process rings its bell only for control messages
+# or when a quarter of the ring is waiting. A bell costs the training thread ~30 us here (a pipe write
+# that wakes another process), ~20 us per step when it rang every other saving step.
+_POLL = 0.005
 # Message header: int64 message size, pickled-meta size, payload offset, and for batches step, mode,
 # mode step (kept out of the pickle so that a batch layout's pickled meta is built once).
 _MSG = struct.Struct("<6q")
@@ -173,6 +176,7 @@ class ProcessChunkWriter:
         self._cap = cap
         self._head = 0
         self._lag = min(_LAG, cap // 4)
+        self._bell_at = max(self._lag, cap // 4)
         self._last_bell = 0
         self._shm = shared_memory.SharedMemory(create=True, size=_HDR + cap)
         try:
@@ -389,8 +393,9 @@ class ProcessChunkWriter:
             self._h[_HEAD] = head
         if urgent:
             self._h[_URGENT] += 1
-        elif head - self._h[_TAIL] < self._lag or head - self._last_bell < self._lag // 2:
-            return
+        elif head - self._h[_TAIL] < self._bell_at or head - self._last_bell < self._bell_at // 2:
+            return  # the child polls every _POLL seconds; a bell (a system call and a wake-up) only when
+            # the ring is filling up faster than that
         self._last_bell = head
         try:
             os.write(self._bell, b"\0")
@@ -744,7 +749,7 @@ class _ChildWriter(ChunkWriter):
                 target = self._target(last_flush)
                 if self._tail >= target:
                     wait = max(0.0, self.flush_interval - (time.monotonic() - last_flush))
-                    r, _w, _x = select.select([self._bell], [], [], min(wait, 0.2))
+                    r, _w, _x = select.select([self._bell], [], [], min(wait, _POLL))
                     if r:
                         if os.read(self._bell, 65536) == b"":
                             self._parent_gone = True
