@@ -101,7 +101,7 @@ class Reservation:
 
     def __init__(self, start: int, ring: np.ndarray, offset: int, nbytes: int, n: int):
         self.start = start  # ring position (monotonic) of the message
-        self.offset = offset  # of the payload in `ProcessChunkWriter.ring`, page-aligned
+        self.offset = offset  # of the payload from `ProcessChunkWriter.ring_address`, page-aligned
         self.nbytes = nbytes
         self.n = n  # records
         self.done = False
@@ -249,11 +249,6 @@ class ProcessChunkWriter:
     @property
     def outage(self) -> bool:
         return self._final[1] if self._final is not None else bool(self._h[_OUTAGE])
-
-    @property
-    def ring(self) -> np.ndarray:
-        """The ring's bytes (a `Reservation.offset` points into it)."""
-        return self._u8
 
     @property
     def ring_address(self) -> int:
