@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import OrderedDict
 
 INTERVALS = ("1", "10", "100", "never")
 COLLECTIONS = ["weights", "biases", "gradients", "losses"]
@@ -68,13 +69,18 @@ class _HookSwitch:
         self.modules = [m for r in roots for m in r.modules()]
         self.params = [p for r in roots for p in r.parameters()]
         self.saved: list = []
+        self.swapped: list = []
 
     def off(self) -> None:
         for objs, attrs in ((self.modules, self._MODULE), (self.params, self._PARAM)):
             for o in objs:
                 for a in attrs:
                     d = getattr(o, a, None)
-                    if d:
+                    if d is not None and type(d) not in (dict, OrderedDict):
+                        # a dict that does work of its own (tensortap's step counter): swapped out whole
+                        self.swapped.append((o, a, d))
+                        setattr(o, a, OrderedDict(d))
+                    elif d:
                         self.saved.append((d, dict(d)))
                         d.clear()
 
@@ -82,6 +88,9 @@ class _HookSwitch:
         for d, content in self.saved:
             d.update(content)
         self.saved.clear()
+        for o, a, d in self.swapped:
+            setattr(o, a, d)
+        self.swapped.clear()
 
 
 def _drain(hook) -> None:

@@ -5,8 +5,9 @@ Names follow smdebug's PyTorch naming: parameters `<RootClass>_<param>`, gradien
 module is named by its class), losses `<LossClass>_output_0`. Optimizer state is saved as
 `optimizer/param_group_<g>/<key>` and `optimizer/<RootClass>_<param>/<state key>`.
 
-Steps that save nothing cost one call of the root module's forward pre-hook: per-module forward hooks
-and per-parameter gradient hooks are only installed for steps that save them.
+Steps that save nothing cost one quick call per forward of the root module, made without a module hook
+(see `_step_counter`): per-module forward hooks and per-parameter gradient hooks are only installed for
+steps that save them.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from tensortap.collection import Collection, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.format.writer import RecordBatch
 from tensortap.hooks.base import Hook as BaseHook
-from tensortap.pytorch import singleton
+from tensortap.pytorch import _step_counter, singleton
+from tensortap.pytorch._step_counter import CountingHooks
 from tensortap.pytorch._tensors import (
     BufferPool,
     HostBatch,
@@ -90,6 +92,15 @@ class _Root:
     io_hooks: list[tuple[nn.Module, Any]]  # (module, forward hook) to install on steps saving I/O
     compiled: bool
     handles: list[Any] = field(default_factory=list)
+    counter: CountingHooks | None = None  # counts the module's calls instead of a forward pre-hook
+
+    def unhook(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        if self.counter is not None:
+            _step_counter.uninstall(self.module, self.counter)
+            self.counter = None
 
 
 @dataclass
@@ -209,8 +220,7 @@ class Hook(BaseHook):
             return
         # A registered module inside the new one stops being a root: the new one starts the steps.
         for old in [r for r in self._roots if any(m is r.module for m in inner.modules()) or r.module is module]:
-            for h in old.handles:
-                h.remove()
+            old.unhook()
             self._roots.remove(old)
             for m in old.module.modules():
                 self._module_ids.discard(id(m))
@@ -223,11 +233,14 @@ class Hook(BaseHook):
         elif not compiled:
             for n, m in inner.named_modules():
                 io_hooks.append((m, functools.partial(self._io_hook, n if n else root_name)))
-        pre_hook = self._root_pre_hook
-        if compiled and not _is_compiled(module):
-            pre_hook = torch.compiler.disable(pre_hook)
         root = _Root(module, root_name, params, io_hooks, compiled)
-        root.handles.append(module.register_forward_pre_hook(pre_hook))
+        if not compiled:
+            root.counter = _step_counter.install(module, lambda: self._root_pre_hook(module, ()))
+        if root.counter is None:
+            pre_hook = self._root_pre_hook
+            if compiled and not _is_compiled(module):
+                pre_hook = torch.compiler.disable(pre_hook)
+            root.handles.append(module.register_forward_pre_hook(pre_hook))
         self._roots.append(root)
         self._module_ids.add(id(module))
         self._module_ids.update(id(m) for m in inner.modules())
@@ -483,8 +496,7 @@ class Hook(BaseHook):
 
     def on_close(self) -> None:
         for root in self._roots:
-            for h in root.handles:
-                h.remove()
+            root.unhook()
         for h in self._opt_handles + self._step_handles:
             h.remove()
         self._remove_plan_handles()

@@ -1,0 +1,177 @@
+"""The root module's step counter (tensortap.pytorch._step_counter): counts forwards without a module hook,
+and stays out of the way of everything else a module does."""
+
+from __future__ import annotations
+
+import copy
+import io
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import tensortap.pytorch as tp  # noqa: E402
+from tensortap.pytorch import _step_counter  # noqa: E402
+from tensortap.pytorch._step_counter import CountingHooks  # noqa: E402
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+@pytest.fixture(autouse=True)
+def _reset(monkeypatch):
+    monkeypatch.delenv("TENSORTAP_DISABLE", raising=False)
+    torch.manual_seed(0)
+    yield
+    tp.del_hook()
+
+
+def _hook(tmp_path, **cfg):
+    return tp.Hook(out_dir=str(tmp_path / "run"), save_config=tp.SaveConfig(**cfg),
+                   include_collections=["weights", "gradients", "losses"])
+
+
+def _step(model, loss_fn=None):
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
+    loss = loss_fn(model(torch.randn(5, 8, requires_grad=True)), torch.randint(0, 4, (5,)))
+    loss.backward()
+    return loss
+
+
+def test_this_torch_takes_the_counter_and_root_gets_no_module_hook(tmp_path):
+    assert _step_counter.works()
+    model = Net()
+    hook = _hook(tmp_path, save_interval=3)
+    hook.register_module(model)
+    assert isinstance(model._backward_hooks, CountingHooks)
+    assert not model._forward_pre_hooks and not model._forward_hooks  # torch keeps its fast path
+    for _ in range(7):
+        _step(model)
+    assert hook.step == 6
+    hook.close()
+    assert type(model._backward_hooks) is OrderedDict  # a plain dict again
+    model(torch.randn(2, 8))  # and the model still runs
+    t = tp.create_trial(str(tmp_path / "run"))
+    assert t.steps() == [0, 3, 6]
+
+
+def test_steps_counted_once_per_forward_on_torch_slow_path_too(tmp_path):
+    """A user's own forward, pre- and full backward hooks on the root: each forward is still one step and
+    their hooks all run."""
+    model = Net()
+    hook = _hook(tmp_path, save_interval=2)
+    hook.register_module(model)
+    seen = {"pre": 0, "fwd": 0, "bwd": 0}
+    h1 = model.register_forward_pre_hook(lambda m, a: seen.__setitem__("pre", seen["pre"] + 1))
+    h2 = model.register_forward_hook(lambda m, a, o: seen.__setitem__("fwd", seen["fwd"] + 1))
+    h3 = model.register_full_backward_hook(lambda m, gi, go: seen.__setitem__("bwd", seen["bwd"] + 1))
+    grads = []
+    for _ in range(5):
+        model.zero_grad()
+        _step(model)
+        grads.append(model.fc1.weight.grad.clone())
+    assert seen == {"pre": 5, "fwd": 5, "bwd": 5}
+    assert hook.step == 4
+    for h in (h1, h2, h3):
+        h.remove()
+    assert len(model._backward_hooks) == 0
+    hook.close()
+    t = tp.create_trial(str(tmp_path / "run"))
+    assert t.steps() == [0, 2, 4]
+    for s in (0, 2, 4):
+        assert np.array_equal(t.tensor("gradient/Net_fc1.weight").value(s), grads[s].numpy())
+
+
+def test_truth_tests_from_elsewhere_do_not_count(tmp_path):
+    model = Net()
+    hook = _hook(tmp_path, save_interval=1)
+    hook.register_module(model)
+    model(torch.randn(2, 8))
+    for _ in range(3):
+        assert not model._backward_hooks  # e.g. a library inspecting the module's hooks
+    assert hook.step == 0
+    hook.close()
+
+
+def test_pickling_and_deepcopy_give_plain_dicts_that_do_not_count(tmp_path):
+    model = Net()
+    hook = _hook(tmp_path, save_steps=[0])
+    hook.register_module(model)
+    model(torch.randn(2, 8))
+    model(torch.randn(2, 8))  # a step that saves nothing: no hooks of the saving step left on the model
+    buf = io.BytesIO()
+    torch.save(model, buf)  # a whole-model save must not drag the hook along
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    twin = copy.deepcopy(model)
+    assert type(loaded._backward_hooks) is OrderedDict
+    assert type(twin._backward_hooks) is OrderedDict
+    assert type(model._backward_hooks.copy()) is OrderedDict
+    loaded(torch.randn(2, 8))
+    twin(torch.randn(2, 8))
+    assert hook.step == 1  # neither copy advanced the hook
+    model(torch.randn(2, 8))
+    assert hook.step == 2
+    assert torch.equal(loaded.fc1.weight, model.fc1.weight)
+    hook.close()
+
+
+def test_module_with_a_pre_hook_keeps_the_pre_hook_path_and_its_order(tmp_path):
+    """A forward pre-hook already on the module (here: one that sets the mode) must run before the step
+    starts: the hook then counts with a pre-hook of its own, registered after it."""
+    model = Net()
+    hook = _hook(tmp_path, save_interval=1)
+
+    def to_eval(m, a):
+        hook.set_mode(tp.modes.EVAL)
+
+    model.register_forward_pre_hook(to_eval)
+    hook.register_module(model)
+    assert type(model._backward_hooks) is OrderedDict
+    assert len(model._forward_pre_hooks) == 2
+    with torch.no_grad():
+        model(torch.randn(2, 8))
+        model(torch.randn(2, 8))
+    assert hook.mode_steps[tp.modes.EVAL] == 1  # both forwards counted as EVAL steps
+    hook.close()
+    t = tp.create_trial(str(tmp_path / "run"))
+    assert t.steps(mode=tp.modes.EVAL) == [0, 1]
+
+
+def test_user_backward_hook_registered_before_falls_back(tmp_path):
+    model = Net()
+    calls = []
+    handle = model.register_full_backward_hook(lambda m, gi, go: calls.append(1))
+    hook = _hook(tmp_path, save_interval=1)
+    hook.register_module(model)
+    assert not isinstance(model._backward_hooks, CountingHooks)  # the user's handle stays valid
+    _step(model)
+    handle.remove()
+    _step(model)
+    assert calls == [1]
+    assert hook.step == 1
+    hook.close()
+
+
+def test_reregistering_a_parent_moves_the_counter(tmp_path):
+    model = Net()
+    hook = _hook(tmp_path, save_interval=1)
+    hook.register_module(model.fc1)
+    assert isinstance(model.fc1._backward_hooks, CountingHooks)
+    hook.register_module(model)
+    assert type(model.fc1._backward_hooks) is OrderedDict
+    assert isinstance(model._backward_hooks, CountingHooks)
+    for _ in range(3):
+        model(torch.randn(1, 8))
+    assert hook.step == 2
+    hook.close()
