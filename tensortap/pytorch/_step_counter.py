@@ -15,9 +15,10 @@ paths; where it does not, the hook uses a forward pre-hook as before.
 from __future__ import annotations
 
 import functools
-import sys
 from collections import OrderedDict
 from collections.abc import Callable
+from sys import _getframe
+from time import monotonic as _monotonic
 
 from torch import nn
 
@@ -25,14 +26,31 @@ _CALL_IMPL = nn.Module._call_impl.__code__
 
 
 class CountingHooks(OrderedDict):
-    """A module's `_backward_hooks` that calls `tick()` once per call of the module."""
+    """A module's `_backward_hooks` that calls `tick()` once per call of the module.
 
-    tick: Callable[[], None] | None = None
+    While `left` > 0 (and the clock is before `deadline`), a call is only counted in `skipped` instead:
+    the owner arms that for steps it knows will save nothing, and adds `skipped` to its step counters
+    before it next reads them. (A tick touches the hook's state, which a training step has pushed out of
+    the CPU caches: measured, ~10 us per step in context against ~0.5 us when warm.)
+    """
+
+    __slots__ = ("tick", "left", "skipped", "deadline")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.tick: Callable[[], None] | None = None
+        self.left = 0
+        self.skipped = 0
+        self.deadline = 0.0
 
     def __bool__(self) -> bool:
-        tick = self.tick
-        if tick is not None and sys._getframe(1).f_code is _CALL_IMPL:
-            tick()
+        if _getframe(1).f_code is _CALL_IMPL:
+            left = self.left
+            if left > 0 and _monotonic() < self.deadline:
+                self.left = left - 1
+                self.skipped += 1
+            elif self.tick is not None:
+                self.tick()
         return len(self) > 0
 
     def __reduce__(self):  # torch.save(model) / copy.deepcopy(model): a plain dict, no counting
@@ -81,5 +99,6 @@ def install(module: nn.Module, tick: Callable[[], None]) -> CountingHooks | None
 def uninstall(module: nn.Module, counter: CountingHooks) -> None:
     """Stop counting; the module gets a plain dict back unless hooks were registered into the counter."""
     counter.tick = None
+    counter.left = 0
     if module.__dict__.get("_backward_hooks") is counter and len(counter) == 0:
         module._backward_hooks = OrderedDict()

@@ -52,6 +52,7 @@ _PARAM_COLLECTIONS = frozenset({K.WEIGHTS, K.BIASES, K.GRADIENTS})
 _NOT_IO = frozenset({K.WEIGHTS, K.BIASES, K.GRADIENTS, K.LOSSES, K.SCALARS, K.OPTIMIZER_VARIABLES})
 _NO_STATE_KEYS = frozenset({"params"})
 _INF = float("inf")
+_MAX_SKIP = 1 << 62
 _SMALL = 4096  # elements: a lone tensor this small is copied directly
 # Module hooks of a saving plan stay installed over a quiet gap of at most this many steps (measured on
 # the MLP benchmark: keeping them saves 18-36 us per step at every 2-6 steps and costs 9-14 us per step
@@ -137,6 +138,7 @@ class Hook(BaseHook):
         K.OPTIMIZER_VARIABLES,
     )
     default_include_collections = (K.LOSSES, K.SCALARS)
+    _counting: CountingHooks | None = None  # the only root's step counter, when it may skip ahead
 
     def __init__(self, out_dir: str, *args: Any, rank: int | None = None, world_size: int | None = None,
                  **kwargs: Any):
@@ -215,6 +217,7 @@ class Hook(BaseHook):
         if self.disabled or self._closed:
             return
         inner = module._orig_mod if _is_compiled(module) else module
+        self._disarm()
         if id(module) in self._module_ids or id(inner) in self._module_ids:
             logger.debug("tensortap: %s is already registered (or inside a registered module)", inner._get_name())
             return
@@ -242,6 +245,8 @@ class Hook(BaseHook):
                 pre_hook = torch.compiler.disable(pre_hook)
             root.handles.append(module.register_forward_pre_hook(pre_hook))
         self._roots.append(root)
+        # One root: its counter may skip known-quiet steps (with several, each counts through the hook).
+        self._counting = self._roots[0].counter if len(self._roots) == 1 else None
         self._module_ids.add(id(module))
         self._module_ids.update(id(m) for m in inner.modules())
         for pname, p in params:
@@ -279,24 +284,83 @@ class Hook(BaseHook):
     def _root_pre_hook(self, module: nn.Module, args: Any) -> None:
         if self.disabled or self._closed:
             return
+        counter = self._counting
+        if counter is not None and counter.skipped:
+            self._sync_steps()
         mode = self.mode
-        mode_step = self.mode_steps[mode] + 1
+        steps = self._mode_steps
+        mode_step = steps[mode] + 1
+        stop_checks = self._stop_checks and self._stop_watch
         if (
             mode_step < self._quiet_until
             and self._in_step
             and not self._saving
-            and not (self._stop_checks and (self._stop_watch and time.monotonic() >= self._next_stop_check))
+            and not (stop_checks and time.monotonic() >= self._next_stop_check)
         ):
             # Nothing to save before `_quiet_until`: only count the step. Readers learn that the
             # quiet steps passed when the next saving step ends.
-            self.step += 1
-            self.mode_steps[mode] = mode_step
-            self.mode_steps[_modes.GLOBAL] = self.step
-            return
-        try:
-            self.next_step()
-        except Exception as e:  # noqa: BLE001 - never break training
-            self._fail("forward pre-hook", e)
+            self._step += 1
+            steps[mode] = mode_step
+            steps[_modes.GLOBAL] = self._step
+        else:
+            try:
+                self.next_step()
+            except Exception as e:  # noqa: BLE001 - never break training
+                self._fail("forward pre-hook", e)
+                return
+            if self._saving or not self._in_step:
+                return
+            mode_step = steps[mode]
+        if counter is not None:
+            # The next `left` forwards save nothing either: the counter just counts them.
+            left = self._quiet_until - mode_step - 1
+            if left > 0:
+                counter.left = left if left < _MAX_SKIP else _MAX_SKIP
+                counter.deadline = self._next_stop_check if stop_checks else _INF
+
+    # --- step counting: forwards the step counter only counted are added before anyone reads the steps --
+
+    @property
+    def step(self) -> int:
+        counter = self._counting
+        if counter is not None and counter.skipped:
+            self._sync_steps()
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._step = value
+
+    @property
+    def mode_steps(self) -> dict[_modes.ModeKeys, int]:
+        counter = self._counting
+        if counter is not None and counter.skipped:
+            self._sync_steps()
+        return self._mode_steps
+
+    @mode_steps.setter
+    def mode_steps(self, value: dict[_modes.ModeKeys, int]) -> None:
+        self._mode_steps = value
+
+    def _sync_steps(self) -> None:
+        counter = self._counting
+        n = counter.skipped
+        if n:
+            counter.skipped = 0
+            self._step += n
+            self._mode_steps[self.mode] += n
+            self._mode_steps[_modes.GLOBAL] = self._step
+
+    def _disarm(self) -> None:
+        """Every later forward goes through `_root_pre_hook` again (the step, mode or plan changes)."""
+        counter = self._counting
+        if counter is not None:
+            counter.left = 0
+            self._sync_steps()
+
+    def end_step(self) -> None:
+        self._disarm()
+        super().end_step()
 
     def _io_hook(self, name: str, module: nn.Module, inputs: Any, outputs: Any) -> None:
         if not self._saving or self.disabled:
@@ -495,6 +559,8 @@ class Hook(BaseHook):
         self._step_plan = None
 
     def on_close(self) -> None:
+        self._disarm()
+        self._counting = None
         for root in self._roots:
             root.unhook()
         for h in self._opt_handles + self._step_handles:
@@ -521,6 +587,7 @@ class Hook(BaseHook):
         return best
 
     def _config_changed(self) -> None:
+        self._disarm()
         self._plans.clear()
         self._raw_only_cache.clear()
         self._invalidate_caches()

@@ -175,3 +175,59 @@ def test_reregistering_a_parent_moves_the_counter(tmp_path):
         model(torch.randn(1, 8))
     assert hook.step == 2
     hook.close()
+
+
+def test_known_quiet_steps_are_only_counted_and_steps_stay_exact(tmp_path):
+    """Between saving steps the counter counts forwards by itself; every read of the step, a mode switch,
+    a scalar saved mid-gap and the next saving step see the exact counts."""
+    model = Net()
+    hook = _hook(tmp_path, save_interval=10)
+    hook.register_module(model)
+    hook.set_mode(tp.modes.TRAIN)
+    counter = model._backward_hooks
+    for _ in range(3):
+        model(torch.randn(2, 8))  # steps 0 (saves), 1, 2
+    assert counter.left > 0  # armed: the following forwards up to step 9 are known to save nothing
+    model(torch.randn(2, 8))
+    model(torch.randn(2, 8))
+    assert counter.skipped == 3  # steps 2, 3, 4 (step 1 ended the saving step and armed the counter)
+    assert hook.step == 4 and hook.mode_steps[tp.modes.TRAIN] == 4  # read: the skipped forwards added
+    hook.save_scalar("lr", 0.5)  # lands on step 4
+    for _ in range(8):
+        model(torch.randn(2, 8))  # steps 5..12: step 10 saves
+    hook.set_mode(tp.modes.EVAL)  # mid-gap
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(2, 8))  # EVAL mode steps 0, 1, 2 = global 13, 14, 15
+    hook.set_mode(tp.modes.TRAIN)
+    for _ in range(8):
+        model(torch.randn(2, 8))  # TRAIN mode steps 13..20 = global 16..23: mode step 20 saves
+    assert hook.step == 23
+    assert hook.mode_steps[tp.modes.TRAIN] == 20 and hook.mode_steps[tp.modes.EVAL] == 2
+    hook.close()
+    t = tp.create_trial(str(tmp_path / "run"))
+    assert t.steps(mode=tp.modes.TRAIN) == [0, 4, 10, 20]
+    assert t.steps(mode=tp.modes.EVAL) == [0]
+    assert t.tensor("Net_fc1.weight").steps(mode=tp.modes.TRAIN) == [0, 10, 20]
+    assert t.tensor("scalar/lr").steps() == [4]
+    assert t.steps() == [0, 4, 10, 13, 23]
+
+
+def test_a_stop_request_is_seen_within_a_long_quiet_gap(tmp_path):
+    from tensortap.rules.actions import TrainingStopped, request_stop
+
+    model = Net()
+    hook = _hook(tmp_path, save_interval=10_000)
+    hook.register_module(model)
+    for _ in range(3):
+        model(torch.randn(2, 8))
+    assert model._backward_hooks.left > 0
+    request_stop(str(tmp_path / "run"), rule="R", step=2, reason="test")
+    import time
+
+    deadline = time.monotonic() + 10
+    with pytest.raises(TrainingStopped):
+        while time.monotonic() < deadline:  # the hook looks once a second
+            model(torch.randn(2, 8))
+            time.sleep(0.01)
+    assert hook._closed
