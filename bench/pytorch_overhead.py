@@ -3,16 +3,19 @@
 Workloads: an MLP 64->256->256->10 (batch 64, SGD) and a small CNN (batch 32, 3x32x32), one CPU thread,
 collections weights+biases+gradients+losses, saved every 1, 10, 100 steps or never.
 
-Every measurement is a child process that trains one model in alternating blocks of 100 steps with
-the hook's module and parameter hooks switched on and off (the library keeps running and never
-notices), and reports the median over pairs of blocks of hooked/plain step time. A hooked block is
-charged until tensortap's writer has caught up. The driver alternates configurations over several
-rounds and prints the median ratio. The library `none` is the A/A control: both blocks plain, which
-shows the noise floor of the machine. smdebug runs in its own venv (SMDEBUG_PYTHON, default
-/work/smdebug-venv/bin/python): `pip install torch==2.13.0 smdebug==1.0.34 "numpy<2" "pandas<3" requests
-psutil`; it is skipped with a message when absent. `tensortap` is the default (writer="auto": the
-writer process on x86-64 Linux); `--writer thread,process` measures `tensortap-thread` (writer thread in
-the training process) and `tensortap-process` (writer process fed through shared memory) side by side.
+Every measurement is a child process that trains one model in alternating blocks of steps with the
+hook's module and parameter hooks switched on and off (the library keeps running and never notices), and
+reports the median over pairs of blocks of hooked/plain step time. A hooked block is charged until
+tensortap's writer has caught up. A block is 10 save intervals long, at least 100 steps (every 100: 1000
+steps), so that this catch-up at its end, which a long training run pays once, is charged once per ten
+saving steps rather than once per saving step; `--steps N` fixes the length. The driver alternates
+configurations over several rounds and prints the median ratio. The library `none` is the A/A control:
+both blocks plain, which shows the noise floor of the machine. smdebug runs in its own venv
+(SMDEBUG_PYTHON, default /work/smdebug-venv/bin/python): `pip install torch==2.13.0 smdebug==1.0.34
+"numpy<2" "pandas<3" requests psutil`; it is skipped with a message when absent. `tensortap` is the
+default (writer="auto": the writer process on x86-64 Linux); `--writer thread,process` measures
+`tensortap-thread` (writer thread in the training process) and `tensortap-process` (writer process fed
+through shared memory) side by side.
 
     .venv/bin/python bench/pytorch_overhead.py [--rounds 3] [--models mlp,cnn] [--libs tensortap,smdebug]
     .venv/bin/python bench/pytorch_overhead.py --models mlp --libs none,tensortap --writer thread,process
@@ -186,8 +189,11 @@ def _run_child(python: str, lib: str, interval: str, model: str, pairs: int, ste
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--pairs", type=int, default=30, help="pairs of blocks (hooked, plain) per child run")
-    ap.add_argument("--steps", type=int, default=100, help="steps per block (a multiple of every interval)")
+    ap.add_argument("--pairs", type=int, default=30,
+                    help="pairs of blocks (hooked, plain) per child run, for 100-step blocks (longer blocks: "
+                         "proportionally fewer, at least 12)")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="steps per block (a multiple of every interval); default: 10 intervals, >= 100")
     ap.add_argument("--models", default="mlp,cnn")
     ap.add_argument("--libs", default="tensortap,smdebug")
     ap.add_argument("--writer", default="auto",
@@ -222,7 +228,9 @@ def main() -> None:
     results: dict[tuple[str, str, str], list[dict]] = {c: [] for c in configs}
     for r in range(args.rounds):
         for m, lib, iv in configs:  # alternate every configuration within each round
-            res = _run_child(pythons[lib], lib, iv, m, args.pairs, args.steps)
+            steps = args.steps or (max(100, 10 * int(iv)) if iv != "never" else 100)
+            pairs = args.pairs if args.steps else max(12, args.pairs * 100 // steps)
+            res = _run_child(pythons[lib], lib, iv, m, pairs, steps)
             if res is not None:
                 results[(m, lib, iv)].append(res)
                 print(f"round {r} {m:4s} {lib:17s} interval={iv:5s} plain={res['plain_us']:8.1f}us "
