@@ -485,13 +485,17 @@ class Hook:
         self._in_step = False
         self.on_step_end()
         if self._writer is not None and self.active:
-            with self.guard("end_step"):
+            try:  # (what guard() does, without a generator per step)
                 if self._collections_dirty:
                     self._writer.set_collections(self.collection_manager.to_json_dict())
                     self._collections_dirty = False
                 self._writer.mark_step_passed(
                     self.step, {_MODE_NAMES[m]: s for m, s in self.mode_steps.items() if s >= 0}
                 )
+            except InvalidConfiguration:
+                raise
+            except Exception as e:  # noqa: BLE001 - never break the training job
+                self._fail("end_step", e)
 
     def _ensure_step(self) -> None:
         if not self._in_step:

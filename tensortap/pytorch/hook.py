@@ -380,7 +380,7 @@ class Hook(BaseHook):
             return
         try:
             found = False
-            for t in iter_tensors(outputs):
+            for t in (outputs,) if type(outputs) is torch.Tensor else iter_tensors(outputs):
                 if t.requires_grad and t.grad_fn is not None:
                     self._step_handles.append(t.register_hook(self._output_grad_hook))
                     found = True
@@ -703,6 +703,8 @@ class Hook(BaseHook):
         super().flush(timeout)
 
     def _hand_off_grads(self) -> None:
+        if self._grad_res is None and self._grad_batch is None and not self._pending_grads and not self._small:
+            return  # (every step that saved no gradients)
         res, self._grad_res = self._grad_res, None
         batch, self._grad_batch = self._grad_batch, None
         pending, self._pending_grads = self._pending_grads, {}
@@ -720,13 +722,14 @@ class Hook(BaseHook):
         if small:
             with self.guard("small tensors"):
                 self.write_tensors([(name, host_numpy(t), colls) for name, t, colls in small], copy=False)
-        with self.guard("gradients"):
-            if batch is not None and plan is not None:
-                if plan.grad_spec is None:
-                    plan.grad_spec = self._spec(plan.grad_items)
-                self._write_batch(batch, plan.grad_items, plan.grad_spec)
-            if pending:
-                self.write_tensors([(name, arr, colls) for name, (arr, colls) in pending.items()], copy=False)
+        if batch is not None or pending:
+            with self.guard("gradients"):
+                if batch is not None and plan is not None:
+                    if plan.grad_spec is None:
+                        plan.grad_spec = self._spec(plan.grad_items)
+                    self._write_batch(batch, plan.grad_items, plan.grad_spec)
+                if pending:
+                    self.write_tensors([(name, arr, colls) for name, (arr, colls) in pending.items()], copy=False)
 
     def _write_batch(self, batch: HostBatch, items: list[tuple[str, list[Collection]]], spec: _Spec | None) -> None:
         """Hand the host copies in `batch` to the writer: one hand-off for a fixed list saved raw only."""
