@@ -424,15 +424,22 @@ class Hook(BaseHook):
             plan = self._step_plan
             if plan is not None and plan.grad_list:
                 grads = [p.grad for p, _n, _c in plan.grad_list]
-                if all(g is not None and capturable(g) for g in grads):
+                usual = True
+                for g in grads:
+                    if g is None or not capturable(g):
+                        usual = False
+                        break
+                if usual:
                     # the usual case: every gradient, in one copy (a later backward of this step replaces it)
                     self._pending_grads = {}
                     if plan.grad_spec is None:
                         plan.grad_spec = self._spec(plan.grad_items)
                     res = self._grad_res
                     extra = self._small[:self._small_in_res if res is not None else len(self._small)]
-                    if any(t.dtype != grads[0].dtype for _n, t, _c in extra):
-                        extra = []
+                    for _n, t, _c in extra:
+                        if t.dtype != grads[0].dtype:
+                            extra = []
+                            break
                     names = plan.grad_spec.names
                     tensors = grads
                     if extra:
@@ -628,9 +635,12 @@ class Hook(BaseHook):
     def _save_params(self, plan: _Plan) -> None:
         # Detached views of the parameters, cached while every parameter keeps its storage.
         views = plan.param_views
-        if views is None or any(
-            v.data_ptr() != p.data_ptr() for v, (_n, p, _c) in zip(views, plan.weights, strict=True)
-        ):
+        if views is not None:
+            for v, (_n, p, _c) in zip(views, plan.weights, strict=True):  # (a loop: no generator per step)
+                if v.data_ptr() != p.data_ptr():
+                    views = None
+                    break
+        if views is None:
             views = plan.param_views = [p.detach() for _n, p, _c in plan.weights]
         keep = [i for i, v in enumerate(views) if capturable(v)] if plan.some_odd else None
         if keep is None:
@@ -677,17 +687,18 @@ class Hook(BaseHook):
         if reserve is None:
             return None
         dtype = tensors[0].dtype
-        for t in tensors:
+        shapes = spec.shapes
+        same = shapes is not None and len(shapes) == len(tensors)
+        for i, t in enumerate(tensors):
             if t.dtype != dtype or not t.is_cpu or not t.is_contiguous():
                 return None
+            if same and t.shape != shapes[i]:
+                same = False
         if res is None:
             np_dtype = numpy_dtype(dtype)
             if np_dtype is None:
                 return None
-            shapes = spec.shapes
-            if shapes is None or len(shapes) != len(tensors) or any(
-                t.shape != s for t, s in zip(tensors, shapes, strict=True)
-            ):
+            if not same:
                 shapes = spec.shapes = tuple(tuple(t.shape) for t in tensors)
             mode = self.mode
             res = reserve(names or spec.names, np_dtype, shapes, self.step, mode.value, self.mode_steps[mode])
