@@ -1,7 +1,7 @@
 """Counting a module's forward calls without giving it a forward hook.
 
 Any hook on a module sends torch's `Module.__call__` down its slow path (a closure, a set, lists, a try
-block and the hooks' dispatch). For a model's root module that costs 8-14 us per forward in the MLP
+block and the hooks' dispatch). For a model's root module that costs 7-10 us per forward in the MLP
 benchmark step (bench/pytorch_overhead.py), 1-2% of a step that saves nothing, where the step counter is
 the hook's only work. Instead, the root's `_backward_hooks` dict, which `Module._call_impl` tests first on
 every call, is replaced by a `CountingHooks` dict whose truth test counts the call when it comes from

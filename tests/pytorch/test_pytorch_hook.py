@@ -471,6 +471,29 @@ def test_model_compile_in_place(tmp_path):
         assert np.array_equal(t.tensor("CrossEntropyLoss_output_0").value(s), rec[s]["loss"].numpy())
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # dynamo: "does not know how to trace" the hook's builtins
+def test_model_compiled_in_place_after_registration(tmp_path):
+    """model.compile() after register_module: dynamo traces through the step counter; steps and values stay
+    right (the hook's own code runs eagerly at graph breaks)."""
+    model = Net()
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=2),
+                   include_collections=["weights", "gradients", "losses"])
+    loss_fn = nn.CrossEntropyLoss()
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    model.compile(backend="eager")
+    rec: list = []
+    _train(model, hook, 5, loss_fn=loss_fn, record=rec)
+    hook.close()
+    assert hook.error_count == 0
+    t = tp.create_trial(str(tmp_path))
+    assert t.steps() == [0, 2, 4]
+    for s in (0, 2, 4):
+        assert np.array_equal(t.tensor("Net_fc1.weight").value(s), rec[s]["w"]["fc1.weight"].numpy())
+        assert np.array_equal(t.tensor("gradient/Net_fc1.weight").value(s), rec[s]["g"]["fc1.weight"].numpy())
+        assert np.array_equal(t.tensor("CrossEntropyLoss_output_0").value(s), rec[s]["loss"].numpy())
+
+
 @pytest.mark.parametrize("writer", ["thread", "process"])
 def test_injected_failure_disables_hook_and_training_continues(tmp_path, monkeypatch, caplog, writer):
     model = Net()
