@@ -90,6 +90,9 @@ def install(module: nn.Module, tick: Callable[[], None]) -> CountingHooks | None
     # there (e.g. one that sets the mode) must run before the step starts, as they would with a pre-hook.
     if type(old) is not OrderedDict or old or module._forward_pre_hooks or not works():
         return None
+    cls = type(module)
+    if cls.__call__ is not nn.Module.__call__ or cls._call_impl is not nn.Module._call_impl:
+        return None  # a class of its own way of being called: it may never reach Module._call_impl
     counter = CountingHooks()
     counter.tick = tick
     module._backward_hooks = counter

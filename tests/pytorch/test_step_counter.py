@@ -231,3 +231,19 @@ def test_a_stop_request_is_seen_within_a_long_quiet_gap(tmp_path):
             model(torch.randn(2, 8))
             time.sleep(0.01)
     assert hook._closed
+
+
+def test_a_module_class_with_its_own_call_keeps_the_pre_hook(tmp_path):
+    class OwnCall(Net):
+        def __call__(self, x):  # e.g. a wrapper class that adds behaviour around the call
+            return super().__call__(x) * 1.0
+
+    model = OwnCall()
+    hook = _hook(tmp_path, save_interval=1)
+    hook.register_module(model)
+    assert not isinstance(model._backward_hooks, CountingHooks)
+    assert len(model._forward_pre_hooks) == 1
+    for _ in range(3):
+        model(torch.randn(2, 8))
+    assert hook.step == 2
+    hook.close()
