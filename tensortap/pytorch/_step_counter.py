@@ -15,6 +15,7 @@ paths; where it does not, the hook uses a forward pre-hook as before.
 from __future__ import annotations
 
 import functools
+import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from sys import _getframe
@@ -23,6 +24,7 @@ from time import monotonic as _monotonic
 from torch import nn
 
 _CALL_IMPL = nn.Module._call_impl.__code__
+logger = logging.getLogger("tensortap")
 
 
 class CountingHooks(OrderedDict):
@@ -50,7 +52,11 @@ class CountingHooks(OrderedDict):
                 self.left = left - 1
                 self.skipped += 1
             elif self.tick is not None:
-                self.tick()
+                try:
+                    self.tick()
+                except Exception:  # noqa: BLE001 - never break the forward it sits in
+                    logger.exception("tensortap: the step counter failed; it stops counting, training continues")
+                    self.tick = None
         return len(self) > 0
 
     def __reduce__(self):  # torch.save(model) / copy.deepcopy(model): a plain dict, no counting
