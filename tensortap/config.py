@@ -7,6 +7,7 @@ allowed) and round-trip through smdebug's JSON format (collections JSON, spec 4.
 from __future__ import annotations
 
 import json
+import math
 import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -134,6 +135,19 @@ class SaveConfigMode:
         if step < self.start_step or (self.end_step is not None and step >= self.end_step):
             return False
         return step % self.save_interval == 0
+
+    def next_save_step(self, step: int) -> float:
+        """The first step >= `step` that `should_save_step` (inf if none)."""
+        best: float = math.inf
+        for s in self.save_steps:  # (sorted)
+            if s >= step:
+                best = s
+                break
+        first = step if step > self.start_step else self.start_step
+        first = -(-first // self.save_interval) * self.save_interval
+        if (self.end_step is None or first < self.end_step) and first < best:
+            best = first
+        return best
 
     def to_json_dict(self) -> dict[str, Any]:
         """smdebug's form: {save_interval, save_steps, start_step, end_step}."""

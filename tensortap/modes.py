@@ -13,6 +13,10 @@ class ModeKeys(Enum):
     PREDICT = 3
     GLOBAL = 4
 
+    # Members are singletons compared by identity: hash them by identity too, in C (Enum's own __hash__
+    # is a Python function, and mode-keyed dicts are read several times per training step).
+    __hash__ = object.__hash__
+
 
 TRAIN = ModeKeys.TRAIN
 EVAL = ModeKeys.EVAL

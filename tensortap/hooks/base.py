@@ -42,6 +42,7 @@ logger = logging.getLogger("tensortap")
 DISABLE_ENV = "TENSORTAP_DISABLE"
 INCLUDE_WORKERS = ("one", "all")
 WRITERS = ("auto", "thread", "process")
+_NOTHING: list = []  # collections_to_save() when nothing saves (never mutated)
 _MODE_NAMES = {m: m.name for m in ModeKeys}  # Enum.name is a slow property, and this runs every step
 
 
@@ -191,8 +192,8 @@ class Hook:
 
         # Step state: global step and per-mode steps; -1 until the first step starts.
         self.mode: ModeKeys = _modes.GLOBAL
-        self.step = -1
-        self.mode_steps: dict[ModeKeys, int] = {m: -1 for m in ModeKeys}
+        self._step = -1
+        self._mode_steps: dict[ModeKeys, int] = {m: -1 for m in ModeKeys}
         self._in_step = False
 
         # Error isolation.
@@ -209,8 +210,11 @@ class Hook:
         self._storage = None
         self._prepared = False
         self._closed = False
-        self._save_cache_key: tuple | None = None
-        self._save_now: list[Collection] = []
+        self._save_step: int | None = None  # collections_to_save() is cached for this step and mode
+        self._save_mode: ModeKeys | None = None
+        self._save_now: list[Collection] = _NOTHING
+        self._for_now: list[Collection] = _NOTHING  # the set `_for_cache` is for
+        self._uniform: dict[ModeKeys, tuple[SaveConfigMode, list[Collection]] | None] = {}  # see _mode_schedule
         self._match_cache: dict[str, list[Collection]] = {}
         self._for_cache: dict[str, list[Collection]] = {}  # collections_for() while _save_now stays the same
         self._for_gen = 0  # changes whenever _for_cache is emptied (for caches derived from it)
@@ -316,7 +320,9 @@ class Hook:
         self._for_gen += 1
         self._merged_cfg.clear()
         self._schedules.clear()
-        self._save_cache_key = None
+        self._uniform.clear()
+        self._save_step = None
+        self._for_now = _NOTHING
 
     def get_collection(self, name: str, create: bool = True) -> Collection:
         self._invalidate_caches()
@@ -385,19 +391,38 @@ class Hook:
                 (c, self._coll_save_config(c).get_save_config(mode)) for c in self._included()
                 if not (train_only and c.name in TRAIN_ONLY_COLLECTIONS)
             ]
+            # The usual case: every collection saves at the same steps, so one test decides for all.
+            cfgs = {cfg for _c, cfg in sched}
+            self._uniform[mode] = (cfgs.pop(), [c for c, _cfg in sched]) if len(cfgs) == 1 else None
         return sched
 
     def collections_to_save(self) -> list[Collection]:
-        """Included collections that save at the current step (cached per step)."""
-        key = (self.step, self.mode)
-        if self._save_cache_key != key:
-            step = self.mode_steps[self.mode]
-            now = [c for c, cfg in self._mode_schedule() if cfg.should_save_step(step)]
-            if now != self._save_now:  # same list object while the set stays the same (for the caches)
-                self._save_now = now
+        """Included collections that save at the current step (cached per step; the same list object
+        while the set stays the same)."""
+        counter = self._counting
+        if counter is not None and counter.skipped:
+            self._sync_steps()
+        mode = self.mode
+        if self._save_step != self._step or self._save_mode is not mode:
+            step = self._mode_steps[mode]
+            sched = self._schedules.get(mode)
+            if sched is None:
+                sched = self._mode_schedule()
+            uniform = self._uniform[mode]
+            if uniform is not None:
+                now = uniform[1] if uniform[0].should_save_step(step) else _NOTHING
+            else:
+                now = [c for c, cfg in sched if cfg.should_save_step(step)] or _NOTHING
+                last = self._save_now
+                if now is not _NOTHING and now is not last and now == last:
+                    now = last
+            self._save_now = now
+            self._save_step = self._step
+            self._save_mode = mode
+            if now and now is not self._for_now:  # (steps that save nothing leave the cache of the last set)
+                self._for_now = now
                 self._for_cache.clear()
                 self._for_gen += 1
-            self._save_cache_key = key
         return self._save_now
 
     def is_saving_step(self) -> bool:
@@ -407,6 +432,8 @@ class Hook:
     def collections_for(self, name: str) -> list[Collection]:
         """Collections saving now that contain tensor `name`."""
         now = self.collections_to_save()
+        if not now:
+            return []
         hit = self._for_cache.get(name)
         if hit is not None:
             return hit
@@ -420,6 +447,42 @@ class Hook:
         return self.active and bool(self.collections_for(name))
 
     # --- steps and modes --------------------------------------------------------------------
+    # A framework hook may count steps that save nothing on its own (`_counting`, an object whose
+    # `skipped` it increments); they are added to the counters before anything reads them.
+    _counting: Any = None
+
+    @property
+    def step(self) -> int:
+        """The global step (-1 before the first)."""
+        counter = self._counting
+        if counter is not None and counter.skipped:
+            self._sync_steps()
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._step = value
+
+    @property
+    def mode_steps(self) -> dict[ModeKeys, int]:
+        """The step within each mode (GLOBAL: the global step); -1 before a mode's first step."""
+        counter = self._counting
+        if counter is not None and counter.skipped:
+            self._sync_steps()
+        return self._mode_steps
+
+    @mode_steps.setter
+    def mode_steps(self, value: dict[ModeKeys, int]) -> None:
+        self._mode_steps = value
+
+    def _sync_steps(self) -> None:
+        counter = self._counting
+        n = counter.skipped
+        if n:
+            counter.skipped = 0
+            self._step += n
+            self._mode_steps[self.mode] += n
+            self._mode_steps[_modes.GLOBAL] = self._step
 
     def set_mode(self, mode: ModeKeys | str) -> None:
         """Switch mode; the next step is counted in it."""
@@ -434,17 +497,21 @@ class Hook:
         At this boundary a stop request (a rule's StopTraining action) ends training: the hook closes
         (everything flushed, the job marked ended) and TrainingStopped (a SystemExit) is raised.
         """
-        if self._stop_watch:
+        if self._stop_watch and (self._stop_request is not None or time.monotonic() >= self._next_stop_check):
             self._check_stop_request()
         self.end_step()
-        self.step += 1
-        self.mode_steps[self.mode] += 1
-        self.mode_steps[_modes.GLOBAL] = self.step
+        counter = self._counting
+        if counter is not None and counter.skipped:
+            self._sync_steps()
+        self._step = step = self._step + 1
+        steps = self._mode_steps
+        steps[self.mode] += 1
+        steps[_modes.GLOBAL] = step
         self._in_step = True
         if not self._prepared:
             self._prepare()
         self.on_step_begin()
-        return self.step
+        return step
 
     def _check_stop_request(self) -> None:
         """One stat per second at most (local); object stores are polled by a background thread."""
@@ -489,9 +556,11 @@ class Hook:
                 if self._collections_dirty:
                     self._writer.set_collections(self.collection_manager.to_json_dict())
                     self._collections_dirty = False
-                self._writer.mark_step_passed(
-                    self.step, {_MODE_NAMES[m]: s for m, s in self.mode_steps.items() if s >= 0}
-                )
+                counter = self._counting
+                if counter is not None and counter.skipped:
+                    self._sync_steps()
+                steps = self._mode_steps
+                self._writer.mark_step_passed(self._step, {_MODE_NAMES[m]: s for m, s in steps.items() if s >= 0})
             except InvalidConfiguration:
                 raise
             except Exception as e:  # noqa: BLE001 - never break the training job

@@ -89,13 +89,38 @@ except ImportError:  # not built (no compiler at install time): memcpy
 
 def copy_into(address: int, tensors: list[torch.Tensor]) -> None:
     """Copy contiguous CPU tensors back to back to host memory at `address` (room for all of them)."""
+    gather_into(address, [(t.data_ptr(), t.nbytes) for t in tensors])
+
+
+def gather_into(address: int, sources: list[tuple[int, int]]) -> None:
+    """Copy each (source address, byte count) back to back to host memory at `address`."""
     if _gather is not None:
-        _gather(address, [(t.data_ptr(), t.nbytes) for t in tensors])
+        _gather(address, sources)
         return
-    for t in tensors:
-        n = t.nbytes
-        ctypes.memmove(address, t.data_ptr(), n)
+    for src, n in sources:
+        ctypes.memmove(address, src, n)
         address += n
+
+
+def ring_sources(tensors: list[torch.Tensor], shapes: tuple[tuple[int, ...], ...] | None
+                 ) -> tuple[list[tuple[int, int]], tuple[tuple[int, ...], ...]] | None:
+    """(address, byte count) of each tensor and their shapes (`shapes` itself when they match it) when
+    they are dense contiguous CPU tensors of one dtype, else None."""
+    sources = []
+    dtype = tensors[0].dtype
+    same = shapes is not None and len(shapes) == len(tensors)
+    i = 0
+    for t in tensors:  # (one loop of attribute tests: this runs in saving steps)
+        if t.layout is not _STRIDED or not t.is_cpu or t.dtype is not dtype or t.is_nested or not t.is_contiguous():
+            return None
+        if same and t.shape != shapes[i]:
+            same = False
+        sources.append((t.data_ptr(), t.nbytes))
+        i += 1
+    return sources, shapes if same else tuple(tuple(t.shape) for t in tensors)
+
+
+_STRIDED = torch.strided
 
 
 class _Slot:

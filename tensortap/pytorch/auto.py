@@ -109,11 +109,7 @@ class _Auto:
             if hook is not None:
                 self.losses.add(key)
                 hook.register_loss(module)
-                if getattr(hook, "_saving", False):
-                    # found in the middle of a saving step: capture this call too
-                    for m, fn in hook._losses:
-                        if m is module:
-                            hook._step_handles.append(m.register_forward_hook(fn))
+                hook._hook_loss_now(module)  # found in the middle of a saving step: capture this call too
             return
         if next(iter(module.parameters()), None) is None:
             return  # a parameter-free module called on its own (an activation, a pooling layer)

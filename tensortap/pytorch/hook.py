@@ -16,11 +16,13 @@ import functools
 import logging
 import sys
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from tensortap import modes as _modes
 from tensortap.collection import Collection, CollectionKeys
@@ -33,10 +35,11 @@ from tensortap.pytorch._tensors import (
     BufferPool,
     HostBatch,
     capturable,
-    copy_into,
+    gather_into,
     host_numpy,
     iter_tensors,
     numpy_dtype,
+    ring_sources,
 )
 
 logger = logging.getLogger("tensortap")
@@ -53,11 +56,19 @@ _NOT_IO = frozenset({K.WEIGHTS, K.BIASES, K.GRADIENTS, K.LOSSES, K.SCALARS, K.OP
 _NO_STATE_KEYS = frozenset({"params"})
 _INF = float("inf")
 _MAX_SKIP = 1 << 62
+_STRIDED = torch.strided
 _SMALL = 4096  # elements: a lone tensor this small is copied directly
 # Module hooks of a saving plan stay installed over a quiet gap of at most this many steps (measured on
 # the MLP benchmark: keeping them saves 18-36 us per step at every 2-6 steps and costs 9-14 us per step
 # at every 10, where the calls they cost on the quiet steps outweigh removing and installing them).
 _KEEP_HANDLES = 8
+
+
+def _hook_id() -> int:
+    """A key for a hook put straight into a module's hook dict: reserved among torch's hook handles' ids
+    (putting it there and taking it out again is a dict store and a pop, where a handle costs ~9 us per
+    saving step in context)."""
+    return RemovableHandle(OrderedDict()).id
 
 
 def _is_compiled(module: nn.Module) -> bool:
@@ -90,7 +101,7 @@ class _Root:
     module: nn.Module  # the module registered (gets the forward pre-hook)
     name: str  # class name of the (uncompiled) module
     params: list[tuple[str, nn.Parameter]]
-    io_hooks: list[tuple[nn.Module, Any]]  # (module, forward hook) to install on steps saving I/O
+    io_hooks: list[tuple[nn.Module, Any, int]]  # (module, forward hook, its key) for steps saving I/O
     compiled: bool
     handles: list[Any] = field(default_factory=list)
     counter: CountingHooks | None = None  # counts the module's calls instead of a forward pre-hook
@@ -128,6 +139,9 @@ class _Spec:
     names: tuple[str, ...]
     raw_only: bool
     shapes: tuple[tuple[int, ...], ...] | None = None  # as last handed to a writer process
+    dtype: torch.dtype | None = None  # ... and their dtype, as torch's and numpy's
+    np_dtype: Any = None
+    sources: list[tuple[int, int]] | None = None  # (address, bytes) of tensors that stay (the weights)
 
 
 class Hook(BaseHook):
@@ -138,7 +152,7 @@ class Hook(BaseHook):
         K.OPTIMIZER_VARIABLES,
     )
     default_include_collections = (K.LOSSES, K.SCALARS)
-    _counting: CountingHooks | None = None  # the only root's step counter, when it may skip ahead
+    _counting: CountingHooks | None  # the only root's step counter, when it may skip ahead (see the base hook)
 
     def __init__(self, out_dir: str, *args: Any, rank: int | None = None, world_size: int | None = None,
                  **kwargs: Any):
@@ -148,7 +162,7 @@ class Hook(BaseHook):
         self._roots: list[_Root] = []
         self._module_ids: set[int] = set()  # every module inside a registered root
         self._param_names: dict[int, str] = {}
-        self._losses: list[tuple[nn.Module, Any]] = []  # (loss module, forward hook for saving steps)
+        self._losses: list[tuple[nn.Module, Any, int]] = []  # (loss module, forward hook for saving steps, key)
         self._opt_handles: list[Any] = []
         self._plans: dict[tuple[int, ...], _Plan] = {}
         self._quiet_until: float = -1  # mode steps before this save nothing (while the mode stays)
@@ -156,7 +170,13 @@ class Hook(BaseHook):
         self._stop_checks = all(hasattr(self, a) for a in ("_stop_watch", "_next_stop_check"))
         self._saving = False  # the current step saves something
         self._step_handles: list[Any] = []  # hooks installed for this step only
-        self._plan_handles: list[Any] = []  # module hooks of the saving plan `_handles_plan`
+        self._plan_handles: list[Any] = []  # parameter hooks of the saving plan `_handles_plan`
+        self._plan_hooks: list[tuple[dict, int]] = []  # (hook dict, key): its module hooks
+        self._grad_hook_id = _hook_id()  # of the forward hook on roots in steps saving gradients
+        self._output_hook_id = _hook_id()  # of the hook on a saving step's model output
+        self._skip_mark = False  # the step ending is a quiet one right before a saving one
+        self._plan_key: tuple | None = None  # (collections saving now, train?) of `_plan_for`'s last plan
+        self._plan_last: _Plan | None = None
         self._handles_plan: _Plan | None = None
         self._io_counts: dict[str, int] = {}
         self._grad_targets: dict[int, tuple[nn.Parameter, str, list[Collection]]] = {}
@@ -171,8 +191,7 @@ class Hook(BaseHook):
         self._small_in_res = 0
         self._defer_small = False
         self._raw_only_cache: dict[tuple, bool] = {}
-        # (module name + _input_/_output_, first index, count) -> _for_gen when none of those names saves
-        self._io_skip: dict[tuple[str, int, int], int] = {}
+        self._io_skip: dict[tuple[str, int, int], tuple[int, Any]] = {}  # see _write_io
         self._step_plan: _Plan | None = None  # of the current saving step
         self._staged: list[tuple[HostBatch, list[tuple[str, list[Collection]]], _Spec | None]] = []
         self._pool = BufferPool()
@@ -230,15 +249,15 @@ class Hook(BaseHook):
         compiled = _is_compiled(module) or getattr(module, "_compiled_call_impl", None) is not None
         root_name = inner._get_name()
         params = [(f"{root_name}_{n}", p) for n, p in inner.named_parameters()]
-        io_hooks: list[tuple[nn.Module, Any]] = []
-        if _is_compiled(module):
-            io_hooks.append((module, functools.partial(self._io_hook, root_name)))  # outside the compiled code
+        io_hooks: list[tuple[nn.Module, Any, int]] = []
+        if _is_compiled(module):  # (outside the compiled code)
+            io_hooks.append((module, functools.partial(self._io_hook, root_name), _hook_id()))
         elif not compiled:
             for n, m in inner.named_modules():
-                io_hooks.append((m, functools.partial(self._io_hook, n if n else root_name)))
+                io_hooks.append((m, functools.partial(self._io_hook, n if n else root_name), _hook_id()))
         root = _Root(module, root_name, params, io_hooks, compiled)
         if not compiled:
-            root.counter = _step_counter.install(module, lambda: self._root_pre_hook(module, ()))
+            root.counter = _step_counter.install(module, functools.partial(self._root_pre_hook, module, ()))
         if root.counter is None:
             pre_hook = self._root_pre_hook
             if compiled and not _is_compiled(module):
@@ -265,10 +284,17 @@ class Hook(BaseHook):
         if self.disabled or self._closed:
             return
         name = loss_module._get_name()
-        if any(m is loss_module for m, _fn in self._losses):
+        if any(m is loss_module for m, _fn, _k in self._losses):
             return
-        self._losses.append((loss_module, functools.partial(self._loss_hook, name)))
+        self._losses.append((loss_module, functools.partial(self._loss_hook, name), _hook_id()))
         self._remove_plan_handles()  # the next saving step installs its hook
+
+    def _hook_loss_now(self, loss_module: nn.Module) -> None:
+        """In a saving step, capture a registered loss module's calls from now on in this step too."""
+        if self._saving:
+            for m, fn, _key in self._losses:
+                if m is loss_module:
+                    self._step_handles.append(m.register_forward_hook(fn))
 
     def register_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Save the optimizer's hyperparameters (learning rate, ...) and state (momentum buffers, ...) after
@@ -303,11 +329,16 @@ class Hook(BaseHook):
             steps[mode] = mode_step
             steps[_modes.GLOBAL] = self._step
         else:
+            # A quiet step right before a saving one ends without telling readers: the saving step's
+            # end does (as for the quiet steps only counted).
+            self._skip_mark = mode_step == self._quiet_until and not self._saving
             try:
                 self.next_step()
             except Exception as e:  # noqa: BLE001 - never break training
                 self._fail("forward pre-hook", e)
                 return
+            finally:
+                self._skip_mark = False
             if self._saving or not self._in_step:
                 return
             mode_step = steps[mode]
@@ -318,48 +349,19 @@ class Hook(BaseHook):
                 counter.left = left if left < _MAX_SKIP else _MAX_SKIP
                 counter.deadline = self._next_stop_check if stop_checks else _INF
 
-    # --- step counting: forwards the step counter only counted are added before anyone reads the steps --
-
-    @property
-    def step(self) -> int:
-        counter = self._counting
-        if counter is not None and counter.skipped:
-            self._sync_steps()
-        return self._step
-
-    @step.setter
-    def step(self, value: int) -> None:
-        self._step = value
-
-    @property
-    def mode_steps(self) -> dict[_modes.ModeKeys, int]:
-        counter = self._counting
-        if counter is not None and counter.skipped:
-            self._sync_steps()
-        return self._mode_steps
-
-    @mode_steps.setter
-    def mode_steps(self, value: dict[_modes.ModeKeys, int]) -> None:
-        self._mode_steps = value
-
-    def _sync_steps(self) -> None:
-        counter = self._counting
-        n = counter.skipped
-        if n:
-            counter.skipped = 0
-            self._step += n
-            self._mode_steps[self.mode] += n
-            self._mode_steps[_modes.GLOBAL] = self._step
-
     def _disarm(self) -> None:
         """Every later forward goes through `_root_pre_hook` again (the step, mode or plan changes)."""
         counter = self._counting
         if counter is not None:
             counter.left = 0
-            self._sync_steps()
+            if counter.skipped:
+                self._sync_steps()
 
     def end_step(self) -> None:
         self._disarm()
+        if self._skip_mark and self._in_step and not self._saving:
+            self._in_step = False  # (a step that saved nothing has nothing to end: see on_step_end)
+            return
         super().end_step()
 
     def _io_hook(self, name: str, module: nn.Module, inputs: Any, outputs: Any) -> None:
@@ -382,7 +384,13 @@ class Hook(BaseHook):
             found = False
             for t in (outputs,) if type(outputs) is torch.Tensor else iter_tensors(outputs):
                 if t.requires_grad and t.grad_fn is not None:
-                    self._step_handles.append(t.register_hook(self._output_grad_hook))
+                    if type(t) is torch.Tensor and t._backward_hooks is None:
+                        # What Tensor.register_hook does, without a handle: the output and its hook go
+                        # with the step's graph.
+                        t._backward_hooks = OrderedDict(((self._output_hook_id, self._output_grad_hook),))
+                        t.grad_fn._register_hook_dict(t)
+                    else:
+                        self._step_handles.append(t.register_hook(self._output_grad_hook))
                     found = True
             if not found and not self._param_hooks_on:
                 self._param_hooks_on = True
@@ -423,12 +431,14 @@ class Hook(BaseHook):
         try:
             plan = self._step_plan
             if plan is not None and plan.grad_list:
-                grads = [p.grad for p, _n, _c in plan.grad_list]
+                grads = []
                 usual = True
-                for g in grads:
-                    if g is None or not capturable(g):
+                for p, _n, _c in plan.grad_list:  # (capturable(), inline: this runs in every saving step)
+                    g = p.grad
+                    if g is None or g.layout is not _STRIDED or g.is_meta or g.is_nested:
                         usual = False
                         break
+                    grads.append(g)
                 if usual:
                     # the usual case: every gradient, in one copy (a later backward of this step replaces it)
                     self._pending_grads = {}
@@ -443,8 +453,12 @@ class Hook(BaseHook):
                     names = plan.grad_spec.names
                     tensors = grads
                     if extra:
-                        tensors = grads + [t for _n, t, _c in extra]
-                        names = names + tuple(n for n, _t, _c in extra)
+                        tensors = grads[:]
+                        extra_names = []
+                        for n, t, _c in extra:  # (loops: no generator per step)
+                            tensors.append(t)
+                            extra_names.append(n)
+                        names = names + tuple(extra_names)
                     res = self._ring_batch(tensors, plan.grad_spec, res, names)
                     if res is not None:
                         if res and self._grad_res is None:
@@ -495,7 +509,7 @@ class Hook(BaseHook):
 
     def on_step_begin(self) -> None:
         self._saving = False
-        if not self.active:
+        if self.disabled or not self.writes or self._closed:  # (not self.active, inline)
             self._quiet_until = _INF
             self._remove_plan_handles()
             return
@@ -503,12 +517,13 @@ class Hook(BaseHook):
         if not now:
             self._quiet_until = self._next_saving_step()
             kept = self._handles_plan
-            if kept is not None and (kept.io or self._quiet_until - self.mode_steps[self.mode] > _KEEP_HANDLES):
+            if kept is not None and (kept.io or self._quiet_until - self._mode_steps[self.mode] > _KEEP_HANDLES):
                 self._remove_plan_handles()  # (I/O hooks sit on every module: never kept over quiet steps)
             return
         self._quiet_until = -1
         self._saving = True
-        self._io_counts.clear()
+        if self._io_counts:
+            self._io_counts.clear()
         plan = self._step_plan = self._plan_for(now)
         if plan.weights:
             self._save_params(plan)
@@ -518,11 +533,13 @@ class Hook(BaseHook):
         self._defer_small = bool(plan.grad_list) and self.writer_kind == "process" and not self.dry_run
         if self._handles_plan is not plan:
             # Module hooks for this plan stay installed while consecutive steps save with it.
-            self._remove_plan_handles()
+            if self._handles_plan is not None:
+                self._remove_plan_handles()
             self._install_plan_handles(plan)
 
     def _install_plan_handles(self, plan: _Plan) -> None:
         handles = self._plan_handles
+        hooks = self._plan_hooks
         if plan.grads:
             for root in self._roots:
                 if root.compiled and not _is_compiled(root.module):
@@ -532,16 +549,26 @@ class Hook(BaseHook):
                         if id(p) in plan.grads:
                             handles.append(p.register_post_accumulate_grad_hook(self._param_grad_hook))
                 else:
-                    handles.append(root.module.register_forward_hook(self._grad_root_hook))
-        for m, fn in self._losses:
-            handles.append(m.register_forward_hook(fn))
+                    d = root.module._forward_hooks
+                    d[self._grad_hook_id] = self._grad_root_hook
+                    hooks.append((d, self._grad_hook_id))
+        for m, fn, key in self._losses:
+            d = m._forward_hooks
+            d[key] = fn
+            hooks.append((d, key))
         if plan.io:
             for root in self._roots:
-                for m, fn in root.io_hooks:
-                    handles.append(m.register_forward_hook(fn))
+                for m, fn, key in root.io_hooks:
+                    d = m._forward_hooks
+                    d[key] = fn
+                    hooks.append((d, key))
         self._handles_plan = plan
 
     def _remove_plan_handles(self) -> None:
+        if self._plan_hooks:
+            for d, key in self._plan_hooks:
+                d.pop(key, None)
+            self._plan_hooks.clear()
         if self._plan_handles:
             for h in self._plan_handles:
                 h.remove()
@@ -549,13 +576,15 @@ class Hook(BaseHook):
         self._handles_plan = None
 
     def on_step_end(self) -> None:
+        if not self._saving:
+            return  # (everything below is set up by saving steps only)
         if self._step_handles:
             for h in self._step_handles:
                 h.remove()
             self._step_handles.clear()
         self._grad_targets = {}
         staged, self._staged = self._staged, []
-        if staged and self._saving and self.active:
+        if staged and self.active:
             try:
                 for batch, items, spec in staged:
                     self._write_batch(batch, items, spec)
@@ -580,31 +609,36 @@ class Hook(BaseHook):
 
     def _next_saving_step(self) -> float:
         """The next step of the current mode at which an included collection saves (inf if none)."""
-        step = self.mode_steps[self.mode]
+        step = self._mode_steps[self.mode]
+        sched = self._schedules.get(self.mode)
+        if sched is None:
+            sched = self._mode_schedule()
+        uniform = self._uniform[self.mode]
+        if uniform is not None:
+            return uniform[0].next_save_step(step)
         best: float = _INF
-        for _c, cfg in self._mode_schedule():
-            for s in cfg.save_steps:
-                if s >= step:
-                    best = min(best, s)
-                    break
-            first = max(step, cfg.start_step)
-            first = -(-first // cfg.save_interval) * cfg.save_interval
-            if cfg.end_step is None or first < cfg.end_step:
-                best = min(best, first)
+        for _c, cfg in sched:
+            nxt = cfg.next_save_step(step)
+            if nxt < best:
+                best = nxt
         return best
 
     def _config_changed(self) -> None:
         self._disarm()
         self._plans.clear()
+        self._plan_key = None
         self._raw_only_cache.clear()
         self._invalidate_caches()
         self._quiet_until = -1
 
     def _plan_for(self, now: list[Collection]) -> _Plan:
-        key = tuple(id(c) for c in now)
+        train = self.mode not in (_modes.EVAL, _modes.PREDICT)
+        last = self._plan_key
+        if last is not None and last[0] is now and last[1] == train:  # (the same list while the set stays)
+            return self._plan_last
+        key = (train, *(id(c) for c in now))
         plan = self._plans.get(key)
         if plan is None:
-            train = self.mode not in (_modes.EVAL, _modes.PREDICT)
             weights = []
             grads: dict[int, tuple[nn.Parameter, str, list[Collection]]] = {}
             for root in self._roots:
@@ -628,6 +662,8 @@ class Hook(BaseHook):
             )
             if len(self._plans) > 64:
                 self._plans.clear()
+        self._plan_key = (now, train)
+        self._plan_last = plan
         return plan
 
     # --- capture -----------------------------------------------------------------------------
@@ -636,18 +672,23 @@ class Hook(BaseHook):
         # Detached views of the parameters, cached while every parameter keeps its storage.
         views = plan.param_views
         if views is not None:
-            for v, (_n, p, _c) in zip(views, plan.weights, strict=True):  # (a loop: no generator per step)
-                if v.data_ptr() != p.data_ptr():
+            i = 0
+            for _n, p, _c in plan.weights:  # (a loop: no generator per step)
+                if views[i].data_ptr() != p.data_ptr():
                     views = None
                     break
+                i += 1
+        spec = plan.weight_spec
         if views is None:
             views = plan.param_views = [p.detach() for _n, p, _c in plan.weights]
-        keep = [i for i, v in enumerate(views) if capturable(v)] if plan.some_odd else None
-        if keep is None:
-            if plan.weight_spec is None:
-                plan.weight_spec = self._spec(plan.weight_items)
-            self._stage_or_write(views, plan.weight_items, plan.weight_spec)
+            if spec is not None:
+                spec.sources = None
+        if not plan.some_odd:
+            if spec is None:
+                spec = plan.weight_spec = self._spec(plan.weight_items)
+            self._stage_or_write(views, plan.weight_items, spec, reuse=True)
         else:
+            keep = [i for i, v in enumerate(views) if capturable(v)]
             self._stage_or_write([views[i] for i in keep], [plan.weight_items[i] for i in keep])
 
     def _spec(self, items: list[tuple[str, list[Collection]]]) -> _Spec:
@@ -659,11 +700,11 @@ class Hook(BaseHook):
         return _Spec(tuple(name for name, _c in items), raw_only)
 
     def _stage_or_write(self, tensors: list[torch.Tensor], items: list[tuple[str, list[Collection]]],
-                        spec: _Spec | None = None) -> None:
+                        spec: _Spec | None = None, reuse: bool = False) -> None:
         if not tensors:
             return
         if spec is not None:
-            res = self._ring_batch(tensors, spec)
+            res = self._ring_batch(tensors, spec, reuse=reuse)
             if res is not None:
                 if res:
                     self._writer.commit(res)
@@ -675,36 +716,46 @@ class Hook(BaseHook):
         self._write_batch(batch, items, spec)
 
     def _ring_batch(self, tensors: list[torch.Tensor], spec: _Spec, res: Any = None,
-                    names: tuple[str, ...] | None = None) -> Any:
+                    names: tuple[str, ...] | None = None, reuse: bool = False) -> Any:
         """Copy CPU tensors of one dtype straight into the shared memory of a writer process (one copy,
         no host buffer in between): the reservation to commit, False if the writer dropped the batch,
         None if this path does not apply. `res`: an open reservation of the same tensors to refill;
-        `names`: of the tensors when not `spec.names`."""
+        `names`: of the tensors when not `spec.names`; `reuse`: the tensors are those of the last call
+        with `reuse` unless `spec.sources` was cleared."""
         if not spec.raw_only or self.dry_run or self._force_async_copies:
             return None
-        w = self._get_writer()
+        w = self._writer
+        if w is None:
+            w = self._get_writer()
         reserve = getattr(w, "reserve_batch", None)
         if reserve is None:
             return None
-        dtype = tensors[0].dtype
         shapes = spec.shapes
-        same = shapes is not None and len(shapes) == len(tensors)
-        for i, t in enumerate(tensors):
-            if t.dtype != dtype or not t.is_cpu or not t.is_contiguous():
+        sources = spec.sources if reuse else None
+        if sources is None:
+            found = ring_sources(tensors, shapes)
+            if found is None:
                 return None
-            if same and t.shape != shapes[i]:
-                same = False
+            sources, new_shapes = found
+            if new_shapes is not shapes:
+                if res is not None:
+                    return None  # (the open reservation is laid out for other shapes)
+                spec.shapes = shapes = new_shapes
+            if reuse:
+                spec.sources = sources
         if res is None:
-            np_dtype = numpy_dtype(dtype)
-            if np_dtype is None:
+            dtype = tensors[0].dtype
+            if dtype is not spec.dtype:
+                spec.np_dtype = numpy_dtype(dtype)
+                spec.dtype = dtype
+            if spec.np_dtype is None:
                 return None
-            if not same:
-                shapes = spec.shapes = tuple(tuple(t.shape) for t in tensors)
             mode = self.mode
-            res = reserve(names or spec.names, np_dtype, shapes, self.step, mode.value, self.mode_steps[mode])
+            res = reserve(names or spec.names, spec.np_dtype, shapes, self._step, mode._value_,
+                          self._mode_steps[mode])
             if not res:
                 return res
-        copy_into(w.ring_address + res.offset, tensors)
+        gather_into(w.ring_address + res.offset, sources)
         return res
 
     def flush(self, timeout: float | None = 30.0) -> None:
@@ -722,13 +773,14 @@ class Hook(BaseHook):
         small, self._small = self._small, []
         in_res, self._small_in_res = self._small_in_res, 0
         plan = self._step_plan
+        active = self._saving and not self.disabled and not self._closed  # (writes: it made `res`)
         if res is not None:
-            if self._saving and self.active:
+            if active:
                 self._writer.commit(res)
                 small = small[in_res:]
             else:
                 self._writer.cancel(res)
-        if not self._saving or not self.active:
+        if not active or not self.writes:
             return
         if small:
             with self.guard("small tensors"):
@@ -759,17 +811,35 @@ class Hook(BaseHook):
     def _write_io(self, prefix: str, suffix: str, obj: Any) -> None:
         key = prefix + suffix
         start = idx = self._io_counts.get(key, 0)
-        if isinstance(obj, torch.Tensor):
+        if type(obj) is torch.Tensor:
             objs: Any = (obj,)
-        elif type(obj) is tuple and all(isinstance(t, torch.Tensor) for t in obj):
+        elif type(obj) is tuple:
             objs = obj  # e.g. a loss module's (input, target)
+            for t in obj:
+                if not isinstance(t, torch.Tensor):
+                    objs = list(iter_tensors(obj))
+                    break
+        elif isinstance(obj, torch.Tensor):
+            objs = (obj,)
         else:
             objs = list(iter_tensors(obj))
-        skip = (key, start, len(objs))
-        self.collections_to_save()  # (brings _for_gen up to date for this step)
-        if self._io_skip.get(skip) == self._for_gen:  # none of these names is saved now: just count them
-            self._io_counts[key] = start + len(objs)
-            return
+        n = len(objs)
+        skip = (key, start, n)
+        # What these names did the last time: (`_for_gen` then, None if none of them is saved now, else
+        # (name, collections) of a lone small tensor saved raw). (`_for_gen` is current: this runs in
+        # saving steps, which began with collections_to_save().)
+        seen = self._io_skip.get(skip)
+        if seen is not None and seen[0] == self._for_gen:
+            lone = seen[1]
+            if lone is None:
+                self._io_counts[key] = start + n
+                return
+            t = objs[0]
+            if self._defer_small and t.is_cpu and t.layout is _STRIDED and not t.is_nested and t.numel() <= _SMALL:
+                # e.g. a loss: sent with this step's gradients (one hand-off for both), else at step end
+                self._io_counts[key] = start + 1
+                self._small.append((lone[0], t.detach().clone(), lone[1]))
+                return
         tensors: list[torch.Tensor] = []
         items: list[tuple[str, list[Collection]]] = []
         wanted = False
@@ -783,19 +853,21 @@ class Hook(BaseHook):
                     tensors.append(t.detach())
                     items.append((name, colls))
         self._io_counts[key] = idx
+        if len(self._io_skip) > 4096:
+            self._io_skip.clear()
         if not wanted:
-            if len(self._io_skip) > 4096:
-                self._io_skip.clear()
-            self._io_skip[skip] = self._for_gen
+            self._io_skip[skip] = (self._for_gen, None)
             return
         if len(tensors) == 1 and tensors[0].numel() <= _SMALL and tensors[0].is_cpu:
             name, colls = items[0]
-            if self._defer_small and self._raw_only(name, colls):
-                # e.g. a loss: sent with this step's gradients (one hand-off for both), else at step end
-                self._small.append((name, tensors[0].clone(), colls))
+            if self._raw_only(name, colls):
                 self._note_membership(name, colls)
-            else:
-                self.write_tensor(name, host_numpy(tensors[0]), colls)  # copied here
+                if n == 1:
+                    self._io_skip[skip] = (self._for_gen, (name, colls))
+                if self._defer_small:
+                    self._small.append((name, tensors[0].clone(), colls))
+                    return
+            self.write_tensor(name, host_numpy(tensors[0]), colls)  # copied here
         else:
             self._stage_or_write(tensors, items)
 

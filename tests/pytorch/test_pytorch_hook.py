@@ -504,7 +504,7 @@ def test_injected_failure_disables_hook_and_training_continues(tmp_path, monkeyp
     hook.register_loss(loss_fn)
     calls = {"n": 0}
     # the copy of saved tensors: into pooled host buffers (thread) or into the writer's ring (process)
-    owner, attr = (_tensors.HostBatch, "arrays") if writer == "thread" else (hook_module, "copy_into")
+    owner, attr = (_tensors.HostBatch, "arrays") if writer == "thread" else (hook_module, "gather_into")
     real = getattr(owner, attr)
 
     def failing(*args):
@@ -535,7 +535,7 @@ def test_failure_inside_backward_does_not_break_backward(tmp_path, monkeypatch):
 
     import tensortap.pytorch.hook as hook_module
 
-    monkeypatch.setattr(hook_module, "capturable", boom)  # runs in the end-of-backward callback
+    monkeypatch.setattr(hook_module, "ring_sources", boom)  # runs in the end-of-backward callback
     rec: list = []
     _train(model, hook, 3, record=rec)
     assert hook.disabled
@@ -645,3 +645,24 @@ def test_module_inputs_saved_once_a_collection_asks_for_them_mid_run(tmp_path):
         assert np.array_equal(t.tensor("CrossEntropyLoss_input_0").value(s), xs[s].numpy())
     assert t.tensor("CrossEntropyLoss_output_0").steps() == [0, 1, 2, 3]
     assert not t.has_tensor("CrossEntropyLoss_input_1")
+
+
+def test_gradients_saved_in_train_after_eval_with_the_same_collections(tmp_path):
+    # One collection holding everything saves in EVAL (no gradients there) and in TRAIN: the TRAIN steps
+    # must not reuse what EVAL captured (the same set of collections saving, another mode).
+    model = Net()
+    hook = tp.Hook(out_dir=str(tmp_path / "run"), save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["everything"])
+    hook.get_collection("everything").include(".*")
+    hook.register_module(model)
+    hook.set_mode(tp.modes.EVAL)
+    with torch.no_grad():
+        model(_batch()[0])
+    hook.set_mode(tp.modes.TRAIN)
+    rec: list = []
+    _train(model, hook, 2, record=rec)
+    hook.close()
+    trial = tp.create_trial(str(tmp_path / "run"))
+    g = trial.tensor("gradient/Net_fc1.weight")
+    assert g.steps(tp.modes.TRAIN) == [0, 1] and g.steps(tp.modes.EVAL) == []
+    assert np.array_equal(g.value(1), rec[0]["g"]["fc1.weight"].numpy())

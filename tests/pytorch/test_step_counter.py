@@ -252,12 +252,12 @@ def test_a_module_class_with_its_own_call_keeps_the_pre_hook(tmp_path):
 def test_a_failing_step_counter_never_breaks_the_forward(tmp_path, caplog):
     model = Net()
     hook = _hook(tmp_path, save_interval=1)
-    hook.register_module(model)
 
     def broken(module, args):
         raise RuntimeError("injected")
 
     hook._root_pre_hook = broken  # what the counter calls on every forward that is not known quiet
+    hook.register_module(model)
     for _ in range(3):
         out = model(torch.randn(2, 8))  # training goes on
     assert out.shape == (2, 4)
