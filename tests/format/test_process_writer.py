@@ -319,3 +319,33 @@ def test_pytorch_batches_larger_than_half_the_ring(tmp_path):
         assert np.array_equal(t.tensor("Sequential_0.weight").value(s), w.numpy())
         assert np.array_equal(t.tensor("gradient/Sequential_0.weight").value(s), g.numpy())
         assert np.array_equal(t.tensor("CrossEntropyLoss_output_0").value(s), loss.numpy())
+
+
+def _wakeups(pid: int) -> int:
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches"):
+                    total += int(line.split()[1])
+    return total
+
+
+def test_idle_writer_process_backs_off_and_still_answers_at_once(tmp_path):
+    # With nothing to do the child looks at the ring less and less often (down to every 50 ms instead
+    # of every 5): an idle child used to wake ~200 times a second. A flush still gets through at once.
+    storage = open_storage(str(tmp_path / "run"))
+    w = ProcessChunkWriter(storage, "worker_0", flush_interval=10.0)
+    try:
+        assert w.submit(Record(name="x", step=0, mode=1, mode_step=0, value=np.arange(4.0)))
+        assert w.flush(timeout=10)
+        time.sleep(0.5)  # (backing off)
+        before = _wakeups(w._proc.pid)
+        time.sleep(1.0)
+        assert _wakeups(w._proc.pid) - before < 60
+        assert w.submit(Record(name="x", step=1, mode=1, mode_step=1, value=np.arange(5.0)))
+        assert w.flush(timeout=10)
+    finally:
+        w.close()
+    t = tt.create_trial(str(tmp_path / "run"))
+    assert t.tensor("x").steps() == [0, 1] and t.tensor("x").value(1).tolist() == [0, 1, 2, 3, 4]
