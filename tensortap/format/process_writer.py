@@ -707,8 +707,8 @@ class _ChildWriter(ChunkWriter):
     _DIO_MAX = 8 << 20
 
     def _open_chunk(self) -> None:
+        self._close_direct()  # (pending direct writes go to the chunk they were laid out in)
         super()._open_chunk()
-        self._close_direct()
         flag = getattr(os, "O_DIRECT", 0)
         name = getattr(self._dat, "name", None)
         if flag and not self.sealed_mode and isinstance(name, str):

@@ -349,3 +349,28 @@ def test_idle_writer_process_backs_off_and_still_answers_at_once(tmp_path):
         w.close()
     t = tt.create_trial(str(tmp_path / "run"))
     assert t.tensor("x").steps() == [0, 1] and t.tensor("x").value(1).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_direct_written_batches_across_data_chunks(tmp_path):
+    # Small chunks: the payloads written straight from the ring land in several data files, and every
+    # value reads back exactly.
+    storage = open_storage(str(tmp_path / "run"))
+    w = ProcessChunkWriter(storage, "worker_0", flush_interval=0.05, chunk_bytes=300_000)
+    rng = np.random.default_rng(2)
+    expect = {}
+    for step in range(12):
+        shapes = ((300, 70), (1000,))
+        res = w.reserve_batch(("w", "g"), np.dtype(np.float32), shapes, step, 1, step)
+        vals = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        res.payload[:] = np.concatenate([v.ravel() for v in vals]).view(np.uint8)
+        w.commit(res)
+        w.mark_step_passed(step, {"TRAIN": step, "GLOBAL": step})
+        expect[step] = vals
+        if step % 4 == 3:
+            assert w.flush(10)
+    w.close()
+    assert w.error is None and w.dropped_records == 0
+    assert len(list((tmp_path / "run").rglob("*.dat"))) >= 3
+    t = tt.create_trial(str(tmp_path / "run"))
+    for step, (wv, gv) in expect.items():
+        assert np.array_equal(t.tensor("w").value(step), wv) and np.array_equal(t.tensor("g").value(step), gv)
