@@ -27,14 +27,19 @@ _CALL_IMPL = nn.Module._call_impl.__code__
 logger = logging.getLogger("tensortap")
 
 
-class CountingHooks(OrderedDict):
-    """A module's `_backward_hooks` that calls `tick()` once per call of the module.
+def _report(exc: BaseException) -> None:
+    logger.error("tensortap: the step counter failed; it stops counting, training continues", exc_info=exc)
 
-    While `left` > 0 (and the clock is before `deadline`), a call is only counted in `skipped` instead:
-    the owner arms that for steps it knows will save nothing, and adds `skipped` to its step counters
-    before it next reads them. (A tick touches the hook's state, which a training step has pushed out of
-    the CPU caches: measured, ~10 us per step in context against ~0.5 us when warm.)
-    """
+
+try:  # the truth test in C (_counting.c); the Python one below where it could not be built
+    from tensortap.pytorch._counting import CountingBase as _CountingBase
+    from tensortap.pytorch._counting import configure as _configure
+except ImportError:  # pragma: no cover - built at install where a compiler is present
+    _CountingBase = None
+
+
+class _PyCountingHooks(OrderedDict):
+    """The Python form of `CountingHooks`, used where the C one is not built."""
 
     __slots__ = ("tick", "left", "skipped", "deadline")
 
@@ -54,16 +59,33 @@ class CountingHooks(OrderedDict):
             elif self.tick is not None:
                 try:
                     self.tick()
-                except Exception:  # noqa: BLE001 - never break the forward it sits in
-                    logger.exception("tensortap: the step counter failed; it stops counting, training continues")
+                except Exception as e:  # noqa: BLE001 - never break the forward it sits in
                     self.tick = None
+                    _report(e)
         return len(self) > 0
+
+
+class CountingHooks(_PyCountingHooks if _CountingBase is None else _CountingBase):
+    """A module's `_backward_hooks` that calls `tick()` once per call of the module.
+
+    While `left` > 0 (and the clock is before `deadline`), a call is only counted in `skipped` instead:
+    the owner arms that for steps it knows will save nothing, and adds `skipped` to its step counters
+    before it next reads them. (A tick touches the hook's state, which a training step has pushed out of
+    the CPU caches: measured, ~10 us per step in context against ~0.5 us when warm.) When `tick` raises,
+    the error is logged once and counting stops (`tick` becomes None); the forward goes on.
+    """
+
+    __slots__ = ()
 
     def __reduce__(self):  # torch.save(model) / copy.deepcopy(model): a plain dict, no counting
         return (OrderedDict, (), None, None, iter(list(self.items())))
 
     def copy(self) -> OrderedDict:
         return OrderedDict(self)
+
+
+if _CountingBase is not None:
+    _configure(_CALL_IMPL, _report)
 
 
 @functools.cache

@@ -28,9 +28,20 @@ class Net(nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
-@pytest.fixture(autouse=True)
-def _reset(monkeypatch):
+class _PythonCounting(_step_counter._PyCountingHooks):
+    """The counter as it is where its C truth test could not be built."""
+
+    __slots__ = ()
+    __reduce__ = CountingHooks.__reduce__
+    copy = CountingHooks.copy
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def _reset(monkeypatch, request):
     monkeypatch.delenv("TENSORTAP_DISABLE", raising=False)
+    if request.param == "python":
+        # every test of this file also runs with the Python truth test
+        monkeypatch.setattr(_step_counter, "CountingHooks", _PythonCounting)
     torch.manual_seed(0)
     yield
     tp.del_hook()
@@ -48,12 +59,19 @@ def _step(model, loss_fn=None):
     return loss
 
 
+def test_the_c_truth_test_is_built_and_used():
+    from tensortap.pytorch._counting import CountingBase  # built at install (a compiler is there)
+
+    assert issubclass(CountingHooks, CountingBase) and issubclass(CountingHooks, OrderedDict)
+    assert type(CountingHooks.__bool__).__name__ == "wrapper_descriptor"  # the C slot, no Python method
+
+
 def test_this_torch_takes_the_counter_and_root_gets_no_module_hook(tmp_path):
     assert _step_counter.works()
     model = Net()
     hook = _hook(tmp_path, save_interval=3)
     hook.register_module(model)
-    assert isinstance(model._backward_hooks, CountingHooks)
+    assert isinstance(model._backward_hooks, _step_counter.CountingHooks)
     assert not model._forward_pre_hooks and not model._forward_hooks  # torch keeps its fast path
     for _ in range(7):
         _step(model)
@@ -154,7 +172,7 @@ def test_user_backward_hook_registered_before_falls_back(tmp_path):
     handle = model.register_full_backward_hook(lambda m, gi, go: calls.append(1))
     hook = _hook(tmp_path, save_interval=1)
     hook.register_module(model)
-    assert not isinstance(model._backward_hooks, CountingHooks)  # the user's handle stays valid
+    assert not isinstance(model._backward_hooks, _step_counter.CountingHooks)  # the user's handle stays valid
     _step(model)
     handle.remove()
     _step(model)
@@ -167,10 +185,10 @@ def test_reregistering_a_parent_moves_the_counter(tmp_path):
     model = Net()
     hook = _hook(tmp_path, save_interval=1)
     hook.register_module(model.fc1)
-    assert isinstance(model.fc1._backward_hooks, CountingHooks)
+    assert isinstance(model.fc1._backward_hooks, _step_counter.CountingHooks)
     hook.register_module(model)
     assert type(model.fc1._backward_hooks) is OrderedDict
-    assert isinstance(model._backward_hooks, CountingHooks)
+    assert isinstance(model._backward_hooks, _step_counter.CountingHooks)
     for _ in range(3):
         model(torch.randn(1, 8))
     assert hook.step == 2
@@ -241,7 +259,7 @@ def test_a_module_class_with_its_own_call_keeps_the_pre_hook(tmp_path):
     model = OwnCall()
     hook = _hook(tmp_path, save_interval=1)
     hook.register_module(model)
-    assert not isinstance(model._backward_hooks, CountingHooks)
+    assert not isinstance(model._backward_hooks, _step_counter.CountingHooks)
     assert len(model._forward_pre_hooks) == 1
     for _ in range(3):
         model(torch.randn(2, 8))
@@ -264,3 +282,18 @@ def test_a_failing_step_counter_never_breaks_the_forward(tmp_path, caplog):
     assert "the step counter failed" in caplog.text
     assert model._backward_hooks.tick is None
     hook.close()
+
+
+def test_a_counter_in_a_reference_cycle_is_collected():
+    import functools
+    import gc
+    import weakref
+
+    model = Net()
+    counter = _step_counter.install(model, functools.partial(id, model))  # module -> counter -> tick -> module
+    assert counter is not None
+    model(torch.randn(2, 8))
+    ref = weakref.ref(model)
+    del model, counter
+    gc.collect()
+    assert ref() is None
