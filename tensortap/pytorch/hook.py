@@ -181,6 +181,12 @@ class Hook(BaseHook):
         self._io_counts: dict[str, int] = {}
         self._grad_targets: dict[int, tuple[nn.Parameter, str, list[Collection]]] = {}
         self._param_hooks_on = False
+        # Where a registered loss module fed the backward of a saving step, later saving steps read the
+        # gradients through the loss's output and the model keeps torch's fast path (`_grads_by_loss`);
+        # `_grads_by_loss_ok`: None until a step shows whether that works, False after a step without the loss.
+        self._grads_by_loss = False
+        self._grads_by_loss_ok: bool | None = None
+        self._loss_seen = False  # a registered loss ran in this saving step (with an output in the graph)
         self._grad_cb_queued = False
         self._pending_grads: dict[str, tuple[Any, list[Collection]]] = {}
         self._grad_batch: HostBatch | None = None  # every planned gradient, copied at once
@@ -373,7 +379,22 @@ class Hook(BaseHook):
         except Exception as e:  # noqa: BLE001
             self._fail("forward hook", e)
 
-    _loss_hook = _io_hook  # a loss module's inputs and outputs are saved the same way
+    def _loss_hook(self, name: str, module: nn.Module, inputs: Any, outputs: Any) -> None:
+        # A loss module's inputs and outputs are saved as a module's (_io_hook's body, inline). When the
+        # gradients are read through the loss (`_grads_by_loss`), a hook on its output tells when.
+        if not self._saving or self.disabled:
+            return
+        try:
+            self._write_io(name, INPUT_SUFFIX, inputs)
+            self._write_io(name, OUTPUT_SUFFIX, outputs)
+        except Exception as e:  # noqa: BLE001
+            self._fail("forward hook", e)
+            return
+        if self._grads_by_loss:
+            self._loss_seen = True
+            self._grad_root_hook(module, inputs, outputs)
+        elif self._grads_by_loss_ok is None and self._grad_targets and type(outputs) is torch.Tensor:
+            self._loss_seen = outputs.grad_fn is not None
 
     def _grad_root_hook(self, module: nn.Module, inputs: Any, outputs: Any) -> None:
         # Gradients are read once the backward pass ends. A hook on the output starts that; a model
@@ -540,8 +561,13 @@ class Hook(BaseHook):
     def _install_plan_handles(self, plan: _Plan) -> None:
         handles = self._plan_handles
         hooks = self._plan_hooks
+        # Gradients are read once the backward pass ends, which a hook on the model's output tells (or on
+        # the loss's: see `_grads_by_loss`).
+        self._grads_by_loss = by_loss = bool(plan.grads and self._losses and self._grads_by_loss_ok)
         if plan.grads:
             for root in self._roots:
+                if by_loss and not root.compiled:
+                    continue
                 if root.compiled and not _is_compiled(root.module):
                     # model.compile(): a forward hook would run inside the compiled code. Parameter
                     # hooks run in autograd, outside it.
@@ -578,6 +604,20 @@ class Hook(BaseHook):
     def on_step_end(self) -> None:
         if not self._saving:
             return  # (everything below is set up by saving steps only)
+        if self._grad_targets and self._grads_by_loss_ok is not False:
+            if self._grads_by_loss and not self._loss_seen:
+                # The registered loss was not called in a step that saves gradients: they were not read.
+                # From the next saving step on, the model's output tells when backward ends.
+                logger.warning("tensortap: no registered loss module was called in step %d, which saves "
+                               "gradients; they are read through the model's output from now on", self._step)
+                self._grads_by_loss_ok = False
+                self._remove_plan_handles()
+            elif self._loss_seen and self._grads_by_loss_ok is None:
+                # A registered loss fed the backward of a step saving gradients: later saving steps learn
+                # through it when backward ends.
+                self._grads_by_loss_ok = True
+                self._remove_plan_handles()
+        self._loss_seen = False
         if self._step_handles:
             for h in self._step_handles:
                 h.remove()

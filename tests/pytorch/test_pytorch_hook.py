@@ -666,3 +666,33 @@ def test_gradients_saved_in_train_after_eval_with_the_same_collections(tmp_path)
     g = trial.tensor("gradient/Net_fc1.weight")
     assert g.steps(tp.modes.TRAIN) == [0, 1] and g.steps(tp.modes.EVAL) == []
     assert np.array_equal(g.value(1), rec[0]["g"]["fc1.weight"].numpy())
+
+
+def test_gradients_read_through_the_registered_loss_and_back_through_the_model_when_it_is_not_called(
+        tmp_path, caplog):
+    """Once a registered loss has fed a saving step's backward, the model keeps torch's fast path in saving
+    steps (the loss's output tells when backward ends); a saving step without that loss loses its gradients
+    (with a warning) and the model's output is used from then on."""
+    model = Net()
+    loss_fn = nn.CrossEntropyLoss()
+    hook = tp.Hook(out_dir=str(tmp_path / "run"), save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["gradients", "losses"])
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    grads, root_hooked = [], []
+    for step in range(5):
+        x, y = _batch()
+        model.zero_grad()
+        out = model(x)
+        root_hooked.append(len(model._forward_hooks))
+        loss = loss_fn(out, y) if step < 2 else nn.functional.cross_entropy(out, y)
+        loss.backward()
+        grads.append(model.fc1.weight.grad.clone())
+    hook.close()
+    assert root_hooked == [1, 0, 0, 1, 1]  # step 0 learns; step 2 has no registered loss; 3, 4: the output
+    assert "no registered loss module was called in step 2" in caplog.text
+    t = tp.create_trial(str(tmp_path / "run"))
+    assert t.tensor("gradient/Net_fc1.weight").steps() == [0, 1, 3, 4]
+    for s in (0, 1, 3, 4):
+        assert np.array_equal(t.tensor("gradient/Net_fc1.weight").value(s), grads[s].numpy())
+    assert t.tensor("CrossEntropyLoss_output_0").steps() == [0, 1]

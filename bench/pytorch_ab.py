@@ -1,0 +1,115 @@
+"""A/B of two variants of the hook in one process: blocks of steps plain, hooked with variant A and
+hooked with variant B, in rotating order, so that both variants see the same machine state (on a noisy VM
+the step time drifts by ±20% between runs, far more than the effects measured). Prints the median
+training-thread CPU added per save interval by each variant and the median per-round difference B - A.
+
+Variants are named in VARIANTS below: each is a function (hook, model, on: bool) that switches the variant on
+(B) or off (A) while the hook stays registered. Used to decide whether a change that is too small for
+bench/pytorch_overhead.py to resolve is worth keeping.
+
+    .venv/bin/python bench/pytorch_ab.py counter_c --interval 10 --rounds 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from pytorch_overhead import COLLECTIONS, _build, _HookSwitch  # noqa: E402
+
+
+def _counter_c(hook, model, on: bool) -> None:
+    """B: the step counter's truth test in C; A: in Python."""
+    from tensortap.pytorch import _step_counter as sc
+
+    class _Py(sc._PyCountingHooks):
+        __slots__ = ()
+
+    old = model._backward_hooks
+    new = (sc.CountingHooks if on else _Py)()
+    if type(old) is type(new):
+        return
+    new.update(old)
+    new.tick, new.left, new.skipped, new.deadline = old.tick, old.left, old.skipped, old.deadline
+    old.tick = None
+    model._backward_hooks = new
+    hook._roots[0].counter = hook._counting = new
+
+
+def _grads_by_loss(hook, model, on: bool) -> None:
+    """B: saving steps learn that backward ends through the registered loss's output; A: the model's."""
+    hook._grads_by_loss_ok = on
+    hook._remove_plan_handles()
+
+
+VARIANTS = {"counter_c": _counter_c, "grads_by_loss": _grads_by_loss}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("variant", choices=sorted(VARIANTS))
+    ap.add_argument("--interval", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--cycles", type=int, default=10, help="save intervals per block")
+    args = ap.parse_args()
+
+    import torch
+
+    import tensortap.pytorch as tp
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model, opt, loss_fn, x, y = _build("mlp")
+    out_root = tempfile.mkdtemp(prefix="ttab_")
+    hook = tp.Hook(out_dir=os.path.join(out_root, "run"), save_config=tp.SaveConfig(save_interval=args.interval),
+                   include_collections=COLLECTIONS)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    switch = VARIANTS[args.variant]
+    n = args.interval * args.cycles
+
+    def block(kind: str) -> float:
+        if kind == "plain":
+            hooks = _HookSwitch([model, loss_fn])
+            hooks.off()
+        else:
+            switch(hook, model, kind == "B")
+        c0 = time.thread_time()
+        for _ in range(n):
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+        hook._writer.drain() if kind != "plain" and hasattr(hook._writer, "drain") else None
+        spent = time.thread_time() - c0
+        if kind == "plain":
+            hooks.on()
+        return spent / args.cycles * 1e6
+
+    for kind in ("A", "B", "plain"):
+        block(kind)
+    added = {"A": [], "B": []}
+    orders = [("plain", "A", "B"), ("B", "plain", "A"), ("A", "B", "plain"), ("plain", "B", "A"),
+              ("A", "plain", "B"), ("B", "A", "plain")]
+    for r in range(args.rounds):
+        got = {k: block(k) for k in orders[r % len(orders)]}
+        for k in added:
+            added[k].append(got[k] - got["plain"])
+    hook.close()
+    shutil.rmtree(out_root, ignore_errors=True)
+    a, b = statistics.median(added["A"]), statistics.median(added["B"])
+    diff = sorted(y - x for x, y in zip(added["A"], added["B"], strict=True))
+    q = len(diff) // 4
+    print(f"{args.variant}, every {args.interval}, {args.rounds} rounds: training-thread CPU added per save "
+          f"interval: A {a:+.0f} us, B {b:+.0f} us; B - A per round: median {statistics.median(diff):+.0f} us "
+          f"(quartiles {diff[q]:+.0f} .. {diff[-q - 1]:+.0f})")
+
+
+if __name__ == "__main__":
+    main()
