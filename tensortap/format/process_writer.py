@@ -394,6 +394,9 @@ class ProcessChunkWriter:
         elif head - self._h[_TAIL] < self._bell_at or head - self._last_bell < self._bell_at // 2:
             return  # the child polls every _POLL seconds; a bell (a system call and a wake-up) only when
             # the ring is filling up faster than that
+        self._ring_bell(head)
+
+    def _ring_bell(self, head: int) -> None:
         self._last_bell = head
         try:
             os.write(self._bell, b"\0")
@@ -465,9 +468,18 @@ class ProcessChunkWriter:
         """The reservation's payload is filled in: send it."""
         with self._lock:
             res.done = True
-            while self._open and self._open[0].done:
-                self._open.popleft()
-            self._publish()
+            opened = self._open
+            while opened and opened[0].done:
+                opened.popleft()
+            if opened or self._forked:
+                self._publish()
+                return
+            # (what _publish does when no reservation is open, inline: this runs at every saving step)
+            head = self._head
+            h = self._h
+            h[_HEAD] = head
+            if head - h[_TAIL] >= self._bell_at and head - self._last_bell >= self._bell_at // 2:
+                self._ring_bell(head)
 
     def cancel(self, res: Reservation) -> None:
         """Send nothing for this reservation (its ring space is skipped)."""

@@ -551,7 +551,7 @@ class Hook:
             return
         self._in_step = False
         self.on_step_end()
-        if self._writer is not None and self.active:
+        if self._writer is not None and not self.disabled and self.writes and not self._closed:  # (active)
             try:  # (what guard() does, without a generator per step)
                 if self._collections_dirty:
                     self._writer.set_collections(self.collection_manager.to_json_dict())

@@ -166,6 +166,7 @@ class Hook(BaseHook):
         self._opt_handles: list[Any] = []
         self._plans: dict[tuple[int, ...], _Plan] = {}
         self._quiet_until: float = -1  # mode steps before this save nothing (while the mode stays)
+        self._quiet_after: float = -1  # ... and after the current saving step, those before this
         # quiet steps still take the full path when the base hook is due to check for a stop request
         self._stop_checks = all(hasattr(self, a) for a in ("_stop_watch", "_next_stop_check"))
         self._saving = False  # the current step saves something
@@ -324,11 +325,25 @@ class Hook(BaseHook):
         mode_step = steps[mode] + 1
         stop_checks = self._stop_checks and self._stop_watch
         if (
-            mode_step < self._quiet_until
+            mode_step < (self._quiet_after if self._saving else self._quiet_until)
             and self._in_step
-            and not self._saving
             and not (stop_checks and time.monotonic() >= self._next_stop_check)
         ):
+            if self._saving:
+                # A saving step ends and the next is known to save nothing: what next_step() and
+                # on_step_begin() do for that, without the schedule's tests.
+                try:
+                    BaseHook.end_step(self)
+                except Exception as e:  # noqa: BLE001 - never break training
+                    self._fail("forward pre-hook", e)
+                    return
+                if self.disabled or self._closed:
+                    return
+                until = self._quiet_until = self._quiet_after
+                kept = self._handles_plan
+                if kept is not None and (kept.io or until - mode_step > _KEEP_HANDLES):
+                    self._remove_plan_handles()
+                self._in_step = True
             # Nothing to save before `_quiet_until`: only count the step. Readers learn that the
             # quiet steps passed when the next saving step ends.
             self._step += 1
@@ -543,6 +558,10 @@ class Hook(BaseHook):
             return
         self._quiet_until = -1
         self._saving = True
+        # The next step saving in this mode, when every collection saves at the same steps (else -1): the
+        # steps before it need no test of the schedule (see _root_pre_hook).
+        uniform = self._uniform[self.mode]
+        self._quiet_after = uniform[0].next_save_step(self._mode_steps[self.mode] + 1) if uniform is not None else -1
         if self._io_counts:
             self._io_counts.clear()
         plan = self._step_plan = self._plan_for(now)
@@ -669,7 +688,7 @@ class Hook(BaseHook):
         self._plan_key = None
         self._raw_only_cache.clear()
         self._invalidate_caches()
-        self._quiet_until = -1
+        self._quiet_until = self._quiet_after = -1
 
     def _plan_for(self, now: list[Collection]) -> _Plan:
         train = self.mode not in (_modes.EVAL, _modes.PREDICT)

@@ -297,3 +297,31 @@ def test_a_counter_in_a_reference_cycle_is_collected():
     del model, counter
     gc.collect()
     assert ref() is None
+
+
+def test_mode_and_collection_changes_right_after_a_saving_step(tmp_path):
+    """The step after a saving one begins without the schedule's tests when it is known to be quiet; a mode
+    switch or a collection change in between is still seen."""
+    model = Net()
+    hook = _hook(tmp_path, save_interval=3)
+    hook.register_module(model)
+    hook.set_mode(tp.modes.TRAIN)
+    model(torch.randn(2, 8))  # TRAIN 0 (saves)
+    hook.set_mode(tp.modes.EVAL)  # right after the saving step; EVAL 0 saves
+    with torch.no_grad():
+        model(torch.randn(2, 8))  # EVAL 0 (saves) = global 1
+    hook.set_mode(tp.modes.TRAIN)
+    model(torch.randn(2, 8))  # TRAIN 1 = global 2
+    model(torch.randn(2, 8))  # TRAIN 2 = global 3
+    model(torch.randn(2, 8))  # TRAIN 3 (saves) = global 4
+    hook.get_collection("weights").save_config = tp.SaveConfig(save_interval=1)  # mid saving step
+    hook.get_collection("gradients").save_config = tp.SaveConfig(save_interval=1)
+    hook.get_collection("losses").save_config = tp.SaveConfig(save_interval=1)
+    model(torch.randn(2, 8))  # TRAIN 4 = global 5: saves now
+    model(torch.randn(2, 8))  # TRAIN 5 = global 6
+    assert hook.step == 6 and hook.mode_steps[tp.modes.TRAIN] == 5 and hook.mode_steps[tp.modes.EVAL] == 0
+    hook.close()
+    t = tp.create_trial(str(tmp_path / "run"))
+    assert t.tensor("Net_fc1.weight").steps(mode=tp.modes.TRAIN) == [0, 3, 4, 5]
+    assert t.tensor("Net_fc1.weight").steps(mode=tp.modes.EVAL) == [0]
+    assert t.tensor("Net_fc1.weight").steps() == [0, 1, 4, 5, 6]
