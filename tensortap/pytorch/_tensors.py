@@ -92,14 +92,15 @@ def copy_into(address: int, tensors: list[torch.Tensor]) -> None:
     gather_into(address, [(t.data_ptr(), t.nbytes) for t in tensors])
 
 
-def gather_into(address: int, sources: list[tuple[int, int]]) -> None:
-    """Copy each (source address, byte count) back to back to host memory at `address`."""
-    if _gather is not None:
-        _gather(address, sources)
-        return
+def _memmove_gather(address: int, sources: list[tuple[int, int]]) -> None:
     for src, n in sources:
         ctypes.memmove(address, src, n)
         address += n
+
+
+#: gather_into(address, sources): copy each (source address, byte count) back to back to host memory at
+#: `address` (the C function itself where built: this runs in every saving step)
+gather_into = _gather if _gather is not None else _memmove_gather
 
 
 def ring_sources(tensors: list[torch.Tensor], shapes: tuple[tuple[int, ...], ...] | None

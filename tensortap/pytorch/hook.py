@@ -62,6 +62,7 @@ _SMALL = 4096  # elements: a lone tensor this small is copied directly
 # the MLP benchmark: keeping them saves 18-36 us per step at every 2-6 steps and costs 9-14 us per step
 # at every 10, where the calls they cost on the quiet steps outweigh removing and installing them).
 _KEEP_HANDLES = 8
+_NO_GRAD_MODES = (_modes.EVAL, _modes.PREDICT)  # modes whose steps save no gradients
 
 
 def _hook_id() -> int:
@@ -324,26 +325,40 @@ class Hook(BaseHook):
         steps = self._mode_steps
         mode_step = steps[mode] + 1
         stop_checks = self._stop_checks and self._stop_watch
-        if (
-            mode_step < (self._quiet_after if self._saving else self._quiet_until)
-            and self._in_step
-            and not (stop_checks and time.monotonic() >= self._next_stop_check)
-        ):
+        quiet = False
+        if self._in_step and not (stop_checks and time.monotonic() >= self._next_stop_check):
             if self._saving:
-                # A saving step ends and the next is known to save nothing: what next_step() and
-                # on_step_begin() do for that, without the schedule's tests.
+                if mode_step < self._quiet_after:
+                    # A saving step ends and the next is known to save nothing: what next_step() and
+                    # on_step_begin() do for that, without the schedule's tests.
+                    try:
+                        BaseHook.end_step(self)
+                    except Exception as e:  # noqa: BLE001 - never break training
+                        self._fail("forward pre-hook", e)
+                        return
+                    if self.disabled or self._closed:
+                        return
+                    until = self._quiet_until = self._quiet_after
+                    kept = self._handles_plan
+                    if kept is not None and (kept.io or until - mode_step > _KEEP_HANDLES):
+                        self._remove_plan_handles()
+                    self._in_step = quiet = True
+            elif mode_step < self._quiet_until:
+                quiet = True
+            elif mode_step == self._quiet_until:
+                # The step before a saving one ends (readers learn it with the saving step's end) and the
+                # saving step begins: what next_step() does for that, inline.
+                if counter is not None:  # (what _disarm does: the skipped steps were added above)
+                    counter.left = 0
+                self._step += 1
+                steps[mode] = mode_step
+                steps[_modes.GLOBAL] = self._step
                 try:
-                    BaseHook.end_step(self)
+                    self.on_step_begin()
                 except Exception as e:  # noqa: BLE001 - never break training
                     self._fail("forward pre-hook", e)
-                    return
-                if self.disabled or self._closed:
-                    return
-                until = self._quiet_until = self._quiet_after
-                kept = self._handles_plan
-                if kept is not None and (kept.io or until - mode_step > _KEEP_HANDLES):
-                    self._remove_plan_handles()
-                self._in_step = True
+                return
+        if quiet:
             # Nothing to save before `_quiet_until`: only count the step. Readers learn that the
             # quiet steps passed when the next saving step ends.
             self._step += 1
@@ -437,19 +452,15 @@ class Hook(BaseHook):
 
     def _output_grad_hook(self, grad_or_param: torch.Tensor) -> None:
         """The backward pass reached the model output (or a parameter's gradient was accumulated)."""
-        if self.disabled:
+        if self.disabled or self._grad_cb_queued:
             return
         try:
-            self._queue_grad_collection()
+            self._grad_cb_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
         except Exception as e:  # noqa: BLE001
             self._fail("gradient hook", e)
 
     _param_grad_hook = _output_grad_hook
-
-    def _queue_grad_collection(self) -> None:
-        if not self._grad_cb_queued:
-            self._grad_cb_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
 
     def _after_backward(self) -> None:
         # Queue once more so that callbacks queued later in this backward (DDP's gradient
@@ -564,7 +575,11 @@ class Hook(BaseHook):
         self._quiet_after = uniform[0].next_save_step(self._mode_steps[self.mode] + 1) if uniform is not None else -1
         if self._io_counts:
             self._io_counts.clear()
-        plan = self._step_plan = self._plan_for(now)
+        last = self._plan_key
+        if last is not None and last[0] is now and last[1] == (self.mode not in _NO_GRAD_MODES):
+            plan = self._step_plan = self._plan_last  # (_plan_for's first test, inline)
+        else:
+            plan = self._step_plan = self._plan_for(now)
         if plan.weights:
             self._save_params(plan)
         if plan.grads:
@@ -691,7 +706,7 @@ class Hook(BaseHook):
         self._quiet_until = self._quiet_after = -1
 
     def _plan_for(self, now: list[Collection]) -> _Plan:
-        train = self.mode not in (_modes.EVAL, _modes.PREDICT)
+        train = self.mode not in _NO_GRAD_MODES
         last = self._plan_key
         if last is not None and last[0] is now and last[1] == train:  # (the same list while the set stays)
             return self._plan_last
@@ -745,7 +760,12 @@ class Hook(BaseHook):
         if not plan.some_odd:
             if spec is None:
                 spec = plan.weight_spec = self._spec(plan.weight_items)
-            self._stage_or_write(views, plan.weight_items, spec, reuse=True)
+            res = self._ring_batch(views, spec, reuse=True)  # (what _stage_or_write tries first, inline)
+            if res is not None:
+                if res:
+                    self._writer.commit(res)
+                return
+            self._stage_or_write(views, plan.weight_items, spec)
         else:
             keep = [i for i, v in enumerate(views) if capturable(v)]
             self._stage_or_write([views[i] for i in keep], [plan.weight_items[i] for i in keep])
