@@ -319,10 +319,14 @@ class Hook(BaseHook):
         if self.disabled or self._closed:
             return
         counter = self._counting
-        if counter is not None and counter.skipped:
-            self._sync_steps()
         mode = self.mode
         steps = self._mode_steps
+        if counter is not None and counter.skipped:  # (_sync_steps, inline)
+            n = counter.skipped
+            counter.skipped = 0
+            self._step += n
+            steps[mode] += n
+            steps[_modes.GLOBAL] = self._step
         mode_step = steps[mode] + 1
         stop_checks = self._stop_checks and self._stop_watch
         quiet = False
@@ -664,7 +668,16 @@ class Hook(BaseHook):
                     self._write_batch(batch, items, spec)
             except Exception as e:  # noqa: BLE001
                 self._fail("step end", e)
-        self._hand_off_grads()
+        res = self._grad_res
+        if (res is not None and self._grad_batch is None and not self._pending_grads
+                and len(self._small) == self._small_in_res and not self.disabled and not self._closed):
+            # the usual case, what _hand_off_grads does for it: gradients (and a loss) in one message
+            self._grad_res = None
+            self._small = []
+            self._small_in_res = 0
+            self._writer.commit(res)
+        else:
+            self._hand_off_grads()
         self._saving = False
         self._step_plan = None
 
