@@ -43,13 +43,7 @@ def _counter_c(hook, model, on: bool) -> None:
     hook._roots[0].counter = hook._counting = new
 
 
-def _grads_by_loss(hook, model, on: bool) -> None:
-    """B: saving steps learn that backward ends through the registered loss's output; A: the model's."""
-    hook._grads_by_loss_ok = on
-    hook._remove_plan_handles()
-
-
-VARIANTS = {"counter_c": _counter_c, "grads_by_loss": _grads_by_loss}
+VARIANTS = {"counter_c": _counter_c}
 
 
 def main() -> None:

@@ -101,6 +101,17 @@ def _align(n: int, a: int = _ALIGN) -> int:
     return (n + a - 1) & ~(a - 1)
 
 
+def _payload_bytes(meta: tuple) -> int:
+    """Bytes of a message's payload that hold its values ("batch": every tensor's; "records": up to the end of
+    the last value)."""
+    if meta[0] == "batch":
+        return meta[4] * codec.dtype_from_str(meta[2]).itemsize
+    if meta[0] == "records":
+        # (each record: (name, step, mode, mode_step, value (dtype, shape, offset, nbytes) or None, ...))
+        return max((r[4][2] + r[4][3] for r in meta[1] if r[4] is not None), default=0)
+    return 0
+
+
 class Reservation:
     """Ring space handed to the training process to copy a batch's payload into (see `reserve_batch`)."""
 
@@ -481,6 +492,30 @@ class ProcessChunkWriter:
             if head - h[_TAIL] >= self._bell_at and head - self._last_bell >= self._bell_at // 2:
                 self._ring_bell(head)
 
+    def shrink(self, res: Reservation, names: tuple[str, ...], dtype: np.dtype,
+               shapes: tuple[tuple[int, ...], ...]) -> None:
+        """Send only the first `len(names)` tensors of an open reservation (`names` and `shapes` a prefix of
+        those reserved): their bytes lead its payload; the rest of its ring space is skipped."""
+        count = 0
+        for shape in shapes:
+            k = 1
+            for d in shape:
+                k *= d
+            count += k
+        m = pickle.dumps(("batch", names, codec.dtype_to_str(dtype), shapes, count), protocol=5)
+        with self._lock:
+            if res.done:
+                return
+            pos = res.start % self._cap
+            total, _mlen, pay_at, step, mode, mode_step = _MSG.unpack_from(self._ring_mv, pos)
+            if _MSG_HDR + len(m) > pay_at:
+                raise ValueError("shrink: the new batch description does not fit the reservation's header")
+            _MSG.pack_into(self._ring_mv, pos, total, len(m), pay_at, step, mode, mode_step)
+            self._ring_mv[pos + _MSG_HDR:pos + _MSG_HDR + len(m)] = m
+            self._accepted -= res.n - len(names)
+            res.n = len(names)
+            res.nbytes = count * dtype.itemsize
+
     def cancel(self, res: Reservation) -> None:
         """Send nothing for this reservation (its ring space is skipped)."""
         with self._lock:
@@ -702,6 +737,7 @@ class _ChildWriter(ChunkWriter):
         self._ring_addr = self._ring.ctypes.data
         self._pay_pos = -1  # ring position of the payload being handled
         self._room_after = 0
+        self._pay_bytes = 0  # ... and its bytes (a batch's: small tensors after those written go into the index)
         self._direct: int | None = None  # the data file opened with O_DIRECT, when the filesystem allows
         self._dio: list[memoryview] = []  # ring regions to write with O_DIRECT at `_dio_off`, in one call
         self._dio_off = 0
@@ -756,7 +792,9 @@ class _ChildWriter(ChunkWriter):
         if self._dio and off != self._dio_off + self._dio_bytes:
             self._flush_dio()
         region = self._ring[self._pay_pos:self._pay_pos + padded]
-        region[n:] = 0  # the page's tail beyond the payload belongs to this message
+        # The page's tail beyond the payload belongs to this message: zeroed, but not the payload's own
+        # bytes after `buf` (small tensors of the batch that the index holds, copied after this call).
+        region[max(n, self._pay_bytes):] = 0
         if not self._dio:
             self._dio_off = off
         self._dio.append(memoryview(region))
@@ -914,6 +952,7 @@ class _ChildWriter(ChunkWriter):
         meta = pickle.loads(ring[pos + _MSG_HDR:pos + _MSG_HDR + mlen].tobytes())
         base, pay = ring, pos + pay_at
         self._pay_pos, self._room_after = pay, total - pay_at  # ring bytes from the payload to the message's end
+        self._pay_bytes = _payload_bytes(meta)
         seg = None
         if meta[0] == "big":
             _k, name, size, meta = meta

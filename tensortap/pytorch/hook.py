@@ -130,6 +130,19 @@ class _Plan:
     grad_items: list[tuple[str, list[Collection]]] = field(default_factory=list)
     weight_spec: _Spec | None = None
     grad_spec: _Spec | None = None
+    step_layout: _StepLayout | None = None  # of one message for weights and gradients, once learned
+
+
+@dataclass
+class _StepLayout:
+    """One message per saving step for the weights (copied at its start) and what the end of its backward
+    adds (gradients, a loss): learned from a step that sent them separately, used while they stay alike."""
+
+    names: tuple[str, ...]  # weights' then the tail's
+    shapes: tuple[tuple[int, ...], ...]
+    tail_names: tuple[str, ...]  # gradients' and small tensors' (a loss)
+    tail_shapes: tuple[tuple[int, ...], ...]
+    weight_bytes: int  # where the tail starts in the payload
 
 
 @dataclass
@@ -183,12 +196,6 @@ class Hook(BaseHook):
         self._io_counts: dict[str, int] = {}
         self._grad_targets: dict[int, tuple[nn.Parameter, str, list[Collection]]] = {}
         self._param_hooks_on = False
-        # Where a registered loss module fed the backward of a saving step, later saving steps read the
-        # gradients through the loss's output and the model keeps torch's fast path (`_grads_by_loss`);
-        # `_grads_by_loss_ok`: None until a step shows whether that works, False after a step without the loss.
-        self._grads_by_loss = False
-        self._grads_by_loss_ok: bool | None = None
-        self._loss_seen = False  # a registered loss ran in this saving step (with an output in the graph)
         self._grad_cb_queued = False
         self._pending_grads: dict[str, tuple[Any, list[Collection]]] = {}
         self._grad_batch: HostBatch | None = None  # every planned gradient, copied at once
@@ -197,6 +204,10 @@ class Hook(BaseHook):
         # (cloned) and sent in the gradients' message; the first `_small_in_res` are in `_grad_res`.
         self._small: list[tuple[str, torch.Tensor, list[Collection]]] = []
         self._small_in_res = 0
+        self._grad_off = 0  # where the gradients start in `_grad_res`'s payload
+        # The saving step's message holding the weights and room for its gradients (see _StepLayout), while
+        # they are not in it; it is `_grad_res` once they are.
+        self._step_res: Any = None
         self._defer_small = False
         self._raw_only_cache: dict[tuple, bool] = {}
         self._io_skip: dict[tuple[str, int, int], tuple[int, Any]] = {}  # see _write_io
@@ -413,22 +424,10 @@ class Hook(BaseHook):
         except Exception as e:  # noqa: BLE001
             self._fail("forward hook", e)
 
-    def _loss_hook(self, name: str, module: nn.Module, inputs: Any, outputs: Any) -> None:
-        # A loss module's inputs and outputs are saved as a module's (_io_hook's body, inline). When the
-        # gradients are read through the loss (`_grads_by_loss`), a hook on its output tells when.
-        if not self._saving or self.disabled:
-            return
-        try:
-            self._write_io(name, INPUT_SUFFIX, inputs)
-            self._write_io(name, OUTPUT_SUFFIX, outputs)
-        except Exception as e:  # noqa: BLE001
-            self._fail("forward hook", e)
-            return
-        if self._grads_by_loss:
-            self._loss_seen = True
-            self._grad_root_hook(module, inputs, outputs)
-        elif self._grads_by_loss_ok is None and self._grad_targets and type(outputs) is torch.Tensor:
-            self._loss_seen = outputs.grad_fn is not None
+    # A loss module's inputs and outputs are saved the same way. (Reading the gradients through a hook on the
+    # loss's output instead of the model's, which would spare the model torch's slow call path in saving
+    # steps, misses a second backward pass of a step that does not go through the loss: not done.)
+    _loss_hook = _io_hook
 
     def _grad_root_hook(self, module: nn.Module, inputs: Any, outputs: Any) -> None:
         # Gradients are read once the backward pass ends. A hook on the output starts that; a model
@@ -510,10 +509,25 @@ class Hook(BaseHook):
                             tensors.append(t)
                             extra_names.append(n)
                         names = names + tuple(extra_names)
-                    res = self._ring_batch(tensors, plan.grad_spec, res, names)
+                    step_res = self._step_res
+                    if step_res is not None and res is None:
+                        # the step's message holds the weights and has room for these, if they are as expected
+                        layout = plan.step_layout
+                        if names == layout.tail_names and grads[0].dtype is plan.weight_spec.dtype:
+                            found = ring_sources(tensors, layout.tail_shapes)
+                            if found is not None and found[1] is layout.tail_shapes:
+                                gather_into(self._writer.ring_address + step_res.offset + layout.weight_bytes,
+                                            found[0])
+                                self._grad_res = step_res
+                                self._grad_off = layout.weight_bytes
+                                self._small_in_res = len(extra)
+                                return
+                        self._split_step_res()
+                    res = self._ring_batch(tensors, plan.grad_spec, res, names, at=self._grad_off)
                     if res is not None:
                         if res and self._grad_res is None:
                             self._small_in_res = len(extra)
+                            self._learn_step_layout(plan, names)
                         self._grad_res = res or None
                         return
                     self._cancel_grad_res()
@@ -538,8 +552,35 @@ class Hook(BaseHook):
     def _cancel_grad_res(self) -> None:
         res, self._grad_res = self._grad_res, None
         self._small_in_res = 0
+        self._grad_off = 0
         if res is not None:
-            self._writer.cancel(res)
+            if res is self._step_res:
+                self._split_step_res()  # (the weights in it stay)
+            else:
+                self._writer.cancel(res)
+
+    def _learn_step_layout(self, plan: _Plan, tail_names: tuple[str, ...]) -> None:
+        """After the weights and the gradients of a step went to the writer in two messages: one next time."""
+        ws, gs = plan.weight_spec, plan.grad_spec
+        if (plan.step_layout is None and self._defer_small and ws is not None and ws.sources is not None
+                and ws.shapes is not None and gs is not None and ws.dtype is gs.dtype and ws.np_dtype is not None):
+            plan.step_layout = _StepLayout(ws.names + tail_names, ws.shapes + gs.shapes, tail_names, gs.shapes,
+                                           sum(n for _a, n in ws.sources))
+
+    def _split_step_res(self, send: bool = True) -> None:
+        """The step's message goes out with the weights alone (its gradients did not come, or not as its
+        layout expects; `send` False: not at all)."""
+        res, self._step_res = self._step_res, None
+        if res is None or res is self._grad_res:
+            return
+        w = self._writer
+        plan = self._step_plan
+        if not send or plan is None or plan.weight_spec is None:
+            w.cancel(res)
+            return
+        ws = plan.weight_spec
+        w.shrink(res, ws.names, ws.np_dtype, ws.shapes)
+        w.commit(res)
 
     def _expand_grad_batch(self) -> None:
         """Turn a pending batch of every gradient into per-name pending gradients."""
@@ -584,12 +625,12 @@ class Hook(BaseHook):
             plan = self._step_plan = self._plan_last  # (_plan_for's first test, inline)
         else:
             plan = self._step_plan = self._plan_for(now)
+        self._defer_small = bool(plan.grad_list) and self.writer_kind == "process" and not self.dry_run
         if plan.weights:
             self._save_params(plan)
         if plan.grads:
             self._grad_targets = plan.grads
             self._param_hooks_on = False
-        self._defer_small = bool(plan.grad_list) and self.writer_kind == "process" and not self.dry_run
         if self._handles_plan is not plan:
             # Module hooks for this plan stay installed while consecutive steps save with it.
             if self._handles_plan is not None:
@@ -599,13 +640,8 @@ class Hook(BaseHook):
     def _install_plan_handles(self, plan: _Plan) -> None:
         handles = self._plan_handles
         hooks = self._plan_hooks
-        # Gradients are read once the backward pass ends, which a hook on the model's output tells (or on
-        # the loss's: see `_grads_by_loss`).
-        self._grads_by_loss = by_loss = bool(plan.grads and self._losses and self._grads_by_loss_ok)
         if plan.grads:
             for root in self._roots:
-                if by_loss and not root.compiled:
-                    continue
                 if root.compiled and not _is_compiled(root.module):
                     # model.compile(): a forward hook would run inside the compiled code. Parameter
                     # hooks run in autograd, outside it.
@@ -642,20 +678,6 @@ class Hook(BaseHook):
     def on_step_end(self) -> None:
         if not self._saving:
             return  # (everything below is set up by saving steps only)
-        if self._grad_targets and self._grads_by_loss_ok is not False:
-            if self._grads_by_loss and not self._loss_seen:
-                # The registered loss was not called in a step that saves gradients: they were not read.
-                # From the next saving step on, the model's output tells when backward ends.
-                logger.warning("tensortap: no registered loss module was called in step %d, which saves "
-                               "gradients; they are read through the model's output from now on", self._step)
-                self._grads_by_loss_ok = False
-                self._remove_plan_handles()
-            elif self._loss_seen and self._grads_by_loss_ok is None:
-                # A registered loss fed the backward of a step saving gradients: later saving steps learn
-                # through it when backward ends.
-                self._grads_by_loss_ok = True
-                self._remove_plan_handles()
-        self._loss_seen = False
         if self._step_handles:
             for h in self._step_handles:
                 h.remove()
@@ -670,11 +692,12 @@ class Hook(BaseHook):
                 self._fail("step end", e)
         res = self._grad_res
         if (res is not None and self._grad_batch is None and not self._pending_grads
-                and len(self._small) == self._small_in_res and not self.disabled and not self._closed):
+                and len(self._small) == self._small_in_res and not self.disabled and not self._closed
+                and (self._step_res is None or self._step_res is res)):
             # the usual case, what _hand_off_grads does for it: gradients (and a loss) in one message
-            self._grad_res = None
+            self._grad_res = self._step_res = None
             self._small = []
-            self._small_in_res = 0
+            self._small_in_res = self._grad_off = 0
             self._writer.commit(res)
         else:
             self._hand_off_grads()
@@ -770,9 +793,22 @@ class Hook(BaseHook):
             views = plan.param_views = [p.detach() for _n, p, _c in plan.weights]
             if spec is not None:
                 spec.sources = None
+            plan.step_layout = None  # (learned again: the parameters' shapes or dtype may have changed)
         if not plan.some_odd:
             if spec is None:
                 spec = plan.weight_spec = self._spec(plan.weight_items)
+            layout = plan.step_layout
+            if layout is not None and spec.sources is not None and self._defer_small and self._writer is not None:
+                # one message for the weights and, at the end of the backward pass, the gradients
+                w = self._writer
+                mode = self.mode
+                res = w.reserve_batch(layout.names, spec.np_dtype, layout.shapes, self._step, mode._value_,
+                                      self._mode_steps[mode])
+                if res is not None:
+                    if res:
+                        gather_into(w.ring_address + res.offset, spec.sources)
+                        self._step_res = res
+                    return
             res = self._ring_batch(views, spec, reuse=True)  # (what _stage_or_write tries first, inline)
             if res is not None:
                 if res:
@@ -808,12 +844,12 @@ class Hook(BaseHook):
         self._write_batch(batch, items, spec)
 
     def _ring_batch(self, tensors: list[torch.Tensor], spec: _Spec, res: Any = None,
-                    names: tuple[str, ...] | None = None, reuse: bool = False) -> Any:
+                    names: tuple[str, ...] | None = None, reuse: bool = False, at: int = 0) -> Any:
         """Copy CPU tensors of one dtype straight into the shared memory of a writer process (one copy,
         no host buffer in between): the reservation to commit, False if the writer dropped the batch,
         None if this path does not apply. `res`: an open reservation of the same tensors to refill;
         `names`: of the tensors when not `spec.names`; `reuse`: the tensors are those of the last call
-        with `reuse` unless `spec.sources` was cleared."""
+        with `reuse` unless `spec.sources` was cleared; `at`: where they go in `res`'s payload."""
         if not spec.raw_only or self.dry_run or self._force_async_copies:
             return None
         w = self._writer
@@ -847,7 +883,7 @@ class Hook(BaseHook):
                           self._mode_steps[mode])
             if not res:
                 return res
-        gather_into(w.ring_address + res.offset, sources)
+        gather_into(w.ring_address + res.offset + at, sources)
         return res
 
     def flush(self, timeout: float | None = 30.0) -> None:
@@ -857,15 +893,20 @@ class Hook(BaseHook):
         super().flush(timeout)
 
     def _hand_off_grads(self) -> None:
-        if self._grad_res is None and self._grad_batch is None and not self._pending_grads and not self._small:
+        if (self._grad_res is None and self._grad_batch is None and not self._pending_grads and not self._small
+                and self._step_res is None):
             return  # (every step that saved no gradients)
+        active = self._saving and not self.disabled and not self._closed  # (writes: it made `res`)
+        if self._step_res is not None:
+            self._split_step_res(send=active)  # (unless it holds the gradients: then it is `res`)
+            self._step_res = None
+        self._grad_off = 0
         res, self._grad_res = self._grad_res, None
         batch, self._grad_batch = self._grad_batch, None
         pending, self._pending_grads = self._pending_grads, {}
         small, self._small = self._small, []
         in_res, self._small_in_res = self._small_in_res, 0
         plan = self._step_plan
-        active = self._saving and not self.disabled and not self._closed  # (writes: it made `res`)
         if res is not None:
             if active:
                 self._writer.commit(res)

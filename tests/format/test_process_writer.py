@@ -374,3 +374,59 @@ def test_direct_written_batches_across_data_chunks(tmp_path):
     t = tt.create_trial(str(tmp_path / "run"))
     for step, (wv, gv) in expect.items():
         assert np.array_equal(t.tensor("w").value(step), wv) and np.array_equal(t.tensor("g").value(step), gv)
+
+
+def test_a_reservation_shrunk_to_its_first_tensors(tmp_path):
+    """`shrink` sends only the leading tensors of an open reservation (what a step whose gradients did not come
+    sends of its weights-and-gradients message); the records counted are those sent."""
+    storage = open_storage(str(tmp_path / "run"))
+    w = ProcessChunkWriter(storage, "worker_0", flush_interval=0.1)
+    rng = np.random.default_rng(2)
+    shapes = ((300, 70), (70,), (1000,), ())
+    expect = {}
+    for step in range(4):
+        res = w.reserve_batch(("w", "b", "g", "loss"), np.dtype(np.float32), shapes, step, 1, step)
+        vals = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        res.payload[:] = np.concatenate([v.ravel() for v in vals]).view(np.uint8)
+        if step % 2:
+            w.shrink(res, ("w", "b"), np.dtype(np.float32), shapes[:2])
+            assert res.n == 2 and res.nbytes == (300 * 70 + 70) * 4
+        w.commit(res)
+        w.shrink(res, ("w",), np.dtype(np.float32), shapes[:1])  # committed: nothing changes any more
+        w.mark_step_passed(step, {"TRAIN": step, "GLOBAL": step})
+        expect[step] = vals
+    assert w.flush(10)
+    w.close()
+    assert w.error is None and w.written_records == 4 + 2 + 4 + 2
+    t = tt.create_trial(str(tmp_path / "run"))
+    assert t.tensor("w").steps() == [0, 1, 2, 3] and t.tensor("g").steps() == [0, 2]
+    assert t.tensor("loss").steps() == [0, 2]
+    for step, vals in expect.items():
+        for name, v in zip(("w", "b", "g", "loss"), vals, strict=True):
+            if step % 2 == 0 or name in ("w", "b"):
+                assert np.array_equal(t.tensor(name).value(step), v)
+
+
+def test_small_values_after_a_direct_written_one_in_the_same_message(tmp_path):
+    """A message whose first value is written straight from the ring (O_DIRECT, whole pages) keeps the values
+    after it: a batch's small tensors, which the index holds, and a records message's later values."""
+    storage = open_storage(str(tmp_path / "run"))
+    w = ProcessChunkWriter(storage, "worker_0", flush_interval=0.1)
+    rng = np.random.default_rng(3)
+    big = rng.standard_normal(30_001).astype(np.float32)  # 120 KB, an odd number of floats
+    loss = np.float32(2.25)
+    res = w.reserve_batch(("grad", "loss"), np.dtype(np.float32), (big.shape, ()), 0, 1, 0)
+    res.payload[:] = np.concatenate([big, [loss]]).view(np.uint8)
+    w.commit(res)
+    later = [rng.standard_normal(n).astype(np.float64) for n in (3, 500, 1)]
+    assert w.submit_many([Record(name="first", step=1, mode=1, mode_step=1, value=big)]
+                         + [Record(name=f"v{i}", step=1, mode=1, mode_step=1, value=v) for i, v in enumerate(later)])
+    w.mark_step_passed(1, {"TRAIN": 1, "GLOBAL": 1})
+    assert w.flush(10)
+    w.close()
+    assert w.error is None
+    t = tt.create_trial(str(tmp_path / "run"))
+    assert np.array_equal(t.tensor("grad").value(0), big) and t.tensor("loss").value(0) == loss
+    assert np.array_equal(t.tensor("first").value(1), big)
+    for i, v in enumerate(later):
+        assert np.array_equal(t.tensor(f"v{i}").value(1), v)

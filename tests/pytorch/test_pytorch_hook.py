@@ -668,31 +668,76 @@ def test_gradients_saved_in_train_after_eval_with_the_same_collections(tmp_path)
     assert np.array_equal(g.value(1), rec[0]["g"]["fc1.weight"].numpy())
 
 
-def test_gradients_read_through_the_registered_loss_and_back_through_the_model_when_it_is_not_called(
-        tmp_path, caplog):
-    """Once a registered loss has fed a saving step's backward, the model keeps torch's fast path in saving
-    steps (the loss's output tells when backward ends); a saving step without that loss loses its gradients
-    (with a warning) and the model's output is used from then on."""
+def test_one_message_for_weights_and_gradients_and_the_steps_that_break_its_layout(tmp_path):
+    """Once learned, a saving step sends its weights, gradients and loss in one message of the writer process.
+    Steps without a backward pass, with a flush before it, with two backward passes or without the loss still
+    save exactly what the training saw."""
     model = Net()
     loss_fn = nn.CrossEntropyLoss()
-    hook = tp.Hook(out_dir=str(tmp_path / "run"), save_config=tp.SaveConfig(save_interval=1),
-                   include_collections=["gradients", "losses"])
+    out = str(tmp_path / "run")
+    hook = tp.Hook(out_dir=out, writer="process", save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights", "biases", "gradients", "losses"])
     hook.register_module(model)
     hook.register_loss(loss_fn)
-    grads, root_hooked = [], []
-    for step in range(5):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = []
+    combined = []
+    for step in range(7):
         x, y = _batch()
-        model.zero_grad()
-        out = model(x)
-        root_hooked.append(len(model._forward_hooks))
-        loss = loss_fn(out, y) if step < 2 else nn.functional.cross_entropy(out, y)
-        loss.backward()
-        grads.append(model.fc1.weight.grad.clone())
+        opt.zero_grad()
+        w = {n: p.detach().clone() for n, p in model.named_parameters()}
+        out_ = model(x)
+        combined.append(hook._step_res is not None)
+        loss = loss_fn(out_, y)
+        if step == 3:
+            hook.flush()  # before the backward pass: the weights go alone
+            t = tp.create_trial(out)
+            assert np.array_equal(t.tensor("Net_fc1.weight").value(3), w["fc1.weight"].numpy())
+        if step == 4:
+            loss.backward(retain_graph=True)
+            out_.square().mean().backward()  # accumulates: the step saves the sum
+        elif step == 5:
+            loss_fn(out_, y).backward()  # a second call of the loss: two small tensors, not the layout's one
+        elif step != 2:  # step 2: no backward pass
+            loss.backward()
+        rec.append({"w": w, "g": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+                    "loss": loss.detach().clone()})
+        opt.step()
     hook.close()
-    assert root_hooked == [1, 0, 0, 1, 1]  # step 0 learns; step 2 has no registered loss; 3, 4: the output
-    assert "no registered loss module was called in step 2" in caplog.text
+    assert combined == [False, True, True, True, True, True, True]
+    t = tp.create_trial(out)
+    assert t.steps() == list(range(7))
+    for s in range(7):
+        for n in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"):
+            assert np.array_equal(t.tensor(f"Net_{n}").value(s), rec[s]["w"][n].numpy())
+            if s != 2:
+                assert np.array_equal(t.tensor(f"gradient/Net_{n}").value(s), rec[s]["g"][n].numpy())
+        assert np.array_equal(t.tensor("CrossEntropyLoss_output_0").value(s), rec[s]["loss"].numpy())
+    assert t.tensor("gradient/Net_fc1.weight").steps() == [0, 1, 3, 4, 5, 6]
+
+
+def test_a_model_large_enough_for_direct_writes_saves_exact_losses_and_gradients(tmp_path):
+    """Gradients above the writer process's direct-write size (64 KB) go to disk straight from shared memory;
+    the loss sent in the same message is kept (it was saved as 0 when the page's tail was cleared)."""
+    model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 4))  # 136 KB of gradients
+    loss_fn = nn.CrossEntropyLoss()
+    hook = tp.Hook(out_dir=str(tmp_path / "run"), writer="process", save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights", "gradients", "losses"])
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = []
+    for _ in range(4):
+        x, y = torch.randn(8, 64), torch.randint(0, 4, (8,))
+        opt.zero_grad()
+        w = model[0].weight.detach().clone()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        rec.append((w, model[0].weight.grad.clone(), loss.detach().clone()))
+        opt.step()
+    hook.close()
     t = tp.create_trial(str(tmp_path / "run"))
-    assert t.tensor("gradient/Net_fc1.weight").steps() == [0, 1, 3, 4]
-    for s in (0, 1, 3, 4):
-        assert np.array_equal(t.tensor("gradient/Net_fc1.weight").value(s), grads[s].numpy())
-    assert t.tensor("CrossEntropyLoss_output_0").steps() == [0, 1]
+    for s, (w, g, loss) in enumerate(rec):
+        assert np.array_equal(t.tensor("Sequential_0.weight").value(s), w.numpy())
+        assert np.array_equal(t.tensor("gradient/Sequential_0.weight").value(s), g.numpy())
+        assert t.tensor("CrossEntropyLoss_output_0").value(s) == loss.item() != 0
