@@ -716,12 +716,13 @@ def test_one_message_for_weights_and_gradients_and_the_steps_that_break_its_layo
     assert t.tensor("gradient/Net_fc1.weight").steps() == [0, 1, 3, 4, 5, 6]
 
 
-def test_a_model_large_enough_for_direct_writes_saves_exact_losses_and_gradients(tmp_path):
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_a_model_large_enough_for_direct_writes_saves_exact_losses_and_gradients(tmp_path, writer):
     """Gradients above the writer process's direct-write size (64 KB) go to disk straight from shared memory;
     the loss sent in the same message is kept (it was saved as 0 when the page's tail was cleared)."""
     model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 4))  # 136 KB of gradients
     loss_fn = nn.CrossEntropyLoss()
-    hook = tp.Hook(out_dir=str(tmp_path / "run"), writer="process", save_config=tp.SaveConfig(save_interval=1),
+    hook = tp.Hook(out_dir=str(tmp_path / "run"), writer=writer, save_config=tp.SaveConfig(save_interval=1),
                    include_collections=["weights", "gradients", "losses"])
     hook.register_module(model)
     hook.register_loss(loss_fn)
