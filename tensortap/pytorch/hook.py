@@ -5,9 +5,10 @@ Names follow smdebug's PyTorch naming: parameters `<RootClass>_<param>`, gradien
 module is named by its class), losses `<LossClass>_output_0`. Optimizer state is saved as
 `optimizer/param_group_<g>/<key>` and `optimizer/<RootClass>_<param>/<state key>`.
 
-Steps that save nothing cost one quick call per forward of the root module, made without a module hook
-(see `_step_counter`): per-module forward hooks and per-parameter gradient hooks are only installed for
-steps that save them.
+Steps known to save nothing cost one truth test in C per forward of the root module, made without a module
+hook (see `_step_counter`); per-module forward hooks and per-parameter gradient hooks are only installed for
+steps that save them. With the writer process, a saving step hands its weights, gradients and loss over in
+one message of shared memory (see `_StepLayout`).
 """
 
 from __future__ import annotations
