@@ -101,38 +101,6 @@ def _align(n: int, a: int = _ALIGN) -> int:
     return (n + a - 1) & ~(a - 1)
 
 
-class _Pace:
-    """When the training process's next data is due. Saving steps come at a steady pace (every 7.5 ms at
-    every 10 steps of the MLP benchmark, 75 ms at every 100): the child looks at the ring just before the
-    next is due, then every millisecond or so until it comes, instead of every _POLL or at its backed-off
-    interval, so that it writes each one while training goes on (measured at every 10: the catch-up at the
-    end of a benchmark block was 0.5 ms, the last saving step's data still unwritten)."""
-
-    __slots__ = ("last", "gap")
-
-    def __init__(self) -> None:
-        self.last = 0.0  # when data was last found
-        self.gap = 0.0  # smoothed time between finds (early looks keep it close to the arrivals')
-
-    def seen(self, now: float) -> None:
-        if self.last:
-            d = now - self.last
-            self.gap = d if not self.gap else 0.75 * self.gap + 0.25 * d
-        self.last = now
-
-    def timeout(self, now: float, poll: float) -> float:
-        """How long to wait for data before looking again (`poll`: the usual wait)."""
-        gap = self.gap
-        if not gap:
-            return poll
-        due = self.last + 0.97 * gap
-        if now < due:
-            return min(due - now, _POLL_IDLE)
-        if now < self.last + 2 * gap:  # late: look often for a while, then back off as usual
-            return min(max(0.001, 0.05 * gap), poll)
-        return poll
-
-
 def _payload_bytes(meta: tuple) -> int:
     """Bytes of a message's payload that hold its values ("batch": every tensor's; "records": up to the end of
     the last value)."""
@@ -886,20 +854,16 @@ class _ChildWriter(ChunkWriter):
         h[_STATE] = _RUNNING
         last_flush = time.monotonic()
         poll = _POLL
-        pace = _Pace()
         try:
             while True:
                 target = self._target(last_flush)
                 if self._tail >= target:
-                    now = time.monotonic()
-                    wait = max(0.0, self.flush_interval - (now - last_flush))
-                    r, _w, _x = select.select([self._bell], [], [], min(wait, pace.timeout(now, poll)))
+                    wait = max(0.0, self.flush_interval - (time.monotonic() - last_flush))
+                    r, _w, _x = select.select([self._bell], [], [], min(wait, poll))
                     if r:
                         if os.read(self._bell, 65536) == b"":
                             self._parent_gone = True
                     target = self._target(last_flush)
-                    if self._tail < target:
-                        pace.seen(time.monotonic())
                     poll = _POLL if self._tail < target or r else min(poll * 2, _POLL_IDLE)
                 while self._tail < target and not self._stop:
                     self._one()

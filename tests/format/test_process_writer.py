@@ -430,23 +430,3 @@ def test_small_values_after_a_direct_written_one_in_the_same_message(tmp_path):
     assert np.array_equal(t.tensor("first").value(1), big)
     for i, v in enumerate(later):
         assert np.array_equal(t.tensor(f"v{i}").value(1), v)
-
-
-def test_the_writer_looks_for_data_when_the_next_is_due():
-    """The child's pace: after data came at a steady interval it sleeps until just before the next is due,
-    looks often while it is late, then backs off to its usual poll."""
-    from tensortap.format.process_writer import _POLL_IDLE, _Pace
-
-    pace = _Pace()
-    assert pace.timeout(100.0, 0.005) == 0.005  # nothing learned yet: the usual poll
-    for i in range(6):
-        pace.seen(100.0 + 0.0075 * i)  # every 7.5 ms
-    last = 100.0 + 0.0075 * 5
-    assert pace.gap == pytest.approx(0.0075)
-    assert pace.timeout(last + 0.001, 0.005) == pytest.approx(0.97 * 0.0075 - 0.001)  # until just before it
-    assert pace.timeout(last + 0.0074, 0.005) == pytest.approx(0.001)  # due: look every millisecond
-    assert pace.timeout(last + 0.016, 0.04) == 0.04  # far too late: the usual back-off
-    for i in range(6):
-        pace.seen(last + 0.2 * (i + 1))  # a slower pace (every 200 ms) is learned
-    assert 0.1 < pace.gap < 0.2
-    assert pace.timeout(pace.last, 0.005) <= _POLL_IDLE  # never sleeps longer than an idle writer
