@@ -212,7 +212,7 @@ class ProcessChunkWriter:
         #: address of the ring's first byte in this process (to copy payloads to at `Reservation.offset`)
         self.ring_address: int = self._u8.ctypes.data
         self._prefault()
-        self._layouts: dict[tuple, tuple[bytes, int, int]] = {}  # batch layout -> (pickled meta, bytes, room)
+        self._layouts: dict[tuple, tuple[bytes, int, int, int]] = {}  # -> (pickled meta, bytes, room, records)
         for i in range(_SLOTS):
             self._h[i] = 0
         for i in range(4):
@@ -418,22 +418,10 @@ class ProcessChunkWriter:
 
     # --- payloads copied straight into the ring ----------------------------------------------------
 
-    def reserve_batch(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
-                      step: int, mode: int, mode_step: int) -> Reservation | bool | None:
-        """Ring space for a batch of raw tensors, for the caller to copy into (`Reservation.payload`: one
-        page-aligned byte array, the tensors' bytes in order) and then `commit` (or `cancel`). `names` and
-        `shapes` are tuples (the batch's layout is cached by them).
-
-        Returns None when the batch does not fit in the ring (hand it off with `submit_batch` instead),
-        False when it was dropped under backpressure (counted). Messages sent after an open reservation
-        reach the child only once it is committed or cancelled.
-        """
-        n = len(names)
-        if self._closed or self._dead or self._forked or self._error is not None or self._h[_STATE] == _FAILED:
-            if not self._accepting():
-                if self._dead:
-                    self.dropped_records += n
-                return False
+    def batch_layout(self, names: tuple[str, ...], dtype: np.dtype,
+                     shapes: tuple[tuple[int, ...], ...]) -> tuple[bytes, int, int, int]:
+        """What `reserve_batch` needs to know of a batch layout, for callers that reserve it again and again
+        (cached here too: the lookup hashes every name and shape)."""
         key = (names, dtype, shapes)
         layout = self._layouts.get(key)
         if layout is None:
@@ -445,11 +433,33 @@ class ProcessChunkWriter:
                 count += k
             nbytes = count * dtype.itemsize
             m = pickle.dumps(("batch", names, codec.dtype_to_str(dtype), shapes, count), protocol=5)
-            layout = (m, nbytes, _align(_MSG_HDR + len(m)) + _PAGE + _align(nbytes, _PAGE))
+            layout = (m, nbytes, _align(_MSG_HDR + len(m)) + _PAGE + _align(nbytes, _PAGE), len(names))
             if len(self._layouts) > 256:
                 self._layouts.clear()
             self._layouts[key] = layout
-        m, nbytes, need = layout
+        return layout
+
+    def reserve_batch(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
+                      step: int, mode: int, mode_step: int, layout: tuple | None = None) -> Reservation | bool | None:
+        """Ring space for a batch of raw tensors, for the caller to copy into (`Reservation.payload`: one
+        page-aligned byte array, the tensors' bytes in order) and then `commit` (or `cancel`). `names` and
+        `shapes` are tuples; `layout`: `batch_layout(names, dtype, shapes)` when the caller keeps it.
+
+        Returns None when the batch does not fit in the ring (hand it off with `submit_batch` instead),
+        False when it was dropped under backpressure (counted). Messages sent after an open reservation
+        reach the child only once it is committed or cancelled.
+        """
+        n = len(names)
+        if self._closed or self._dead or self._forked or self._error is not None or self._h[_STATE] == _FAILED:
+            if not self._accepting():
+                if self._dead:
+                    self.dropped_records += n
+                return False
+        if layout is None:
+            layout = self._layouts.get((names, dtype, shapes))
+            if layout is None:
+                layout = self.batch_layout(names, dtype, shapes)
+        m, nbytes, need, _n = layout
         if need > self._cap // 2:
             return None
         with self._lock:

@@ -144,6 +144,8 @@ class _StepLayout:
     tail_names: tuple[str, ...]  # gradients' and small tensors' (a loss)
     tail_shapes: tuple[tuple[int, ...], ...]
     weight_bytes: int  # where the tail starts in the payload
+    writer: Any = None  # the writer of `writer_layout`, its batch_layout() of names and shapes
+    writer_layout: Any = None
 
 
 @dataclass
@@ -481,6 +483,8 @@ class Hook(BaseHook):
             return
         try:
             plan = self._step_plan
+            if self._step_res is not None and self._grad_res is None and plan is not None and self._fill_step_res(plan):
+                return
             if plan is not None and plan.grad_list:
                 grads = []
                 usual = True
@@ -510,20 +514,6 @@ class Hook(BaseHook):
                             tensors.append(t)
                             extra_names.append(n)
                         names = names + tuple(extra_names)
-                    step_res = self._step_res
-                    if step_res is not None and res is None:
-                        # the step's message holds the weights and has room for these, if they are as expected
-                        layout = plan.step_layout
-                        if names == layout.tail_names and grads[0].dtype is plan.weight_spec.dtype:
-                            found = ring_sources(tensors, layout.tail_shapes)
-                            if found is not None and found[1] is layout.tail_shapes:
-                                gather_into(self._writer.ring_address + step_res.offset + layout.weight_bytes,
-                                            found[0])
-                                self._grad_res = step_res
-                                self._grad_off = layout.weight_bytes
-                                self._small_in_res = len(extra)
-                                return
-                        self._split_step_res()
                     res = self._ring_batch(tensors, plan.grad_spec, res, names, at=self._grad_off)
                     if res is not None:
                         if res and self._grad_res is None:
@@ -549,6 +539,41 @@ class Hook(BaseHook):
                     self._pending_grads[name] = (arr, colls)  # a later backward of this step replaces it
         except Exception as e:  # noqa: BLE001
             self._fail("gradient capture", e)
+
+    def _fill_step_res(self, plan: _Plan) -> bool:
+        """Copy the gradients and small tensors (a loss) into the step's message that holds the weights, if
+        they are what its layout expects (else it goes out with the weights alone: False)."""
+        layout = plan.step_layout
+        shapes = layout.tail_shapes
+        dtype = plan.weight_spec.dtype
+        sources = []
+        i = 0
+        for p, _n, _c in plan.grad_list:  # (one loop of tests on each gradient: this runs in every saving step)
+            g = p.grad
+            if (g is None or g.layout is not _STRIDED or not g.is_cpu or g.dtype is not dtype or g.is_nested
+                    or not g.is_contiguous() or g.shape != shapes[i]):
+                self._split_step_res()
+                return False
+            sources.append((g.data_ptr(), g.nbytes))
+            i += 1
+        small = self._small
+        names = layout.tail_names
+        if len(small) != len(names) - i:
+            self._split_step_res()
+            return False
+        for n, t, _c in small:  # (held clones of CPU tensors)
+            if n != names[i] or t.dtype is not dtype or t.shape != shapes[i] or not t.is_contiguous():
+                self._split_step_res()
+                return False
+            sources.append((t.data_ptr(), t.nbytes))
+            i += 1
+        res = self._step_res
+        gather_into(self._writer.ring_address + res.offset + layout.weight_bytes, sources)
+        self._pending_grads = {}
+        self._grad_res = res
+        self._grad_off = layout.weight_bytes
+        self._small_in_res = len(small)
+        return True
 
     def _cancel_grad_res(self) -> None:
         res, self._grad_res = self._grad_res, None
@@ -802,9 +827,12 @@ class Hook(BaseHook):
             if layout is not None and spec.sources is not None and self._defer_small and self._writer is not None:
                 # one message for the weights and, at the end of the backward pass, the gradients
                 w = self._writer
+                if layout.writer is not w:
+                    layout.writer_layout = w.batch_layout(layout.names, spec.np_dtype, layout.shapes)
+                    layout.writer = w
                 mode = self.mode
                 res = w.reserve_batch(layout.names, spec.np_dtype, layout.shapes, self._step, mode._value_,
-                                      self._mode_steps[mode])
+                                      self._mode_steps[mode], layout.writer_layout)
                 if res is not None:
                     if res:
                         gather_into(w.ring_address + res.offset, spec.sources)
