@@ -514,18 +514,23 @@ class ChunkWriter:
             byte_flat = flat.reshape(-1).view(np.uint8)
             pieces = [byte_flat[i:j] for i, j in tmpl.spans]
             if not tmpl.inline:
-                base = self._append_data(byte_flat)  # every payload, in one write
+                offsets = tmpl.rel + self._append_data(byte_flat)  # every payload, in one write
             else:
-                base = self._dat_size
+                # Each run of written payloads at the offset _append_data gives it: a writer may place a run
+                # on a page boundary (the writer process's direct writes), so runs need not be contiguous.
+                offsets = np.empty(len(tmpl.outline), dtype=np.uint64)
                 spans = tmpl.spans
+                j = 0
                 for first, end in tmpl.runs:
-                    self._append_data(byte_flat[spans[first][0]:spans[end - 1][1]])
+                    start = spans[first][0]
+                    at = self._append_data(byte_flat[start:spans[end - 1][1]])
+                    for i in range(first, end):
+                        offsets[j] = at + spans[i][0] - start
+                        j += 1
         else:
             byte_flat = None
             pieces = [_byte_view(a) for a in arrays]
-            base = self._dat_size
-            for i in tmpl.outline:
-                self._append_data(pieces[i])
+            offsets = np.array([self._append_data(pieces[i]) for i in tmpl.outline], dtype=np.uint64)
         crc = codec.crc32c
         crc_at = codec.crc32c_at
         if crc_at is not None and byte_flat is not None and not tmpl.inline:
@@ -538,12 +543,12 @@ class ChunkWriter:
         rows["step"] = b.step
         rows["mode_step"] = b.mode_step
         if not tmpl.inline:
-            rows["offset"] = tmpl.rel + base
+            rows["offset"] = offsets
             rows["crc"] = crcs if crcs is not None else [crc(p) for p in pieces]
         else:
             outline = tmpl.outline
             if outline:
-                rows["offset"][outline] = tmpl.rel + base
+                rows["offset"][outline] = offsets
                 rows["crc"][outline] = [crc(pieces[i]) for i in outline]
             for i in tmpl.inline:
                 rows["inline"][i] = pieces[i].tobytes().ljust(INLINE_BYTES, b"\0")

@@ -430,3 +430,29 @@ def test_small_values_after_a_direct_written_one_in_the_same_message(tmp_path):
     assert np.array_equal(t.tensor("first").value(1), big)
     for i, v in enumerate(later):
         assert np.array_equal(t.tensor(f"v{i}").value(1), v)
+
+
+def test_a_batch_with_small_tensors_between_large_ones_after_an_odd_sized_write(tmp_path):
+    """Runs of large tensors between small ones (which the index holds) land wherever the writer puts
+    them (a direct write starts on a page), and the index points at each: here the data file's end is
+    not on a page when the batch comes (a 1000-byte record before it)."""
+    storage = open_storage(str(tmp_path / "run"))
+    w = ProcessChunkWriter(storage, "worker_0", flush_interval=0.1)
+    rng = np.random.default_rng(4)
+    odd = rng.standard_normal(125)  # 1000 bytes, written through the page cache
+    shapes = ((300, 70), (2,), (20_000,), (1,), (700,))
+    vals = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    for step in range(3):
+        assert w.submit(Record(name="odd", step=step, mode=1, mode_step=step, value=odd))
+        res = w.reserve_batch(("a", "b", "c", "d", "e"), np.dtype(np.float32), shapes, step, 1, step)
+        res.payload[:] = np.concatenate([v.ravel() for v in vals]).view(np.uint8)
+        w.commit(res)
+        w.mark_step_passed(step, {"TRAIN": step, "GLOBAL": step})
+    assert w.flush(10)
+    w.close()
+    assert w.error is None
+    t = tt.create_trial(str(tmp_path / "run"))
+    for step in range(3):
+        assert np.array_equal(t.tensor("odd").value(step), odd)
+        for name, v in zip("abcde", vals, strict=True):
+            assert np.array_equal(t.tensor(name).value(step), v), (step, name)

@@ -742,3 +742,57 @@ def test_a_model_large_enough_for_direct_writes_saves_exact_losses_and_gradients
         assert np.array_equal(t.tensor("Sequential_0.weight").value(s), w.numpy())
         assert np.array_equal(t.tensor("gradient/Sequential_0.weight").value(s), g.numpy())
         assert t.tensor("CrossEntropyLoss_output_0").value(s) == loss.item() != 0
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_everything_of_a_large_model_in_train_and_eval_is_saved_exactly(tmp_path, writer):
+    """Weights, biases, gradients, losses and every module's inputs and outputs of a model whose tensors are
+    large enough for the writer process's direct writes (64 x 512 activations: 128 KB), over TRAIN, EVAL
+    and TRAIN again, read back bit-identical to what the training saw."""
+    model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 128), nn.ReLU(), nn.Linear(128, 4))
+    loss_fn = nn.CrossEntropyLoss()
+    hook = tp.Hook(out_dir=str(tmp_path / "run"), writer=writer, save_config=tp.SaveConfig(save_interval=2),
+                   include_collections=["weights", "biases", "gradients", "losses", "inputs", "outputs"])
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    seen: dict = {}
+    names = {m: ("Sequential" if n == "" else n) for n, m in model.named_modules()}
+
+    def record(m, inputs, output):  # the test's own record of every module's input and output
+        seen[f"{names[m]}_input_0"] = inputs[0].detach().clone()
+        seen[f"{names[m]}_output_0"] = output.detach().clone()
+
+    for m in model.modules():
+        m.register_forward_hook(record)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    expect: dict = {}  # (mode, mode step) -> {name: value}
+    plan = [(TRAIN, 5), (EVAL, 2), (TRAIN, 2)]
+    for mode, n in plan:
+        hook.set_mode(mode)
+        for _ in range(n):
+            x, y = torch.randn(64, 64), torch.randint(0, 4, (64,))
+            seen.clear()
+            params = {f"Sequential_{k}": p.detach().clone() for k, p in model.named_parameters()}
+            if mode == TRAIN:
+                opt.zero_grad()
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                grads = {f"gradient/Sequential_{k}": p.grad.clone() for k, p in model.named_parameters()}
+                opt.step()
+            else:
+                with torch.no_grad():
+                    loss = loss_fn(model(x), y)
+                grads = {}
+            step = hook.mode_steps[mode]
+            if step % 2 == 0:
+                expect[(mode, step)] = {**params, **grads, **dict(seen), "CrossEntropyLoss_output_0": loss.detach()}
+    hook.close()
+    t = tp.create_trial(str(tmp_path / "run"))
+    assert list(expect) == [(TRAIN, 0), (TRAIN, 2), (TRAIN, 4), (EVAL, 0), (TRAIN, 6)]
+    for (mode, step), values in expect.items():
+        if mode == EVAL:
+            assert not any(n.startswith("gradient/") for n in values)
+            assert step not in t.tensor("gradient/Sequential_0.weight").steps(mode=EVAL)
+        for name, v in values.items():
+            got = t.tensor(name).value(step, mode=mode)
+            assert got.shape == tuple(v.shape) and np.array_equal(got, v.numpy()), (mode, step, name)
