@@ -22,7 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from pytorch_overhead import COLLECTIONS, _build, _HookSwitch  # noqa: E402
+from pytorch_overhead import _hooked_mlp, _HookSwitch  # noqa: E402
 
 
 def _counter_c(hook, model, on: bool) -> None:
@@ -54,18 +54,8 @@ def main() -> None:
     ap.add_argument("--cycles", type=int, default=10, help="save intervals per block")
     args = ap.parse_args()
 
-    import torch
-
-    import tensortap.pytorch as tp
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model, opt, loss_fn, x, y = _build("mlp")
     out_root = tempfile.mkdtemp(prefix="ttab_")
-    hook = tp.Hook(out_dir=os.path.join(out_root, "run"), save_config=tp.SaveConfig(save_interval=args.interval),
-                   include_collections=COLLECTIONS)
-    hook.register_module(model)
-    hook.register_loss(loss_fn)
+    model, opt, loss_fn, x, y, hook = _hooked_mlp(args.interval, os.path.join(out_root, "run"))
     switch = VARIANTS[args.variant]
     n = args.interval * args.cycles
 

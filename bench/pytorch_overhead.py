@@ -57,6 +57,23 @@ def _build(model_name: str):
     return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), nn.CrossEntropyLoss(), x, y
 
 
+def _hooked_mlp(interval: int, out_dir: str, **hook_kwargs):
+    """The MLP workload with a tensortap hook saving COLLECTIONS every `interval` steps (1 thread, seeded):
+    (model, optimizer, loss module, x, y, hook). For the phase and A/B scripts."""
+    import torch
+
+    import tensortap.pytorch as tp
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model, opt, loss_fn, x, y = _build("mlp")
+    hook = tp.Hook(out_dir=out_dir, save_config=tp.SaveConfig(save_interval=interval),
+                   include_collections=COLLECTIONS, **hook_kwargs)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    return model, opt, loss_fn, x, y, hook
+
+
 class _HookSwitch:
     """Turns every module and parameter hook of a model off and on again, in place.
 

@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from pytorch_overhead import COLLECTIONS, _build, _HookSwitch  # noqa: E402
+from pytorch_overhead import _hooked_mlp, _HookSwitch  # noqa: E402
 
 PHASES = ("zero_grad", "forward + loss", "backward", "optimizer step")
 
@@ -32,18 +32,8 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="the hook does everything but hand off to a writer")
     args = ap.parse_args()
 
-    import torch
-
-    import tensortap.pytorch as tp
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model, opt, loss_fn, x, y = _build("mlp")
     out_dir = tempfile.mkdtemp(prefix="ttphases_")
-    hook = tp.Hook(out_dir=os.path.join(out_dir, "run"), save_config=tp.SaveConfig(save_interval=args.interval),
-                   include_collections=COLLECTIONS, dry_run=args.dry_run)
-    hook.register_module(model)
-    hook.register_loss(loss_fn)
+    model, opt, loss_fn, x, y, hook = _hooked_mlp(args.interval, os.path.join(out_dir, "run"), dry_run=args.dry_run)
     switch = _HookSwitch([model, loss_fn])
     iv, clock = args.interval, time.thread_time
 

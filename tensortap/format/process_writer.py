@@ -101,6 +101,17 @@ def _align(n: int, a: int = _ALIGN) -> int:
     return (n + a - 1) & ~(a - 1)
 
 
+def _batch_meta(names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...]) -> tuple[bytes, int]:
+    """A batch message's pickled description and its number of elements."""
+    count = 0
+    for shape in shapes:
+        k = 1
+        for d in shape:
+            k *= d
+        count += k
+    return pickle.dumps(("batch", names, codec.dtype_to_str(dtype), shapes, count), protocol=5), count
+
+
 def _payload_bytes(meta: tuple) -> int:
     """Bytes of a message's payload that hold its values ("batch": every tensor's; "records": up to the end of
     the last value)."""
@@ -425,14 +436,8 @@ class ProcessChunkWriter:
         key = (names, dtype, shapes)
         layout = self._layouts.get(key)
         if layout is None:
-            count = 0
-            for shape in shapes:
-                k = 1
-                for d in shape:
-                    k *= d
-                count += k
+            m, count = _batch_meta(names, dtype, shapes)
             nbytes = count * dtype.itemsize
-            m = pickle.dumps(("batch", names, codec.dtype_to_str(dtype), shapes, count), protocol=5)
             layout = (m, nbytes, _align(_MSG_HDR + len(m)) + _PAGE + _align(nbytes, _PAGE), len(names))
             if len(self._layouts) > 256:
                 self._layouts.clear()
@@ -506,13 +511,7 @@ class ProcessChunkWriter:
                shapes: tuple[tuple[int, ...], ...]) -> None:
         """Send only the first `len(names)` tensors of an open reservation (`names` and `shapes` a prefix of
         those reserved): their bytes lead its payload; the rest of its ring space is skipped."""
-        count = 0
-        for shape in shapes:
-            k = 1
-            for d in shape:
-                k *= d
-            count += k
-        m = pickle.dumps(("batch", names, codec.dtype_to_str(dtype), shapes, count), protocol=5)
+        m, count = _batch_meta(names, dtype, shapes)
         with self._lock:
             if res.done:
                 return

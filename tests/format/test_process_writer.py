@@ -456,3 +456,30 @@ def test_a_batch_with_small_tensors_between_large_ones_after_an_odd_sized_write(
         assert np.array_equal(t.tensor("odd").value(step), odd)
         for name, v in zip("abcde", vals, strict=True):
             assert np.array_equal(t.tensor(name).value(step), v), (step, name)
+
+
+def test_payloads_that_come_slowly_and_then_fast_read_back(tmp_path):
+    """A job whose large payloads come slowly for over a second and then in a burst of several MB reads
+    back whole (a writer that chose between the page cache and direct writes by the payloads' rate, tried
+    and not kept, went through both here)."""
+    storage = open_storage(str(tmp_path / "run"))
+    w = ProcessChunkWriter(storage, "worker_0", flush_interval=0.1)
+    rng = np.random.default_rng(5)
+    shapes = ((200, 100), (3,), (5000,))
+    expect = {}
+    for step in range(80):  # then 72 x 100 KB at once: several MB wait in the ring
+        res = w.reserve_batch(("a", "b", "c"), np.dtype(np.float32), shapes, step, 1, step)
+        vals = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        res.payload[:] = np.concatenate([v.ravel() for v in vals]).view(np.uint8)
+        w.commit(res)
+        w.mark_step_passed(step, {"TRAIN": step, "GLOBAL": step})
+        expect[step] = vals
+        if step < 8:
+            time.sleep(0.2)  # ~0.5 MB/s for 1.6 s
+    assert w.flush(10)
+    w.close()
+    assert w.error is None
+    t = tt.create_trial(str(tmp_path / "run"))
+    for step, vals in expect.items():
+        for name, v in zip("abc", vals, strict=True):
+            assert np.array_equal(t.tensor(name).value(step), v), (step, name)
