@@ -1,4 +1,5 @@
-"""A 2-process gloo DDP job: include_workers="all" saves both workers, "one" only worker_0."""
+"""A 2-process gloo DDP job: include_workers="all" saves both workers, "one" only worker_0. The model's first
+layer (128 KB) is large enough for the writer process's direct writes and one message per saving step."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ WORKER = textwrap.dedent(
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(rank)
-    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)))
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 3)))
     hook = tp.Hook(out_dir=out_dir, save_config=tp.SaveConfig(save_interval=1), include_workers=include_workers,
                    include_collections=["weights", "gradients", "losses"])
     loss_fn = nn.CrossEntropyLoss()
@@ -39,8 +40,8 @@ WORKER = textwrap.dedent(
     hook.register_loss(loss_fn)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     rec = {}
-    for step in range(3):
-        x, y = torch.randn(4, 6), torch.randint(0, 3, (4,))
+    for step in range(4):
+        x, y = torch.randn(4, 64), torch.randint(0, 3, (4,))
         rec[f"w{step}"] = model.module[0].weight.detach().clone().numpy()
         opt.zero_grad()
         loss = loss_fn(model(x), y)
@@ -95,19 +96,19 @@ def test_two_process_gloo_all_and_one(tmp_path):
 
     for iw, res in results.items():
         assert [r["worker"] for r in res] == ["worker_0", "worker_1"]
-        assert all(r["step"] == 2 and r["errors"] == 0 for r in res)
+        assert all(r["step"] == 3 and r["errors"] == 0 for r in res)
         assert [r["writes"] for r in res] == ([True, True] if iw == "all" else [True, False])
 
     # "all": every worker's data, bit-identical to what each rank saw
     _p, out_dir, rec_dir = jobs["all"]
     t = tp.create_trial(out_dir)
     assert t.workers() == ["worker_0", "worker_1"]
-    assert t.steps() == [0, 1, 2]
+    assert t.steps() == [0, 1, 2, 3]
     w_name = "DistributedDataParallel_module.0.weight"
     for rank in range(2):
         rec = np.load(os.path.join(rec_dir, f"rank{rank}.npz"))
         worker = f"worker_{rank}"
-        for s in range(3):
+        for s in range(4):
             assert np.array_equal(t.tensor(w_name).value(s, worker=worker), rec[f"w{s}"])
             assert np.array_equal(t.tensor("CrossEntropyLoss_output_0").value(s, worker=worker), rec[f"loss{s}"])
             assert np.array_equal(t.tensor("gradient/" + w_name).value(s, worker=worker), rec[f"g{s}"])
@@ -118,6 +119,6 @@ def test_two_process_gloo_all_and_one(tmp_path):
     t = tp.create_trial(out_dir)
     assert t.workers() == ["worker_0"]
     rec = np.load(os.path.join(rec_dir, "rank0.npz"))
-    for s in range(3):
+    for s in range(4):
         assert np.array_equal(t.tensor(w_name).value(s), rec[f"w{s}"])
     assert not any("worker_1" in f for _d, _s, files in os.walk(out_dir) for f in files)
