@@ -129,6 +129,7 @@ static int counting_clear(PyObject *op)
 
 static void counting_dealloc(PyObject *op)
 {
+    PyObject_GC_UnTrack(op); /* (the OrderedDict's dealloc untracks too: untracking twice is allowed) */
     Py_CLEAR(STATE(op)->tick);
     PyODict_Type.tp_dealloc(op);
 }
