@@ -559,8 +559,11 @@ class Hook:
                 counter = self._counting
                 if counter is not None and counter.skipped:
                     self._sync_steps()
-                steps = self._mode_steps
-                self._writer.mark_step_passed(self._step, {_MODE_NAMES[m]: s for m, s in steps.items() if s >= 0})
+                passed = {}
+                for m, s in self._mode_steps.items():  # (a loop, not a comprehension: no frame per step)
+                    if s >= 0:
+                        passed[_MODE_NAMES[m]] = s
+                self._writer.mark_step_passed(self._step, passed)
             except InvalidConfiguration:
                 raise
             except Exception as e:  # noqa: BLE001 - never break the training job
