@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -66,6 +67,7 @@ def main() -> None:
                     acc[k][j] += blk[k][j]
     switch.on()
     hook.close()
+    shutil.rmtree(out_dir, ignore_errors=True)  # (a run writes ~150 MB)
     print(f"save interval {iv}{' (dry run)' if args.dry_run else ''}: hooked - plain, training-thread CPU, us")
     print("pos " + "".join(f"{p:>16s}" for p in PHASES) + "   plain step")
     total = 0.0
