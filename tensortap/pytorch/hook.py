@@ -96,6 +96,14 @@ def _detect_rank() -> tuple[int | None, int | None]:
     return None, None
 
 
+def _no_distributed() -> bool:
+    return False
+
+
+#: torch.distributed is initialized: its wrappers (DDP, FSDP) queue autograd callbacks of their own
+_distributed = torch.distributed.is_initialized if torch.distributed.is_available() else _no_distributed
+
+
 @dataclass
 class _Root:
     """A registered module whose forward starts a step."""
@@ -127,6 +135,7 @@ class _Plan:
     weight_items: list[tuple[str, list[Collection]]] = field(default_factory=list)
     some_odd: bool = False  # some parameter may not be capturable (sparse, meta, ...)
     param_views: list[torch.Tensor] | None = None
+    param_ptrs: list[int] | None = None  # the views' data_ptr()s
     grad_list: list[tuple[nn.Parameter, str, list[Collection]]] = field(default_factory=list)
     grad_items: list[tuple[str, list[Collection]]] = field(default_factory=list)
     weight_spec: _Spec | None = None
@@ -200,6 +209,7 @@ class Hook(BaseHook):
         self._grad_targets: dict[int, tuple[nn.Parameter, str, list[Collection]]] = {}
         self._param_hooks_on = False
         self._grad_cb_queued = False
+        self._requeue = True  # see _output_grad_hook
         self._pending_grads: dict[str, tuple[Any, list[Collection]]] = {}
         self._grad_batch: HostBatch | None = None  # every planned gradient, copied at once
         self._grad_res: Any = None  # ... or copied straight into the writer's shared memory, sent at step end
@@ -214,6 +224,7 @@ class Hook(BaseHook):
         self._defer_small = False
         self._raw_only_cache: dict[tuple, bool] = {}
         self._io_skip: dict[tuple[str, int, int], tuple[int, Any]] = {}  # see _write_io
+        self._io_fast: dict[str, tuple] = {}  # see _io_hook
         self._step_plan: _Plan | None = None  # of the current saving step
         self._staged: list[tuple[HostBatch, list[tuple[str, list[Collection]]], _Spec | None]] = []
         self._pool = BufferPool()
@@ -371,8 +382,21 @@ class Hook(BaseHook):
                 self._step += 1
                 steps[mode] = mode_step
                 steps[_modes.GLOBAL] = self._step
+                # With every collection on one schedule, `_quiet_until` is its next saving step: what
+                # collections_to_save() finds for it, without testing the schedule again.
+                uniform = self._uniform.get(mode)
+                now = None
+                if uniform is not None:
+                    now = uniform[1]
+                    self._save_now = now
+                    self._save_step = self._step
+                    self._save_mode = mode
+                    if now and now is not self._for_now:
+                        self._for_now = now
+                        self._for_cache.clear()
+                        self._for_gen += 1
                 try:
-                    self.on_step_begin()
+                    self.on_step_begin(now)
                 except Exception as e:  # noqa: BLE001 - never break training
                     self._fail("forward pre-hook", e)
                 return
@@ -422,10 +446,48 @@ class Hook(BaseHook):
         if not self._saving or self.disabled:
             return
         try:
+            fast = self._io_fast.get(name)
+            if (fast is not None and fast[0] == self._for_gen and type(inputs) is tuple and len(inputs) == fast[1]
+                    and type(outputs) is torch.Tensor and self._defer_small):
+                # What the two _write_io calls below did last time (e.g. a loss: the inputs saved by no
+                # collection, the output a lone small tensor sent with the gradients), if it is so again.
+                _gen, n_in, key_in, key_out, out_name, out_colls = fast
+                counts = self._io_counts
+                t = outputs
+                for x in inputs:
+                    if type(x) is not torch.Tensor:
+                        break
+                else:
+                    if (key_in not in counts and key_out not in counts and t.is_cpu and t.layout is _STRIDED
+                            and not t.is_nested and t.numel() <= _SMALL):
+                        counts[key_in] = n_in
+                        counts[key_out] = 1
+                        self._small.append((out_name, t.detach().clone(), out_colls))
+                        return
             self._write_io(name, INPUT_SUFFIX, inputs)
             self._write_io(name, OUTPUT_SUFFIX, outputs)
+            if type(inputs) is tuple and type(outputs) is torch.Tensor:
+                self._learn_io_fast(name, inputs)
         except Exception as e:  # noqa: BLE001
             self._fail("forward hook", e)
+
+    def _learn_io_fast(self, name: str, inputs: tuple) -> None:
+        """Note for `_io_hook` when a module's first call in this step saved only its output, a lone small
+        tensor held for the gradients' message."""
+        for x in inputs:
+            if type(x) is not torch.Tensor:
+                return
+        n_in = len(inputs)
+        key_in, key_out = name + INPUT_SUFFIX, name + OUTPUT_SUFFIX
+        counts, gen = self._io_counts, self._for_gen
+        seen_in = self._io_skip.get((key_in, 0, n_in))
+        seen_out = self._io_skip.get((key_out, 0, 1))
+        if (counts.get(key_in) == n_in and counts.get(key_out) == 1 and seen_in is not None and seen_in[0] == gen
+                and seen_in[1] is None and seen_out is not None and seen_out[0] == gen and seen_out[1] is not None
+                and self._small and self._small[-1][0] == seen_out[1][0]):
+            if len(self._io_fast) > 4096:
+                self._io_fast.clear()
+            self._io_fast[name] = (gen, n_in, key_in, key_out, seen_out[1][0], seen_out[1][1])
 
     # A loss module's inputs and outputs are saved the same way. (Reading the gradients through a hook on the
     # loss's output instead of the model's, which would spare the model torch's slow call path in saving
@@ -440,12 +502,13 @@ class Hook(BaseHook):
         try:
             found = False
             for t in (outputs,) if type(outputs) is torch.Tensor else iter_tensors(outputs):
-                if t.requires_grad and t.grad_fn is not None:
+                fn = t.grad_fn if t.requires_grad else None  # (each read makes a new Python object)
+                if fn is not None:
                     if type(t) is torch.Tensor and t._backward_hooks is None:
                         # What Tensor.register_hook does, without a handle: the output and its hook go
                         # with the step's graph.
                         t._backward_hooks = OrderedDict(((self._output_hook_id, self._output_grad_hook),))
-                        t.grad_fn._register_hook_dict(t)
+                        fn._register_hook_dict(t)
                     else:
                         self._step_handles.append(t.register_hook(self._output_grad_hook))
                     found = True
@@ -462,7 +525,10 @@ class Hook(BaseHook):
             return
         try:
             self._grad_cb_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
+            # Distributed wrappers queue callbacks later in this backward (DDP's gradient reduction):
+            # then the gradients are read from a callback queued after theirs (see _after_backward).
+            torch.autograd.Variable._execution_engine.queue_callback(
+                self._after_backward if self._requeue else self._collect_grads)
         except Exception as e:  # noqa: BLE001
             self._fail("gradient hook", e)
 
@@ -625,13 +691,15 @@ class Hook(BaseHook):
 
     # --- steps -------------------------------------------------------------------------------
 
-    def on_step_begin(self) -> None:
+    def on_step_begin(self, now: list[Collection] | None = None) -> None:
+        """`now`: what collections_to_save() returns, when the caller knows it."""
         self._saving = False
         if self.disabled or not self.writes or self._closed:  # (not self.active, inline)
             self._quiet_until = _INF
             self._remove_plan_handles()
             return
-        now = self.collections_to_save()
+        if now is None:
+            now = self.collections_to_save()
         if not now:
             self._quiet_until = self._next_saving_step()
             kept = self._handles_plan
@@ -768,6 +836,9 @@ class Hook(BaseHook):
         self._quiet_until = self._quiet_after = -1
 
     def _plan_for(self, now: list[Collection]) -> _Plan:
+        # (looked at when the saving plan changes: torch.distributed is set up before a job's first saving
+        # step, when any of its wrappers is)
+        self._requeue = _distributed()
         train = self.mode not in _NO_GRAD_MODES
         last = self._plan_key
         if last is not None and last[0] is now and last[1] == train:  # (the same list while the set stays)
@@ -809,14 +880,16 @@ class Hook(BaseHook):
         views = plan.param_views
         if views is not None:
             i = 0
+            ptrs = plan.param_ptrs
             for _n, p, _c in plan.weights:  # (a loop: no generator per step)
-                if views[i].data_ptr() != p.data_ptr():
+                if ptrs[i] != p.data_ptr():
                     views = None
                     break
                 i += 1
         spec = plan.weight_spec
         if views is None:
             views = plan.param_views = [p.detach() for _n, p, _c in plan.weights]
+            plan.param_ptrs = [v.data_ptr() for v in views]
             if spec is not None:
                 spec.sources = None
             plan.step_layout = None  # (learned again: the parameters' shapes or dtype may have changed)

@@ -716,6 +716,62 @@ def test_one_message_for_weights_and_gradients_and_the_steps_that_break_its_layo
     assert t.tensor("gradient/Net_fc1.weight").steps() == [0, 1, 3, 4, 5, 6]
 
 
+class ScaledMSELoss(nn.Module):
+    """A loss taking an optional non-tensor argument, per-sample losses when `per_sample` is set."""
+
+    per_sample = False
+
+    def forward(self, out, target, scale=1.0):
+        per = ((out - target) ** 2).mean(dim=1) * scale
+        return per if self.per_sample else per.mean()
+
+
+def test_loss_shortcut_follows_changes_in_what_is_saved(tmp_path):
+    """Once a step has shown that a loss module's inputs are saved by no collection and its output travels with
+    the gradients, later steps take a shortcut; a collection asking for the inputs, a non-tensor argument, a
+    second call and an output of another shape still save exactly what the training saw."""
+    model = Net()
+    loss_fn = ScaledMSELoss()
+    out = str(tmp_path / "run")
+    hook = tp.Hook(out_dir=out, writer="process", save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights", "biases", "gradients", "losses", "loss_inputs"])
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = []
+    for step in range(11):
+        x, y = torch.randn(5, 8), torch.randn(5, 4)
+        if step == 8:
+            hook.get_collection("loss_inputs").include(r"^ScaledMSELoss_input_0$")
+        loss_fn.per_sample = step == 6
+        opt.zero_grad()
+        out_ = model(x)
+        loss = loss_fn(out_, y, 2.0) if step == 3 else loss_fn(out_, y)
+        losses = [loss.detach().clone()]
+        if step == 5:
+            losses.append(loss_fn(out_, y * 2).detach().clone())  # a second call: ScaledMSELoss_output_1
+        (loss.sum() if step == 6 else loss).backward()
+        rec.append({"out": out_.detach().clone(), "losses": losses,
+                    "g": {n: p.grad.clone() for n, p in model.named_parameters()}})
+        if step == 1:
+            assert "ScaledMSELoss" in hook._io_fast  # (the shortcut was learned: later steps test it)
+        opt.step()
+    hook.close()
+    t = tp.create_trial(out)
+    assert t.steps() == list(range(11))
+    for s in range(11):
+        assert np.array_equal(t.tensor("ScaledMSELoss_output_0").value(s), rec[s]["losses"][0].numpy())
+        for n, g in rec[s]["g"].items():
+            assert np.array_equal(t.tensor(f"gradient/Net_{n}").value(s), g.numpy())
+    assert t.tensor("ScaledMSELoss_input_0").steps() == [8, 9, 10]
+    for s in (8, 9, 10):
+        assert np.array_equal(t.tensor("ScaledMSELoss_input_0").value(s), rec[s]["out"].numpy())
+    assert t.tensor("ScaledMSELoss_output_1").steps() == [5]
+    assert np.array_equal(t.tensor("ScaledMSELoss_output_1").value(5), rec[5]["losses"][1].numpy())
+    assert t.tensor("ScaledMSELoss_output_0").value(6).shape == (5,)
+    assert not t.has_tensor("ScaledMSELoss_input_1") and not t.has_tensor("ScaledMSELoss_input_2")
+
+
 @pytest.mark.parametrize("writer", ["thread", "process"])
 def test_a_model_large_enough_for_direct_writes_saves_exact_losses_and_gradients(tmp_path, writer):
     """Gradients above the writer process's direct-write size (64 KB) go to disk straight from shared memory;
