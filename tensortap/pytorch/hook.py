@@ -549,8 +549,40 @@ class Hook(BaseHook):
             return
         try:
             plan = self._step_plan
-            if self._step_res is not None and self._grad_res is None and plan is not None and self._fill_step_res(plan):
-                return
+            if self._step_res is not None and self._grad_res is None and plan is not None:
+                # The usual case: the gradients and small tensors (a loss) go into the step's message that
+                # holds the weights, if they are what its layout expects (else it goes out with the weights
+                # alone). One loop of tests on each gradient (inline: this runs in every saving step).
+                layout = plan.step_layout
+                shapes = layout.tail_shapes
+                dtype = plan.weight_spec.dtype
+                sources = []
+                i = 0
+                for p, _n, _c in plan.grad_list:
+                    g = p.grad
+                    if (g is None or g.layout is not _STRIDED or not g.is_cpu or g.dtype is not dtype
+                            or g.is_nested or not g.is_contiguous() or g.shape != shapes[i]):
+                        break
+                    sources.append((g.data_ptr(), g.nbytes))
+                    i += 1
+                else:
+                    small = self._small
+                    names = layout.tail_names
+                    if len(small) == len(names) - i:
+                        for n, t, _c in small:  # (held clones of CPU tensors)
+                            if n != names[i] or t.dtype is not dtype or t.shape != shapes[i] or not t.is_contiguous():
+                                break
+                            sources.append((t.data_ptr(), t.nbytes))
+                            i += 1
+                        else:
+                            res = self._step_res
+                            gather_into(self._writer.ring_address + res.offset + layout.weight_bytes, sources)
+                            self._pending_grads = {}
+                            self._grad_res = res
+                            self._grad_off = layout.weight_bytes
+                            self._small_in_res = len(small)
+                            return
+                self._split_step_res()
             if plan is not None and plan.grad_list:
                 grads = []
                 usual = True
@@ -605,41 +637,6 @@ class Hook(BaseHook):
                     self._pending_grads[name] = (arr, colls)  # a later backward of this step replaces it
         except Exception as e:  # noqa: BLE001
             self._fail("gradient capture", e)
-
-    def _fill_step_res(self, plan: _Plan) -> bool:
-        """Copy the gradients and small tensors (a loss) into the step's message that holds the weights, if
-        they are what its layout expects (else it goes out with the weights alone: False)."""
-        layout = plan.step_layout
-        shapes = layout.tail_shapes
-        dtype = plan.weight_spec.dtype
-        sources = []
-        i = 0
-        for p, _n, _c in plan.grad_list:  # (one loop of tests on each gradient: this runs in every saving step)
-            g = p.grad
-            if (g is None or g.layout is not _STRIDED or not g.is_cpu or g.dtype is not dtype or g.is_nested
-                    or not g.is_contiguous() or g.shape != shapes[i]):
-                self._split_step_res()
-                return False
-            sources.append((g.data_ptr(), g.nbytes))
-            i += 1
-        small = self._small
-        names = layout.tail_names
-        if len(small) != len(names) - i:
-            self._split_step_res()
-            return False
-        for n, t, _c in small:  # (held clones of CPU tensors)
-            if n != names[i] or t.dtype is not dtype or t.shape != shapes[i] or not t.is_contiguous():
-                self._split_step_res()
-                return False
-            sources.append((t.data_ptr(), t.nbytes))
-            i += 1
-        res = self._step_res
-        gather_into(self._writer.ring_address + res.offset + layout.weight_bytes, sources)
-        self._pending_grads = {}
-        self._grad_res = res
-        self._grad_off = layout.weight_bytes
-        self._small_in_res = len(small)
-        return True
 
     def _cancel_grad_res(self) -> None:
         res, self._grad_res = self._grad_res, None
