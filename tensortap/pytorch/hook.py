@@ -447,8 +447,9 @@ class Hook(BaseHook):
             return
         try:
             fast = self._io_fast.get(name)
-            if (fast is not None and fast[0] == self._for_gen and type(inputs) is tuple and len(inputs) == fast[1]
-                    and type(outputs) is torch.Tensor and self._defer_small):
+            known = fast is not None and fast[0] == self._for_gen
+            if (known and type(inputs) is tuple and len(inputs) == fast[1] and type(outputs) is torch.Tensor
+                    and self._defer_small):
                 # What the two _write_io calls below did last time (e.g. a loss: the inputs saved by no
                 # collection, the output a lone small tensor sent with the gradients), if it is so again.
                 _gen, n_in, key_in, key_out, out_name, out_colls = fast
@@ -466,7 +467,7 @@ class Hook(BaseHook):
                         return
             self._write_io(name, INPUT_SUFFIX, inputs)
             self._write_io(name, OUTPUT_SUFFIX, outputs)
-            if type(inputs) is tuple and type(outputs) is torch.Tensor:
+            if not known and type(inputs) is tuple and type(outputs) is torch.Tensor:
                 self._learn_io_fast(name, inputs)
         except Exception as e:  # noqa: BLE001
             self._fail("forward hook", e)
@@ -480,14 +481,18 @@ class Hook(BaseHook):
         n_in = len(inputs)
         key_in, key_out = name + INPUT_SUFFIX, name + OUTPUT_SUFFIX
         counts, gen = self._io_counts, self._for_gen
-        seen_in = self._io_skip.get((key_in, 0, n_in))
+        if counts.get(key_in) != n_in or counts.get(key_out) != 1:
+            return  # (not the module's first call in this step)
+        seen_in = self._io_skip.get((key_in, 0, n_in))  # (see _write_io)
         seen_out = self._io_skip.get((key_out, 0, 1))
-        if (counts.get(key_in) == n_in and counts.get(key_out) == 1 and seen_in is not None and seen_in[0] == gen
-                and seen_in[1] is None and seen_out is not None and seen_out[0] == gen and seen_out[1] is not None
-                and self._small and self._small[-1][0] == seen_out[1][0]):
-            if len(self._io_fast) > 4096:
-                self._io_fast.clear()
-            self._io_fast[name] = (gen, n_in, key_in, key_out, seen_out[1][0], seen_out[1][1])
+        if len(self._io_fast) > 4096:
+            self._io_fast.clear()
+        if (seen_in is not None and seen_in[0] == gen and seen_in[1] is None and seen_out is not None
+                and seen_out[0] == gen and seen_out[1] is not None):
+            if self._small and self._small[-1][0] == seen_out[1][0]:
+                self._io_fast[name] = (gen, n_in, key_in, key_out, seen_out[1][0], seen_out[1][1])
+        else:
+            self._io_fast[name] = (gen, -1)  # its inputs are saved, or its output is not a lone one: no shortcut
 
     # A loss module's inputs and outputs are saved the same way. (Reading the gradients through a hook on the
     # loss's output instead of the model's, which would spare the model torch's slow call path in saving
