@@ -293,6 +293,8 @@ class ProcessChunkWriter:
         """Wait until the child has handled everything published so far (not a flush: no index block is
         written); True when done within `timeout`."""
         with self._lock:
+            if not self._open and self._h[_HEAD] == self._head and not self.pending_bytes:
+                return True  # the child has handled everything: no bell (a system call and a wake-up)
             self._publish(urgent=True)
         deadline = time.monotonic() + timeout
         while self.pending_bytes:

@@ -351,6 +351,27 @@ def test_idle_writer_process_backs_off_and_still_answers_at_once(tmp_path):
     assert t.tensor("x").steps() == [0, 1] and t.tensor("x").value(1).tolist() == [0, 1, 2, 3, 4]
 
 
+def test_drain_waits_for_the_child_and_wakes_it_only_when_it_has_work(tmp_path):
+    storage = open_storage(str(tmp_path / "run"))
+    w = ProcessChunkWriter(storage, "worker_0", flush_interval=10.0)
+    try:
+        for step in range(3):  # each below the child's lag: it handles them when told to drain
+            assert w.submit(Record(name="x", step=step, mode=1, mode_step=step, value=np.full(8, float(step))))
+        assert w.pending_bytes > 0
+        assert w.drain(timeout=10) and w.pending_bytes == 0
+        time.sleep(0.5)  # (the child backs off)
+        before = _wakeups(w._proc.pid)
+        for _ in range(100):
+            assert w.drain(timeout=10)
+            time.sleep(0.002)
+        assert _wakeups(w._proc.pid) - before < 30  # a few polls in this time; a bell per drain would add 100
+        assert w.flush(timeout=10)
+    finally:
+        w.close()
+    t = tt.create_trial(str(tmp_path / "run"))
+    assert t.tensor("x").steps() == [0, 1, 2] and t.tensor("x").value(2).tolist() == [2.0] * 8
+
+
 def test_direct_written_batches_across_data_chunks(tmp_path):
     # Small chunks: the payloads written straight from the ring land in several data files, and every
     # value reads back exactly.
