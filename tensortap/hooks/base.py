@@ -416,14 +416,19 @@ class Hook:
                 last = self._save_now
                 if now is not _NOTHING and now is not last and now == last:
                     now = last
-            self._save_now = now
-            self._save_step = self._step
-            self._save_mode = mode
-            if now and now is not self._for_now:  # (steps that save nothing leave the cache of the last set)
-                self._for_now = now
-                self._for_cache.clear()
-                self._for_gen += 1
+            self._set_save_now(now, mode)
         return self._save_now
+
+    def _set_save_now(self, now: list[Collection], mode: ModeKeys) -> None:
+        """What collections_to_save() returns for the current step (a framework hook that already knows it
+        sets it here)."""
+        self._save_now = now
+        self._save_step = self._step
+        self._save_mode = mode
+        if now and now is not self._for_now:  # (steps that save nothing leave the cache of the last set)
+            self._for_now = now
+            self._for_cache.clear()
+            self._for_gen += 1
 
     def is_saving_step(self) -> bool:
         """True if anything may be saved at the current step."""

@@ -386,16 +386,10 @@ class Hook(BaseHook):
                 # collections_to_save() finds for it, without testing the schedule again.
                 uniform = self._uniform.get(mode)
                 now = None
-                if uniform is not None:
-                    now = uniform[1]
-                    self._save_now = now
-                    self._save_step = self._step
-                    self._save_mode = mode
-                    if now and now is not self._for_now:
-                        self._for_now = now
-                        self._for_cache.clear()
-                        self._for_gen += 1
                 try:
+                    if uniform is not None:
+                        now = uniform[1]
+                        self._set_save_now(now, mode)
                     self.on_step_begin(now)
                 except Exception as e:  # noqa: BLE001 - never break training
                     self._fail("forward pre-hook", e)
