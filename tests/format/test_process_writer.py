@@ -504,3 +504,60 @@ def test_payloads_that_come_slowly_and_then_fast_read_back(tmp_path):
     for step, vals in expect.items():
         for name, v in zip("abc", vals, strict=True):
             assert np.array_equal(t.tensor(name).value(step), v), (step, name)
+
+
+# Injected into the writer process (a separate interpreter) through sitecustomize: its os.pwritev fails
+# or writes short the first time, as a disk, a filesystem or a signal can make it do; the rest is real.
+_PWRITEV_FAULT = '''
+import os
+_real, _log, _mode = os.pwritev, os.environ["TT_TEST_PWRITEV_LOG"], os.environ["TT_TEST_PWRITEV"]
+_calls = [0]
+def pwritev(fd, buffers, offset, *a):
+    _calls[0] += 1
+    with open(_log, "a") as f:
+        f.write(f"{_calls[0]} {sum(len(b) for b in buffers)}\\n")
+    if _calls[0] > 1:
+        return _real(fd, buffers, offset, *a)
+    if _mode == "fail":
+        raise OSError(22, "Invalid argument (injected)")
+    return _real(fd, [memoryview(buffers[0])[:8192]], offset)  # (O_DIRECT writes whole blocks)
+os.pwritev = pwritev
+'''
+
+
+@pytest.mark.parametrize("fault", ["fail", "short"])
+def test_direct_writes_that_fail_or_come_back_short_lose_nothing(tmp_path, monkeypatch, fault):
+    # fail: the writer goes on through the page cache, from the first byte of the failed write;
+    # short: the rest of the write follows with O_DIRECT. Every value reads back exactly.
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(_PWRITEV_FAULT)
+    log = tmp_path / "pwritev.log"
+    monkeypatch.setenv("PYTHONPATH", str(inject))
+    monkeypatch.setenv("TT_TEST_PWRITEV", fault)
+    monkeypatch.setenv("TT_TEST_PWRITEV_LOG", str(log))
+    storage = open_storage(str(tmp_path / "run"))
+    w = ProcessChunkWriter(storage, "worker_0", flush_interval=0.05)
+    rng = np.random.default_rng(3)
+    expect = {}
+    for step in range(6):
+        shapes = ((300, 70), (1000,), (50, 400))
+        res = w.reserve_batch(("w", "g", "h"), np.dtype(np.float32), shapes, step, 1, step)
+        vals = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        res.payload[:] = np.concatenate([v.ravel() for v in vals]).view(np.uint8)
+        w.commit(res)
+        w.mark_step_passed(step, {"TRAIN": step, "GLOBAL": step})
+        expect[step] = vals
+        assert w.flush(10)
+    w.close()
+    if not log.exists():
+        pytest.skip(f"no O_DIRECT writes here ({tmp_path} does not take them, e.g. tmpfs)")
+    calls = [line.split() for line in log.read_text().splitlines()]
+    assert int(calls[0][1]) > 8192  # the first direct write was one that the fault cut short or failed
+    assert len(calls) == (1 if fault == "fail" else 6)  # after a failure, no more O_DIRECT in this file
+    assert w.error is None and w.dropped_records == 0
+    t = tt.create_trial(str(tmp_path / "run"))
+    assert t.steps() == list(range(6))
+    for step, vals in expect.items():
+        for name, v in zip(("w", "g", "h"), vals, strict=True):
+            assert np.array_equal(t.tensor(name).value(step), v), (name, step)
