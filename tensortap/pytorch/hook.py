@@ -209,7 +209,6 @@ class Hook(BaseHook):
         self._grad_targets: dict[int, tuple[nn.Parameter, str, list[Collection]]] = {}
         self._param_hooks_on = False
         self._grad_cb_queued = False
-        self._requeue = True  # see _output_grad_hook
         self._pending_grads: dict[str, tuple[Any, list[Collection]]] = {}
         self._grad_batch: HostBatch | None = None  # every planned gradient, copied at once
         self._grad_res: Any = None  # ... or copied straight into the writer's shared memory, sent at step end
@@ -527,7 +526,7 @@ class Hook(BaseHook):
             # Distributed wrappers queue callbacks later in this backward (DDP's gradient reduction):
             # then the gradients are read from a callback queued after theirs (see _after_backward).
             torch.autograd.Variable._execution_engine.queue_callback(
-                self._after_backward if self._requeue else self._collect_grads)
+                self._after_backward if _distributed() else self._collect_grads)
         except Exception as e:  # noqa: BLE001
             self._fail("gradient hook", e)
 
@@ -834,7 +833,6 @@ class Hook(BaseHook):
     def _plan_for(self, now: list[Collection]) -> _Plan:
         # (looked at when the saving plan changes: torch.distributed is set up before a job's first saving
         # step, when any of its wrappers is)
-        self._requeue = _distributed()
         train = self.mode not in _NO_GRAD_MODES
         last = self._plan_key
         if last is not None and last[0] is now and last[1] == train:  # (the same list while the set stays)
