@@ -6,9 +6,12 @@ collections weights+biases+gradients+losses, saved every 1, 10, 100 steps or nev
 Every measurement is a child process that trains one model in alternating blocks of steps with the
 hook's module and parameter hooks switched on and off (the library keeps running and never notices), and
 reports the median over pairs of blocks of hooked/plain step time. A hooked block is charged until
-tensortap's writer has caught up. A block is 10 save intervals long, at least 100 steps (every 100: 1000
-steps), so that this catch-up at its end, which a long training run pays once, is charged once per ten
-saving steps rather than once per saving step; `--steps N` fixes the length. The driver alternates
+tensortap's writer has caught up. A block is 100 steps: at every 100 that is one save interval, and the
+catch-up at the block's end (which a long training run pays once) is charged to its one saving step, which
+is conservative. Longer blocks let this VM's slow drifts in speed (about ±1% over a second) into the
+ratios: with 1000-step blocks the A/A control at every 100 spread ×0.95–1.03 over 30 rounds, with 100-step
+blocks ×0.99–1.003. Every 100 runs three times as many pairs, to see as many saving steps per run as every
+10 does in ten; `--steps N` fixes the length of every block. The driver alternates
 configurations over several rounds and prints the median ratio. The library `none` is the A/A control:
 both blocks plain, which shows the noise floor of the machine. smdebug runs in its own venv
 (SMDEBUG_PYTHON, default /work/smdebug-venv/bin/python): `pip install torch==2.13.0 smdebug==1.0.34
@@ -207,10 +210,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--pairs", type=int, default=30,
-                    help="pairs of blocks (hooked, plain) per child run, for 100-step blocks (longer blocks: "
-                         "proportionally fewer, at least 12)")
+                    help="pairs of blocks (hooked, plain) per child run (every 100: three times as many)")
     ap.add_argument("--steps", type=int, default=0,
-                    help="steps per block (a multiple of every interval); default: 10 intervals, >= 100")
+                    help="steps per block (a multiple of every interval); default: 100")
     ap.add_argument("--models", default="mlp,cnn")
     ap.add_argument("--libs", default="tensortap,smdebug")
     ap.add_argument("--writer", default="auto",
@@ -245,8 +247,8 @@ def main() -> None:
     results: dict[tuple[str, str, str], list[dict]] = {c: [] for c in configs}
     for r in range(args.rounds):
         for m, lib, iv in configs:  # alternate every configuration within each round
-            steps = args.steps or (max(100, 10 * int(iv)) if iv != "never" else 100)
-            pairs = args.pairs if args.steps else max(12, args.pairs * 100 // steps)
+            steps = args.steps or 100
+            pairs = args.pairs * 3 if iv == "100" and not args.steps else args.pairs
             res = _run_child(pythons[lib], lib, iv, m, pairs, steps)
             if res is not None:
                 results[(m, lib, iv)].append(res)
