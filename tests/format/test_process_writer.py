@@ -22,6 +22,17 @@ def _shm_segments() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} if os.path.isdir("/dev/shm") else set()
 
 
+def _send_step(w: ProcessChunkWriter, names: tuple[str, ...], shapes: tuple, step: int,
+               rng: np.random.Generator) -> list[np.ndarray]:
+    """Reserve a batch of random float32 tensors for `step`, fill it, commit it, mark the step passed."""
+    res = w.reserve_batch(names, np.dtype(np.float32), shapes, step, 1, step)
+    vals = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    res.payload[:] = np.concatenate([v.ravel() for v in vals]).view(np.uint8)
+    w.commit(res)
+    w.mark_step_passed(step, {"TRAIN": step, "GLOBAL": step})
+    return vals
+
+
 def test_generic_hook_round_trip_bit_exact(tmp_path):
     out = str(tmp_path / "run")
     hook = tt.Hook(out, writer="process", save_config=tt.SaveConfig(save_interval=1),
@@ -380,13 +391,7 @@ def test_direct_written_batches_across_data_chunks(tmp_path):
     rng = np.random.default_rng(2)
     expect = {}
     for step in range(12):
-        shapes = ((300, 70), (1000,))
-        res = w.reserve_batch(("w", "g"), np.dtype(np.float32), shapes, step, 1, step)
-        vals = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-        res.payload[:] = np.concatenate([v.ravel() for v in vals]).view(np.uint8)
-        w.commit(res)
-        w.mark_step_passed(step, {"TRAIN": step, "GLOBAL": step})
-        expect[step] = vals
+        expect[step] = _send_step(w, ("w", "g"), ((300, 70), (1000,)), step, rng)
         if step % 4 == 3:
             assert w.flush(10)
     w.close()
@@ -489,12 +494,7 @@ def test_payloads_that_come_slowly_and_then_fast_read_back(tmp_path):
     shapes = ((200, 100), (3,), (5000,))
     expect = {}
     for step in range(80):  # then 72 x 100 KB at once: several MB wait in the ring
-        res = w.reserve_batch(("a", "b", "c"), np.dtype(np.float32), shapes, step, 1, step)
-        vals = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-        res.payload[:] = np.concatenate([v.ravel() for v in vals]).view(np.uint8)
-        w.commit(res)
-        w.mark_step_passed(step, {"TRAIN": step, "GLOBAL": step})
-        expect[step] = vals
+        expect[step] = _send_step(w, ("a", "b", "c"), shapes, step, rng)
         if step < 8:
             time.sleep(0.2)  # ~0.5 MB/s for 1.6 s
     assert w.flush(10)
@@ -541,13 +541,7 @@ def test_direct_writes_that_fail_or_come_back_short_lose_nothing(tmp_path, monke
     rng = np.random.default_rng(3)
     expect = {}
     for step in range(6):
-        shapes = ((300, 70), (1000,), (50, 400))
-        res = w.reserve_batch(("w", "g", "h"), np.dtype(np.float32), shapes, step, 1, step)
-        vals = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-        res.payload[:] = np.concatenate([v.ravel() for v in vals]).view(np.uint8)
-        w.commit(res)
-        w.mark_step_passed(step, {"TRAIN": step, "GLOBAL": step})
-        expect[step] = vals
+        expect[step] = _send_step(w, ("w", "g", "h"), ((300, 70), (1000,), (50, 400)), step, rng)
         assert w.flush(10)
     w.close()
     if not log.exists():
