@@ -9,8 +9,8 @@ reports the median over pairs of blocks of hooked/plain step time. A hooked bloc
 tensortap's writer has caught up. A block is 100 steps: at every 100 that is one save interval, and the
 catch-up at the block's end (which a long training run pays once) is charged to its one saving step, which
 is conservative. Longer blocks let this VM's slow drifts in speed (about ±1% over a second) into the
-ratios: with 1000-step blocks the A/A control at every 100 spread ×0.95–1.03 over 30 rounds, with 100-step
-blocks ×0.99–1.003. Every 100 runs three times as many pairs, to see as many saving steps per run as every
+ratios: with 1000-step blocks the A/A control at every 100 spread ×0.948–1.028 over 30 rounds, with 100-step
+blocks ×0.993–1.004 over 15. Every 100 runs three times as many pairs, to see as many saving steps per run as every
 10 does in ten; `--steps N` fixes the length of every block. The driver alternates
 configurations over several rounds and prints the median ratio. The library `none` is the A/A control:
 both blocks plain, which shows the noise floor of the machine. smdebug runs in its own venv

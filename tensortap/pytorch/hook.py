@@ -831,8 +831,6 @@ class Hook(BaseHook):
         self._quiet_until = self._quiet_after = -1
 
     def _plan_for(self, now: list[Collection]) -> _Plan:
-        # (looked at when the saving plan changes: torch.distributed is set up before a job's first saving
-        # step, when any of its wrappers is)
         train = self.mode not in _NO_GRAD_MODES
         last = self._plan_key
         if last is not None and last[0] is now and last[1] == train:  # (the same list while the set stays)
