@@ -330,6 +330,46 @@ def test_optimizer_variables(tmp_path):
     assert not any(n.startswith("Net_") for n in t.tensor_names())
 
 
+def test_losses_saved_alone_go_to_the_writer_process_as_one_batch(tmp_path):
+    """Steps that save losses but no gradients send a step's small tensors together at its end; a step whose
+    losses differ in dtype, or change shape, still saves exactly what the script computed, as do EVAL steps."""
+    model = Net()
+    loss_fn = nn.MSELoss()
+    out = str(tmp_path / "run")
+    hook = tp.Hook(out_dir=out, writer="process", save_config=tp.SaveConfig(save_interval=1))
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = []
+    for step in range(8):
+        if step == 6:
+            hook.set_mode(EVAL)
+        x, y = torch.randn(5, 8), torch.randn(5, 4)
+        opt.zero_grad()
+        pred = model(x)
+        loss = loss_fn(pred, y)
+        aux = (pred - y).abs().mean(dim=1) if step == 4 else (pred - y).abs().max()
+        if step == 3:
+            aux = aux.double()
+        hook.record_tensor_value("l1_loss", aux)
+        rec.append((loss.detach().clone(), aux.detach().clone()))
+        if step < 6:
+            loss.backward()
+            opt.step()
+        if step == 1:
+            assert ("MSELoss_output_0", "l1_loss_output_0") in hook._small_specs  # (the batch path was taken)
+    hook.close()
+    t = tp.create_trial(out)
+    assert t.steps() == list(range(8))
+    assert set(t.tensor_names()) == {"MSELoss_output_0", "l1_loss_output_0"}
+    for s, (loss, aux) in enumerate(rec):
+        assert np.array_equal(t.tensor("MSELoss_output_0").value(s), loss.numpy())
+        value = t.tensor("l1_loss_output_0").value(s)
+        assert value.dtype == aux.numpy().dtype and np.array_equal(value, aux.numpy())
+    assert t.tensor("MSELoss_output_0").steps(mode=EVAL) == [0, 1]
+    assert set(t.tensor_names(collection="losses")) == {"MSELoss_output_0", "l1_loss_output_0"}
+
+
 def test_reductions_and_shapes(tmp_path):
     model = Net()
     hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=1),
