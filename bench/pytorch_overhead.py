@@ -1,7 +1,7 @@
 """Training-step overhead of the PyTorch hook: tensortap vs smdebug 1.0.34 vs no hook.
 
 Workloads: an MLP 64->256->256->10 (batch 64, SGD) and a small CNN (batch 32, 3x32x32), one CPU thread,
-collections weights+biases+gradients+losses, saved every 1, 10, 100 steps or never.
+collections weights+biases+gradients+losses (or `--collections`), saved every 1, 10, 100 steps or never.
 
 Every measurement is a child process that trains one model in alternating blocks of steps with the
 hook's module and parameter hooks switched on and off (the library keeps running and never notices), and
@@ -38,7 +38,8 @@ import time
 from collections import OrderedDict
 
 INTERVALS = ("1", "10", "100", "never")
-COLLECTIONS = ["weights", "biases", "gradients", "losses"]
+# What the hooks save (`--collections`; children get it through the environment).
+COLLECTIONS = os.environ.get("TTBENCH_COLLECTIONS", "weights,biases,gradients,losses").split(",")
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_SMDEBUG_PYTHON = "/work/smdebug-venv/bin/python"
 
@@ -219,6 +220,8 @@ def main() -> None:
                     help="tensortap writers to measure, alternating: auto (the default), thread, process, "
                          "or a list such as thread,process")
     ap.add_argument("--intervals", default=",".join(INTERVALS))
+    ap.add_argument("--collections", default=",".join(COLLECTIONS),
+                    help="collections the hooks save (default: %(default)s; e.g. losses, tensortap's default)")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--out-root", help="where the hooks write (default: the system temp dir); e.g. /dev/shm to "
                     "measure the hooks without the disk")
@@ -231,6 +234,7 @@ def main() -> None:
 
     if args.out_root:
         os.environ["TTBENCH_OUT_ROOT"] = args.out_root
+    os.environ["TTBENCH_COLLECTIONS"] = args.collections
     smdebug_python = os.environ.get("SMDEBUG_PYTHON", DEFAULT_SMDEBUG_PYTHON)
     libs = [s for s in args.libs.split(",") if s]
     if "tensortap" in libs:
