@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import time
 
@@ -362,13 +363,34 @@ def test_idle_writer_process_backs_off_and_still_answers_at_once(tmp_path):
     assert t.tensor("x").steps() == [0, 1] and t.tensor("x").value(1).tolist() == [0, 1, 2, 3, 4]
 
 
+def test_the_child_answers_a_control_message_once_everything_before_it_is_handled(tmp_path):
+    """drain() and flush() sleep until the child answers on a pipe (one wake-up), not in a loop of sleeps."""
+    storage = open_storage(str(tmp_path / "run"))
+    w = ProcessChunkWriter(storage, "worker_0", flush_interval=10.0)
+    try:
+        assert w.drain(timeout=10)
+        while select.select([w._answer], [], [], 0)[0]:  # (answers to earlier requests)
+            os.read(w._answer, 4096)
+        for step in range(50):
+            assert w.submit(Record(name="x", step=step, mode=1, mode_step=step, value=np.full(4096, float(step))))
+        w.mark_step_passed(49, {"TRAIN": 49})
+        with w._lock:
+            w._publish(urgent=True)
+        assert select.select([w._answer], [], [], 30)[0], "the child did not answer"
+        assert w.pending_bytes == 0  # (everything published before the request was handled first)
+        assert w.flush(timeout=10)
+    finally:
+        w.close()
+    t = tt.create_trial(str(tmp_path / "run"))
+    assert t.tensor("x").steps() == list(range(50))
+
+
 def test_drain_waits_for_the_child_and_wakes_it_only_when_it_has_work(tmp_path):
     storage = open_storage(str(tmp_path / "run"))
     w = ProcessChunkWriter(storage, "worker_0", flush_interval=10.0)
     try:
-        for step in range(3):  # each below the child's lag: it handles them when told to drain
+        for step in range(3):  # (the child handles them at its next look, or when told to drain)
             assert w.submit(Record(name="x", step=step, mode=1, mode_step=step, value=np.full(8, float(step))))
-        assert w.pending_bytes > 0
         assert w.drain(timeout=10) and w.pending_bytes == 0
         time.sleep(0.5)  # (the child backs off)
         before = _wakeups(w._proc.pid)
