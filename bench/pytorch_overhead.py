@@ -123,6 +123,15 @@ def _drain(hook) -> None:
         w.drain()
 
 
+def _pin(cpu: int, hook) -> None:
+    """The training thread on `cpu`, tensortap's writer process (if any) on the other CPUs."""
+    others = os.sched_getaffinity(0) - {cpu}
+    os.sched_setaffinity(0, {cpu})
+    proc = getattr(getattr(hook, "_writer", None), "_proc", None)
+    if proc is not None and others:
+        os.sched_setaffinity(proc.pid, others)
+
+
 def child(lib: str, interval: str, model_name: str, pairs: int, steps: int) -> dict:
     """Alternate blocks of `steps` steps with the hook on and off on one model; per-pair step-time ratios.
 
@@ -172,6 +181,8 @@ def child(lib: str, interval: str, model_name: str, pairs: int, steps: int) -> d
 
     run(True, steps)
     run(False, steps)
+    if os.environ.get("TTBENCH_PIN"):  # (after the first hooked block: the writer process exists)
+        _pin(int(os.environ["TTBENCH_PIN"]), hook)
     wall, cpu, plain_w, hooked_w = [], [], [], []
     for i in range(pairs):
         if i % 2 == 0:
@@ -222,6 +233,10 @@ def main() -> None:
     ap.add_argument("--intervals", default=",".join(INTERVALS))
     ap.add_argument("--collections", default=",".join(COLLECTIONS),
                     help="collections the hooks save (default: %(default)s; e.g. losses, tensortap's default)")
+    ap.add_argument("--pin", type=int, metavar="CPU",
+                    help="run the training thread on this CPU and tensortap's writer process on the others: "
+                         "less variance between runs for A/B comparisons (where the scheduler puts the "
+                         "training thread moves every 10 by up to 2%% here); not what an unpinned job sees")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--out-root", help="where the hooks write (default: the system temp dir); e.g. /dev/shm to "
                     "measure the hooks without the disk")
@@ -235,6 +250,11 @@ def main() -> None:
     if args.out_root:
         os.environ["TTBENCH_OUT_ROOT"] = args.out_root
     os.environ["TTBENCH_COLLECTIONS"] = args.collections
+    if args.pin is not None:
+        if not hasattr(os, "sched_setaffinity") or args.pin not in os.sched_getaffinity(0):
+            ap.error(f"--pin {args.pin}: not a CPU this process may run on "
+                     f"({sorted(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else 'no affinity'})")
+        os.environ["TTBENCH_PIN"] = str(args.pin)
     smdebug_python = os.environ.get("SMDEBUG_PYTHON", DEFAULT_SMDEBUG_PYTHON)
     libs = [s for s in args.libs.split(",") if s]
     if "tensortap" in libs:
