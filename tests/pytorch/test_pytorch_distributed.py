@@ -122,3 +122,76 @@ def test_two_process_gloo_all_and_one(tmp_path):
     for s in range(4):
         assert np.array_equal(t.tensor(w_name).value(s), rec[f"w{s}"])
     assert not any("worker_1" in f for _d, _s, files in os.walk(out_dir) for f in files)
+
+
+LATE_GROUP_WORKER = textwrap.dedent(
+    """
+    import json, os, sys
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    import tensortap.pytorch as tp
+
+    out_dir, rec_dir = sys.argv[1:3]
+    rank = int(os.environ["RANK"])
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 3))
+    # Made before the process group exists: the worker's name comes from RANK in the environment.
+    hook = tp.Hook(out_dir=out_dir, save_config=tp.SaveConfig(save_interval=1), include_collections=["gradients"],
+                   include_workers="all")
+    hook.register_module(net)
+    loss_fn = nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    model = net
+    gen = torch.Generator().manual_seed(100 + rank)
+    rec = {}
+    for step in range(4):
+        if step == 2:  # the group and DDP come after two saving steps
+            dist.init_process_group("gloo")
+            model = nn.parallel.DistributedDataParallel(net)
+        x, y = torch.randn(4, 64, generator=gen), torch.randint(0, 3, (4,), generator=gen)
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        rec[f"g{step}"] = net[0].weight.grad.clone().numpy()
+        opt.step()
+    hook.close()
+    np.savez(os.path.join(rec_dir, f"rank{rank}.npz"), **rec)
+    print(json.dumps({"rank": rank, "worker": hook.worker, "errors": hook.error_count}))
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_process_group_created_after_saving_steps_saves_the_reduced_gradients(tmp_path):
+    """DDP averages the gradients in a callback at the end of the backward pass: once a process group exists
+    (here only from the third step on) the hook reads them after it, so both ranks save the same averaged
+    gradients, as each script saw them; before that, each rank's own."""
+    script = tmp_path / "late.py"
+    script.write_text(LATE_GROUP_WORKER)
+    rec_dir = tmp_path / "rec"
+    rec_dir.mkdir()
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                   OMP_NUM_THREADS="1")
+        env.pop("TENSORTAP_DISABLE", None)
+        procs.append(subprocess.Popen([sys.executable, str(script), str(tmp_path / "run"), str(rec_dir)],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    res = _wait(procs)
+    assert [r["worker"] for r in res] == ["worker_0", "worker_1"] and all(r["errors"] == 0 for r in res)
+    t = tp.create_trial(str(tmp_path / "run"))
+    assert t.workers() == ["worker_0", "worker_1"] and t.steps() == [0, 1, 2, 3]
+    name = "gradient/Sequential_0.weight"
+    saved, seen = [], []
+    for rank in range(2):
+        rec = np.load(os.path.join(rec_dir, f"rank{rank}.npz"))
+        saved.append([t.tensor(name).value(s, worker=f"worker_{rank}") for s in range(4)])
+        seen.append([rec[f"g{s}"] for s in range(4)])
+        for s in range(4):
+            assert np.array_equal(saved[rank][s], seen[rank][s]), (rank, s)
+    for s in (0, 1):  # each rank's own data, no group yet
+        assert not np.array_equal(saved[0][s], saved[1][s])
+    for s in (2, 3):  # averaged by DDP
+        assert np.array_equal(saved[0][s], saved[1][s])
