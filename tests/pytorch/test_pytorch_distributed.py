@@ -64,21 +64,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(tmp_path, include_workers: str) -> tuple[list[subprocess.Popen], str, str]:
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    out_dir = str(tmp_path / f"run_{include_workers}")
-    rec_dir = tmp_path / f"rec_{include_workers}"
-    rec_dir.mkdir()
+def _spawn(script, args: list[str]) -> list[subprocess.Popen]:
+    """`script args...` as ranks 0 and 1 of a 2-process job (torchrun's environment variables)."""
     port = _free_port()
     procs = []
     for rank in range(2):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                    OMP_NUM_THREADS="1")
         env.pop("TENSORTAP_DISABLE", None)
-        procs.append(subprocess.Popen([sys.executable, str(script), out_dir, include_workers, str(rec_dir)],
+        procs.append(subprocess.Popen([sys.executable, str(script), *args],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    return procs, out_dir, str(rec_dir)
+    return procs
+
+
+def _launch(tmp_path, include_workers: str) -> tuple[list[subprocess.Popen], str, str]:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    out_dir = str(tmp_path / f"run_{include_workers}")
+    rec_dir = tmp_path / f"rec_{include_workers}"
+    rec_dir.mkdir()
+    return _spawn(script, [out_dir, include_workers, str(rec_dir)]), out_dir, str(rec_dir)
 
 
 def _wait(procs) -> list[dict]:
@@ -171,15 +176,7 @@ def test_process_group_created_after_saving_steps_saves_the_reduced_gradients(tm
     script.write_text(LATE_GROUP_WORKER)
     rec_dir = tmp_path / "rec"
     rec_dir.mkdir()
-    port = _free_port()
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                   OMP_NUM_THREADS="1")
-        env.pop("TENSORTAP_DISABLE", None)
-        procs.append(subprocess.Popen([sys.executable, str(script), str(tmp_path / "run"), str(rec_dir)],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    res = _wait(procs)
+    res = _wait(_spawn(script, [str(tmp_path / "run"), str(rec_dir)]))
     assert [r["worker"] for r in res] == ["worker_0", "worker_1"] and all(r["errors"] == 0 for r in res)
     t = tp.create_trial(str(tmp_path / "run"))
     assert t.workers() == ["worker_0", "worker_1"] and t.steps() == [0, 1, 2, 3]
