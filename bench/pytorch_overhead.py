@@ -132,6 +132,15 @@ def _pin(cpu: int, hook) -> None:
         os.sched_setaffinity(proc.pid, others)
 
 
+def _current_cpu() -> int | None:
+    """The CPU this thread last ran on (Linux: field 39 of /proc/thread-self/stat; Python has no sched_getcpu)."""
+    try:
+        with open("/proc/thread-self/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def child(lib: str, interval: str, model_name: str, pairs: int, steps: int) -> dict:
     """Alternate blocks of `steps` steps with the hook on and off on one model; per-pair step-time ratios.
 
@@ -163,6 +172,7 @@ def child(lib: str, interval: str, model_name: str, pairs: int, steps: int) -> d
         hook.register_module(model)
         hook.register_loss(loss_fn)
     switch = _HookSwitch([model, loss_fn])
+    on_cpu: dict[int, int] = {}  # the CPU the training thread ran on at the end of each block
 
     def run(hooked: bool, n: int) -> tuple[float, float]:
         if hooked:
@@ -177,12 +187,17 @@ def child(lib: str, interval: str, model_name: str, pairs: int, steps: int) -> d
             opt.step()
         if hooked:
             _drain(hook)
-        return (time.perf_counter() - t0) / n * 1e6, (time.thread_time() - c0) / n * 1e6
+        took = (time.perf_counter() - t0) / n * 1e6, (time.thread_time() - c0) / n * 1e6
+        cpu_now = _current_cpu()
+        if cpu_now is not None:
+            on_cpu[cpu_now] = on_cpu.get(cpu_now, 0) + 1
+        return took
 
     run(True, steps)
     run(False, steps)
     if os.environ.get("TTBENCH_PIN"):  # (after the first hooked block: the writer process exists)
         _pin(int(os.environ["TTBENCH_PIN"]), hook)
+    on_cpu.clear()  # (count the measured blocks only)
     wall, cpu, plain_w, hooked_w = [], [], [], []
     for i in range(pairs):
         if i % 2 == 0:
@@ -201,7 +216,8 @@ def child(lib: str, interval: str, model_name: str, pairs: int, steps: int) -> d
     # machine, blind to work done by a writer thread or process on another core)
     return {"lib": lib, "interval": interval, "model": model_name, "plain_us": statistics.median(plain_w),
             "hooked_us": statistics.median(hooked_w), "ratio": statistics.median(wall),
-            "cpu_ratio": statistics.median(cpu), "out_root": os.path.dirname(out_dir)}
+            "cpu_ratio": statistics.median(cpu), "out_root": os.path.dirname(out_dir),
+            "on_cpu": {str(c): n / sum(on_cpu.values()) for c, n in sorted(on_cpu.items())}}
 
 
 def _run_child(python: str, lib: str, interval: str, model: str, pairs: int, steps: int) -> dict | None:
@@ -216,6 +232,16 @@ def _run_child(python: str, lib: str, interval: str, model: str, pairs: int, ste
             return res
     print(f"  [{lib} {interval} {model}] failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
     return None
+
+
+def _placement(res: dict) -> str:
+    """Where the training thread ran (on a VM the CPU that takes the disk's interrupts is slower to train on
+    while a writer writes): e.g. " on CPU 1 (97%)"."""
+    shares = res.get("on_cpu") or {}
+    if not shares:
+        return ""
+    cpu, share = max(shares.items(), key=lambda kv: kv[1])
+    return f" on CPU {cpu} ({share:.0%})"
 
 
 def main() -> None:
@@ -278,7 +304,7 @@ def main() -> None:
                 results[(m, lib, iv)].append(res)
                 print(f"round {r} {m:4s} {lib:17s} interval={iv:5s} plain={res['plain_us']:8.1f}us "
                       f"hooked={res['hooked_us']:8.1f}us x{res['ratio']:.3f} (training-thread CPU "
-                      f"x{res['cpu_ratio']:.3f})", flush=True)
+                      f"x{res['cpu_ratio']:.3f}){_placement(res)}", flush=True)
 
     intervals = args.intervals.split(",")
     summary = []

@@ -625,6 +625,33 @@ def test_get_hook_singleton_and_json_config(tmp_path, monkeypatch):
     other.close()
 
 
+def test_create_from_json_file_and_register_block(tmp_path):
+    """smdebug's way in: a PyTorch hook from a JSON config file, the model hooked with register_block; the
+    collections and intervals of the file apply and the values are those the script saw."""
+    cfg = tmp_path / "hook.json"
+    cfg.write_text(json.dumps({
+        "LocalPath": str(tmp_path / "run"),
+        "HookParameters": {"save_interval": "3"},
+        "CollectionConfigurations": [{"CollectionName": "weights"},
+                                     {"CollectionName": "gradients", "CollectionParameters": {"save_interval": "2"}}],
+    }))
+    hook = tp.Hook.create_from_json_file(str(cfg))
+    assert type(hook) is tp.Hook and hook.out_dir == str(tmp_path / "run")
+    model = Net()
+    hook.register_block(model)
+    rec: list = []
+    _train(model, hook, 5, record=rec)
+    hook.close()
+    t = tp.create_trial(str(tmp_path / "run"))
+    assert t.tensor("Net_fc1.weight").steps() == [0, 3]
+    assert t.tensor("gradient/Net_fc2.bias").steps() == [0, 2, 4]
+    assert not [n for n in t.tensor_names() if "Loss" in n]  # (losses: not in the file)
+    for s in (0, 3):
+        assert np.array_equal(t.tensor("Net_fc1.weight").value(s), rec[s]["w"]["fc1.weight"].numpy())
+    for s in (0, 2, 4):
+        assert np.array_equal(t.tensor("gradient/Net_fc2.bias").value(s), rec[s]["g"]["fc2.bias"].numpy())
+
+
 def test_import_tensortap_does_not_import_torch():
     code = "import sys, tensortap; assert 'torch' not in sys.modules; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
