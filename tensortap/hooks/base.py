@@ -65,16 +65,24 @@ def disabled_by_env() -> bool:
     return os.environ.get(DISABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+_RANK_VARS = (("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"))
+
+
 def _rank_from_env() -> tuple[int, int]:
     """(rank, world size) from the launcher's environment (torchrun, MPI, SLURM), else (0, 1)."""
-    for r, w in (("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-                 ("PMI_RANK", "PMI_SIZE")):
+    found = rank_in_env()
+    return found if found is not None else (0, 1)
+
+
+def rank_in_env() -> tuple[int, int] | None:
+    """(rank, world size) if the launcher's environment (torchrun, MPI, SLURM) gives them, else None."""
+    for r, w in _RANK_VARS:
         if r in os.environ and w in os.environ:
             try:
                 return int(os.environ[r]), int(os.environ[w])
             except ValueError:
                 pass
-    return 0, 1
+    return None
 
 
 class Hook:

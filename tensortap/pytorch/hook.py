@@ -30,6 +30,7 @@ from tensortap.collection import Collection, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.format.writer import RecordBatch
 from tensortap.hooks.base import Hook as BaseHook
+from tensortap.hooks.base import rank_in_env
 from tensortap.pytorch import _step_counter, singleton
 from tensortap.pytorch._step_counter import CountingHooks
 from tensortap.pytorch._tensors import (
@@ -182,9 +183,14 @@ class Hook(BaseHook):
 
     def __init__(self, out_dir: str, *args: Any, rank: int | None = None, world_size: int | None = None,
                  **kwargs: Any):
-        if rank is None and world_size is None:
+        given = rank is not None or world_size is not None
+        if not given:
             rank, world_size = _detect_rank()
         super().__init__(out_dir, *args, rank=rank, world_size=world_size, **kwargs)
+        # Made before the process group, with no rank given or in the environment (e.g. a process started
+        # by torch.multiprocessing.spawn that calls init_process_group itself): the group's rank is taken
+        # at the first step if the group exists by then (see _prepare), before anything is written.
+        self._rank_later = not given and rank is None and rank_in_env() is None
         self._roots: list[_Root] = []
         self._module_ids: set[int] = set()  # every module inside a registered root
         self._param_names: dict[int, str] = {}
@@ -231,6 +237,26 @@ class Hook(BaseHook):
         #: testing aid: copy CPU tensors through the asynchronous (accelerator) path
         self._force_async_copies = False
         singleton.set_hook(self)
+
+    def _prepare(self) -> None:
+        if self._rank_later:
+            self._rank_later = False
+            self._adopt_group_rank()
+        super()._prepare()
+
+    def _adopt_group_rank(self) -> None:
+        """Take the rank and world size of a process group created after this hook."""
+        rank, world_size = _detect_rank()
+        if rank is None or world_size is None or self._writer is not None:
+            return
+        named = self.worker == f"worker_{self.rank}"  # (else a name the caller chose)
+        self.rank, self.world_size = rank, world_size
+        if named:
+            self.worker = f"worker_{rank}"
+        self.num_workers = world_size if self.include_workers == "all" else 1
+        self.collection_manager.set_num_workers(self.num_workers)
+        self._collections_dirty = True
+        self.writes = self.include_workers == "all" or rank == 0
 
     def _init_builtin_collections(self) -> None:
         get = self.collection_manager.get

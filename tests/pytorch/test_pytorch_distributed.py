@@ -192,3 +192,81 @@ def test_process_group_created_after_saving_steps_saves_the_reduced_gradients(tm
         assert not np.array_equal(saved[0][s], saved[1][s])
     for s in (2, 3):  # averaged by DDP
         assert np.array_equal(saved[0][s], saved[1][s])
+
+
+SPAWNED_WORKERS = textwrap.dedent(
+    """
+    import json, os, sys
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    from torch import nn
+    import tensortap.pytorch as tp
+
+    def work(rank, out_dir, include_workers, rec_dir, port):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 3))
+        # Made before the process group, and no launcher variables: the rank is only an argument here.
+        hook = tp.Hook(out_dir=out_dir, save_config=tp.SaveConfig(save_interval=1), include_workers=include_workers,
+                       include_collections=["weights", "gradients"])
+        before = (hook.rank, hook.worker)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+        model = nn.parallel.DistributedDataParallel(net)
+        hook.register_module(model)
+        loss_fn = nn.CrossEntropyLoss()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(100 + rank)
+        rec = {}
+        for step in range(3):
+            x, y = torch.randn(4, 64, generator=gen), torch.randint(0, 3, (4,), generator=gen)
+            rec[f"w{step}"] = net[0].weight.detach().clone().numpy()
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            rec[f"g{step}"] = net[0].weight.grad.clone().numpy()
+            opt.step()
+        hook.close()
+        np.savez(os.path.join(rec_dir, f"rank{rank}.npz"), **rec)
+        with open(os.path.join(rec_dir, f"rank{rank}.json"), "w") as f:
+            json.dump({"before": before, "rank": hook.rank, "world_size": hook.world_size, "worker": hook.worker,
+                       "writes": hook.writes, "errors": hook.error_count}, f)
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.spawn(work, args=tuple(sys.argv[1:4]) + (int(sys.argv[4]),), nprocs=2)
+    """
+)
+
+
+@pytest.mark.parametrize("include_workers", ["all", "one"])
+def test_hook_made_before_the_group_of_spawned_processes_takes_the_group_rank(tmp_path, include_workers):
+    """torch.multiprocessing.spawn gives each process its rank as an argument (no RANK variable): a hook made
+    before init_process_group takes the group's rank at the first step, so the two processes save as
+    worker_0 and worker_1 (with "one" only worker_0) instead of both writing worker_0's files."""
+    script = tmp_path / "spawned.py"
+    script.write_text(SPAWNED_WORKERS)
+    rec_dir = tmp_path / "rec"
+    rec_dir.mkdir()
+    out_dir = str(tmp_path / "run")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
+                        "TENSORTAP_DISABLE")}
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run([sys.executable, str(script), out_dir, include_workers, str(rec_dir), str(_free_port())],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = [json.loads((rec_dir / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["before"] for r in res] == [[0, "worker_0"], [0, "worker_0"]]  # (nothing to tell them apart yet)
+    assert [(r["rank"], r["world_size"], r["worker"]) for r in res] == [(0, 2, "worker_0"), (1, 2, "worker_1")]
+    assert [r["writes"] for r in res] == ([True, True] if include_workers == "all" else [True, False])
+    assert all(r["errors"] == 0 for r in res)
+    t = tp.create_trial(out_dir)
+    workers = ["worker_0", "worker_1"] if include_workers == "all" else ["worker_0"]
+    assert t.workers() == workers and t.steps() == [0, 1, 2]
+    for rank, worker in enumerate(workers):
+        rec = np.load(os.path.join(rec_dir, f"rank{rank}.npz"))
+        name = "DistributedDataParallel_module.0.weight"
+        w, g = t.tensor(name), t.tensor("gradient/" + name)
+        for s in range(3):
+            assert np.array_equal(w.value(s, worker=worker), rec[f"w{s}"])
+            assert np.array_equal(g.value(s, worker=worker), rec[f"g{s}"])
