@@ -250,6 +250,7 @@ class Hook(BaseHook):
         if rank is None or world_size is None or self._writer is not None:
             return
         named = self.worker == f"worker_{self.rank}"  # (else a name the caller chose)
+        renamed = named and rank != self.rank
         self.rank, self.world_size = rank, world_size
         if named:
             self.worker = f"worker_{rank}"
@@ -257,6 +258,8 @@ class Hook(BaseHook):
         self.collection_manager.set_num_workers(self.num_workers)
         self._collections_dirty = True
         self.writes = self.include_workers == "all" or rank == 0
+        if renamed and self.writes and not self.disabled and not self.dry_run:
+            self._check_out_dir()  # (what the constructor checked for the old name; raises InvalidConfiguration)
 
     def _init_builtin_collections(self) -> None:
         get = self.collection_manager.get

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -229,7 +230,8 @@ SPAWNED_WORKERS = textwrap.dedent(
         np.savez(os.path.join(rec_dir, f"rank{rank}.npz"), **rec)
         with open(os.path.join(rec_dir, f"rank{rank}.json"), "w") as f:
             json.dump({"before": before, "rank": hook.rank, "world_size": hook.world_size, "worker": hook.worker,
-                       "writes": hook.writes, "errors": hook.error_count}, f)
+                       "writes": hook.writes, "errors": hook.error_count,
+                       "first_error": None if hook.first_error is None else str(hook.first_error)}, f)
         dist.destroy_process_group()
 
     if __name__ == "__main__":
@@ -238,16 +240,13 @@ SPAWNED_WORKERS = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("include_workers", ["all", "one"])
-def test_hook_made_before_the_group_of_spawned_processes_takes_the_group_rank(tmp_path, include_workers):
-    """torch.multiprocessing.spawn gives each process its rank as an argument (no RANK variable): a hook made
-    before init_process_group takes the group's rank at the first step, so the two processes save as
-    worker_0 and worker_1 (with "one" only worker_0) instead of both writing worker_0's files."""
+def _run_spawned(tmp_path, out_dir: str, include_workers: str, tag: str) -> tuple[list[dict], str]:
+    """SPAWNED_WORKERS as a torch.multiprocessing.spawn job of two processes without launcher variables:
+    each rank's summary and the folder of what each script saw."""
     script = tmp_path / "spawned.py"
     script.write_text(SPAWNED_WORKERS)
-    rec_dir = tmp_path / "rec"
+    rec_dir = tmp_path / f"rec_{tag}"
     rec_dir.mkdir()
-    out_dir = str(tmp_path / "run")
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
                         "TENSORTAP_DISABLE")}
@@ -255,7 +254,16 @@ def test_hook_made_before_the_group_of_spawned_processes_takes_the_group_rank(tm
     proc = subprocess.run([sys.executable, str(script), out_dir, include_workers, str(rec_dir), str(_free_port())],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    res = [json.loads((rec_dir / f"rank{r}.json").read_text()) for r in range(2)]
+    return [json.loads((rec_dir / f"rank{r}.json").read_text()) for r in range(2)], str(rec_dir)
+
+
+@pytest.mark.parametrize("include_workers", ["all", "one"])
+def test_hook_made_before_the_group_of_spawned_processes_takes_the_group_rank(tmp_path, include_workers):
+    """torch.multiprocessing.spawn gives each process its rank as an argument (no RANK variable): a hook made
+    before init_process_group takes the group's rank at the first step, so the two processes save as
+    worker_0 and worker_1 (with "one" only worker_0) instead of both saving as worker_0."""
+    out_dir = str(tmp_path / "run")
+    res, rec_dir = _run_spawned(tmp_path, out_dir, include_workers, "job")
     assert [r["before"] for r in res] == [[0, "worker_0"], [0, "worker_0"]]  # (nothing to tell them apart yet)
     assert [(r["rank"], r["world_size"], r["worker"]) for r in res] == [(0, 2, "worker_0"), (1, 2, "worker_1")]
     assert [r["writes"] for r in res] == ([True, True] if include_workers == "all" else [True, False])
@@ -270,3 +278,21 @@ def test_hook_made_before_the_group_of_spawned_processes_takes_the_group_rank(tm
         for s in range(3):
             assert np.array_equal(w.value(s, worker=worker), rec[f"w{s}"])
             assert np.array_equal(g.value(s, worker=worker), rec[f"g{s}"])
+
+
+def test_a_rank_found_late_does_not_write_over_an_earlier_jobs_data(tmp_path):
+    """The constructor refuses an out_dir that already holds its worker's data; a hook that learns its rank
+    at the first step checks again for its new name: rank 1 finds an earlier job's worker_1 there, turns
+    itself off with that error, and its training goes on; the earlier data stays as it was."""
+    first = tmp_path / "first"
+    _run_spawned(tmp_path, str(first), "all", "first")
+    second = tmp_path / "second"
+    shutil.copytree(first / "tensortap" / "worker_1", second / "tensortap" / "worker_1")
+    before = tp.create_trial(str(second)).tensor("gradient/DistributedDataParallel_module.0.weight").value(2)
+    res, _rec = _run_spawned(tmp_path, str(second), "all", "second")
+    assert [(r["worker"], r["errors"]) for r in res] == [("worker_0", 0), ("worker_1", 1)]
+    assert "worker_1" in res[1]["first_error"] and "new out_dir" in res[1]["first_error"]
+    t = tp.create_trial(str(second))
+    assert t.workers() == ["worker_0", "worker_1"]
+    after = t.tensor("gradient/DistributedDataParallel_module.0.weight").value(2, worker="worker_1")
+    assert np.array_equal(after, before)
