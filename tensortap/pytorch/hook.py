@@ -259,7 +259,10 @@ class Hook(BaseHook):
         self._collections_dirty = True
         self.writes = self.include_workers == "all" or rank == 0
         if renamed and self.writes and not self.disabled and not self.dry_run:
-            self._check_out_dir()  # (what the constructor checked for the old name; raises InvalidConfiguration)
+            try:
+                self._check_out_dir()  # (what the constructor checked for the old name)
+            except InvalidConfiguration as e:  # an earlier job's data: this hook writes nothing, training goes on
+                self._fail("first step", e)
 
     def _init_builtin_collections(self) -> None:
         get = self.collection_manager.get

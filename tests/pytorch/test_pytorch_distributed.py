@@ -205,7 +205,7 @@ SPAWNED_WORKERS = textwrap.dedent(
     from torch import nn
     import tensortap.pytorch as tp
 
-    def work(rank, out_dir, include_workers, rec_dir, port):
+    def work(rank, out_dir, include_workers, rec_dir, port, scalar_first):
         torch.manual_seed(0)
         net = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 3))
         # Made before the process group, and no launcher variables: the rank is only an argument here.
@@ -215,6 +215,8 @@ SPAWNED_WORKERS = textwrap.dedent(
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
         model = nn.parallel.DistributedDataParallel(net)
         hook.register_module(model)
+        if scalar_first:  # the first step starts in the script's own call, not in a forward
+            hook.save_scalar("started", 1.0)
         loss_fn = nn.CrossEntropyLoss()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         gen = torch.Generator().manual_seed(100 + rank)
@@ -235,12 +237,12 @@ SPAWNED_WORKERS = textwrap.dedent(
         dist.destroy_process_group()
 
     if __name__ == "__main__":
-        mp.spawn(work, args=tuple(sys.argv[1:4]) + (int(sys.argv[4]),), nprocs=2)
+        mp.spawn(work, args=tuple(sys.argv[1:4]) + (int(sys.argv[4]), sys.argv[5:] == ["scalar-first"]), nprocs=2)
     """
 )
 
 
-def _run_spawned(tmp_path, out_dir: str, include_workers: str, tag: str) -> tuple[list[dict], str]:
+def _run_spawned(tmp_path, out_dir: str, include_workers: str, tag: str, *extra: str) -> tuple[list[dict], str]:
     """SPAWNED_WORKERS as a torch.multiprocessing.spawn job of two processes without launcher variables:
     each rank's summary and the folder of what each script saw."""
     script = tmp_path / "spawned.py"
@@ -251,8 +253,8 @@ def _run_spawned(tmp_path, out_dir: str, include_workers: str, tag: str) -> tupl
            if k not in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
                         "TENSORTAP_DISABLE")}
     env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run([sys.executable, str(script), out_dir, include_workers, str(rec_dir), str(_free_port())],
-                          env=env, capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, str(script), out_dir, include_workers, str(rec_dir), str(_free_port()), *extra]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads((rec_dir / f"rank{r}.json").read_text()) for r in range(2)], str(rec_dir)
 
@@ -280,16 +282,19 @@ def test_hook_made_before_the_group_of_spawned_processes_takes_the_group_rank(tm
             assert np.array_equal(g.value(s, worker=worker), rec[f"g{s}"])
 
 
-def test_a_rank_found_late_does_not_write_over_an_earlier_jobs_data(tmp_path):
+@pytest.mark.parametrize("first_step", ["forward", "scalar-first"])
+def test_a_rank_found_late_does_not_write_over_an_earlier_jobs_data(tmp_path, first_step):
     """The constructor refuses an out_dir that already holds its worker's data; a hook that learns its rank
     at the first step checks again for its new name: rank 1 finds an earlier job's worker_1 there, turns
-    itself off with that error, and its training goes on; the earlier data stays as it was."""
+    itself off with that error, and its training goes on — whether the first step starts in the model's
+    forward or in the script's own save_scalar; the earlier data stays as it was."""
     first = tmp_path / "first"
     _run_spawned(tmp_path, str(first), "all", "first")
     second = tmp_path / "second"
     shutil.copytree(first / "tensortap" / "worker_1", second / "tensortap" / "worker_1")
     before = tp.create_trial(str(second)).tensor("gradient/DistributedDataParallel_module.0.weight").value(2)
-    res, _rec = _run_spawned(tmp_path, str(second), "all", "second")
+    extra = () if first_step == "forward" else ("scalar-first",)
+    res, _rec = _run_spawned(tmp_path, str(second), "all", "second", *extra)
     assert [(r["worker"], r["errors"]) for r in res] == [("worker_0", 0), ("worker_1", 1)]
     assert "worker_1" in res[1]["first_error"] and "new out_dir" in res[1]["first_error"]
     t = tp.create_trial(str(second))
