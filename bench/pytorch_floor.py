@@ -133,8 +133,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="alternated child processes of each kind")
     ap.add_argument("--child", choices=("floor", "tensortap"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.interval < 1:
-        ap.error(f"--interval {args.interval}: must be at least 1")
+    for opt in ("interval", "pairs", "runs"):
+        if getattr(args, opt) < 1:
+            ap.error(f"--{opt} {getattr(args, opt)}: must be at least 1")
     if args.child:
         print(child(args.child, args.interval, args.pairs))
         return
