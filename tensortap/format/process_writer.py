@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from tensortap._copy import gather_into as _gather
+from tensortap._copy import put_message as _put_message
 from tensortap.format import codec
 from tensortap.format.writer import ChunkWriter, Record, RecordBatch
 from tensortap.storage import open_storage
@@ -466,17 +468,54 @@ class ProcessChunkWriter:
         False when it was dropped under backpressure (counted). Messages sent after an open reservation
         reach the child only once it is committed or cancelled.
         """
-        n = len(names)
+        if layout is None:
+            layout = self._layouts.get((names, dtype, shapes))
+            if layout is None:
+                layout = self.batch_layout(names, dtype, shapes)
+        return self._reserve(layout, step, mode, mode_step)
+
+    def reserve_step(self, layout: tuple, step: int, mode: int, mode_step: int,
+                     sources: list[tuple[int, int]]) -> Reservation | bool | None:
+        """`reserve_batch(..., layout=layout)` that also copies `sources` ((address, byte count), back to
+        back) to the start of the payload: a saving step's hand-off in one call where it can be (the
+        message written by one C function, see `_put_message`)."""
+        m, nbytes, need, n = layout
+        head = self._head
+        cap = self._cap
+        pos = head % cap
+        h = self._h
+        if (pos + need <= cap and head + need - h[_TAIL] <= cap and h[_STATE] != _FAILED and not self._closed
+                and not self._dead and not self._forked and self._error is None):
+            with self._lock:
+                if self._head == head:  # (else another thread sent something meanwhile)
+                    mlen = len(m)
+                    pay_at = ((pos + _MSG_HDR + mlen + _PAGE - 1) & ~(_PAGE - 1)) - pos
+                    total = pay_at + ((nbytes + _PAGE - 1) & ~(_PAGE - 1))
+                    _put_message(self.ring_address + pos, m, total, pay_at, step, mode, mode_step, sources)
+                    res = _new_reservation(Reservation)
+                    res.start = head
+                    res.offset = pos + pay_at
+                    res.nbytes = nbytes
+                    res.n = n
+                    res.done = False
+                    res._ring = self._u8
+                    self._head = head + total
+                    self._sent += 1
+                    self._accepted += n
+                    self._open.append(res)
+                    return res
+        res = self._reserve(layout, step, mode, mode_step)  # (wrapping, a full ring, a stopped writer)
+        if res:
+            _gather(self.ring_address + res.offset, sources)
+        return res
+
+    def _reserve(self, layout: tuple, step: int, mode: int, mode_step: int) -> Reservation | bool | None:
+        m, nbytes, need, n = layout
         if self._closed or self._dead or self._forked or self._error is not None or self._h[_STATE] == _FAILED:
             if not self._accepting():
                 if self._dead:
                     self.dropped_records += n
                 return False
-        if layout is None:
-            layout = self._layouts.get((names, dtype, shapes))
-            if layout is None:
-                layout = self.batch_layout(names, dtype, shapes)
-        m, nbytes, need, _n = layout
         if need > self._cap // 2:
             return None
         with self._lock:
@@ -524,6 +563,36 @@ class ProcessChunkWriter:
             h[_HEAD] = head
             if head - h[_TAIL] >= self._bell_at and head - self._last_bell >= self._bell_at // 2:
                 self._ring_bell(head)
+
+    def commit_step(self, res: Reservation, step: int, train: int, eval_: int, predict: int, global_: int) -> None:
+        """`commit(res)` then `mark_step_passed(step, ...)` (the mode steps as numbers, -1 for none): the end of
+        a saving step, in one call."""
+        with self._lock:
+            res.done = True
+            opened = self._open
+            while opened and opened[0].done:
+                opened.popleft()
+            if opened or self._forked:
+                self._publish()
+                if self._forked:
+                    return
+            else:
+                head = self._head
+                h = self._h
+                h[_HEAD] = head
+                if head - h[_TAIL] >= self._bell_at and head - self._last_bell >= self._bell_at // 2:
+                    self._ring_bell(head)
+        h = self._h
+        s = self._mark_seq + 1
+        h[_MARK_SEQ] = s  # odd: being written
+        h[_MARK_MSGS] = self._sent
+        h[_MARK_STEP] = step
+        h[_MARK_MODES] = train
+        h[_MARK_MODES + 1] = eval_
+        h[_MARK_MODES + 2] = predict
+        h[_MARK_MODES + 3] = global_
+        h[_MARK_SEQ] = s + 1
+        self._mark_seq = s + 1
 
     def shrink(self, res: Reservation, names: tuple[str, ...], dtype: np.dtype,
                shapes: tuple[tuple[int, ...], ...]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import sys
 from collections.abc import Iterator
@@ -10,6 +9,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from tensortap._copy import gather_into
 
 # torch dtypes numpy lacks, stored through ml_dtypes when it is installed (else upcast to float32).
 _ML_DTYPE_NAMES = {
@@ -81,26 +82,9 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
         return nd
 
 
-try:  # streaming stores: the copy does not evict the training step's working set (see _streamcopy.c)
-    from tensortap._streamcopy import gather as _gather
-except ImportError:  # not built (no compiler at install time): memcpy
-    _gather = None
-
-
 def copy_into(address: int, tensors: list[torch.Tensor]) -> None:
     """Copy contiguous CPU tensors back to back to host memory at `address` (room for all of them)."""
     gather_into(address, [(t.data_ptr(), t.nbytes) for t in tensors])
-
-
-def _memmove_gather(address: int, sources: list[tuple[int, int]]) -> None:
-    for src, n in sources:
-        ctypes.memmove(address, src, n)
-        address += n
-
-
-#: gather_into(address, sources): copy each (source address, byte count) back to back to host memory at
-#: `address` (the C function itself where built: this runs in every saving step)
-gather_into = _gather if _gather is not None else _memmove_gather
 
 
 def ring_sources(tensors: list[torch.Tensor], shapes: tuple[tuple[int, ...], ...] | None

@@ -577,3 +577,42 @@ def test_direct_writes_that_fail_or_come_back_short_lose_nothing(tmp_path, monke
     for step, vals in expect.items():
         for name, v in zip(("w", "g", "h"), vals, strict=True):
             assert np.array_equal(t.tensor(name).value(step), v), (name, step)
+
+
+def test_steps_reserved_filled_and_committed_in_one_call_each_over_many_wraps(tmp_path):
+    """reserve_step() (a reservation with its payload's start copied in) and commit_step() (commit and step
+    mark): what the PyTorch hook's steady cycle sends. A ring of 1 MB wraps every few messages; small records
+    sent while a step's reservation is open; every value and every passed step reads back."""
+    storage = open_storage(str(tmp_path / "run"))
+    w = ProcessChunkWriter(storage, "worker_0", flush_interval=0.05, ring_bytes=1 << 20)
+    rng = np.random.default_rng(5)
+    names, shapes = ("w", "b", "g", "loss"), ((120, 300), (300,), (120, 300), ())
+    layout = w.batch_layout(names, np.dtype(np.float32), shapes)
+    expect = {}
+    for step in range(40):
+        vals = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        head = vals[:2]  # (copied by reserve_step; the rest after it, as a backward pass would)
+        res = w.reserve_step(layout, step, 1, step, [(v.ctypes.data, v.nbytes) for v in head])
+        assert res
+        if step % 3 == 0:
+            assert w.submit(Record(name="lr", step=step, mode=1, mode_step=step, value=np.float32(step)))
+        tail = np.concatenate([v.ravel() for v in vals[2:]])
+        at = sum(v.nbytes for v in head)
+        res.payload[at:at + tail.nbytes] = tail.view(np.uint8)
+        w.commit_step(res, step, step, -1, -1, step)
+        expect[step] = vals
+        if step == 20:
+            # a reader meanwhile: the steps marked so far have passed
+            assert w.flush(10)
+            t = tt.create_trial(str(tmp_path / "run"))
+            assert t.last_complete_step == 20
+            assert t.has_passed_step(20, "TRAIN") == StepState.AVAILABLE
+            assert t.has_passed_step(21, "TRAIN") == StepState.NOT_YET_AVAILABLE
+    w.close()
+    assert w.error is None and w.dropped_records == 0
+    t = tt.create_trial(str(tmp_path / "run"))
+    assert t.steps() == list(range(40))
+    for step, vals in expect.items():
+        for n, v in zip(names, vals, strict=True):
+            assert np.array_equal(t.tensor(n).value(step), v), (n, step)
+    assert t.tensor("lr").steps() == list(range(0, 40, 3))
