@@ -1,0 +1,300 @@
+"""The PyTorch hook's steady saving cycle (tensortap.pytorch._steady) against real torch (CPU): it runs the
+usual saving steps, hands every unusual one to the general code, and either way the saved values are
+bit-identical to what the training script saw."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import tensortap.pytorch as tp  # noqa: E402
+from tensortap.format.process_writer import ProcessChunkWriter  # noqa: E402
+from tensortap.pytorch import _steady  # noqa: E402
+from tensortap.pytorch import hook as hook_module  # noqa: E402
+from tensortap.trials import StepState  # noqa: E402
+
+TRAIN, EVAL = tp.modes.TRAIN, tp.modes.EVAL
+PARAMS = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+LOSS = "CrossEntropyLoss_output_0"
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+@pytest.fixture(autouse=True)
+def _reset_hook(monkeypatch):
+    monkeypatch.delenv("TENSORTAP_DISABLE", raising=False)
+    torch.manual_seed(0)
+    yield
+    tp.del_hook()
+
+
+@pytest.fixture
+def steady(monkeypatch):
+    """The global steps whose saving step the steady cycle began (else the general code did)."""
+    began: list[int] = []
+    begin = _steady.SteadyCycle._begin
+
+    def spy(self, h):
+        done = begin(self, h)
+        if done:
+            began.append(h._step)
+        return done
+
+    monkeypatch.setattr(_steady.SteadyCycle, "_begin", spy)
+    return began
+
+
+def _hook(tmp_path, interval=3, **kw):
+    return tp.Hook(out_dir=str(tmp_path / "run"), writer="process",
+                   save_config=kw.pop("save_config", tp.SaveConfig(save_interval=interval)),
+                   include_collections=kw.pop("include", ["weights", "biases", "gradients", "losses"]), **kw)
+
+
+def _run(tmp_path, steps, body=None, interval=3, hook=None, model=None, mode=None, prep=None):
+    """Train `steps` steps (`prep(step, model)` first, then `body(step, model, loss_fn, x, y, hook)` does a
+    step's forward and backward and returns its loss, else the usual ones): what each step saw, the hook, the
+    trial."""
+    model = model or Net()
+    loss_fn = nn.CrossEntropyLoss()
+    hook = hook or _hook(tmp_path, interval)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    if mode is not None:
+        hook.set_mode(mode)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    seen = []
+    for step in range(steps):
+        x, y = torch.randn(5, 8), torch.randint(0, 4, (5,))
+        opt.zero_grad()
+        if prep is not None:
+            prep(step, model)
+        w = {n: p.detach().clone() for n, p in model.named_parameters()}
+        loss = body(step, model, loss_fn, x, y, hook) if body else None
+        if loss is None:
+            loss = loss_fn(model(x), y)
+            loss.backward()
+        seen.append({"w": w, "g": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+                     "loss": loss.detach().clone()})
+        opt.step()
+    hook.close()
+    return seen, hook, tp.create_trial(str(tmp_path / "run"))
+
+
+def _check(t, seen, steps, grads=None, mode=None):
+    """The trial holds exactly what training saw at `steps` (gradients at `grads`, default: the same), steps of
+    `mode` if given."""
+    grads = steps if grads is None else grads
+    kw = {} if mode is None else {"mode": mode}
+    assert t.steps(**kw) == steps
+    for n in PARAMS:
+        assert t.tensor(f"Net_{n}").steps(**kw) == steps
+        assert t.tensor(f"gradient/Net_{n}").steps(**kw) == [s for s in grads if n in seen[s]["g"]]
+        for s in steps:
+            assert np.array_equal(t.tensor(f"Net_{n}").value(s, **kw), seen[s]["w"][n].numpy()), (n, s)
+        for s in grads:
+            if n in seen[s]["g"]:
+                assert np.array_equal(t.tensor(f"gradient/Net_{n}").value(s, **kw), seen[s]["g"][n].numpy()), (n, s)
+    for s in steps:
+        assert np.array_equal(t.tensor(LOSS).value(s, **kw), seen[s]["loss"].numpy()), s
+
+
+def test_the_usual_saving_steps_are_run_by_the_steady_cycle_and_save_exactly(tmp_path, steady, monkeypatch):
+    general = []
+    collect = hook_module.Hook._collect_grads
+    monkeypatch.setattr(hook_module.Hook, "_collect_grads", lambda self: (general.append(self._step), collect(self)))
+    seen, hook, t = _run(tmp_path, 40)
+    _check(t, seen, list(range(0, 40, 3)))
+    # the first saving step learns the one-message layout, the second sends one message: from then on, all
+    assert steady == list(range(6, 40, 3))
+    assert general == [0, 3]  # gradients read by the general code only before the cycle
+    assert hook.error_count == 0
+
+
+def test_the_steady_cycle_counts_mode_steps(tmp_path, steady):
+    seen, hook, t = _run(tmp_path, 40, mode=TRAIN)
+    _check(t, seen, list(range(0, 40, 3)), mode=TRAIN)
+    assert t.steps() == list(range(0, 40, 3))
+    assert steady == list(range(6, 40, 3))
+    assert hook.mode_steps[TRAIN] == 39 and hook.step == 39
+
+
+@pytest.mark.parametrize("start", [0, 7])
+def test_the_steady_cycle_follows_the_schedule(tmp_path, steady, start):
+    hook = _hook(tmp_path, save_config=tp.SaveConfig(save_interval=5, start_step=start))
+    seen, _hook_, t = _run(tmp_path, 41, hook=hook)
+    saved = [s for s in range(41) if s % 5 == 0 and s >= start]
+    _check(t, seen, saved)
+    assert steady == saved[2:]
+
+
+def test_readers_learn_that_a_steady_saving_step_has_passed_at_the_next_step(tmp_path, steady):
+    model = Net()
+    loss_fn = nn.CrossEntropyLoss()
+    hook = _hook(tmp_path)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    hook.set_mode(TRAIN)
+    for _ in range(14):
+        loss_fn(model(torch.randn(5, 8)), torch.randint(0, 4, (5,))).backward()
+    assert steady == [6, 9, 12]
+    hook.flush()
+    t = tp.create_trial(str(tmp_path / "run"))
+    assert t.last_complete_step == 12  # step 13 began: 12 is over
+    assert t.has_passed_step(12, TRAIN) == StepState.AVAILABLE
+    assert t.has_passed_step(15, TRAIN) == StepState.NOT_YET_AVAILABLE
+    hook.close()
+
+
+_kept = []
+
+
+def _move_a_parameter(step, model):
+    if step == 12:
+        _kept.append(model.fc1.weight.data)  # (the old storage stays, with the old values)
+        model.fc1.weight.data = model.fc1.weight.data * 2  # new storage, new values
+
+
+def _a_gradient_that_is_not_contiguous(step, model, loss_fn, x, y, hook):
+    if step == 12:
+        # a hook that leaves fc1's gradient transposed in memory (the .grad setter checks shape, not strides)
+        handle = model.fc1.weight.register_post_accumulate_grad_hook(
+            lambda p: setattr(p, "grad", p.grad.t().contiguous().t()))
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        handle.remove()
+        assert not model.fc1.weight.grad.is_contiguous()
+        return loss
+
+
+def _no_backward(step, model, loss_fn, x, y, hook):
+    if step == 12:
+        return loss_fn(model(x), y)  # e.g. a validation batch in TRAIN mode
+
+
+def _two_backward_passes(step, model, loss_fn, x, y, hook):
+    if step == 12:
+        out = model(x)
+        loss = loss_fn(out, y)
+        loss.backward(retain_graph=True)
+        out.square().mean().backward()  # accumulates: the step saves the sum
+        return loss
+
+
+def _second_loss_call(step, model, loss_fn, x, y, hook):
+    if step == 12:
+        out = model(x)
+        loss = loss_fn(out, y)
+        (loss + loss_fn(out, 3 - y)).backward()
+        return loss
+
+
+def _a_parameter_without_gradient(step, model, loss_fn, x, y, hook):
+    if step == 12:
+        model.fc2.bias.requires_grad_(False)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        model.fc2.bias.requires_grad_(True)
+        return loss
+
+
+def _flush_and_scalar_mid_step(step, model, loss_fn, x, y, hook):
+    if step == 12:
+        loss = loss_fn(model(x), y)
+        hook.save_scalar("mid", 1.5)
+        hook.flush()  # before the backward pass
+        loss.backward()
+        return loss
+
+
+def _recorded_tensor(step, model, loss_fn, x, y, hook):
+    if step == 12:
+        loss = loss_fn(model(x), y)
+        hook.record_tensor_value("aux_loss", loss * 2)
+        loss.backward()
+        return loss
+
+
+@pytest.mark.parametrize("body, steady_expected", [
+    (_move_a_parameter, [6, 9, 18, 21]),  # (the general code learns the new storage, then a new cycle runs)
+    (_a_gradient_that_is_not_contiguous, [6, 9, 12, 15, 18, 21]),
+    (_no_backward, [6, 9, 12, 15, 18, 21]),
+    (_two_backward_passes, [6, 9, 12, 15, 18, 21]),
+    (_second_loss_call, [6, 9, 12, 15, 18, 21]),
+    (_a_parameter_without_gradient, [6, 9, 12, 15, 18, 21]),
+    (_flush_and_scalar_mid_step, [6, 9, 12, 15, 18, 21]),
+    (_recorded_tensor, [6, 9, 12, 15, 18, 21]),
+], ids=lambda v: getattr(v, "__name__", "")[1:] or None)
+def test_an_unusual_saving_step_goes_the_general_way_and_saves_exactly(tmp_path, steady, body, steady_expected):
+    if body is _move_a_parameter:
+        seen, hook, t = _run(tmp_path, 24, prep=body)
+    else:
+        seen, hook, t = _run(tmp_path, 24, body)
+    saved = list(range(0, 24, 3))
+    assert hook.error_count == 0
+    _check(t, seen, saved, [s for s in saved if s != 12 or body is not _no_backward])
+    assert steady == steady_expected
+    if body is _a_parameter_without_gradient:
+        assert "fc2.bias" not in seen[12]["g"] and "fc1.bias" in seen[12]["g"]
+    if body is _second_loss_call:
+        assert t.tensor("CrossEntropyLoss_output_1").steps() == [12]
+    if body is _recorded_tensor:
+        assert t.tensor("aux_loss_output_0").steps() == [12]
+        assert np.array_equal(t.tensor("aux_loss_output_0").value(12), 2 * seen[12]["loss"].numpy())
+    if body is _flush_and_scalar_mid_step:
+        assert t.tensor("scalar/mid").steps() == [12]
+
+
+def test_eval_steps_between_steady_saving_steps(tmp_path, steady):
+    def body(step, model, loss_fn, x, y, hook):
+        if step == 12:
+            hook.set_mode(EVAL)
+            with torch.no_grad():
+                for _ in range(4):  # global steps 12-15: EVAL steps 0-3
+                    model(x)
+            hook.set_mode(TRAIN)
+
+    seen, hook, t = _run(tmp_path, 24, body, mode=TRAIN)
+    assert hook.error_count == 0
+    # TRAIN step 12 is global step 16, TRAIN step 21 global step 25
+    train = list(range(0, 24, 3))
+    _check(t, seen, train, mode=TRAIN)
+    assert t.steps(mode=EVAL) == [0, 3]
+    assert t.steps() == [0, 3, 6, 9, 12, 15, 16, 19, 22, 25]
+    assert t.tensor("gradient/Net_fc1.weight").steps(mode=EVAL) == []
+    # back in TRAIN, the general code runs the first saving step (and the one after, where the loss's
+    # shortcut is learned again); then the steady cycle
+    assert steady == [6, 9, 22, 25]
+
+
+def test_a_failure_in_the_steady_cycle_turns_the_hook_off_and_training_goes_on(tmp_path, steady, monkeypatch,
+                                                                              caplog):
+    reserve = ProcessChunkWriter.reserve_step
+    calls = []
+
+    def failing(self, *args):
+        calls.append(1)
+        if len(calls) == 3:  # the steady cycle's third saving step (step 12)
+            raise RuntimeError("injected")
+        return reserve(self, *args)
+
+    monkeypatch.setattr(ProcessChunkWriter, "reserve_step", failing)
+    with caplog.at_level(logging.ERROR, logger="tensortap"):
+        seen, hook, t = _run(tmp_path, 24)
+    assert len(seen) == 24  # training went on
+    assert hook.disabled and hook.error_count == 1 and "injected" in str(hook.first_error)
+    assert len([r for r in caplog.records if r.name == "tensortap" and r.levelno >= logging.ERROR]) == 1
+    assert steady == [6, 9]
+    _check(t, seen, [0, 3, 6, 9])  # what was saved before stays readable
