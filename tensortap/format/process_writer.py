@@ -564,36 +564,6 @@ class ProcessChunkWriter:
             if head - h[_TAIL] >= self._bell_at and head - self._last_bell >= self._bell_at // 2:
                 self._ring_bell(head)
 
-    def commit_step(self, res: Reservation, step: int, train: int, eval_: int, predict: int, global_: int) -> None:
-        """`commit(res)` then `mark_step_passed(step, ...)` (the mode steps as numbers, -1 for none): the end of
-        a saving step, in one call."""
-        with self._lock:
-            res.done = True
-            opened = self._open
-            while opened and opened[0].done:
-                opened.popleft()
-            if opened or self._forked:
-                self._publish()
-                if self._forked:
-                    return
-            else:
-                head = self._head
-                h = self._h
-                h[_HEAD] = head
-                if head - h[_TAIL] >= self._bell_at and head - self._last_bell >= self._bell_at // 2:
-                    self._ring_bell(head)
-        h = self._h
-        s = self._mark_seq + 1
-        h[_MARK_SEQ] = s  # odd: being written
-        h[_MARK_MSGS] = self._sent
-        h[_MARK_STEP] = step
-        h[_MARK_MODES] = train
-        h[_MARK_MODES + 1] = eval_
-        h[_MARK_MODES + 2] = predict
-        h[_MARK_MODES + 3] = global_
-        h[_MARK_SEQ] = s + 1
-        self._mark_seq = s + 1
-
     def shrink(self, res: Reservation, names: tuple[str, ...], dtype: np.dtype,
                shapes: tuple[tuple[int, ...], ...]) -> None:
         """Send only the first `len(names)` tensors of an open reservation (`names` and `shapes` a prefix of
@@ -687,6 +657,11 @@ class ProcessChunkWriter:
 
     def mark_step_passed(self, step: int, mode_steps: dict[str, int]) -> None:
         """Nothing more comes for `step`: a few stores into the shared header, no message."""
+        get = mode_steps.get
+        self.mark_steps(step, get("TRAIN", -1), get("EVAL", -1), get("PREDICT", -1), get("GLOBAL", -1))
+
+    def mark_steps(self, step: int, train: int, eval_: int, predict: int, global_: int) -> None:
+        """`mark_step_passed` with the mode steps as numbers (-1: none), for a caller that has them at hand."""
         if self._forked:
             return
         h = self._h
@@ -694,11 +669,10 @@ class ProcessChunkWriter:
         h[_MARK_SEQ] = s  # odd: being written
         h[_MARK_MSGS] = self._sent
         h[_MARK_STEP] = step
-        get = mode_steps.get
-        h[_MARK_MODES] = get("TRAIN", -1)
-        h[_MARK_MODES + 1] = get("EVAL", -1)
-        h[_MARK_MODES + 2] = get("PREDICT", -1)
-        h[_MARK_MODES + 3] = get("GLOBAL", -1)
+        h[_MARK_MODES] = train
+        h[_MARK_MODES + 1] = eval_
+        h[_MARK_MODES + 2] = predict
+        h[_MARK_MODES + 3] = global_
         h[_MARK_SEQ] = s + 1
         self._mark_seq = s + 1
 

@@ -197,7 +197,9 @@ class SteadyCycle:
         h._saving = False
         h._step_plan = None
         step = h._step
-        self.writer.commit_step(res, step, steps[_TRAIN], steps[_EVAL], steps[_PREDICT], step)
+        w = self.writer
+        w.commit(res)
+        w.mark_steps(step, steps[_TRAIN], steps[_EVAL], steps[_PREDICT], step)
         until = h._quiet_until = h._quiet_after
         kept = h._handles_plan
         if kept is not None and (kept.io or until - mode_step > self.keep_handles):

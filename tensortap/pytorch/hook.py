@@ -837,19 +837,20 @@ class Hook(BaseHook):
     def _maybe_lean(self, plan: _Plan) -> None:
         """After a saving step that sent its weights, gradients and loss in one message: a steady cycle runs
         the next saving steps of this plan if nothing in them needs the general code (see _steady)."""
-        if len(self._roots) != 1 or self._counting is None or self.mode in _NO_GRAD_MODES:
-            return
+        uniform = self._uniform.get(self.mode)
+        if (uniform is None or not SteadyCycle.usable(uniform[0]) or len(self._roots) != 1 or self._counting is None
+                or self.mode in _NO_GRAD_MODES):
+            return  # (e.g. saving every step: no steady cycle, and this test is all it costs)
         root = self._roots[0]
         counter = root.counter
         layout = plan.step_layout
         spec = plan.weight_spec
         w = self._writer
-        uniform = self._uniform.get(self.mode)
         if (counter is not self._counting or counter.tick is None or root.compiled or "_root_pre_hook" in vars(self)
                 or plan.io or plan.some_odd or not plan.weights or not plan.grads or layout is None
                 or layout.writer is not w or layout.writer_layout is None or spec is None or spec.sources is None
-                or plan.param_ptrs is None or not hasattr(w, "reserve_step") or uniform is None
-                or not SteadyCycle.usable(uniform[0]) or self._plan_last is not plan or self._plan_key is None
+                or plan.param_ptrs is None or not hasattr(w, "reserve_step") or self._plan_last is not plan
+                or self._plan_key is None
                 or self._plan_key[0] is not uniform[1] or self.dry_run or not self._defer_small
                 or self._force_async_copies):
             return

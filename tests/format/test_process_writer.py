@@ -579,10 +579,10 @@ def test_direct_writes_that_fail_or_come_back_short_lose_nothing(tmp_path, monke
             assert np.array_equal(t.tensor(name).value(step), v), (name, step)
 
 
-def test_steps_reserved_filled_and_committed_in_one_call_each_over_many_wraps(tmp_path):
-    """reserve_step() (a reservation with its payload's start copied in) and commit_step() (commit and step
-    mark): what the PyTorch hook's steady cycle sends. A ring of 1 MB wraps every few messages; small records
-    sent while a step's reservation is open; every value and every passed step reads back."""
+def test_steps_reserved_with_the_start_of_their_payload_over_many_wraps(tmp_path):
+    """reserve_step() (a reservation with its payload's start copied in), commit() and mark_steps() (the step
+    mark with numbers): what the PyTorch hook's steady cycle sends. A ring of 1 MB wraps every few messages;
+    small records sent while a step's reservation is open; every value and every passed step reads back."""
     storage = open_storage(str(tmp_path / "run"))
     w = ProcessChunkWriter(storage, "worker_0", flush_interval=0.05, ring_bytes=1 << 20)
     rng = np.random.default_rng(5)
@@ -599,7 +599,8 @@ def test_steps_reserved_filled_and_committed_in_one_call_each_over_many_wraps(tm
         tail = np.concatenate([v.ravel() for v in vals[2:]])
         at = sum(v.nbytes for v in head)
         res.payload[at:at + tail.nbytes] = tail.view(np.uint8)
-        w.commit_step(res, step, step, -1, -1, step)
+        w.commit(res)
+        w.mark_steps(step, step, -1, -1, step)
         expect[step] = vals
         if step == 20:
             # a reader meanwhile: the steps marked so far have passed
