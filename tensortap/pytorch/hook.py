@@ -8,7 +8,8 @@ module is named by its class), losses `<LossClass>_output_0`. Optimizer state is
 Steps known to save nothing cost one truth test in C per forward of the root module, made without a module
 hook (see `_step_counter`); per-module forward hooks and per-parameter gradient hooks are only installed for
 steps that save them. With the writer process, a saving step hands its weights, gradients and loss over in
-one message of shared memory (see `_StepLayout`).
+one message of shared memory (see `_StepLayout`); once such steps repeat, a steady cycle runs them in fewer,
+shorter calls and hands anything unusual back to this code (see `_steady`).
 """
 
 from __future__ import annotations

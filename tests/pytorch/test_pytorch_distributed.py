@@ -139,31 +139,38 @@ LATE_GROUP_WORKER = textwrap.dedent(
     from torch import nn
     import tensortap.pytorch as tp
 
-    out_dir, rec_dir = sys.argv[1:3]
+    out_dir, rec_dir, interval, steps, group_at = sys.argv[1:3] + [int(a) for a in sys.argv[3:6]]
     rank = int(os.environ["RANK"])
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 3))
     # Made before the process group exists: the worker's name comes from RANK in the environment.
-    hook = tp.Hook(out_dir=out_dir, save_config=tp.SaveConfig(save_interval=1), include_collections=["gradients"],
-                   include_workers="all")
+    collections = ["gradients"] if interval == 1 else ["weights", "biases", "gradients", "losses"]
+    hook = tp.Hook(out_dir=out_dir, save_config=tp.SaveConfig(save_interval=interval),
+                   include_collections=collections, include_workers="all")
     hook.register_module(net)
     loss_fn = nn.CrossEntropyLoss()
+    hook.register_loss(loss_fn)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     model = net
     gen = torch.Generator().manual_seed(100 + rank)
     rec = {}
-    for step in range(4):
-        if step == 2:  # the group and DDP come after two saving steps
+    steady = []
+    for step in range(steps):
+        if step == group_at:  # the group and DDP come after some saving steps
             dist.init_process_group("gloo")
             model = nn.parallel.DistributedDataParallel(net)
         x, y = torch.randn(4, 64, generator=gen), torch.randint(0, 3, (4,), generator=gen)
         opt.zero_grad()
-        loss_fn(model(x), y).backward()
+        rec[f"w{step}"] = net[0].weight.detach().clone().numpy()
+        out = model(x)
+        steady.append(hook._saving and hook._lean is not None)  # (a saving step the steady cycle began)
+        loss_fn(out, y).backward()
         rec[f"g{step}"] = net[0].weight.grad.clone().numpy()
         opt.step()
     hook.close()
     np.savez(os.path.join(rec_dir, f"rank{rank}.npz"), **rec)
-    print(json.dumps({"rank": rank, "worker": hook.worker, "errors": hook.error_count}))
+    print(json.dumps({"rank": rank, "worker": hook.worker, "errors": hook.error_count,
+                      "steady": [s for s, on in enumerate(steady) if on]}))
     dist.destroy_process_group()
     """
 )
@@ -177,7 +184,7 @@ def test_process_group_created_after_saving_steps_saves_the_reduced_gradients(tm
     script.write_text(LATE_GROUP_WORKER)
     rec_dir = tmp_path / "rec"
     rec_dir.mkdir()
-    res = _wait(_spawn(script, [str(tmp_path / "run"), str(rec_dir)]))
+    res = _wait(_spawn(script, [str(tmp_path / "run"), str(rec_dir), "1", "4", "2"]))
     assert [r["worker"] for r in res] == ["worker_0", "worker_1"] and all(r["errors"] == 0 for r in res)
     t = tp.create_trial(str(tmp_path / "run"))
     assert t.workers() == ["worker_0", "worker_1"] and t.steps() == [0, 1, 2, 3]
@@ -193,6 +200,33 @@ def test_process_group_created_after_saving_steps_saves_the_reduced_gradients(tm
         assert not np.array_equal(saved[0][s], saved[1][s])
     for s in (2, 3):  # averaged by DDP
         assert np.array_equal(saved[0][s], saved[1][s])
+
+
+def test_the_steady_saving_cycle_reads_gradients_after_the_reduction_of_a_group_made_later(tmp_path):
+    """Saving every 2 steps, the steady cycle runs from the third saving step on; the process group and DDP come
+    at step 8: the saving steps after it read the gradients once DDP has averaged them, as the script saw them."""
+    script = tmp_path / "late.py"
+    script.write_text(LATE_GROUP_WORKER)
+    rec_dir = tmp_path / "rec"
+    rec_dir.mkdir()
+    res = _wait(_spawn(script, [str(tmp_path / "run"), str(rec_dir), "2", "16", "8"]))
+    assert all(r["errors"] == 0 for r in res)
+    saved_steps = list(range(0, 16, 2))
+    for r in res:  # (the general code learns the layout at 0 and 2; the rest are the cycle's, DDP or not)
+        assert r["steady"] == [4, 6, 8, 10, 12, 14]
+    t = tp.create_trial(str(tmp_path / "run"))
+    assert t.workers() == ["worker_0", "worker_1"] and t.steps() == saved_steps
+    saved = []
+    for rank in range(2):
+        rec = np.load(os.path.join(rec_dir, f"rank{rank}.npz"))
+        w = f"worker_{rank}"
+        saved.append([t.tensor("gradient/Sequential_0.weight").value(s, worker=w) for s in saved_steps])
+        for i, s in enumerate(saved_steps):
+            assert np.array_equal(saved[rank][i], rec[f"g{s}"]), (rank, s)
+            assert np.array_equal(t.tensor("Sequential_0.weight").value(s, worker=w), rec[f"w{s}"]), (rank, s)
+        assert sorted(t.tensor("CrossEntropyLoss_output_0").values(worker=w)) == saved_steps
+    for i, s in enumerate(saved_steps):  # each rank's own gradients before the group, DDP's average after
+        assert np.array_equal(saved[0][i], saved[1][i]) == (s >= 8), s
 
 
 SPAWNED_WORKERS = textwrap.dedent(

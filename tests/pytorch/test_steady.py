@@ -298,3 +298,42 @@ def test_a_failure_in_the_steady_cycle_turns_the_hook_off_and_training_goes_on(t
     assert len([r for r in caplog.records if r.name == "tensortap" and r.levelno >= logging.ERROR]) == 1
     assert steady == [6, 9]
     _check(t, seen, [0, 3, 6, 9])  # what was saved before stays readable
+
+
+def test_closing_the_hook_in_a_steady_saving_step(tmp_path, steady):
+    def body(step, model, loss_fn, x, y, hook):
+        loss = loss_fn(model(x), y)
+        if step == 12:
+            hook.close()  # after the forward pass: the step's weights and loss are saved, its gradients are not
+        loss.backward()
+        return loss
+
+    seen, hook, t = _run(tmp_path, 18, body)
+    assert hook.error_count == 0 and len(seen) == 18
+    assert steady == [6, 9, 12]
+    _check(t, seen, [0, 3, 6, 9, 12], [0, 3, 6, 9])
+    assert hook.step == 12  # nothing counted after close
+
+
+def test_a_stop_request_ends_training_while_the_steady_cycle_runs(tmp_path, steady):
+    import time
+
+    from tensortap.rules.actions import TrainingStopped, request_stop
+
+    model = Net()
+    loss_fn = nn.CrossEntropyLoss()
+    hook = _hook(tmp_path)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    for _ in range(13):
+        loss_fn(model(torch.randn(5, 8)), torch.randint(0, 4, (5,))).backward()
+    assert steady == [6, 9, 12]
+    request_stop(str(tmp_path / "run"), rule="R", step=12, reason="test")
+    deadline = time.monotonic() + 10
+    with pytest.raises(TrainingStopped):
+        while time.monotonic() < deadline:  # the hook looks once a second
+            loss_fn(model(torch.randn(5, 8)), torch.randint(0, 4, (5,))).backward()
+            time.sleep(0.01)
+    assert hook._closed
+    t = tp.create_trial(str(tmp_path / "run"))
+    assert t.steps()[:5] == [0, 3, 6, 9, 12] and t.loaded_all_steps
