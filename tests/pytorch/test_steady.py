@@ -140,15 +140,26 @@ def test_the_steady_cycle_follows_the_schedule(tmp_path, steady, start):
     assert steady == saved[2:]
 
 
-def test_readers_learn_that_a_steady_saving_step_has_passed_at_the_next_step(tmp_path, steady):
+def _forwards_and_backwards(tmp_path, steps, mode=None):
+    """A hooked model (saving every 3 steps) after `steps` forward and backward passes: (step, hook)."""
     model = Net()
     loss_fn = nn.CrossEntropyLoss()
     hook = _hook(tmp_path)
     hook.register_module(model)
     hook.register_loss(loss_fn)
-    hook.set_mode(TRAIN)
-    for _ in range(14):
+    if mode is not None:
+        hook.set_mode(mode)
+
+    def step():
         loss_fn(model(torch.randn(5, 8)), torch.randint(0, 4, (5,))).backward()
+
+    for _ in range(steps):
+        step()
+    return step, hook
+
+
+def test_readers_learn_that_a_steady_saving_step_has_passed_at_the_next_step(tmp_path, steady):
+    _step, hook = _forwards_and_backwards(tmp_path, 14, TRAIN)
     assert steady == [6, 9, 12]
     hook.flush()
     t = tp.create_trial(str(tmp_path / "run"))
@@ -320,19 +331,13 @@ def test_a_stop_request_ends_training_while_the_steady_cycle_runs(tmp_path, stea
 
     from tensortap.rules.actions import TrainingStopped, request_stop
 
-    model = Net()
-    loss_fn = nn.CrossEntropyLoss()
-    hook = _hook(tmp_path)
-    hook.register_module(model)
-    hook.register_loss(loss_fn)
-    for _ in range(13):
-        loss_fn(model(torch.randn(5, 8)), torch.randint(0, 4, (5,))).backward()
+    step, hook = _forwards_and_backwards(tmp_path, 13)
     assert steady == [6, 9, 12]
     request_stop(str(tmp_path / "run"), rule="R", step=12, reason="test")
     deadline = time.monotonic() + 10
     with pytest.raises(TrainingStopped):
         while time.monotonic() < deadline:  # the hook looks once a second
-            loss_fn(model(torch.randn(5, 8)), torch.randint(0, 4, (5,))).backward()
+            step()
             time.sleep(0.01)
     assert hook._closed
     t = tp.create_trial(str(tmp_path / "run"))
