@@ -158,6 +158,34 @@ def _forwards_and_backwards(tmp_path, steps, mode=None):
     return step, hook
 
 
+def test_optimizer_variables_saved_beside_the_steady_cycle(tmp_path, steady):
+    """The optimizer's state goes in messages of its own after optimizer.step(); the weights, gradients and loss
+    of the same steps still go through the steady cycle."""
+    model = Net()
+    loss_fn = nn.CrossEntropyLoss()
+    hook = _hook(tmp_path, include=["weights", "biases", "gradients", "losses", "optimizer_variables"])
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    hook.register_optimizer(opt)
+    bufs, grads = [], []
+    for _ in range(20):
+        opt.zero_grad()
+        loss_fn(model(torch.randn(5, 8)), torch.randint(0, 4, (5,))).backward()
+        grads.append(model.fc1.weight.grad.clone())
+        opt.step()
+        bufs.append(opt.state[model.fc1.weight]["momentum_buffer"].clone())
+    hook.close()
+    assert steady == [6, 9, 12, 15, 18]
+    t = tp.create_trial(str(tmp_path / "run"))
+    saved = list(range(0, 20, 3))
+    assert t.tensor("optimizer/Net_fc1.weight/momentum_buffer").steps() == saved
+    assert t.tensor("optimizer/param_group_0/lr").steps() == saved
+    for s in saved:
+        assert np.array_equal(t.tensor("optimizer/Net_fc1.weight/momentum_buffer").value(s), bufs[s].numpy())
+        assert np.array_equal(t.tensor("gradient/Net_fc1.weight").value(s), grads[s].numpy())
+
+
 def test_readers_learn_that_a_steady_saving_step_has_passed_at_the_next_step(tmp_path, steady):
     _step, hook = _forwards_and_backwards(tmp_path, 14, TRAIN)
     assert steady == [6, 9, 12]
