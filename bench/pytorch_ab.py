@@ -47,12 +47,12 @@ def _counter_c(hook, model, on: bool) -> None:
 def _steady(hook, model, on: bool) -> None:
     """B: the steady saving cycle (tensortap.pytorch._steady) runs the usual saving steps; A: the general code."""
     if on:
-        hook.__dict__.pop("_maybe_lean", None)
-        if hook._lean is None and hook._plan_last is not None:
-            hook._maybe_lean(hook._plan_last)
+        hook.__dict__.pop("_maybe_steady", None)
+        if hook._steady is None and hook._plan_last is not None:
+            hook._maybe_steady(hook._plan_last)
     else:
-        hook._maybe_lean = lambda plan: None
-        hook._drop_lean()
+        hook._maybe_steady = lambda plan: None
+        hook._drop_steady()
 
 
 VARIANTS = {"counter_c": _counter_c, "steady": _steady}

@@ -484,8 +484,8 @@ class ProcessChunkWriter:
         cap = self._cap
         pos = head % cap
         h = self._h
-        if (pos + need <= cap and head + need - h[_TAIL] <= cap and h[_STATE] != _FAILED and not self._closed
-                and not self._dead and not self._forked and self._error is None):
+        if (pos + need <= cap and head + need - h[_TAIL] <= cap and need <= cap // 2 and h[_STATE] != _FAILED
+                and not self._closed and not self._dead and not self._forked and self._error is None):
             with self._lock:
                 if self._head == head:  # (else another thread sent something meanwhile)
                     mlen = len(m)

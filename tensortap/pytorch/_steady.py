@@ -114,7 +114,7 @@ class SteadyCycle:
             h._root_pre_hook(self.module, ())  # (what the counter calls when there is no steady cycle)
 
     def _alike(self, h: Hook) -> bool:
-        return (h._lean is self and not h.disabled and not h._closed and h.mode is self.mode and h._in_step
+        return (h._steady is self and not h.disabled and not h._closed and h.mode is self.mode and h._in_step
                 and h._writer is self.writer
                 and not (h._stop_checks and h._stop_watch and _monotonic() >= h._next_stop_check))
 
@@ -125,7 +125,7 @@ class SteadyCycle:
         if self.loss_gen is not None and h._for_gen != self.loss_gen:
             # (the saved collections' cache was renewed, e.g. by steps of another mode: the general code
             # learns the loss's shortcut again, and a new cycle follows)
-            h._drop_lean()
+            h._drop_steady()
             return False
         counter = self.counter
         n = counter.skipped
@@ -138,7 +138,7 @@ class SteadyCycle:
         ptrs = self.ptrs
         for p in self.params:  # (a loop, no generator: every parameter keeps its storage)
             if p.data_ptr() != ptrs[i]:
-                h._drop_lean()  # (the general code learns the new storage; a new cycle may follow)
+                h._drop_steady()  # (the general code learns the new storage; a new cycle may follow)
                 return False
             i += 1
         # the step is one: count it and save as `on_step_begin` would
@@ -224,7 +224,7 @@ class SteadyCycle:
             t = outputs
             counts = h._io_counts
             # (what hook._io_hook does on its fast path, where the step has recorded nothing yet)
-            if (h._lean is self and not counts and type(t) is _Tensor and type(inputs) is tuple
+            if (h._steady is self and not counts and type(t) is _Tensor and type(inputs) is tuple
                     and len(inputs) == self.loss_inputs and h._for_gen == self.loss_gen and t.is_cpu
                     and t.layout is _STRIDED and not t.is_nested and t.numel() <= self.small_limit):
                 for x in inputs:
@@ -247,7 +247,7 @@ class SteadyCycle:
             return
         try:
             t = outputs
-            if h._lean is self and type(t) is _Tensor and t._backward_hooks is None:
+            if h._steady is self and type(t) is _Tensor and t._backward_hooks is None:
                 fn = t.grad_fn
                 if fn is not None:
                     # (what Tensor.register_hook does, without a handle: see hook._grad_root_hook)
@@ -278,12 +278,13 @@ class SteadyCycle:
         try:
             res = h._step_res
             # (a cycle dropped in this step, e.g. by a change of collections, leaves it to the general code)
-            if (h._lean is self and res is not None and h._grad_res is None and h._step_plan is self.plan
+            if (h._steady is self and res is not None and h._grad_res is None and h._step_plan is self.plan
                     and h._writer is self.writer):
                 sources = []
                 for p, nbytes in self.grads:
                     # A gradient has its parameter's shape, dtype and device (autograd and the .grad setter
-                    # see to that), and the parameters kept theirs (tested at the step's start).
+                    # see to that), and the parameters kept their storage (tested at the step's start; a
+                    # parameter reshaped onto the same storage is not told apart, as in the general code).
                     g = p.grad
                     if g is None or g.layout is not _STRIDED or not g.is_contiguous():
                         break

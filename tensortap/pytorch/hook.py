@@ -182,7 +182,7 @@ class Hook(BaseHook):
     )
     default_include_collections = (K.LOSSES, K.SCALARS)
     _counting: CountingHooks | None  # the only root's step counter, when it may skip ahead (see the base hook)
-    _lean: SteadyCycle | None = None  # runs the saving steps while they stay alike (see _maybe_lean)
+    _steady: SteadyCycle | None = None  # runs the saving steps while they stay alike (see _maybe_steady)
 
     def __init__(self, out_dir: str, *args: Any, rank: int | None = None, world_size: int | None = None,
                  **kwargs: Any):
@@ -355,7 +355,7 @@ class Hook(BaseHook):
         if any(m is loss_module for m, _fn, _k in self._losses):
             return
         self._losses.append((loss_module, functools.partial(self._loss_hook, name), _hook_id()))
-        self._drop_lean()
+        self._drop_steady()
         self._remove_plan_handles()  # the next saving step installs its hook
 
     def _hook_loss_now(self, loss_module: nn.Module) -> None:
@@ -825,9 +825,9 @@ class Hook(BaseHook):
             self._small = []
             self._small_in_res = self._grad_off = 0
             self._writer.commit(res)
-            if self._lean is None and self._step_plan is not None:
+            if self._steady is None and self._step_plan is not None:
                 try:
-                    self._maybe_lean(self._step_plan)
+                    self._maybe_steady(self._step_plan)
                 except Exception as e:  # noqa: BLE001 - never break training
                     self._fail("step end", e)
         else:
@@ -835,7 +835,7 @@ class Hook(BaseHook):
         self._saving = False
         self._step_plan = None
 
-    def _maybe_lean(self, plan: _Plan) -> None:
+    def _maybe_steady(self, plan: _Plan) -> None:
         """After a saving step that sent its weights, gradients and loss in one message: a steady cycle runs
         the next saving steps of this plan if nothing in them needs the general code (see _steady)."""
         uniform = self._uniform.get(self.mode)
@@ -865,28 +865,28 @@ class Hook(BaseHook):
             loss = (name, m._forward_hooks, key, fast)
         elif len(layout.tail_names) != len(plan.grad_list) or self._losses:
             return
-        lean = self._lean = SteadyCycle(self, plan, loss, root.module._forward_hooks, self._grad_hook_id,
-                                        _distributed, _KEEP_HANDLES, _SMALL)
-        counter.tick = lean.tick
+        cycle = self._steady = SteadyCycle(self, plan, loss, root.module._forward_hooks, self._grad_hook_id,
+                                           _distributed, _KEEP_HANDLES, _SMALL)
+        counter.tick = cycle.tick
         if self._handles_plan is plan:  # (the plan's hooks stay installed over the quiet steps: its own now)
-            for d, key, fn in lean.hook_entries:
+            for d, key, fn in cycle.hook_entries:
                 d[key] = fn
 
-    def _drop_lean(self) -> None:
+    def _drop_steady(self) -> None:
         """The general code runs every saving step again (collections, losses or modules changed)."""
-        lean, self._lean = self._lean, None
-        if lean is None:
+        cycle, self._steady = self._steady, None
+        if cycle is None:
             return
-        if lean.counter.tick == lean.tick:
-            lean.counter.tick = functools.partial(self._root_pre_hook, lean.module, ())
+        if cycle.counter.tick == cycle.tick:
+            cycle.counter.tick = functools.partial(self._root_pre_hook, cycle.module, ())
         general = {key: fn for _m, fn, key in self._losses}
         general[self._grad_hook_id] = self._grad_root_hook
-        for d, key, fn in lean.hook_entries:
+        for d, key, fn in cycle.hook_entries:
             if d.get(key) == fn:  # (installed for the plan: the general hook in its place)
                 d[key] = general[key]
 
     def on_close(self) -> None:
-        self._drop_lean()
+        self._drop_steady()
         self._disarm()
         self._counting = None
         for root in self._roots:
@@ -916,7 +916,7 @@ class Hook(BaseHook):
         return best
 
     def _config_changed(self) -> None:
-        self._drop_lean()
+        self._drop_steady()
         self._disarm()
         self._plans.clear()
         self._plan_key = None

@@ -617,3 +617,17 @@ def test_steps_reserved_with_the_start_of_their_payload_over_many_wraps(tmp_path
         for n, v in zip(names, vals, strict=True):
             assert np.array_equal(t.tensor(n).value(step), v), (n, step)
     assert t.tensor("lr").steps() == list(range(0, 40, 3))
+
+
+def test_a_step_larger_than_half_the_ring_is_not_reserved_in_it(tmp_path):
+    # as reserve_batch: None, for the caller to hand the batch off another way
+    storage = open_storage(str(tmp_path / "run"))
+    w = ProcessChunkWriter(storage, "worker_0", ring_bytes=1 << 20)
+    try:
+        big = np.zeros(150_000, dtype=np.float32)  # 600 KB of a 1 MB ring
+        layout = w.batch_layout(("big",), np.dtype(np.float32), (big.shape,))
+        assert w.reserve_step(layout, 0, 1, 0, [(big.ctypes.data, big.nbytes)]) is None
+        assert w.reserve_batch(("big",), np.dtype(np.float32), (big.shape,), 0, 1, 0) is None
+    finally:
+        w.close()
+    assert w.error is None

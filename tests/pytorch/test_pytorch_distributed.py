@@ -163,7 +163,7 @@ LATE_GROUP_WORKER = textwrap.dedent(
         opt.zero_grad()
         rec[f"w{step}"] = net[0].weight.detach().clone().numpy()
         out = model(x)
-        steady.append(hook._saving and hook._lean is not None)  # (a saving step the steady cycle began)
+        steady.append(hook._saving and hook._steady is not None)  # (a saving step the steady cycle began)
         loss_fn(out, y).backward()
         rec[f"g{step}"] = net[0].weight.grad.clone().numpy()
         opt.step()
