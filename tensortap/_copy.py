@@ -33,11 +33,17 @@ gather_into = _c_gather if _c_gather is not None else _memmove_gather
 
 def _py_put_message(dst: int, meta: bytes, total: int, pay_at: int, step: int, mode: int, mode_step: int,
                     sources: list[tuple[int, int]]) -> int:
+    if not isinstance(meta, bytes):
+        raise TypeError(f"put_message: meta must be bytes, not {type(meta).__name__}")
+    try:  # (checked before anything is written, as the C function does)
+        pairs = [(int(a), int(n)) for a, n in sources]
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"put_message: sources must be (address, nbytes) pairs ({e})") from None
     head = MESSAGE_HEADER.pack(total, len(meta), pay_at, step, mode, mode_step) + meta
     if pay_at < len(head):
         raise ValueError("put_message: pay_at leaves no room for the header and meta")
     ctypes.memmove(dst, head, len(head))
-    return gather_into(dst + pay_at, sources)
+    return gather_into(dst + pay_at, pairs)
 
 
 #: put_message(dst, meta, total, pay_at, step, mode, mode_step, sources): write a ring message at `dst` (its

@@ -68,6 +68,10 @@ def test_put_message_refuses_a_payload_over_its_header(put):
     dst = np.zeros(256, dtype=np.uint8)
     with pytest.raises(ValueError, match="pay_at"):
         fn(dst.ctypes.data, b"x" * 40, 200, 64, 0, 0, 0, [])  # 48 + 40 bytes do not fit before 64
+    with pytest.raises(TypeError):
+        fn(dst.ctypes.data, "not bytes", 200, 128, 0, 0, 0, [])
+    with pytest.raises(TypeError):
+        fn(dst.ctypes.data, b"x", 200, 128, 0, 0, 0, [(1,)])  # a source without its byte count
     assert not dst.any()
 
 

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from tensortap._copy import MESSAGE_HEADER
 from tensortap._copy import gather_into as _gather
 from tensortap._copy import put_message as _put_message
 from tensortap.format import codec
@@ -89,7 +90,7 @@ _POLL = 0.005
 _POLL_IDLE = 0.05
 # Message header: int64 message size, pickled-meta size, payload offset, and for batches step, mode,
 # mode step (kept out of the pickle so that a batch layout's pickled meta is built once).
-_MSG = struct.Struct("<6q")
+_MSG = MESSAGE_HEADER  # (written by _copy.put_message too)
 _MSG_HDR = _MSG.size
 
 
