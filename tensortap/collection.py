@@ -17,6 +17,7 @@ __all__ = [
     "NON_REDUCTION_COLLECTIONS",
     "NON_HISTOGRAM_COLLECTIONS",
     "TRAIN_ONLY_COLLECTIONS",
+    "ACTIVATION_COLLECTIONS",
     "Collection",
     "CollectionManager",
     "CollectionNotFound",
@@ -48,6 +49,14 @@ class CollectionKeys:
     AVERAGE_SHAP = "average_shap"
     FULL_SHAP = "full_shap"
     TREES = "trees"
+    # Activations, found by the layer's type (not its name): each framework hook puts the input and output
+    # tensors of its ReLU / sigmoid / tanh layers into these, and saves them when the collection is included.
+    RELU_INPUT = "relu_input"
+    RELU_OUTPUT = "relu_output"
+    SIGMOID_INPUT = "sigmoid_input"
+    SIGMOID_OUTPUT = "sigmoid_output"
+    TANH_INPUT = "tanh_input"
+    TANH_OUTPUT = "tanh_output"
 
 
 SCALAR_COLLECTIONS: frozenset[str] = frozenset(
@@ -66,6 +75,12 @@ SM_METRIC_COLLECTIONS: frozenset[str] = frozenset(
 NON_REDUCTION_COLLECTIONS: frozenset[str] = SCALAR_COLLECTIONS
 NON_HISTOGRAM_COLLECTIONS: frozenset[str] = SCALAR_COLLECTIONS
 TRAIN_ONLY_COLLECTIONS: frozenset[str] = frozenset({CollectionKeys.GRADIENTS, CollectionKeys.OPTIMIZER_VARIABLES})
+#: activation type -> (collection of its layers' inputs, collection of their outputs)
+ACTIVATION_COLLECTIONS: dict[str, tuple[str, str]] = {
+    "relu": (CollectionKeys.RELU_INPUT, CollectionKeys.RELU_OUTPUT),
+    "sigmoid": (CollectionKeys.SIGMOID_INPUT, CollectionKeys.SIGMOID_OUTPUT),
+    "tanh": (CollectionKeys.TANH_INPUT, CollectionKeys.TANH_OUTPUT),
+}
 
 _MATCH_CACHE_LIMIT = 1 << 16
 
