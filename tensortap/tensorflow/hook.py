@@ -1,0 +1,616 @@
+"""The Keras 3 / TensorFlow 2 hook (framework part without the Keras base class; see `keras.py`).
+
+How values leave a compiled step (see docs/tensorflow.md for the names and what each backend captures):
+
+* weights and optimizer variables are read between steps, in the callback (`on_*_batch_begin`): the values
+  the step's forward pass uses;
+* losses and metrics come from the logs Keras hands to `on_*_batch_end`;
+* gradients (`wrap_optimizer`), layer inputs/outputs, model inputs, labels and predictions are tensors inside
+  the step. Outside a `tf.function` (run_eagerly, the PyTorch backend) they are copied when produced, on
+  saving steps only. Inside a `tf.function` (also XLA) each goes into a shadow variable through a `tf.cond`
+  on one boolean variable the callback sets on saving steps; the step clears it when it ends, so with
+  steps_per_execution > 1 only the first step of an execution is captured. No Python runs inside the graph.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from tensortap import modes as _modes
+from tensortap.collection import ACTIVATION_COLLECTIONS, Collection, CollectionKeys
+from tensortap.hooks.base import Hook
+
+logger = logging.getLogger("tensortap")
+
+K = CollectionKeys
+WEIGHTS_INFIX = "/weights/"
+GRADIENT_PREFIX = "gradients/"
+GRADIENT_SUFFIX = "Grad"
+OPTIMIZER_PREFIX = "optimizer_variables/"
+_ACTIVATIONS = tuple(ACTIVATION_COLLECTIONS)  # "relu", "sigmoid", "tanh"
+# Collections filled inside a step (everything else is read between steps).
+_IN_STEP = frozenset({K.GRADIENTS, K.INPUTS, K.OUTPUTS, K.LAYERS, *(c for p in ACTIVATION_COLLECTIONS.values()
+                                                                   for c in p)})
+_LOG_SKIP = frozenset({"outputs", "batch", "size"})
+
+
+def _flat(x: Any) -> list[Any]:
+    if x is None:
+        return []
+    if isinstance(x, dict):
+        out = []
+        for k in sorted(x):
+            out.extend(_flat(x[k]))
+        return out
+    if isinstance(x, list | tuple):
+        out = []
+        for v in x:
+            out.extend(_flat(v))
+        return out
+    return [x]
+
+
+def _indexed(name: str, values: list[Any]) -> list[tuple[str, Any]]:
+    """`name` for a single tensor, `name_<i>` for several (smdebug's naming of nested values)."""
+    if len(values) == 1:
+        return [(name, values[0])]
+    return [(f"{name}_{i}", v) for i, v in enumerate(values)]
+
+
+def _activation_kind(fn: Any) -> str | None:
+    """"relu", "sigmoid" or "tanh" if `fn` is that Keras activation (by identity, then by name)."""
+    if fn is None:
+        return None
+    name = getattr(fn, "__name__", None)
+    try:
+        import keras
+
+        for kind in _ACTIVATIONS:
+            if fn is keras.activations.get(kind):
+                return kind
+    except Exception:  # noqa: BLE001
+        pass
+    return name if name in _ACTIVATIONS else None
+
+
+def _layer_activation_type(layer: Any) -> str | None:
+    """The activation a layer IS (keras.layers.ReLU, or Activation("relu"/"sigmoid"/"tanh")), by type."""
+    import keras
+
+    if isinstance(layer, keras.layers.ReLU):
+        return "relu"
+    if isinstance(layer, keras.layers.Activation):
+        return _activation_kind(getattr(layer, "activation", None))
+    return None
+
+
+class _GraphStore:
+    """Shadow variables that carry tensors out of a compiled step (TensorFlow backend).
+
+    `gen` is 0 on steps that save nothing; on a saving step the callback sets it to a new positive number,
+    every capture in the step copies its tensor into its shadow and stamps it with `gen`, and the step sets
+    `gen` back to 0 when it ends. After the step, shadows stamped with that number hold this step's values.
+    """
+
+    def __init__(self, xla: bool, saving: bool) -> None:
+        import tensorflow as tf
+
+        self.tf = tf
+        self.xla = xla
+        self.current = int(saving)  # what the callback last assigned
+        self.counter = self.current
+        with tf.init_scope():
+            self.gen = tf.Variable(self.current, trainable=False, name="tensortap_capture", dtype=tf.int32)
+        self.vars: dict[tuple[str, Any], tuple[Any, Any]] = {}  # (name, static shape) -> (value, stamp)
+        self.names: dict[Any, list[tuple[str, Any]]] = {}  # mode of the step function -> its shadows' keys
+
+    def capture(self, mode: Any, name: str, t: Any) -> bool:
+        """Add the copy of `t` to the step being traced; False if it cannot be captured here."""
+        tf = self.tf
+        t = tf.convert_to_tensor(t)
+        if t.dtype in (tf.string, tf.resource, tf.variant):
+            return False
+        shape = t.shape
+        static = tuple(shape.as_list()) if shape.is_fully_defined() else None
+        if static is None and self.xla:
+            return False  # XLA needs a variable of a fixed shape
+        key = (name, static, t.dtype.name)
+        pair = self.vars.get(key)
+        if pair is None:
+            with tf.init_scope():
+                if static is None:
+                    value = tf.Variable(tf.zeros([0], dtype=t.dtype), shape=tf.TensorShape(None), trainable=False,
+                                        name="tensortap_shadow")
+                else:
+                    value = tf.Variable(tf.zeros(static, dtype=t.dtype), trainable=False, name="tensortap_shadow")
+                stamp = tf.Variable(0, trainable=False, dtype=tf.int32, name="tensortap_stamp")
+            pair = self.vars[key] = (value, stamp)
+        keys = self.names.setdefault(mode, [])
+        if key not in keys:
+            keys.append(key)
+        value, stamp = pair
+        gen = self.gen
+
+        def save() -> Any:
+            g = gen.read_value()
+            value.assign(t)
+            stamp.assign(g)
+            return tf.constant(True)
+
+        tf.cond(gen.read_value() > 0, save, lambda: tf.constant(False))
+        return True
+
+    def end_step(self) -> None:
+        self.gen.assign(0)
+
+    def start(self, saving: bool) -> None:
+        if saving:
+            self.counter += 1
+            self.current = self.counter
+            self.gen.assign(self.current)
+        elif self.current:
+            self.gen.assign(0)
+            self.current = 0
+
+    def read(self, mode: Any) -> list[tuple[str, np.ndarray]]:
+        gen, self.current = self.current, 0  # (the step has set it back to 0)
+        if not gen:
+            return []
+        out = []
+        for key in self.names.get(mode, ()):
+            value, stamp = self.vars[key]
+            if int(stamp.numpy()) == gen:
+                out.append((key[0], value.numpy()))
+        return out
+
+
+class KerasHookBase(Hook):
+    """The capture logic of KerasHook (see tensortap.tensorflow.KerasHook for the user-facing class)."""
+
+    builtin_collections = (
+        K.ALL, K.DEFAULT, K.SCALARS, K.WEIGHTS, K.BIASES, K.GRADIENTS, K.LOSSES, K.METRICS, K.INPUTS,
+        K.OUTPUTS, K.LAYERS, K.OPTIMIZER_VARIABLES, K.SM_METRICS,
+        *(c for pair in ACTIVATION_COLLECTIONS.values() for c in pair),
+    )
+    default_include_collections = (K.DEFAULT, K.SCALARS, K.LOSSES, K.METRICS, K.SM_METRICS)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._model: Any = None
+        self._registered: Any = None
+        self._backend: str | None = None
+        self._store: _GraphStore | None = None
+        self._eager: list[tuple[str, np.ndarray]] = []
+        self._eager_on = False  # capturing eagerly in the current step
+        self._in_step_fn: Any = None  # mode of the step function running / being traced
+        self._saving = False
+        self._batch_begin = 0
+        self._unobserved = 0  # saving steps inside an execution (steps_per_execution > 1): nothing to read
+        self._layer_names: dict[int, str] = {}
+        self._weights: list[tuple[str, Any]] = []  # (name, variable)
+        self._n_weights = 0
+        self._wrapped_optimizers: list[Any] = []
+        self._wanted_cache: dict[str, bool] = {}
+        self._restore: list[Callable[[], None]] = []
+        from tensortap.tensorflow import singleton
+
+        singleton.set_hook(self)
+
+    # --- collections --------------------------------------------------------------------------
+
+    def _init_builtin_collections(self) -> None:
+        cm = self.collection_manager
+        cm.get(K.WEIGHTS).include(r"/weights/.*(?<!bias)$")
+        cm.get(K.BIASES).include(r"/weights/.*bias$")
+        cm.get(K.GRADIENTS).include(r"^gradients/")
+        cm.get(K.OPTIMIZER_VARIABLES).include(r"^optimizer_variables/")
+        cm.get(K.LOSSES).include(r"^(val_)?([\w.]*_)?loss$")
+        cm.get(K.INPUTS).include(r"^inputs(_\d+)?$")
+        cm.get(K.OUTPUTS).include(r"^(labels|predictions)(_\d+)?$")
+        cm.get(K.LAYERS).include(r"^[^/]+/(inputs|outputs)(_\d+)?$")
+
+    def _programmatic_collections(self) -> set[str]:
+        return set(self.builtin_collections)
+
+    def _wanted(self, name: str) -> bool:
+        """Whether some included collection takes tensor `name` at some step."""
+        hit = self._wanted_cache.get(name)
+        if hit is None:
+            hit = self._wanted_cache[name] = any(c.matches(name) for c in self._included())
+        return hit
+
+    def _any_wanted(self, names: Iterable[str]) -> bool:
+        return any(self._wanted(n) for n in names)
+
+    def get_collection(self, name: str, create: bool = True) -> Collection:
+        self._wanted_cache = {}
+        return super().get_collection(name, create)
+
+    # --- model registration -------------------------------------------------------------------
+
+    def register_model(self, model: Any) -> None:
+        """Capture from `model` (a Keras model; `fit` etc. call this through the callback's set_model)."""
+        if model is None or self._registered is model or not self.active:
+            return
+        with self.guard("register_model"):
+            self._unregister()
+            import keras
+
+            self._model = model
+            self._registered = model
+            self._backend = keras.backend.backend()
+            self._wanted_cache = {}
+            self._name_layers(model)
+            self._collect_weights()
+            rebuild = False
+            if self._needs_step_capture():
+                self._wrap_steps(model)
+                rebuild = self._wrap_layers(model) or True
+            if rebuild:
+                # a step function traced before the wrappers went in would not capture
+                for attr in ("train_function", "test_function", "predict_function"):
+                    if getattr(model, attr, None) is not None:
+                        setattr(model, attr, None)
+
+    def _collect_weights(self) -> None:
+        model = self._model
+        self._weights = []
+        seen: set[int] = set()
+        for layer in self._all_layers(model):
+            lname = self._layer_names.get(id(layer))
+            if lname is None:  # a layer made after registration (a subclassed model building late)
+                self._name_layers(model)
+                lname = self._layer_names[id(layer)]
+            for v in self._own_variables(layer):
+                if id(v) in seen:
+                    continue
+                seen.add(id(v))
+                self._weights.append((f"{lname}{WEIGHTS_INFIX}{v.path}", v))
+        self._n_weights = len(getattr(model, "weights", ()))
+
+    def _needs_step_capture(self) -> bool:
+        inc = {c.name for c in self._included()}
+        if inc & _IN_STEP:
+            return True
+        return bool(self.collection_manager.get(K.DEFAULT).include_regex) or K.ALL in inc
+
+    @staticmethod
+    def _all_layers(model: Any) -> list[Any]:
+        flatten = getattr(model, "_flatten_layers", None)
+        if flatten is not None:
+            return list(flatten(include_self=True, recursive=True))
+        return [model, *getattr(model, "layers", [])]
+
+    @staticmethod
+    def _own_variables(layer: Any) -> list[Any]:
+        own = [*getattr(layer, "_trainable_variables", []), *getattr(layer, "_non_trainable_variables", [])]
+        if not own and not getattr(layer, "_layers", None):
+            own = list(getattr(layer, "weights", []))
+        return own
+
+    def _name_layers(self, model: Any) -> None:
+        self._layer_names = {}
+        used: dict[str, int] = {}
+        for layer in self._all_layers(model):
+            name = str(getattr(layer, "name", type(layer).__name__)).replace("/", "_")
+            n = used.get(name, 0)
+            used[name] = n + 1
+            self._layer_names[id(layer)] = name if n == 0 else f"{name}_{n}"
+
+    def _wrap_steps(self, model: Any) -> None:
+        for attr, mode in (("train_step", _modes.TRAIN), ("test_step", _modes.EVAL), ("predict_step", _modes.PREDICT)):
+            orig = getattr(model, attr, None)
+            if orig is None:
+                continue
+            self._set_attr(model, attr, self._step_wrapper(orig, mode))
+
+    def _set_attr(self, obj: Any, attr: str, value: Any) -> None:
+        had = attr in obj.__dict__
+        old = obj.__dict__.get(attr)
+        object.__setattr__(obj, attr, value)
+
+        def restore() -> None:
+            if had:
+                object.__setattr__(obj, attr, old)
+            else:
+                obj.__dict__.pop(attr, None)
+
+        self._restore.append(restore)
+
+    def _unregister(self) -> None:
+        for r in reversed(self._restore):
+            try:
+                r()
+            except Exception:  # noqa: BLE001
+                pass
+        self._restore = []
+
+    def _step_wrapper(self, orig: Callable[..., Any], mode: Any) -> Callable[..., Any]:
+        hook = self
+
+        def step(data: Any) -> Any:
+            if not hook.active:
+                return orig(data)
+            outer = hook._in_step_fn
+            hook._in_step_fn = mode
+            try:
+                with hook.guard("step capture"):
+                    hook._capture_data(mode, data)
+                out = orig(data)
+                if mode is _modes.PREDICT:
+                    with hook.guard("step capture"):
+                        hook._capture_many(mode, "predictions", _flat(out))
+            finally:
+                hook._in_step_fn = outer
+            with hook.guard("step end"):
+                if hook._graph_mode():
+                    if hook._store is not None:
+                        hook._store.end_step()
+                else:
+                    hook._eager_on = False
+            return out
+
+        step.__wrapped__ = orig  # type: ignore[attr-defined]
+        return step
+
+    def _wrap_layers(self, model: Any) -> bool:
+        wrapped = False
+        for layer in self._all_layers(model):
+            lname = self._layer_names[id(layer)]
+            is_root = layer is model
+            kind = _layer_activation_type(layer)
+            io_names = [f"{lname}/inputs", f"{lname}/outputs"]
+            if kind is not None:
+                cin, cout = ACTIVATION_COLLECTIONS[kind]
+                for n, c in zip(io_names, (cin, cout), strict=True):
+                    self.collection_manager.get(c).add_tensor_name(n)
+            want_io = not is_root and (self._any_wanted(io_names)
+                                       or self._any_wanted([f"{lname}/inputs_0", f"{lname}/outputs_0"]))
+            want_pred = is_root and self._any_wanted(["predictions", "predictions_0"])
+            if want_io or want_pred:
+                self._set_attr(layer, "call", self._call_wrapper(layer, lname, layer.call, want_io, want_pred))
+                wrapped = True
+            act = getattr(layer, "activation", None)
+            akind = _activation_kind(act) if kind is None and not is_root else None
+            if akind is not None:
+                names = [f"{lname}/activation_inputs", f"{lname}/activation_outputs"]
+                cin, cout = ACTIVATION_COLLECTIONS[akind]
+                for n, c in zip(names, (cin, cout), strict=True):
+                    self.collection_manager.get(c).add_tensor_name(n)
+                self._wanted_cache = {}
+                if self._any_wanted(names):
+                    self._set_attr(layer, "activation", self._activation_wrapper(act, names))
+                    wrapped = True
+        self._wanted_cache = {}
+        return wrapped
+
+    def _call_wrapper(self, layer: Any, lname: str, orig: Callable[..., Any], io: bool, pred: bool) -> Any:
+        hook = self
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            out = orig(*args, **kwargs)
+            mode = hook._in_step_fn
+            if mode is not None and hook.active:
+                with hook.guard("layer capture"):
+                    if io:
+                        first = args[0] if args else kwargs.get("inputs")
+                        hook._capture_many(mode, f"{lname}/inputs", _flat(first))
+                        hook._capture_many(mode, f"{lname}/outputs", _flat(out))
+                    if pred and mode is not _modes.PREDICT:
+                        hook._capture_many(mode, "predictions", _flat(out))
+            return out
+
+        call.__wrapped__ = orig  # type: ignore[attr-defined]
+        return call
+
+    def _activation_wrapper(self, fn: Callable[..., Any], names: list[str]) -> Any:
+        hook = self
+
+        def activation(x: Any, *args: Any, **kwargs: Any) -> Any:
+            out = fn(x, *args, **kwargs)
+            mode = hook._in_step_fn
+            if mode is not None and hook.active:
+                with hook.guard("activation capture"):
+                    hook._capture(mode, names[0], x)
+                    hook._capture(mode, names[1], out)
+            return out
+
+        activation.__name__ = getattr(fn, "__name__", "activation")
+        activation.__wrapped__ = fn  # type: ignore[attr-defined]
+        return activation
+
+    # --- capture inside a step ----------------------------------------------------------------
+
+    def _graph_mode(self) -> bool:
+        if self._backend != "tensorflow":
+            return False
+        tf = sys.modules.get("tensorflow")
+        return tf is not None and tf.inside_function()
+
+    def _capture_data(self, mode: Any, data: Any) -> None:
+        import keras
+
+        x, y, _sw = keras.utils.unpack_x_y_sample_weight(data)
+        self._capture_many(mode, "inputs", _flat(x))
+        if mode is not _modes.PREDICT:
+            self._capture_many(mode, "labels", _flat(y))
+
+    def _capture_many(self, mode: Any, name: str, values: list[Any]) -> None:
+        for n, v in _indexed(name, values):
+            self._capture(mode, n, v)
+
+    def _capture(self, mode: Any, name: str, value: Any) -> None:
+        if value is None or not self._wanted(name):
+            return
+        if self._graph_mode():
+            if self._store is None:
+                self._store = _GraphStore(xla=bool(getattr(self._model, "jit_compile", False)), saving=self._saving)
+            if not self._store.capture(mode, name, value):
+                self._warn_once(f"nocapture:{name}", f"tensortap: {name!r} cannot be captured inside this compiled "
+                                                      "step (XLA needs static shapes); it is not saved")
+        elif self._eager_on:
+            import keras
+
+            self._eager.append((name, np.array(keras.ops.convert_to_numpy(value), copy=True)))
+
+    def _on_gradients(self, grads: Any, variables: Any) -> None:
+        """Called by a wrapped optimizer with the gradients it applies (loss scaling undone)."""
+        if not self.active or self._in_step_fn is _modes.EVAL:
+            return
+        with self.guard("gradients"):
+            mode = self._in_step_fn or _modes.TRAIN
+            for g, v in zip(grads, variables, strict=False):
+                if g is None:
+                    continue
+                path = getattr(v, "path", None) or getattr(v, "name", "variable")
+                name = f"{GRADIENT_PREFIX}{str(path).split(':')[0]}{GRADIENT_SUFFIX}"
+                if not self._wanted(name):
+                    continue
+                if self._backend == "tensorflow":
+                    import tensorflow as tf
+
+                    if isinstance(g, tf.IndexedSlices):
+                        g = tf.convert_to_tensor(g)
+                self._capture(mode, name, g)
+
+    def wrap_optimizer(self, optimizer: Any) -> Any:
+        """Capture the gradients `optimizer` applies (a Keras 3 optimizer, also a LossScaleOptimizer: the
+        gradients after the loss scale is undone). Returns the same optimizer."""
+        inner = optimizer
+        while getattr(inner, "inner_optimizer", None) is not None:
+            inner = inner.inner_optimizer
+        if getattr(inner, "_tensortap_hook", None) is self:
+            return optimizer
+        attr = "_backend_apply_gradients" if hasattr(inner, "_backend_apply_gradients") else "apply"
+        orig = getattr(inner, attr)
+        hook = self
+
+        def apply(grads: Any, trainable_variables: Any = None, *args: Any, **kwargs: Any) -> Any:
+            if hook.active:
+                hook._on_gradients(list(grads), list(trainable_variables or []))
+            return orig(grads, trainable_variables, *args, **kwargs)
+
+        object.__setattr__(inner, attr, apply)
+        object.__setattr__(inner, "_tensortap_hook", self)
+        self._wrapped_optimizers.append(optimizer)
+        return optimizer
+
+    # --- between steps ------------------------------------------------------------------------
+
+    def _begin_batch(self, mode: Any, batch: int) -> None:
+        if self.mode is not mode:
+            self.set_mode(mode)
+        self.next_step()
+        self._batch_begin = int(batch)
+        saving = bool(self.collections_to_save())
+        self._saving = saving
+        if self._store is not None:
+            self._store.start(saving)
+        self._eager_on = saving
+        self._eager = []
+        if saving:
+            items = []
+            if self._model is not None and len(getattr(self._model, "weights", ())) != self._n_weights:
+                self._collect_weights()
+            for name, v in self._weights:
+                colls = self.collections_for(name)
+                if colls:
+                    items.append((name, np.array(v.numpy(), copy=True), colls))
+            if mode is _modes.TRAIN:
+                items.extend(self._optimizer_items())
+            if items:
+                self.write_tensors(items, copy=False)
+
+    def _optimizer_items(self) -> list[tuple[str, np.ndarray, list[Collection]]]:
+        opts = list(self._wrapped_optimizers)
+        model_opt = getattr(self._model, "optimizer", None)
+        if model_opt is not None and all(o is not model_opt for o in opts):
+            opts.append(model_opt)
+        items = []
+        for opt in opts:
+            for v in getattr(opt, "variables", []):
+                name = f"{OPTIMIZER_PREFIX}{getattr(v, 'path', None) or v.name}"
+                colls = self.collections_for(name)
+                if colls:
+                    items.append((name, np.array(v.numpy(), copy=True), colls))
+        return items
+
+    def _end_batch(self, mode: Any, batch: int, logs: Any) -> None:
+        if self._saving:
+            items: list[tuple[str, Any, list[Collection]]] = []
+            captured: list[tuple[str, Any]] = []
+            if self._store is not None:
+                captured.extend(self._store.read(mode))
+            captured.extend(self._eager)
+            self._eager = []
+            if mode is _modes.PREDICT and isinstance(logs, dict) and "outputs" in logs:
+                if not any(n == "predictions" or n.startswith("predictions_") for n, _ in captured):
+                    captured.extend(_indexed("predictions", _flat(logs["outputs"])))
+            for name, value in captured:
+                colls = self.collections_for(name)
+                if colls:
+                    items.append((name, np.asarray(value), colls))
+            items.extend(self._log_items(logs))
+            if items:
+                self.write_tensors(items, copy=False)
+        self._saving = False
+        self._eager_on = False
+        extra = int(batch) - self._batch_begin
+        for _ in range(max(0, extra)):  # steps_per_execution > 1: the other steps of this execution
+            self.next_step()
+            if self.collections_to_save():
+                self._unobserved += 1
+                self._warn_once("spe", "tensortap: with steps_per_execution > 1 only the first step of each "
+                                       "execution can be captured; choose a save_interval that is a multiple of "
+                                       "steps_per_execution (steps not captured are counted and reported at close)")
+
+    def _log_items(self, logs: Any) -> list[tuple[str, Any, list[Collection]]]:
+        if not isinstance(logs, dict):
+            return []
+        items = []
+        for key, value in logs.items():
+            if key in _LOG_SKIP or not isinstance(key, str):
+                continue
+            try:
+                arr = np.asarray(value)
+            except Exception:  # noqa: BLE001
+                continue
+            if arr.dtype.kind not in "biuf" or arr.size != 1:
+                continue
+            self._classify_log(key)
+            colls = self.collections_for(key)
+            if colls:
+                items.append((key, arr.reshape(()), colls))
+        return items
+
+    def _classify_log(self, key: str) -> None:
+        losses = self.collection_manager.get(K.LOSSES)
+        metrics = self.collection_manager.get(K.METRICS)
+        if losses.matches(key) or metrics.has_tensor_name(key):
+            return
+        coll = K.LOSSES if re.search(r"loss", key) else K.METRICS
+        self.get_collection(coll).add_tensor_name(key)
+
+    def on_close(self) -> None:
+        if self._unobserved:
+            logger.warning("tensortap: %d saving steps fell inside an execution of steps_per_execution > 1 "
+                           "steps and were not captured", self._unobserved)
+        self._unregister()
+
+    # --- smdebug's extras ----------------------------------------------------------------------
+
+    def save_smdebug_logs(self, logs: Any) -> None:
+        """Save the entries of a Keras logs dict (losses and metrics) at the current step."""
+        if not self.active:
+            return
+        with self.guard("save_smdebug_logs"):
+            self._ensure_step()
+            items = self._log_items(logs)
+            if items:
+                self.write_tensors(items, copy=False)

@@ -1,0 +1,96 @@
+"""KerasHook: a `keras.callbacks.Callback` that captures a Keras 3 job (TensorFlow or PyTorch backend).
+
+This module imports Keras; `tensortap.tensorflow` imports it only when `KerasHook` is first used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from tensortap import modes as _modes
+from tensortap.tensorflow.hook import KerasHookBase
+
+
+class KerasHook(KerasHookBase, keras.callbacks.Callback):
+    """Captures weights, gradients (with `wrap_optimizer`), losses, metrics, model inputs/labels/predictions
+    and layer inputs/outputs of `model.fit` / `evaluate` / `predict`; pass it in `callbacks=[hook]`.
+
+    Same keyword arguments as `tensortap.Hook` (out_dir, save_config, include_collections, ...).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        keras.callbacks.Callback.__init__(self)
+        KerasHookBase.__init__(self, *args, **kwargs)
+
+    # Keras keeps the model in `_model` (Callback.model reads it).
+    def set_model(self, model: Any) -> None:
+        keras.callbacks.Callback.set_model(self, model)
+        self.register_model(model)
+
+    def _mode_begin(self, mode: Any) -> None:
+        if self.active:
+            with self.guard("begin"):
+                self.register_model(self._model)
+                if self.mode is not mode:
+                    self.set_mode(mode)
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        self._mode_begin(_modes.TRAIN)
+
+    def on_test_begin(self, logs: Any = None) -> None:
+        self._outer_mode = self.mode
+        self._mode_begin(_modes.EVAL)
+
+    def on_predict_begin(self, logs: Any = None) -> None:
+        self._mode_begin(_modes.PREDICT)
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        if self.active:
+            with self.guard("on_train_batch_begin"):
+                self._begin_batch(_modes.TRAIN, batch)
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if self.active:
+            with self.guard("on_train_batch_end"):
+                self._end_batch(_modes.TRAIN, batch, logs)
+
+    def on_test_batch_begin(self, batch: int, logs: Any = None) -> None:
+        if self.active:
+            with self.guard("on_test_batch_begin"):
+                self._begin_batch(_modes.EVAL, batch)
+
+    def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
+        if self.active:
+            with self.guard("on_test_batch_end"):
+                self._end_batch(_modes.EVAL, batch, logs)
+
+    def on_predict_batch_begin(self, batch: int, logs: Any = None) -> None:
+        if self.active:
+            with self.guard("on_predict_batch_begin"):
+                self._begin_batch(_modes.PREDICT, batch)
+
+    def on_predict_batch_end(self, batch: int, logs: Any = None) -> None:
+        if self.active:
+            with self.guard("on_predict_batch_end"):
+                self._end_batch(_modes.PREDICT, batch, logs)
+
+    def on_test_end(self, logs: Any = None) -> None:
+        if self.active:
+            with self.guard("on_test_end"):
+                self.end_step()
+                outer = getattr(self, "_outer_mode", None)
+                if outer is _modes.TRAIN:  # evaluation inside fit: back to training
+                    self.set_mode(outer)
+
+    def on_predict_end(self, logs: Any = None) -> None:
+        if self.active:
+            with self.guard("on_predict_end"):
+                self.end_step()
+
+    def on_train_end(self, logs: Any = None) -> None:
+        if self.active:
+            with self.guard("on_train_end"):
+                self.end_step()
+                self.flush()
