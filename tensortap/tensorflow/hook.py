@@ -56,6 +56,18 @@ def _flat(x: Any) -> list[Any]:
     return [x]
 
 
+def _to_numpy(t: Any) -> np.ndarray:
+    """A host copy of a tensor or variable of any Keras backend."""
+    if hasattr(t, "numpy"):
+        try:
+            return np.array(t.numpy(), copy=True)
+        except Exception:  # noqa: BLE001 - e.g. a torch tensor that requires grad
+            pass
+    import keras
+
+    return np.array(keras.ops.convert_to_numpy(t), copy=True)
+
+
 def _indexed(name: str, values: list[Any]) -> list[tuple[str, Any]]:
     """`name` for a single tensor, `name_<i>` for several (smdebug's naming of nested values)."""
     if len(values) == 1:
@@ -110,8 +122,9 @@ class _GraphStore:
         self.vars: dict[tuple[str, Any], tuple[Any, Any]] = {}  # (name, static shape) -> (value, stamp)
         self.names: dict[Any, list[tuple[str, Any]]] = {}  # mode of the step function -> its shadows' keys
 
-    def capture(self, mode: Any, name: str, t: Any) -> bool:
-        """Add the copy of `t` to the step being traced; False if it cannot be captured here."""
+    def capture(self, mode: Any, name: str, t: Any, gate: Any = None) -> bool:
+        """Add the copy of `t` to the step being traced; False if it cannot be captured here. `gate`: an int32
+        tensor to use instead of `gen` (the number of this step if it saves, else 0)."""
         tf = self.tf
         t = tf.convert_to_tensor(t)
         if t.dtype in (tf.string, tf.resource, tf.variant):
@@ -135,15 +148,14 @@ class _GraphStore:
         if key not in keys:
             keys.append(key)
         value, stamp = pair
-        gen = self.gen
+        g = self.gen.read_value() if gate is None else gate
 
         def save() -> Any:
-            g = gen.read_value()
             value.assign(t)
             stamp.assign(g)
             return tf.constant(True)
 
-        tf.cond(gen.read_value() > 0, save, lambda: tf.constant(False))
+        tf.cond(g > 0, save, lambda: tf.constant(False))
         return True
 
     def end_step(self) -> None:
@@ -158,8 +170,9 @@ class _GraphStore:
             self.gen.assign(0)
             self.current = 0
 
-    def read(self, mode: Any) -> list[tuple[str, np.ndarray]]:
-        gen, self.current = self.current, 0  # (the step has set it back to 0)
+    def read(self, mode: Any, gen: int | None = None) -> list[tuple[str, np.ndarray]]:
+        if gen is None:
+            gen, self.current = self.current, 0  # (the step has set it back to 0)
         if not gen:
             return []
         out = []
@@ -195,6 +208,8 @@ class KerasHookBase(Hook):
         self._layer_names: dict[int, str] = {}
         self._weights: list[tuple[str, Any]] = []  # (name, variable)
         self._n_weights = 0
+        self._tape_gate: Any = None
+        self._tape_pending: tuple[int, Any] | None = None
         self._wrapped_optimizers: list[Any] = []
         self._wanted_cache: dict[str, bool] = {}
         self._restore: list[Callable[[], None]] = []
@@ -206,8 +221,8 @@ class KerasHookBase(Hook):
 
     def _init_builtin_collections(self) -> None:
         cm = self.collection_manager
-        cm.get(K.WEIGHTS).include(r"/weights/.*(?<!bias)$")
-        cm.get(K.BIASES).include(r"/weights/.*bias$")
+        cm.get(K.WEIGHTS).include(r"(^|/)weights/.*(?<!bias)$")
+        cm.get(K.BIASES).include(r"(^|/)weights/.*bias$")
         cm.get(K.GRADIENTS).include(r"^gradients/")
         cm.get(K.OPTIMIZER_VARIABLES).include(r"^optimizer_variables/")
         cm.get(K.LOSSES).include(r"^(val_)?([\w.]*_)?loss$")
@@ -455,9 +470,7 @@ class KerasHookBase(Hook):
                 self._warn_once(f"nocapture:{name}", f"tensortap: {name!r} cannot be captured inside this compiled "
                                                       "step (XLA needs static shapes); it is not saved")
         elif self._eager_on:
-            import keras
-
-            self._eager.append((name, np.array(keras.ops.convert_to_numpy(value), copy=True)))
+            self._eager.append((name, _to_numpy(value)))
 
     def _on_gradients(self, grads: Any, variables: Any) -> None:
         """Called by a wrapped optimizer with the gradients it applies (loss scaling undone)."""
@@ -521,7 +534,7 @@ class KerasHookBase(Hook):
             for name, v in self._weights:
                 colls = self.collections_for(name)
                 if colls:
-                    items.append((name, np.array(v.numpy(), copy=True), colls))
+                    items.append((name, _to_numpy(v), colls))
             if mode is _modes.TRAIN:
                 items.extend(self._optimizer_items())
             if items:
@@ -538,7 +551,7 @@ class KerasHookBase(Hook):
                 name = f"{OPTIMIZER_PREFIX}{getattr(v, 'path', None) or v.name}"
                 colls = self.collections_for(name)
                 if colls:
-                    items.append((name, np.array(v.numpy(), copy=True), colls))
+                    items.append((name, _to_numpy(v), colls))
         return items
 
     def _end_batch(self, mode: Any, batch: int, logs: Any) -> None:
@@ -598,10 +611,111 @@ class KerasHookBase(Hook):
         self.get_collection(coll).add_tensor_name(key)
 
     def on_close(self) -> None:
+        if self._tape_pending is not None:
+            self._tape_flush()
         if self._unobserved:
             logger.warning("tensortap: %d saving steps fell inside an execution of steps_per_execution > 1 "
                            "steps and were not captured", self._unobserved)
         self._unregister()
+
+    # --- tf.GradientTape loops ----------------------------------------------------------------
+
+    def wrap_tape(self, tape: Any) -> Any:
+        """Capture a custom training loop's step: each `with hook.wrap_tape(tf.GradientTape()) as tape:` is
+        one step (in the current mode; TRAIN if none was set), and `tape.gradient(loss, variables)` saves
+        `loss`, `weights/<variable>` and `gradients/<variable>Grad`. Works eagerly and inside a tf.function
+        (not under XLA, where the step is not captured)."""
+        return _WrappedTape(self, tape)
+
+    def _tape_begin(self) -> None:
+        self._tape_gate = None
+        if not self.active:
+            return
+        with self.guard("tape begin"):
+            if self._backend is None:
+                self._backend = "tensorflow"
+            if self._graph_mode():
+                import tensorflow as tf
+                from tensorflow.python.ops import control_flow_util
+
+                if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+                    self._warn_once("tape-xla", "tensortap: wrap_tape inside an XLA-compiled function captures "
+                                                "nothing (steps cannot be counted there)")
+                    return
+                if self._store is None:
+                    self._store = _GraphStore(xla=False, saving=False)
+                self._tape_gate = tf.py_function(self._tape_step, [], tf.int32)
+            else:
+                self._tape_step()
+
+    def _tape_step(self) -> int:
+        """A step boundary of a tape loop (eagerly, or from the graph through py_function): write what the
+        previous step captured in a graph, begin the next step; returns its capture number (0: saves nothing)."""
+        gen = 0
+        if not self.active:
+            return gen
+        try:
+            self._tape_flush()
+            if self.mode is _modes.GLOBAL:
+                self.set_mode(_modes.TRAIN)
+            self.next_step()
+            self._saving = saving = bool(self.collections_to_save())
+            self._eager_on = saving
+            if saving and self._store is not None:
+                self._store.counter += 1
+                gen = self._store.counter
+                self._tape_pending = (gen, self.mode)
+        except Exception as e:  # noqa: BLE001 - never break training (this may run inside a graph)
+            self._fail("tape step", e)
+            gen = 0
+        return gen
+
+    def _tape_flush(self) -> None:
+        pending, self._tape_pending = self._tape_pending, None
+        if pending is None or self._store is None:
+            return
+        gen, _mode = pending
+        items = []
+        for name, value in self._store.read("tape", gen):
+            colls = self.collections_for(name)
+            if colls:
+                items.append((name, value, colls))
+        if items:
+            self.write_tensors(items, copy=False)
+
+    def _tape_capture(self, target: Any, sources: Any, grads: Any) -> None:
+        if not self.active:
+            return
+        with self.guard("tape gradient"):
+            gate = self._tape_gate
+            graph = self._graph_mode()
+            if graph and gate is None:
+                return
+            if not graph and not self._saving:
+                return
+            srcs, gs = _flat(sources), _flat(grads)
+            named: list[tuple[str, Any]] = list(_indexed("loss", _flat(target)))
+            for v, g in zip(srcs, gs, strict=False):
+                path = str(getattr(v, "path", None) or getattr(v, "name", "variable")).split(":")[0]
+                named.append((f"weights/{path}", v))
+                if g is not None:  # (gradients are saved in TRAIN only: collections_for leaves them out)
+                    named.append((f"{GRADIENT_PREFIX}{path}{GRADIENT_SUFFIX}", g))
+            if graph:
+                import tensorflow as tf
+
+                for name, t in named:
+                    if self._wanted(name):
+                        if isinstance(t, tf.IndexedSlices):
+                            t = tf.convert_to_tensor(t)
+                        self._store.capture("tape", name, tf.identity(t), gate=gate)
+                return
+            items = []
+            for name, t in named:
+                colls = self.collections_for(name)
+                if colls:
+                    items.append((name, _to_numpy(t), colls))
+            if items:
+                self.write_tensors(items, copy=False)
 
     # --- smdebug's extras ----------------------------------------------------------------------
 
@@ -614,3 +728,27 @@ class KerasHookBase(Hook):
             items = self._log_items(logs)
             if items:
                 self.write_tensors(items, copy=False)
+
+
+class _WrappedTape:
+    """A tf.GradientTape whose `with` block is a step of the hook and whose `gradient()` is captured."""
+
+    def __init__(self, hook: KerasHookBase, tape: Any) -> None:
+        self._hook = hook
+        self._tape = tape
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tape, name)
+
+    def __enter__(self) -> _WrappedTape:
+        self._hook._tape_begin()
+        self._tape.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._tape.__exit__(*exc)
+
+    def gradient(self, target: Any, sources: Any, *args: Any, **kwargs: Any) -> Any:
+        grads = self._tape.gradient(target, sources, *args, **kwargs)
+        self._hook._tape_capture(target, sources, grads)
+        return grads
