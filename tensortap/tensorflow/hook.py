@@ -102,6 +102,44 @@ def _layer_activation_type(layer: Any) -> str | None:
     return None
 
 
+def _local_replica(tf: Any) -> int:
+    """The index among this process's devices of the replica being traced (0 outside a strategy, -1 in a
+    strategy's cross-replica context)."""
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None:
+        return -1  # cross-replica context (e.g. an optimizer's merge_call): one value for every device
+    rid = getattr(ctx, "_replica_id_in_sync_group", None)
+    if not isinstance(rid, int):
+        rid = tf.get_static_value(ctx.replica_id_in_sync_group)
+    if rid is None:
+        return 0
+    local = len(getattr(ctx.strategy.extended, "worker_devices", ()) or ()) or 1
+    return int(rid) % local
+
+
+def _rank_from_tf_config() -> tuple[int, int] | None:
+    """(rank, world size) of a multi-worker job from $TF_CONFIG (chief first, then the workers), else None."""
+    import json
+    import os
+
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return None
+    try:
+        cfg = json.loads(raw)
+        cluster = cfg.get("cluster", {})
+        task = cfg.get("task", {})
+        chiefs = len(cluster.get("chief", []))
+        workers = len(cluster.get("worker", []))
+        kind, index = task.get("type"), int(task.get("index", 0))
+    except (ValueError, TypeError, AttributeError):
+        return None
+    if chiefs + workers <= 1 or kind not in ("chief", "worker"):
+        return None
+    rank = index if kind == "chief" else chiefs + index
+    return rank, chiefs + workers
+
+
 class _GraphStore:
     """Shadow variables that carry tensors out of a compiled step (TensorFlow backend).
 
@@ -118,7 +156,9 @@ class _GraphStore:
         self.current = int(saving)  # what the callback last assigned
         self.counter = self.current
         with tf.init_scope():
-            self.gen = tf.Variable(self.current, trainable=False, name="tensortap_capture", dtype=tf.int32)
+            # (under a MirroredStrategy: mirrored, set by the callback, reset by the first replica)
+            self.gen = tf.Variable(self.current, trainable=False, name="tensortap_capture", dtype=tf.int32,
+                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         self.vars: dict[tuple[str, Any], tuple[Any, Any]] = {}  # (name, static shape) -> (value, stamp)
         self.names: dict[Any, list[tuple[str, Any]]] = {}  # mode of the step function -> its shadows' keys
 
@@ -133,16 +173,23 @@ class _GraphStore:
         static = tuple(shape.as_list()) if shape.is_fully_defined() else None
         if static is None and self.xla:
             return False  # XLA needs a variable of a fixed shape
-        key = (name, static, t.dtype.name)
+        replica = _local_replica(tf)
+        key = (name, replica, static, t.dtype.name)
         pair = self.vars.get(key)
         if pair is None:
+            # ON_READ in a replica context: under a MirroredStrategy each device keeps its own copy (see _local);
+            # in a cross-replica context the value is the same on every device (mirrored)
+            local: dict[str, Any] = dict(trainable=False)
+            if replica >= 0:
+                local.update(synchronization=tf.VariableSynchronization.ON_READ,
+                             aggregation=tf.VariableAggregation.NONE)
             with tf.init_scope():
                 if static is None:
-                    value = tf.Variable(tf.zeros([0], dtype=t.dtype), shape=tf.TensorShape(None), trainable=False,
-                                        name="tensortap_shadow")
+                    value = tf.Variable(tf.zeros([0], dtype=t.dtype), shape=tf.TensorShape(None),
+                                        name="tensortap_shadow", **local)
                 else:
-                    value = tf.Variable(tf.zeros(static, dtype=t.dtype), trainable=False, name="tensortap_shadow")
-                stamp = tf.Variable(0, trainable=False, dtype=tf.int32, name="tensortap_stamp")
+                    value = tf.Variable(tf.zeros(static, dtype=t.dtype), name="tensortap_shadow", **local)
+                stamp = tf.Variable(0, dtype=tf.int32, name="tensortap_stamp", **local)
             pair = self.vars[key] = (value, stamp)
         keys = self.names.setdefault(mode, [])
         if key not in keys:
@@ -170,17 +217,26 @@ class _GraphStore:
             self.gen.assign(0)
             self.current = 0
 
-    def read(self, mode: Any, gen: int | None = None) -> list[tuple[str, np.ndarray]]:
+    def read(self, mode: Any, gen: int | None = None) -> list[tuple[str, int, np.ndarray]]:
+        """(name, local replica, value) of what the step numbered `gen` captured."""
         if gen is None:
-            gen, self.current = self.current, 0  # (the step has set it back to 0)
+            gen, self.current = self.current, 0
         if not gen:
             return []
         out = []
         for key in self.names.get(mode, ()):
             value, stamp = self.vars[key]
-            if int(stamp.numpy()) == gen:
-                out.append((key[0], value.numpy()))
+            if int(_local(stamp, key[1]).numpy()) == gen:
+                out.append((key[0], key[1], _local(value, key[1]).numpy()))
         return out
+
+
+def _local(var: Any, replica: int) -> Any:
+    """The copy of a (per-device) variable on the local device `replica`."""
+    values = getattr(var, "values", None)
+    if isinstance(values, tuple) and values and replica >= 0:
+        return values[min(replica, len(values) - 1)]
+    return var
 
 
 class KerasHookBase(Hook):
@@ -194,6 +250,10 @@ class KerasHookBase(Hook):
     default_include_collections = (K.DEFAULT, K.SCALARS, K.LOSSES, K.METRICS, K.SM_METRICS)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("rank") is None and kwargs.get("world_size") is None:
+            found = _rank_from_tf_config()
+            if found is not None:
+                kwargs["rank"], kwargs["world_size"] = found
         super().__init__(*args, **kwargs)
         self._model: Any = None
         self._registered: Any = None
@@ -209,6 +269,7 @@ class KerasHookBase(Hook):
         self._weights: list[tuple[str, Any]] = []  # (name, variable)
         self._n_weights = 0
         self._tape_gate: Any = None
+        self._replica_hooks: list[Hook] = []  # MirroredStrategy in one process, include_workers="all"
         self._tape_pending: tuple[int, Any] | None = None
         self._wrapped_optimizers: list[Any] = []
         self._wanted_cache: dict[str, bool] = {}
@@ -263,6 +324,7 @@ class KerasHookBase(Hook):
             self._wanted_cache = {}
             self._name_layers(model)
             self._collect_weights()
+            self._setup_replicas(model)
             rebuild = False
             if self._needs_step_capture():
                 self._wrap_steps(model)
@@ -272,6 +334,32 @@ class KerasHookBase(Hook):
                 for attr in ("train_function", "test_function", "predict_function"):
                     if getattr(model, attr, None) is not None:
                         setattr(model, attr, None)
+
+    def _setup_replicas(self, model: Any) -> None:
+        """MirroredStrategy over several devices of this process: one worker per device (smdebug's naming:
+        worker_<i> for the i-th device; only worker_0 writes with include_workers="one")."""
+        strategy = getattr(model, "distribute_strategy", None)
+        devices = list(getattr(getattr(strategy, "extended", None), "worker_devices", ()) or ())
+        n = len(devices)
+        if n <= 1 or self.world_size > 1 or self._replica_hooks:
+            return
+        if self._writer is not None:
+            self._warn_once("late-strategy", "tensortap: the hook wrote before the model's MirroredStrategy was "
+                                             "known; it writes as one worker")
+            return
+        self.world_size = n
+        if self.include_workers == "all":
+            self.num_workers = n
+            self.collection_manager.set_num_workers(n)
+            for i in range(1, n):
+                h = Hook(self.out_dir, reduction_config=self.reduction_config, save_config=self.save_config,
+                         include_collections=list(self.include_collections), include_workers="all",
+                         dry_run=self.dry_run, rank=i, world_size=n, worker=f"worker_{i}")
+                h.collection_manager = self.collection_manager  # the same collections, filled by this hook
+                h.include_collections = self.include_collections
+                while h.mode is not self.mode:
+                    h.set_mode(self.mode)
+                self._replica_hooks.append(h)
 
     def _collect_weights(self) -> None:
         model = self._model
@@ -365,7 +453,9 @@ class KerasHookBase(Hook):
                 hook._in_step_fn = outer
             with hook.guard("step end"):
                 if hook._graph_mode():
-                    if hook._store is not None:
+                    # with several steps per execution only its first step is captured (with one, the
+                    # callback clears the flag between steps, and replicas never race on it)
+                    if hook._store is not None and int(getattr(hook._model, "steps_per_execution", 1) or 1) > 1:
                         hook._store.end_step()
                 else:
                     hook._eager_on = False
@@ -519,7 +609,7 @@ class KerasHookBase(Hook):
     def _begin_batch(self, mode: Any, batch: int) -> None:
         if self.mode is not mode:
             self.set_mode(mode)
-        self.next_step()
+        self._next_step_all()
         self._batch_begin = int(batch)
         saving = bool(self.collections_to_save())
         self._saving = saving
@@ -537,6 +627,9 @@ class KerasHookBase(Hook):
                     items.append((name, _to_numpy(v), colls))
             if mode is _modes.TRAIN:
                 items.extend(self._optimizer_items())
+            for h in self._replica_hooks:  # mirrored variables: the same values on every device
+                mine = [(n, v, h.collections_for(n)) for n, v, _c in items]
+                h.write_tensors([it for it in mine if it[2]], copy=True)
             if items:
                 self.write_tensors(items, copy=False)
 
@@ -556,32 +649,46 @@ class KerasHookBase(Hook):
 
     def _end_batch(self, mode: Any, batch: int, logs: Any) -> None:
         if self._saving:
-            items: list[tuple[str, Any, list[Collection]]] = []
-            captured: list[tuple[str, Any]] = []
+            captured: list[tuple[str, int, Any]] = []
             if self._store is not None:
                 captured.extend(self._store.read(mode))
-            captured.extend(self._eager)
+            captured.extend((n, 0, v) for n, v in self._eager)
             self._eager = []
             if mode is _modes.PREDICT and isinstance(logs, dict) and "outputs" in logs:
-                if not any(n == "predictions" or n.startswith("predictions_") for n, _ in captured):
-                    captured.extend(_indexed("predictions", _flat(logs["outputs"])))
-            for name, value in captured:
-                colls = self.collections_for(name)
-                if colls:
-                    items.append((name, np.asarray(value), colls))
-            items.extend(self._log_items(logs))
-            if items:
-                self.write_tensors(items, copy=False)
+                if not any(n == "predictions" or n.startswith("predictions_") for n, _r, _v in captured):
+                    captured.extend((n, 0, v) for n, v in _indexed("predictions", _flat(logs["outputs"])))
+            logs_items = self._log_items(logs)
+            for replica, hook in enumerate([self, *self._replica_hooks]):
+                items: list[tuple[str, Any, list[Collection]]] = []
+                for name, r, value in captured:
+                    if r == replica or r < 0:
+                        colls = hook.collections_for(name)
+                        if colls:
+                            items.append((name, np.asarray(value), colls))
+                if hook is self:
+                    items.extend(logs_items)
+                else:
+                    items.extend((n, v, hook.collections_for(n)) for n, v, _c in logs_items)
+                    items = [it for it in items if it[2]]
+                if items:
+                    hook.write_tensors(items, copy=hook is not self)
         self._saving = False
         self._eager_on = False
         extra = int(batch) - self._batch_begin
         for _ in range(max(0, extra)):  # steps_per_execution > 1: the other steps of this execution
-            self.next_step()
+            self._next_step_all()
             if self.collections_to_save():
                 self._unobserved += 1
                 self._warn_once("spe", "tensortap: with steps_per_execution > 1 only the first step of each "
                                        "execution can be captured; choose a save_interval that is a multiple of "
                                        "steps_per_execution (steps not captured are counted and reported at close)")
+
+    def _next_step_all(self) -> None:
+        self.next_step()
+        for h in self._replica_hooks:
+            if h.mode is not self.mode:
+                h.set_mode(self.mode)
+            h.next_step()
 
     def _log_items(self, logs: Any) -> list[tuple[str, Any, list[Collection]]]:
         if not isinstance(logs, dict):
@@ -617,6 +724,8 @@ class KerasHookBase(Hook):
             logger.warning("tensortap: %d saving steps fell inside an execution of steps_per_execution > 1 "
                            "steps and were not captured", self._unobserved)
         self._unregister()
+        for h in self._replica_hooks:
+            h.close()
 
     # --- tf.GradientTape loops ----------------------------------------------------------------
 
@@ -676,7 +785,9 @@ class KerasHookBase(Hook):
             return
         gen, _mode = pending
         items = []
-        for name, value in self._store.read("tape", gen):
+        for name, replica, value in self._store.read("tape", gen):
+            if replica > 0:
+                continue
             colls = self.collections_for(name)
             if colls:
                 items.append((name, value, colls))
