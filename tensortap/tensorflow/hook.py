@@ -113,8 +113,15 @@ def _local_replica(tf: Any) -> int:
         rid = tf.get_static_value(ctx.replica_id_in_sync_group)
     if rid is None:
         return 0
-    local = len(getattr(ctx.strategy.extended, "worker_devices", ()) or ()) or 1
-    return int(rid) % local
+    return int(rid) % _local_devices(ctx.strategy)
+
+
+def _local_devices(strategy: Any) -> int:
+    """How many devices of this process a strategy runs replicas on (1 for the default strategy)."""
+    try:
+        return len(strategy.extended.worker_devices) or 1
+    except Exception:  # noqa: BLE001 - the default strategy has no worker_devices
+        return 1
 
 
 def _rank_from_tf_config() -> tuple[int, int] | None:
@@ -156,9 +163,7 @@ class _GraphStore:
         self.current = int(saving)  # what the callback last assigned
         self.counter = self.current
         with tf.init_scope():
-            # (under a MirroredStrategy: mirrored, set by the callback, reset by the first replica)
-            self.gen = tf.Variable(self.current, trainable=False, name="tensortap_capture", dtype=tf.int32,
-                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            self.gen = _plain_variable(tf, tf.constant(self.current, tf.int32), "tensortap_capture")
         self.vars: dict[tuple[str, Any], tuple[Any, Any]] = {}  # (name, static shape) -> (value, stamp)
         self.names: dict[Any, list[tuple[str, Any]]] = {}  # mode of the step function -> its shadows' keys
 
@@ -177,19 +182,12 @@ class _GraphStore:
         key = (name, replica, static, t.dtype.name)
         pair = self.vars.get(key)
         if pair is None:
-            # ON_READ in a replica context: under a MirroredStrategy each device keeps its own copy (see _local);
-            # in a cross-replica context the value is the same on every device (mirrored)
-            local: dict[str, Any] = dict(trainable=False)
-            if replica >= 0:
-                local.update(synchronization=tf.VariableSynchronization.ON_READ,
-                             aggregation=tf.VariableAggregation.NONE)
             with tf.init_scope():
                 if static is None:
-                    value = tf.Variable(tf.zeros([0], dtype=t.dtype), shape=tf.TensorShape(None),
-                                        name="tensortap_shadow", **local)
+                    value = _plain_variable(tf, tf.zeros([0], dtype=t.dtype), "tensortap_shadow", unknown_shape=True)
                 else:
-                    value = tf.Variable(tf.zeros(static, dtype=t.dtype), name="tensortap_shadow", **local)
-                stamp = tf.Variable(0, dtype=tf.int32, name="tensortap_stamp", **local)
+                    value = _plain_variable(tf, tf.zeros(static, dtype=t.dtype), "tensortap_shadow")
+                stamp = _plain_variable(tf, tf.constant(0, tf.int32), "tensortap_stamp")
             pair = self.vars[key] = (value, stamp)
         keys = self.names.setdefault(mode, [])
         if key not in keys:
@@ -226,17 +224,19 @@ class _GraphStore:
         out = []
         for key in self.names.get(mode, ()):
             value, stamp = self.vars[key]
-            if int(_local(stamp, key[1]).numpy()) == gen:
-                out.append((key[0], key[1], _local(value, key[1]).numpy()))
+            if int(stamp.numpy()) == gen:
+                out.append((key[0], key[1], value.numpy()))
         return out
 
 
-def _local(var: Any, replica: int) -> Any:
-    """The copy of a (per-device) variable on the local device `replica`."""
-    values = getattr(var, "values", None)
-    if isinstance(values, tuple) and values and replica >= 0:
-        return values[min(replica, len(values) - 1)]
-    return var
+def _plain_variable(tf: Any, initial: Any, name: str, unknown_shape: bool = False) -> Any:
+    """A variable of this process alone, whatever distribution strategy is in scope: made as a
+    ResourceVariable directly, it bypasses the strategies' variable creators (no mirroring, and no
+    collective op that other workers would have to match)."""
+    from tensorflow.python.ops import resource_variable_ops
+
+    return resource_variable_ops.ResourceVariable(
+        initial, trainable=False, name=name, shape=tf.TensorShape(None) if unknown_shape else None)
 
 
 class KerasHookBase(Hook):
@@ -339,8 +339,7 @@ class KerasHookBase(Hook):
         """MirroredStrategy over several devices of this process: one worker per device (smdebug's naming:
         worker_<i> for the i-th device; only worker_0 writes with include_workers="one")."""
         strategy = getattr(model, "distribute_strategy", None)
-        devices = list(getattr(getattr(strategy, "extended", None), "worker_devices", ()) or ())
-        n = len(devices)
+        n = _local_devices(strategy) if strategy is not None else 1
         if n <= 1 or self.world_size > 1 or self._replica_hooks:
             return
         if self._writer is not None:

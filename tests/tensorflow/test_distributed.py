@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -46,6 +47,45 @@ COMMON = textwrap.dedent(
 )
 
 
+MULTI_WORKER = textwrap.dedent(
+    """
+    import os, sys
+    import numpy as np
+    import tensorflow as tf
+    OUT, IW = sys.argv[1], sys.argv[2]
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    import tensortap.tensorflow as ttf
+    hook = ttf.KerasHook(out_dir=OUT, save_config=ttf.SaveConfig(save_interval=2), include_workers=IW,
+                         include_collections=["weights", "gradients", "losses"])
+    with strategy.scope():
+        w = tf.Variable(tf.ones((4, 1)), name="w", aggregation=tf.VariableAggregation.MEAN)
+    rng = np.random.default_rng(hook.rank)
+    x = rng.normal(size=(4, 8, 4)).astype("float32"); y = rng.normal(size=(4, 8, 1)).astype("float32")
+
+    @tf.function
+    def train_step(xb, yb):
+        def step(xb, yb):
+            with hook.wrap_tape(tf.GradientTape()) as tape:
+                loss = tf.reduce_mean(tf.square(xb @ w - yb))
+            (g,) = tape.gradient(loss, [w])
+            w.assign_sub(0.1 * tf.distribute.get_replica_context().all_reduce("MEAN", g))
+            return loss
+        return strategy.run(step, args=(xb, yb))
+
+    losses = [strategy.experimental_local_results(train_step(x[i], y[i]))[0].numpy() for i in range(4)]
+    hook.close()
+    assert hook.error_count == 0, hook.first_error
+    np.save(os.path.join(os.path.dirname(OUT), f"losses_{hook.rank}.npy"), np.array(losses))
+    # no worker leaves before every worker is done (a worker gone early aborts the others' collectives)
+    import time
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(
+            os.path.exists(os.path.join(os.path.dirname(OUT), f"losses_{r}.npy")) for r in (0, 1)):
+        time.sleep(0.1)
+    """
+)
+
+
 def _env(**extra):
     return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow", **extra)
 
@@ -78,12 +118,55 @@ def test_mirrored_two_devices(tmp_path, include_workers):
         np.testing.assert_allclose(w1, w0 - 0.1 * g, rtol=1e-5, atol=1e-6)
 
 
+def _free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@pytest.mark.parametrize("include_workers", ["one", "all"])
+def test_multi_worker_two_processes(tmp_path, include_workers):
+    """A MultiWorkerMirroredStrategy job of two processes on 127.0.0.1 (a GradientTape loop in a tf.function:
+    Keras 3.15's own fit fails under this strategy here, with or without tensortap)."""
+    script = tmp_path / "job.py"
+    script.write_text(MULTI_WORKER)
+    out = str(tmp_path / "run")
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+    procs = [subprocess.Popen([sys.executable, str(script), out, include_workers], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=_env(TF_CONFIG=json.dumps({"cluster": cluster,
+                                                              "task": {"type": "worker", "index": i}})))
+             for i in range(2)]
+    try:
+        for p in procs:
+            _out, err = p.communicate(timeout=240)
+            assert p.returncode == 0, err[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    tr = tt.create_trial(out)
+    workers = ["worker_0"] if include_workers == "one" else ["worker_0", "worker_1"]
+    assert tr.workers() == workers
+    assert tr.steps(mode=tt.modes.TRAIN) == [0, 2]
+    for rank, w in enumerate(workers):
+        losses = np.load(tmp_path / f"losses_{rank}.npy")
+        for s in (0, 2):
+            assert tr.tensor("loss").value(s, worker=w) == losses[s]  # each worker's own batch
+    if include_workers == "all":  # one model: the same weights on both workers
+        np.testing.assert_array_equal(tr.tensor("weights/w").value(2, worker="worker_0"),
+                                      tr.tensor("weights/w").value(2, worker="worker_1"))
+        assert tr.tensor("loss").value(2, worker="worker_0") != tr.tensor("loss").value(2, worker="worker_1")
+
+
 @pytest.mark.parametrize("include_workers", ["one", "all"])
 def test_multi_worker_ranks_from_tf_config(tmp_path, monkeypatch, include_workers):
     """MultiWorkerMirroredStrategy names its processes in TF_CONFIG: each hook is worker_<rank> of the
-    cluster, and only worker_0 writes with include_workers="one". (Keras 3.15's own fit under a
-    MultiWorkerMirroredStrategy fails on this machine before any callback runs, with or without tensortap,
-    so the two-process job is not run here.)"""
+    cluster (chief first), and only worker_0 writes with include_workers="one"."""
     import tensortap.tensorflow as ttf
 
     cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]}
