@@ -608,15 +608,19 @@ class KerasHookBase(Hook):
     def _begin_batch(self, mode: Any, batch: int) -> None:
         if self.mode is not mode:
             self.set_mode(mode)
-        self._next_step_all()
-        self._batch_begin = int(batch)
+        if self._replica_hooks:
+            self._next_step_all()
+        else:
+            self.next_step()
+        self._batch_begin = batch
         saving = bool(self.collections_to_save())
         self._saving = saving
-        if self._store is not None:
-            self._store.start(saving)
+        store = self._store
+        if store is not None and (saving or store.current):
+            store.start(saving)
         self._eager_on = saving
-        self._eager = []
         if saving:
+            self._eager = []
             items = []
             if self._model is not None and len(getattr(self._model, "weights", ())) != self._n_weights:
                 self._collect_weights()
@@ -673,8 +677,10 @@ class KerasHookBase(Hook):
                     hook.write_tensors(items, copy=hook is not self)
         self._saving = False
         self._eager_on = False
-        extra = int(batch) - self._batch_begin
-        for _ in range(max(0, extra)):  # steps_per_execution > 1: the other steps of this execution
+        if batch == self._batch_begin:
+            return
+        # steps_per_execution > 1: the other steps of this execution
+        for _ in range(max(0, int(batch) - int(self._batch_begin))):
             self._next_step_all()
             if self.collections_to_save():
                 self._unobserved += 1

@@ -12,6 +12,8 @@ import keras
 from tensortap import modes as _modes
 from tensortap.tensorflow.hook import KerasHookBase
 
+_TRAIN, _EVAL, _PREDICT = _modes.TRAIN, _modes.EVAL, _modes.PREDICT
+
 
 class KerasHook(KerasHookBase, keras.callbacks.Callback):
     """Captures weights, gradients (with `wrap_optimizer`), losses, metrics, model inputs/labels/predictions
@@ -46,35 +48,48 @@ class KerasHook(KerasHookBase, keras.callbacks.Callback):
     def on_predict_begin(self, logs: Any = None) -> None:
         self._mode_begin(_modes.PREDICT)
 
+    # The batch callbacks run at every step: try/except instead of guard() (no generator per step).
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-        if self.active:
-            with self.guard("on_train_batch_begin"):
-                self._begin_batch(_modes.TRAIN, batch)
+        if not self.disabled and self.writes and not self._closed:
+            try:
+                self._begin_batch(_TRAIN, batch)
+            except Exception as e:  # noqa: BLE001 - never break training
+                self._fail("on_train_batch_begin", e)
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        if self.active:
-            with self.guard("on_train_batch_end"):
-                self._end_batch(_modes.TRAIN, batch, logs)
+        if not self.disabled and self.writes and not self._closed:
+            try:
+                self._end_batch(_TRAIN, batch, logs)
+            except Exception as e:  # noqa: BLE001
+                self._fail("on_train_batch_end", e)
 
     def on_test_batch_begin(self, batch: int, logs: Any = None) -> None:
-        if self.active:
-            with self.guard("on_test_batch_begin"):
-                self._begin_batch(_modes.EVAL, batch)
+        if not self.disabled and self.writes and not self._closed:
+            try:
+                self._begin_batch(_EVAL, batch)
+            except Exception as e:  # noqa: BLE001
+                self._fail("on_test_batch_begin", e)
 
     def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
-        if self.active:
-            with self.guard("on_test_batch_end"):
-                self._end_batch(_modes.EVAL, batch, logs)
+        if not self.disabled and self.writes and not self._closed:
+            try:
+                self._end_batch(_EVAL, batch, logs)
+            except Exception as e:  # noqa: BLE001
+                self._fail("on_test_batch_end", e)
 
     def on_predict_batch_begin(self, batch: int, logs: Any = None) -> None:
-        if self.active:
-            with self.guard("on_predict_batch_begin"):
-                self._begin_batch(_modes.PREDICT, batch)
+        if not self.disabled and self.writes and not self._closed:
+            try:
+                self._begin_batch(_PREDICT, batch)
+            except Exception as e:  # noqa: BLE001
+                self._fail("on_predict_batch_begin", e)
 
     def on_predict_batch_end(self, batch: int, logs: Any = None) -> None:
-        if self.active:
-            with self.guard("on_predict_batch_end"):
-                self._end_batch(_modes.PREDICT, batch, logs)
+        if not self.disabled and self.writes and not self._closed:
+            try:
+                self._end_batch(_PREDICT, batch, logs)
+            except Exception as e:  # noqa: BLE001
+                self._fail("on_predict_batch_end", e)
 
     def on_test_end(self, logs: Any = None) -> None:
         if self.active:
