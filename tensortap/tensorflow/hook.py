@@ -166,6 +166,34 @@ class _GraphStore:
             self.gen = _plain_variable(tf, tf.constant(self.current, tf.int32), "tensortap_capture")
         self.vars: dict[tuple[str, Any], tuple[Any, Any]] = {}  # (name, static shape) -> (value, stamp)
         self.names: dict[Any, list[tuple[str, Any]]] = {}  # mode of the step function -> its shadows' keys
+        self.readers: dict[Any, tuple[int, Any]] = {}  # mode -> (number of keys, compiled read of them all)
+        import threading
+
+        # copies deferred to the end of the step being traced (one tf.cond for all), per tracing thread
+        # (MirroredStrategy traces its replicas in threads)
+        self.local = threading.local()
+
+    def begin_trace(self) -> None:
+        self.local.graph = self.tf.compat.v1.get_default_graph()
+        self.local.pending = []
+
+    def end_trace(self) -> None:
+        """Emit the deferred copies of the step being traced, gated by one tf.cond."""
+        tf = self.tf
+        pending = getattr(self.local, "pending", None)
+        self.local.pending = None
+        self.local.graph = None
+        if not pending:
+            return
+        g = self.gen.read_value()
+
+        def save() -> Any:
+            for value, stamp, t in pending:
+                value.assign(t)
+                stamp.assign(g)
+            return tf.constant(True)
+
+        tf.cond(g > 0, save, lambda: tf.constant(False))
 
     def capture(self, mode: Any, name: str, t: Any, gate: Any = None) -> bool:
         """Add the copy of `t` to the step being traced; False if it cannot be captured here. `gate`: an int32
@@ -193,6 +221,10 @@ class _GraphStore:
         if key not in keys:
             keys.append(key)
         value, stamp = pair
+        pending = getattr(self.local, "pending", None)
+        if gate is None and pending is not None and getattr(t, "graph", None) is self.local.graph:
+            pending.append((value, stamp, t))
+            return True
         g = self.gen.read_value() if gate is None else gate
 
         def save() -> Any:
@@ -221,12 +253,18 @@ class _GraphStore:
             gen, self.current = self.current, 0
         if not gen:
             return []
-        out = []
-        for key in self.names.get(mode, ()):
-            value, stamp = self.vars[key]
-            if int(stamp.numpy()) == gen:
-                out.append((key[0], key[1], value.numpy()))
-        return out
+        keys = self.names.get(mode, [])
+        reader = self.readers.get(mode)
+        if reader is None or reader[0] != len(keys):
+            pairs = [self.vars[k] for k in keys]
+            tf = self.tf
+
+            def read_all() -> Any:
+                return [s.read_value() for _v, s in pairs], [v.read_value() for v, _s in pairs]
+
+            reader = self.readers[mode] = (len(keys), tf.function(read_all, autograph=False))
+        stamps, values = reader[1]()
+        return [(k[0], k[1], v.numpy()) for k, s, v in zip(keys, stamps, values, strict=True) if int(s) == gen]
 
 
 def _plain_variable(tf: Any, initial: Any, name: str, unknown_shape: bool = False) -> Any:
@@ -441,6 +479,12 @@ class KerasHookBase(Hook):
                 return orig(data)
             outer = hook._in_step_fn
             hook._in_step_fn = mode
+            graph = hook._graph_mode()
+            if graph:
+                if hook._store is None:
+                    hook._store = _GraphStore(xla=bool(getattr(hook._model, "jit_compile", False)),
+                                              saving=hook._saving)
+                hook._store.begin_trace()
             try:
                 with hook.guard("step capture"):
                     hook._capture_data(mode, data)
@@ -450,8 +494,11 @@ class KerasHookBase(Hook):
                         hook._capture_many(mode, "predictions", _flat(out))
             finally:
                 hook._in_step_fn = outer
+                if graph:
+                    with hook.guard("step capture"):
+                        hook._store.end_trace()
             with hook.guard("step end"):
-                if hook._graph_mode():
+                if graph:
                     # with several steps per execution only its first step is captured (with one, the
                     # callback clears the flag between steps, and replicas never race on it)
                     if hook._store is not None and int(getattr(hook._model, "steps_per_execution", 1) or 1) > 1:
