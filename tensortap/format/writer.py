@@ -88,6 +88,51 @@ class RecordBatch:
                 for n, a in zip(self.names, self.arrays, strict=True)]
 
 
+class HostReservation:
+    """A thread writer's `Reservation` (see tensortap.capture.writer): a host buffer the caller copies a batch's
+    bytes into; `commit` hands it to the writer thread as one RecordBatch."""
+
+    __slots__ = ("nbytes", "_writer", "_names", "_dtype", "_shapes", "_flat", "_step", "_mode", "_mode_step", "_done")
+
+    def __init__(self, writer: ChunkWriter, names: tuple[str, ...], dtype: np.dtype,
+                 shapes: tuple[tuple[int, ...], ...], step: int, mode: int, mode_step: int):
+        count = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
+        self._flat = np.empty(count, dtype=dtype)
+        self.nbytes = self._flat.nbytes
+        self._writer, self._names, self._dtype, self._shapes = writer, names, dtype, shapes
+        self._step, self._mode, self._mode_step = step, mode, mode_step
+        self._done = False
+
+    def copy_in(self, sources: list[tuple[int, int]], at: int = 0) -> None:
+        from tensortap.transport.copy import gather_into
+
+        if at + sum(n for _a, n in sources) > self.nbytes:
+            raise ValueError("copy_in: the sources do not fit the reservation")
+        gather_into(self._flat.ctypes.data + at, sources)
+
+    def shrink(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...]) -> None:
+        count = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
+        self._flat = self._flat[:count]
+        self.nbytes = self._flat.nbytes
+        self._names, self._shapes = names, shapes
+
+    def commit(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        flat = self._flat
+        arrays = []
+        off = 0
+        for shape in self._shapes:
+            k = int(np.prod(shape, dtype=np.int64))
+            arrays.append(flat[off:off + k].reshape(shape))
+            off += k
+        self._writer.submit_batch(RecordBatch(self._names, arrays, flat, self._step, self._mode, self._mode_step))
+
+    def cancel(self) -> None:
+        self._done = True
+
+
 def compute_reduction(arr: np.ndarray, name: str, abs_: bool) -> np.ndarray:
     """A reduction of `arr` as a 0-d array. Norms are flattened vector norms, for every framework."""
     x = np.abs(arr) if abs_ else arr
@@ -328,6 +373,23 @@ class ChunkWriter:
             return 0
         self._queue.put(batch)
         return n
+
+    def batch_layout(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...]) -> Any:
+        return None  # (nothing to prepare: a reservation is a host buffer)
+
+    def reserve_batch(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
+                      step: int, mode: int, mode_step: int, layout: Any = None) -> HostReservation | bool:
+        """Room for a batch of raw tensors (see tensortap.capture.writer): a host buffer; the records count
+        against `max_pending_bytes` when committed."""
+        if self._closed or self.error is not None:
+            return False
+        return HostReservation(self, names, dtype, shapes, step, mode, mode_step)
+
+    def mark_steps(self, step: int, train: int, eval_: int, predict: int, global_: int) -> None:
+        """`mark_step_passed` with the mode steps as numbers (-1: none)."""
+        passed = {n: v for n, v in (("TRAIN", train), ("EVAL", eval_), ("PREDICT", predict), ("GLOBAL", global_))
+                  if v >= 0}
+        self.mark_step_passed(step, passed)
 
     def _reserve(self, size: int, items: int, records: int) -> bool:
         with self._room:

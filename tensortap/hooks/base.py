@@ -49,17 +49,22 @@ _MODE_NAMES = {m: m.name for m in ModeKeys}  # Enum.name is a slow property, and
 
 def default_writer(out_dir: str) -> str:
     """What writer="auto" means for `out_dir`: TENSORTAP_WRITER if set, else "process" for a local out_dir
-    on x86-64 Linux (shared memory, O_DIRECT; its ring protocol relies on x86's store ordering), else
-    "thread" (other platforms, object stores)."""
+    on Linux where the ring's counters are ordered (C release/acquire atomics built, or x86-64; see
+    docs/transport.md), else "thread" (other platforms, object stores)."""
     env = os.environ.get("TENSORTAP_WRITER", "").strip().lower()
     if env in ("thread", "process"):
         return env
     if env not in ("", "auto"):
         raise InvalidConfiguration(f"TENSORTAP_WRITER={env!r}: allowed are 'auto', 'thread' and 'process'")
-    if (sys.platform.startswith("linux") and platform.machine().lower() in ("x86_64", "amd64")
-            and not is_remote(out_dir)):
+    if sys.platform.startswith("linux") and not is_remote(out_dir) and _ring_is_ordered():
         return "process"
     return "thread"
+
+
+def _ring_is_ordered() -> bool:
+    from tensortap.transport.copy import ORDERED
+
+    return ORDERED
 
 
 _SYSTEM_DIRS = ("/proc", "/sys", "/dev")
@@ -654,6 +659,10 @@ class Hook:
             kw = dict(num_workers=self.num_workers,
                       metadata={"rank": self.rank, "world_size": self.world_size, "hook": type(self).__name__},
                       **self._writer_opts)
+            if self.writer_kind == "process" and not _ring_is_ordered():
+                logger.warning("tensortap: writer='process' needs ordered shared counters (the C helper, or an "
+                               "x86-64 CPU); writing from a thread instead")
+                self.writer_kind = "thread"
             if self.writer_kind == "process":
                 from tensortap.transport.process_writer import ProcessChunkWriter
 
