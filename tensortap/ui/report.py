@@ -20,6 +20,7 @@ from tensortap.ui.views import (
     distribution_view,
     heatmap_view,
     layers_view,
+    per_job,
     rules_view,
     scalars_view,
     workers_view,
@@ -64,19 +65,13 @@ def _safe_json(obj: Any) -> str:
 
 def _sections(jobs: JobSet) -> list[dict[str, Any]]:
     sel = jobs.jobs
-    multi = len(sel) > 1
     sections = [{"name": "rules", "title": "Rule summary", "blocks": rules_view(sel)},
                 {"name": "overview", "title": "Losses and metrics", "blocks": scalars_view(sel)}]
 
-    def per_job(name: str, title: str, make: Any) -> None:
-        blocks: list[dict[str, Any]] = []
-        for j in sel:
-            if multi:
-                blocks.append({"type": "heading", "text": j.name})
-            blocks.extend(make(j))
-        sections.append({"name": name, "title": title, "blocks": blocks})
+    def section(name: str, title: str, make: Any) -> None:
+        sections.append({"name": name, "title": title, "blocks": per_job(make, sel)})
 
-    per_job("heatmap", "Gradient heatmap", heatmap_view)
+    section("heatmap", "Gradient heatmap", heatmap_view)
 
     def layers(j: Any) -> list[dict[str, Any]]:
         out = []
@@ -88,7 +83,7 @@ def _sections(jobs: JobSet) -> list[dict[str, Any]]:
                 break
         return out
 
-    per_job("layers", "Layers", layers)
+    section("layers", "Layers", layers)
 
     def distributions(j: Any) -> list[dict[str, Any]]:
         out = []
@@ -96,11 +91,11 @@ def _sections(jobs: JobSet) -> list[dict[str, Any]]:
             out.extend(distribution_view(j, name))
         return out or distribution_view(j)
 
-    per_job("distribution", "Distributions", distributions)
+    section("distribution", "Distributions", distributions)
     if any(len(j.trial.workers()) > 1 for j in sel):
         sections.append({"name": "workers", "title": "Workers", "blocks": workers_view(sel)})
     if any(j.kinds.xgboost for j in sel):
-        per_job("xgboost", "XGBoost training report", lambda j: xgboost_view(j) if j.kinds.xgboost else [])
+        section("xgboost", "XGBoost training report", lambda j: xgboost_view(j) if j.kinds.xgboost else [])
     return sections
 
 

@@ -499,13 +499,17 @@ def available_views(jobs: JobSet) -> list[dict[str, str]]:
     return views
 
 
-def _per_job(fn: Callable[[Job], list[dict[str, Any]]], jobs: list[Job]) -> list[dict[str, Any]]:
+def per_job(fn: Callable[[Job], list[dict[str, Any]]], jobs: list[Job]) -> list[dict[str, Any]]:
+    """`fn`'s blocks for each job under a heading; with several jobs a figure's id gets "@<job index>"."""
     if len(jobs) == 1:
         return fn(jobs[0])
     out: list[dict[str, Any]] = []
     for j in jobs:
         out.append({"type": "heading", "text": j.name})
-        out.extend(fn(j))
+        for b in fn(j):
+            if "id" in b:
+                b = {**b, "id": f"{b['id']}@{j.index}"}
+            out.append(b)
     return out
 
 
@@ -521,15 +525,15 @@ def render_view(jobs: JobSet, view: str, params: dict[str, Any]) -> list[dict[st
     if view == "layers":
         page = params.get("page", "0")
         page_n = int(page) if str(page).isdigit() else 0
-        return _per_job(lambda j: layers_view(j, page_n), sel)
+        return per_job(lambda j: layers_view(j, page_n), sel)
     if view == "heatmap":
-        return _per_job(heatmap_view, sel)
+        return per_job(heatmap_view, sel)
     if view == "distribution":
-        return _per_job(lambda j: distribution_view(j, params.get("tensor")), sel)
+        return per_job(lambda j: distribution_view(j, params.get("tensor")), sel)
     if view == "workers":
         return workers_view(sel, params.get("tensor"))
     if view == "xgboost":
-        return _per_job(xgboost_view, [j for j in sel if j.kinds.xgboost] or sel)
+        return per_job(xgboost_view, [j for j in sel if j.kinds.xgboost] or sel)
     raise KeyError(f"view {view!r}: allowed are overview, scalars, rules, layers, heatmap, distribution, "
                    "workers, xgboost")
 

@@ -188,7 +188,7 @@
         var live = document.getElementById("live");
         var running = body.jobs.some(function (j) { return j.ended === false; });
         live.textContent = running ? "live: watching for new steps" : "all jobs ended";
-        if (state.sig !== null && sig !== state.sig) load();
+        if (sig !== state.sig) load();
         state.sig = sig;
       }).catch(function (e) { showError("poll: " + (e.message || e)); })
         .then(function () { setTimeout(poll, pollMs); });
@@ -203,8 +203,9 @@
       });
       state.views = body.views;
       tabs();
-      return load();
-    }).then(function () { setTimeout(poll, pollMs); })
+      // the signature first: whatever changes after it is seen by the next poll
+      return getJSON("/api/poll").then(function (p) { state.sig = JSON.stringify(p.jobs); });
+    }).then(load).then(function () { setTimeout(poll, pollMs); })
       .catch(function (e) { showError(String(e.message || e)); });
   }
 
