@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,9 @@ from tensortap.ui.series import is_scalar
 
 #: statuses a rule can show; "NoData" is a rule that finished without seeing any data
 RULE_STATUSES = ("InProgress", "IssuesFound", "NoIssuesFound", "NoData", "Error", "Stopped")
+
+#: tensors whose per-step statistics a Job keeps (the layers page and the heatmap draw the same ones)
+STATS_CACHE = 128
 
 _XGB_NON_SCALAR = re.compile(
     r"^(feature_importance|average_shap|full_shap|hyperparameters|trees)/|^(labels|predictions)$")
@@ -98,6 +102,7 @@ class Job:
         self.lock = threading.RLock()
         self._kinds: Kinds | None = None
         self._kinds_generation = -1
+        self._stats: OrderedDict[tuple[str, str | None], tuple[int, dict]] = OrderedDict()
 
     @classmethod
     def of_trial(cls, trial: Trial, index: int = 0) -> Job:
@@ -116,6 +121,23 @@ class Job:
                 self._kinds = classify(self.trial)
                 self._kinds_generation = self.trial.generation
             return self._kinds
+
+    def stats(self, name: str, worker: str | None = None) -> dict[str, tuple[Any, Any]]:
+        """{stat: (steps, values)} of tensor `name`'s L2 norm, min, max and non-finite count at every saved
+        step (series.stat_series), kept for the STATS_CACHE most recently drawn tensors until the job grows."""
+        from tensortap.ui.series import stat_series
+
+        with self.lock:
+            key = (name, worker)
+            hit = self._stats.get(key)
+            if hit is not None and hit[0] == self.trial.generation:
+                self._stats.move_to_end(key)
+                return hit[1]
+            got = stat_series(self.trial.tensor(name), ("l2", "min", "max", "nonfinite"), worker=worker)
+            self._stats[key] = (self.trial.generation, got)
+            while len(self._stats) > STATS_CACHE:
+                self._stats.popitem(last=False)
+            return got
 
     def rules(self) -> list[dict[str, Any]]:
         """Every rule of the job (see rules_of)."""

@@ -53,9 +53,14 @@ def envelope(steps: np.ndarray, values: np.ndarray, max_points: int = MAX_POINTS
     return steps[k], values[k]
 
 
+#: significant digits of a drawn value (a plot cannot show more; the JSON stays short)
+DIGITS = 7
+
+
 def to_json_values(values: np.ndarray) -> list[float | None]:
-    """Floats for JSON: NaN and +-inf become None (drawn as a gap)."""
-    return [float(v) if math.isfinite(v) else None for v in np.asarray(values, dtype=np.float64).tolist()]
+    """Floats for JSON, to DIGITS significant digits: NaN and +-inf become None (drawn as a gap)."""
+    fmt = f"%.{DIGITS}g"
+    return [float(fmt % v) if math.isfinite(v) else None for v in np.asarray(values, dtype=np.float64).tolist()]
 
 
 def series_json(steps: np.ndarray, values: np.ndarray, max_points: int = MAX_POINTS) -> dict[str, Any]:

@@ -61,6 +61,19 @@ def to_json(obj: Any) -> str:
     return json.dumps(obj, default=_plain, allow_nan=False, separators=(",", ":"))
 
 
+def signatures(jobs: JobSet, refresh: bool = False) -> list[dict[str, Any]]:
+    """What the page compares to know that it must redraw: each job's signature (or its error)."""
+    out = []
+    for j in jobs.jobs:
+        try:
+            if refresh:
+                j.refresh()
+            out.append(j.signature())
+        except Exception as e:  # noqa: BLE001 - a job that cannot be read now is reported, not fatal
+            out.append({"error": f"{type(e).__name__}: {e}"})
+    return out
+
+
 def create_app(jobs: JobSet) -> Any:
     from flask import Flask, Response, request
 
@@ -110,24 +123,18 @@ def create_app(jobs: JobSet) -> Any:
         params: dict[str, Any] = {k: request.args.get(k) for k in ("tensor", "page")}
         params["job"] = request.args.getlist("job")
         try:
+            sigs = signatures(jobs)  # before drawing: a change during the drawing is redrawn after
             blocks = render_view(jobs, view, params)
         except KeyError as e:
             return reply({"error": str(e.args[0] if e.args else e)}, 404)
         except Exception as e:  # noqa: BLE001 - a view that cannot be drawn says why, the server stays up
             logger.exception("tensortap ui: view %s failed", view)
             return reply({"error": f"{type(e).__name__}: {e}"}, 500)
-        return reply({"view": view, "blocks": blocks})
+        return reply({"view": view, "blocks": blocks, "jobs": sigs})
 
     @app.get("/api/poll")
     def api_poll() -> Response:
-        out = []
-        for j in jobs.jobs:
-            try:
-                j.refresh()
-                out.append(j.signature())
-            except Exception as e:  # noqa: BLE001 - a job that cannot be read now is reported, not fatal
-                out.append({"error": f"{type(e).__name__}: {e}"})
-        return reply({"jobs": out})
+        return reply({"jobs": signatures(jobs, refresh=True)})
 
     return app
 
@@ -140,6 +147,8 @@ class Server:
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
         self.jobs = JobSet(paths)
+        for j in self.jobs.jobs:
+            j.kinds  # noqa: B018 - index the job now, not on the page's first request
         self.app = create_app(self.jobs)
         self.httpd = make_server(host, port, self.app, threaded=True)
         self.host = host

@@ -18,17 +18,17 @@ from tensortap import modes as _modes
 from tensortap.trials.trial import natural_key
 from tensortap.ui.jobs import Job, JobSet, layer_of
 from tensortap.ui.series import (
-    MAX_POINTS,
     envelope,
     quantile_bands,
     scalar_series,
     series_json,
-    stat_series,
     to_json_values,
 )
 
 #: layers per page of small multiples
 LAYERS_PER_PAGE = 24
+#: points of one small multiple's series (a min/max envelope beyond)
+SMALL_POINTS = 400
 #: columns of the heatmap (step buckets); each shows the largest norm of its steps
 HEATMAP_COLUMNS = 400
 
@@ -119,7 +119,7 @@ def scalars_view(jobs: list[Job], names: list[str] | None = None) -> list[dict[s
                         continue
                     s = series_json(steps, vals)
                     label = esc(name) + (f" · {esc(job.name)}" if multi else "")
-                    tr = {"type": "scattergl" if len(s["x"]) > 5000 else "scatter", "mode": "lines",
+                    tr = {"type": "scatter", "mode": "lines",
                           "x": s["x"], "y": s["y"], "name": label,
                           "meta": {"job": job.index, "tensor": name, "n": s["n"], "downsampled": s["downsampled"]},
                           "hovertemplate": "step %{x}: %{y}<extra>" + label + "</extra>"}
@@ -205,17 +205,17 @@ def layers_view(job: Job, page: int = 0, per_page: int = LAYERS_PER_PAGE) -> lis
             for tname, kind, colour in ((w, "weight", "#1f77b4"), (g, "gradient", "#ff7f0e")):
                 if tname is None:
                     continue
-                st = stat_series(job.trial.tensor(tname), ("l2", "min", "max", "nonfinite"))
+                st = job.stats(tname)
                 common = {"xaxis": "x" + ax, "yaxis": "y" + ax, "legendgroup": kind, "showlegend": i == 1,
                           "line": {"color": colour, "width": 1}}
                 if "l2" in st:
-                    s = series_json(*st["l2"], max_points=MAX_POINTS // 4)
+                    s = series_json(*st["l2"], max_points=SMALL_POINTS)
                     norm_tr.append({"type": "scatter", "mode": "lines", "x": s["x"], "y": s["y"],
                                     "name": f"{kind} L2 norm", "meta": {"tensor": tname}, **common,
                                     "hovertemplate": f"{esc(tname)}<br>step %{{x}}: %{{y:.3g}}<extra></extra>"})
                 for stat, dash in (("min", "dot"), ("max", "solid")):
                     if stat in st:
-                        s = series_json(*st[stat], max_points=MAX_POINTS // 4)
+                        s = series_json(*st[stat], max_points=SMALL_POINTS)
                         mm_tr.append({"type": "scatter", "mode": "lines", "x": s["x"], "y": s["y"],
                                       "name": f"{kind} {stat}", "meta": {"tensor": tname},
                                       **{**common, "line": {"color": colour, "width": 1, "dash": dash},
@@ -225,7 +225,7 @@ def layers_view(job: Job, page: int = 0, per_page: int = LAYERS_PER_PAGE) -> lis
                 if "nonfinite" in st:
                     steps, counts = st["nonfinite"]
                     nonfinite_total[tname] = int(np.nansum(counts))
-                    s = series_json(steps, counts, max_points=MAX_POINTS // 4)
+                    s = series_json(steps, counts, max_points=SMALL_POINTS)
                     nf_tr.append({"type": "scatter", "mode": "lines", "x": s["x"], "y": s["y"],
                                   "name": f"{kind} non-finite", "meta": {"tensor": tname}, **common})
         n = len(shown)
@@ -261,7 +261,7 @@ def heatmap_view(job: Job, columns: int = HEATMAP_COLUMNS) -> list[dict[str, Any
         rows = []
         all_steps: set[int] = set()
         for g in grads:
-            st = stat_series(job.trial.tensor(g), ("l2",)).get("l2")
+            st = job.stats(g).get("l2")
             if st is None:
                 continue
             rows.append((g, st))
@@ -355,7 +355,7 @@ def workers_view(jobs: list[Job], tensor: str | None = None) -> list[dict[str, A
                 if name in k.scalars:
                     steps, vals = scalar_series(t, _modes.GLOBAL, w)
                 else:
-                    got = stat_series(t, ("l2",), worker=w).get("l2")
+                    got = job.stats(name, w).get("l2")
                     steps, vals = got if got is not None else (np.empty(0), np.empty(0))
                 if not len(steps):
                     continue

@@ -92,6 +92,15 @@
     return t;
   }
 
+  function getJSON(url) {
+    return fetch(url, { cache: "no-store" }).then(function (r) {
+      return r.json().then(function (body) {
+        if (!r.ok) throw new Error(body.error || ("HTTP " + r.status));
+        return body;
+      });
+    });
+  }
+
   function markPainted() {
     if (!window.ttPaintedAt) {
       window.ttPaintedAt = performance.now();
@@ -127,19 +136,10 @@
   }
 
   // --- live dashboard ---------------------------------------------------------------------------
-  function runLive() {
+  function runLive(early) {
     var pollMs = Number(document.getElementById("tt-app").dataset.pollMs) || 1000;
     var state = { view: "overview", params: {}, sig: null, loading: false, again: false, views: [] };
     var main = document.getElementById("view");
-
-    function getJSON(url) {
-      return fetch(url, { cache: "no-store" }).then(function (r) {
-        return r.json().then(function (body) {
-          if (!r.ok) throw new Error(body.error || ("HTTP " + r.status));
-          return body;
-        });
-      });
-    }
 
     function viewURL() {
       var q = new URLSearchParams();
@@ -148,12 +148,14 @@
       return "/api/view/" + encodeURIComponent(state.view) + (s ? "?" + s : "");
     }
 
-    function load() {
+    function load(prefetched) {
       if (state.loading) { state.again = true; return Promise.resolve(); }
       state.loading = true;
       var view = state.view;
-      return getJSON(viewURL()).then(function (body) {
+      return (prefetched || getJSON(viewURL())).then(function (body) {
         if (view !== state.view) return null;
+        // the jobs' signatures this view was drawn at: the next poll that differs redraws it
+        state.sig = JSON.stringify(body.jobs);
         main.dataset.view = view;
         return renderBlocks(main, body.blocks, function (param, value) {
           state.params[param] = value;
@@ -194,7 +196,8 @@
         .then(function () { setTimeout(poll, pollMs); });
     }
 
-    getJSON("/api/jobs").then(function (body) {
+    early = early || { jobs: getJSON("/api/jobs") };
+    early.jobs.then(function (body) {
       var jobs = document.getElementById("jobs");
       body.jobs.forEach(function (j) {
         var s = el("span", "job", j.name);
@@ -203,16 +206,23 @@
       });
       state.views = body.views;
       tabs();
-      // the signature first: whatever changes after it is seen by the next poll
-      return getJSON("/api/poll").then(function (p) { state.sig = JSON.stringify(p.jobs); });
-    }).then(load).then(function () { setTimeout(poll, pollMs); })
+      return load(early.view);
+    }).then(function () { setTimeout(poll, pollMs); })
       .catch(function (e) { showError(String(e.message || e)); });
+  }
+
+  // The live page loads this script before plotly.js: its first requests run while plotly.js is parsed.
+  var me = document.currentScript;
+  var early = null;
+  if (me && me.dataset.mode === "live") {
+    early = { jobs: getJSON("/api/jobs"), view: getJSON("/api/view/overview") };
+    [early.jobs, early.view].forEach(function (p) { p.catch(function () { /* shown later */ }); });
   }
 
   function start() {
     var data = document.getElementById("tt-report-data");
     if (data) runReport(JSON.parse(data.textContent));
-    else runLive();
+    else runLive(early);
   }
 
   window.tensortap = { renderBlocks: renderBlocks };
