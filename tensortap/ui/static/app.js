@@ -220,8 +220,7 @@
   }
 
   function start() {
-    var data = document.getElementById("tt-report-data");
-    if (data) runReport(JSON.parse(data.textContent));
+    if (typeof window.ttReportData === "string") runReport(JSON.parse(window.ttReportData));
     else runLive(early);
   }
 
