@@ -95,8 +95,9 @@ def _sections(jobs: JobSet) -> list[dict[str, Any]]:
     section("distribution", "Distributions", distributions)
     if any(len(j.trial.workers()) > 1 for j in sel):
         sections.append({"name": "workers", "title": "Workers", "blocks": workers_view(sel)})
-    if any(j.kinds.xgboost for j in sel):
-        section("xgboost", "XGBoost training report", lambda j: xgboost_view(j) if j.kinds.xgboost else [])
+    xgb = [j for j in sel if j.kinds.xgboost]
+    if xgb:
+        sections.append({"name": "xgboost", "title": "XGBoost training report", "blocks": per_job(xgboost_view, xgb)})
     return sections
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -144,7 +145,8 @@ def scalars_view(jobs: list[Job], names: list[str] | None = None) -> list[dict[s
                 xs, ys = own[0] if own else ([], [])
                 traces = traces + rule_markers(rules_by_job[job.index], xs, ys, job.name if multi else None)
         blocks.append(figure_block(f"scalars-{mode_name}", fig(traces, f"Losses and metrics ({mode_name})",
-                                                               xaxis={"title": {"text": "global step"}})))
+                                                               xaxis={"title": {"text": "global step"}},
+                                                               showlegend=True)))
     return blocks
 
 
@@ -159,11 +161,13 @@ def rules_view(jobs: list[Job]) -> list[dict[str, Any]]:
                 "fired at": ", ".join(map(str, fired[:10])) + (" …" if len(fired) > 10 else "") or "-",
                 "explanation": "; ".join(expl) or r["message"] or "-",
                 "last step": "-" if r["last_step"] is None else str(r["last_step"]),
+                "parameters": ", ".join(f"{k}={v}" for k, v in sorted(r["parameters"].items())) or "-",
             })
     if not rows:
         return [note("No rules watch these jobs (tensortap run --rule ..., or tensortap rules run).")]
     return [{"type": "table", "id": "rules", "columns": ["job", "rule", "status", "fired at", "explanation",
-                                                          "last step"], "rows": rows, "status_column": "status"}]
+                                                          "last step", "parameters"],
+             "rows": rows, "status_column": "status"}]
 
 
 # --- layers ------------------------------------------------------------------------------------
@@ -405,7 +409,7 @@ def xgboost_view(job: Job) -> list[dict[str, Any]]:
         if not x:
             return [note("No XGBoost data (feature_importance, average_shap, labels, predictions) in this job.")]
         blocks: list[dict[str, Any]] = []
-        metrics = [n for n in k.scalars if "-" in n and not n.startswith("hyperparameters/")]
+        metrics = [n for n in k.scalars if _XGB_METRIC.match(n)]
         if metrics:
             tr = []
             for n in metrics:
@@ -431,7 +435,9 @@ def xgboost_view(job: Job) -> list[dict[str, Any]]:
                        "name": "labels"}
             else:
                 bar = {"type": "histogram", "x": labels.reshape(-1)[:100000].tolist(), "name": "labels"}
-            blocks.append(figure_block("xgb-labels", fig([bar], f"Label distribution (round {labels_step})"), 300))
+            blocks.append(figure_block("xgb-labels", fig([bar], f"Label distribution (round {labels_step})",
+                                                         xaxis={"type": "category", "title": {"text": "label"}}),
+                                       300))
         if labels is not None and x["predictions"]:
             _, preds = _last_value(job, "predictions")
             cm = _confusion(labels, preds)
@@ -439,6 +445,7 @@ def xgboost_view(job: Job) -> list[dict[str, Any]]:
                 classes, matrix = cm
                 blocks.append(figure_block("xgb-confusion", fig(
                     [{"type": "heatmap", "z": matrix, "x": classes, "y": classes, "colorscale": "Blues",
+                      "reversescale": True,
                       "texttemplate": "%{z}", "hovertemplate": "label %{y}, predicted %{x}: %{z}<extra></extra>"}],
                     f"Confusion matrix (round {labels_step})",
                     xaxis={"title": {"text": "predicted"}, "type": "category"},
@@ -456,6 +463,10 @@ def xgboost_view(job: Job) -> list[dict[str, Any]]:
                   "name": "mean |SHAP|"}], "SHAP summary: mean |SHAP value| per feature",
                 yaxis={"automargin": True}), max(260, 22 * len(feats) + 100)))
         return blocks or [note("No XGBoost report data yet.")]
+
+
+#: XGBoost's evaluation metrics, `<eval set>-<metric>` (train-rmse, validation-auc, eval-error@0.5)
+_XGB_METRIC = re.compile(r"^(scalar/)?[A-Za-z0-9_]+-[A-Za-z0-9@:._]+$")
 
 
 def _fmt(v: Any) -> str:

@@ -152,4 +152,5 @@ def ui():
     import types
 
     return types.SimpleNamespace(FIGURES_JS=FIGURES_JS, HOSTILE=HOSTILE, SATURATE_AT=SATURATE_AT,
-                                 fired_steps=fired_steps, write_scalar_job=write_scalar_job)
+                                 fired_steps=fired_steps, write_scalar_job=write_scalar_job,
+                                 artifacts_dir=artifacts_dir)

@@ -199,8 +199,8 @@ def test_report_shows_xgboost_and_workers_views(page, tmp_path, ui):
     labels = rng.integers(0, 3, 90).astype(np.float32)
     for rnd in range(12):
         hook.next_step()
-        hook.save_scalar("train-mlogloss", 1.0 / (rnd + 1))
-        hook.save_scalar("validation-mlogloss", 1.2 / (rnd + 1))
+        hook.save_tensor("train-mlogloss", np.float32(1.0 / (rnd + 1)), "metrics")  # names as smdebug's
+        hook.save_tensor("validation-mlogloss", np.float32(1.2 / (rnd + 1)), "metrics")
         for f, w in (("f0", 0.5), ("f1", 0.3), ("f2", 0.2)):
             hook.save_tensor(f"feature_importance/gain/{f}", np.float32(w), "feature_importance")
             hook.save_tensor(f"average_shap/{f}", np.float32(w * rnd), "average_shap")
@@ -208,20 +208,25 @@ def test_report_shows_xgboost_and_workers_views(page, tmp_path, ui):
         hook.save_tensor("predictions", np.where(rng.random(90) < 0.8, labels, (labels + 1) % 3), "predictions")
     hook.close()
     dist = str(tmp_path / "two_workers")
-    ui.write_scalar_job(dist, steps=20, hostile=False, workers=2)
+    ui.write_scalar_job(dist, steps=20, hostile=False, workers=3)  # worker_2 diverges
     report = str(tmp_path / "report.html")
     write_report([xgb, dist], report)
     _open(page, "file://" + report)
     page.screenshot("report-xgboost-workers.png")
+    for view in ("workers", "xgboost"):
+        page.page.locator(f"section[data-view={view}]").screenshot(
+            path=os.path.join(ui.artifacts_dir(), f"report-section-{view}.png"))
     figs = {f["fig"]: f for f in page.js(ui.FIGURES_JS)}
-    assert {"xgb-metrics@0", "xgb-fi-gain@0", "xgb-labels@0", "xgb-confusion@0", "xgb-shap@0", "workers-1",
+    assert {"xgb-metrics", "xgb-fi-gain", "xgb-labels", "xgb-confusion", "xgb-shap", "workers-1",
             "workers-dev-1"} <= set(figs)
-    assert len(figs["xgb-metrics@0"]["traces"]) == 2 and len(figs["xgb-fi-gain@0"]["traces"]) == 3
-    conf = _trace0(page, "xgb-confusion@0")["z"]
+    assert len(figs["xgb-metrics"]["traces"]) == 2 and len(figs["xgb-fi-gain"]["traces"]) == 3
+    conf = _trace0(page, "xgb-confusion")["z"]
     assert sum(map(sum, conf)) == 90
-    dev = figs["workers-dev-1"]["traces"][0]
-    assert dev["x"] == ["worker_0", "worker_1"]
-    assert len(figs["workers-1"]["traces"]) == 2
+    dev = _trace0(page, "workers-dev-1")
+    assert dev["x"] == ["worker_0", "worker_1", "worker_2"]
+    assert dev["y"] == pytest.approx([0, 0, 4])  # |5/(s+1) - 1/(s+1)| / (1/(s+1))
+    assert dev["marker"]["color"] == ["#1f77b4", "#1f77b4", "#d62728"]  # the diverging rank stands out
+    assert len(figs["workers-1"]["traces"]) == 3
     assert page.errors == []
 
 
