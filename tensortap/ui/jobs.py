@@ -16,8 +16,9 @@ from tensortap.ui.series import is_scalar
 #: statuses a rule can show; "NoData" is a rule that finished without seeing any data
 RULE_STATUSES = ("InProgress", "IssuesFound", "NoIssuesFound", "NoData", "Error", "Stopped")
 
-#: tensors whose per-step statistics a Job keeps (the layers page and the heatmap draw the same ones)
-STATS_CACHE = 128
+#: bytes of per-step statistics a Job keeps for the tensors drawn last (the layers page and the heatmap draw
+#: the same ones); the least recently drawn go first
+STATS_CACHE_BYTES = 64 << 20
 
 _XGB_NON_SCALAR = re.compile(
     r"^(feature_importance|average_shap|full_shap|hyperparameters|trees)/|^(labels|predictions)$")
@@ -124,7 +125,7 @@ class Job:
 
     def stats(self, name: str, worker: str | None = None) -> dict[str, tuple[Any, Any]]:
         """{stat: (steps, values)} of tensor `name`'s L2 norm, min, max and non-finite count at every saved
-        step (series.stat_series), kept for the STATS_CACHE most recently drawn tensors until the job grows."""
+        step (series.stat_series), kept (up to STATS_CACHE_BYTES) until the job grows."""
         from tensortap.ui.series import stat_series
 
         with self.lock:
@@ -135,8 +136,10 @@ class Job:
                 return hit[1]
             got = stat_series(self.trial.tensor(name), ("l2", "min", "max", "nonfinite"), worker=worker)
             self._stats[key] = (self.trial.generation, got)
-            while len(self._stats) > STATS_CACHE:
-                self._stats.popitem(last=False)
+            size = sum(a.nbytes + b.nbytes for entry in self._stats.values() for a, b in entry[1].values())
+            while len(self._stats) > 1 and size > STATS_CACHE_BYTES:
+                _, (_, old) = self._stats.popitem(last=False)
+                size -= sum(a.nbytes + b.nbytes for a, b in old.values())
             return got
 
     def rules(self) -> list[dict[str, Any]]:

@@ -184,3 +184,31 @@ def test_trial_html_summary_escapes_names(tmp_path):
     html = tt.create_trial(out)._repr_html_()
     assert "&lt;b&gt;loss&lt;/b&gt;" in html and "<b>loss" not in html
     assert "r1: <b>IssuesFound</b> at step 1" in html and "steps</th><td style=\"text-align:left\">3" in html
+
+
+def test_layers_count_non_finite_values_and_keep_a_spike(tmp_path):
+    from tensortap.ui.views import render_view
+
+    out = str(tmp_path / "job")
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1),
+                   reduction_config=tt.ReductionConfig(save_raw_tensor=True))
+    for step in range(3000):
+        hook.next_step()
+        g = np.full(4, 1e-3, np.float32)
+        if step == 1234:
+            g[0] = 1e3  # one exploding step
+        if step == 2000:
+            g[:2] = [np.nan, np.inf]
+        hook.save_tensor("gradients/fc", g, "gradients")
+        hook.save_tensor("weights/fc", np.ones(4, np.float32), "weights")
+    hook.close()
+    jobs = JobSet([out])
+    figs = _figures(render_view(jobs, "layers", {}))
+    nf = next(t for t in figs["layers-nonfinite"]["data"] if t["meta"]["tensor"] == "gradients/fc")
+    assert dict(zip(nf["x"], nf["y"], strict=True))[2000] == 2
+    assert sum(y for y in nf["y"] if y) == 2
+    norm = next(t for t in figs["layers-norms"]["data"] if t["meta"]["tensor"] == "gradients/fc")
+    assert len(norm["x"]) <= 402 and 1234 in norm["x"]  # enveloped, the spike kept
+    assert max(y for y in norm["y"] if y is not None) == pytest.approx(1e3, rel=1e-6)
+    heat = _figures(render_view(jobs, "heatmap", {}))["heatmap"]["data"][0]
+    assert max(z for z in heat["z"][0] if z is not None) == pytest.approx(3.0, abs=1e-6)  # log10(1e3)
