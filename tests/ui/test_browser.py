@@ -117,6 +117,17 @@ def test_dashboard_of_a_pytorch_job_whose_rule_fired(page, pytorch_job, hostile_
         assert hm["meta"]["tensors"][0] == "gradient/Sequential_0.bias" and len(hm["y"]) == len(grads)
         col = hm["x"].index(fired[0])
         assert hm["z"][0][col] < -7 < hm["z"][0][0]
+        # a choice redraws the view with another tensor, and a reload keeps view and choice (URL fragment)
+        _show(page, "distribution")
+        n = page.js("window.ttRenders")
+        page.page.select_option("select[data-param=tensor] >> nth=0", "Sequential_2.weight")
+        page.wait(f"window.ttRenders > {n}")
+        title = "document.querySelector('div.figure').layout.title.text"
+        assert page.js(title) == "Distribution of Sequential_2.weight over steps"
+        page.page.reload()
+        page.wait("window.ttPaintedAt")
+        assert page.js("document.getElementById('view').dataset.view") == "distribution"
+        assert page.js(title) == "Distribution of Sequential_2.weight over steps"
         assert page.errors == [] and page.outside == []
     finally:
         server.stop()

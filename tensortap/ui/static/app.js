@@ -101,6 +101,27 @@
     });
   }
 
+  // The view and its choices live in the URL's fragment (#view=layers&page=1), so a reload keeps them.
+  function fromHash() {
+    var q = new URLSearchParams(location.hash.replace(/^#/, ""));
+    var params = {};
+    q.forEach(function (v, k) { if (k !== "view") params[k] = v; });
+    return { view: q.get("view") || "overview", params: params };
+  }
+
+  function viewPath(view, params) {
+    var q = new URLSearchParams();
+    Object.keys(params).forEach(function (k) { if (params[k] != null) q.append(k, params[k]); });
+    var s = q.toString();
+    return "/api/view/" + encodeURIComponent(view) + (s ? "?" + s : "");
+  }
+
+  function toHash(view, params) {
+    var q = new URLSearchParams({ view: view });
+    Object.keys(params).forEach(function (k) { if (params[k] != null) q.append(k, params[k]); });
+    history.replaceState(null, "", "#" + q.toString());
+  }
+
   function markPainted() {
     if (!window.ttPaintedAt) {
       window.ttPaintedAt = performance.now();
@@ -138,15 +159,11 @@
   // --- live dashboard ---------------------------------------------------------------------------
   function runLive(early) {
     var pollMs = Number(document.getElementById("tt-app").dataset.pollMs) || 1000;
-    var state = { view: "overview", params: {}, sig: null, loading: false, again: false, views: [] };
+    var first = (early && early.first) || fromHash();
+    var state = { view: first.view, params: first.params, sig: null, loading: false, again: false, views: [] };
     var main = document.getElementById("view");
 
-    function viewURL() {
-      var q = new URLSearchParams();
-      Object.keys(state.params).forEach(function (k) { if (state.params[k] != null) q.append(k, state.params[k]); });
-      var s = q.toString();
-      return "/api/view/" + encodeURIComponent(state.view) + (s ? "?" + s : "");
-    }
+    function viewURL() { return viewPath(state.view, state.params); }
 
     function load(prefetched) {
       if (state.loading) { state.again = true; return Promise.resolve(); }
@@ -159,6 +176,7 @@
         main.dataset.view = view;
         return renderBlocks(main, body.blocks, function (param, value) {
           state.params[param] = value;
+          toHash(state.view, state.params);
           load();
         }).then(function () { showError(""); markPainted(); });
       }).catch(function (e) { showError(String(e.message || e)); }).then(function () {
@@ -176,6 +194,7 @@
         b.addEventListener("click", function () {
           state.view = v.name;
           state.params = {};
+          toHash(state.view, state.params);
           main.replaceChildren();
           tabs();
           load();
@@ -215,7 +234,8 @@
   var me = document.currentScript;
   var early = null;
   if (me && me.dataset.mode === "live") {
-    early = { jobs: getJSON("/api/jobs"), view: getJSON("/api/view/overview") };
+    var first = fromHash();
+    early = { jobs: getJSON("/api/jobs"), view: getJSON(viewPath(first.view, first.params)), first: first };
     [early.jobs, early.view].forEach(function (p) { p.catch(function () { /* shown later */ }); });
   }
 
