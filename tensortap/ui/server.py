@@ -150,7 +150,12 @@ class Server:
         for j in self.jobs.jobs:
             j.kinds  # noqa: B018 - index the job now, not on the page's first request
         self.app = create_app(self.jobs)
-        self.httpd = make_server(host, port, self.app, threaded=True)
+        try:
+            self.httpd = make_server(host, port, self.app, threaded=True)
+        except OSError as e:
+            raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        except SystemExit:  # werkzeug's answer to a port in use (it has said so on stderr)
+            raise ValueError(f"cannot listen on {host}:{port}: the port is in use") from None
         self.host = host
         self.port = self.httpd.server_port
         self._thread: threading.Thread | None = None

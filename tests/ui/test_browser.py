@@ -290,6 +290,9 @@ def test_ui_command_prints_its_url_and_serves(tmp_path, ui):
         url = line.split(" at ", 1)[1].split()[0]
         body = urllib.request.urlopen(url + "api/jobs", timeout=30).read()
         assert b'"name":"job"' in body
+        port = int(url.rsplit(":", 1)[1].strip("/"))
+        busy = subprocess.run([exe, "ui", out, "--port", str(port)], capture_output=True, text=True, timeout=60)
+        assert busy.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in busy.stderr
     finally:
         proc.terminate()
         proc.wait(timeout=30)
