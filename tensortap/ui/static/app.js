@@ -209,7 +209,13 @@
         var live = document.getElementById("live");
         var running = body.jobs.some(function (j) { return j.ended === false; });
         live.textContent = running ? "live: watching for new steps" : "all jobs ended";
-        if (sig !== state.sig) load();
+        if (sig !== state.sig) {
+          load();
+          // a job that grew may have gained views (workers, XGBoost)
+          getJSON("/api/jobs").then(function (b) {
+            if (JSON.stringify(b.views) !== JSON.stringify(state.views)) { state.views = b.views; tabs(); }
+          }).catch(function () { /* the next poll says */ });
+        }
         state.sig = sig;
       }).catch(function (e) { showError("poll: " + (e.message || e)); })
         .then(function () { setTimeout(poll, pollMs); });
