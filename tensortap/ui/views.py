@@ -105,7 +105,6 @@ def scalars_view(jobs: list[Job], names: list[str] | None = None) -> list[dict[s
     """Losses and metrics per mode over global steps: one figure per mode, every job overlaid, with a
     marker where a rule fired."""
     per_mode: dict[str, list[dict]] = {}
-    curves: dict[str, list[tuple[list[int], list[float | None]]]] = {}
     rules_by_job = {j.index: j.rules() for j in jobs}
     multi = len(jobs) > 1
     for job in jobs:
@@ -127,7 +126,6 @@ def scalars_view(jobs: list[Job], names: list[str] | None = None) -> list[dict[s
                     if len(s["x"]) < 60:
                         tr["mode"] = "lines+markers"
                     per_mode.setdefault(mode.name, []).append(tr)
-                    curves.setdefault(mode.name, []).append((s["x"], s["y"]))
                     if s["nonfinite_steps"]:
                         per_mode[mode.name].append({
                             "type": "scatter", "mode": "markers", "x": s["nonfinite_steps"],
@@ -140,9 +138,10 @@ def scalars_view(jobs: list[Job], names: list[str] | None = None) -> list[dict[s
         # rule markers go on the TRAIN curves (rules run over global steps; training steps are where they fire)
         if mode_name in ("TRAIN", "GLOBAL") or len(per_mode) == 1:
             for job in jobs:
-                own = [c for t, c in zip(traces, curves.get(mode_name, []), strict=False)
-                       if t.get("meta", {}).get("job") == job.index]
-                xs, ys = own[0] if own else ([], [])
+                # the marker sits on the job's loss curve (else its first curve)
+                own = [t for t in traces if t.get("meta", {}).get("job") == job.index]
+                own.sort(key=lambda t: "loss" not in t["meta"]["tensor"].lower())
+                xs, ys = (own[0]["x"], own[0]["y"]) if own else ([], [])
                 traces = traces + rule_markers(rules_by_job[job.index], xs, ys, job.name if multi else None)
         blocks.append(figure_block(f"scalars-{mode_name}", fig(traces, f"Losses and metrics ({mode_name})",
                                                                xaxis={"title": {"text": "global step"}},

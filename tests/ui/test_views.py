@@ -212,3 +212,31 @@ def test_layers_count_non_finite_values_and_keep_a_spike(tmp_path):
     assert max(y for y in norm["y"] if y is not None) == pytest.approx(1e3, rel=1e-6)
     heat = _figures(render_view(jobs, "heatmap", {}))["heatmap"]["data"][0]
     assert max(z for z in heat["z"][0] if z is not None) == pytest.approx(3.0, abs=1e-6)  # log10(1e3)
+
+
+def test_rule_marker_sits_on_the_loss_curve_at_the_firing_step(tmp_path):
+    from tensortap.runner.status import write_status
+    from tensortap.storage import open_storage
+    from tensortap.ui.views import render_view
+
+    out = str(tmp_path / "job")
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1))
+    for step in range(10):
+        hook.next_step()
+        hook.save_scalar("acc", float("nan") if step == 3 else step / 10)
+        hook.save_scalar("loss", 1.0 / (step + 1))
+    hook.close()
+    storage = open_storage(out)
+    report = {"rule": "LossNotDecreasing", "fired_steps": [5], "datapoints": 6, "steps_evaluated": 6,
+              "first_violations": [{"step": 5, "tensor": "scalar/loss", "condition": "loss <did not> decrease"}]}
+    storage.write("rules/loss_not_decreasing/report.json", json.dumps(report).encode())
+    write_status(storage, "loss_not_decreasing", status="IssuesFound", first_step=5, message="fired at step 5")
+    figs = _figures(render_view(JobSet([out]), "overview", {}))
+    traces = figs["scalars-GLOBAL"]["data"]
+    marker = next(t for t in traces if t.get("meta", {}).get("rule") == "loss_not_decreasing")
+    assert marker["x"] == [5] and marker["y"] == [pytest.approx(1 / 6)]
+    assert marker["text"] == ["loss_not_decreasing fired at step 5<br>scalar/loss: loss &lt;did not&gt; decrease"]
+    acc = next(t for t in traces if t.get("meta", {}).get("tensor") == "scalar/acc")
+    assert acc["y"][3] is None  # NaN: a gap, and a marker of its step
+    nonfinite = next(t for t in traces if t["name"].startswith("non-finite"))
+    assert nonfinite["x"] == [3]
