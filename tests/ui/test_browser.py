@@ -175,6 +175,9 @@ def test_report_opened_from_disk_renders_the_same(page, pytorch_job, hostile_job
     assert "<script src" not in text and "<link rel=\"stylesheet\"" not in text
     _open(page, "file://" + report)
     page.screenshot("report.png")
+    for view in ("rules", "overview", "heatmap", "layers", "distribution"):
+        page.page.locator(f"section[data-view={view}]").screenshot(
+            path=os.path.join(ui.artifacts_dir(), f"report-section-{view}.png"))
     sections = page.js("Array.from(document.querySelectorAll('section')).map(s => s.dataset.view)")
     assert sections[:2] == ["rules", "overview"]  # the rule summary on top
     figs = page.js(ui.FIGURES_JS)
