@@ -19,6 +19,8 @@ RULE_STATUSES = ("InProgress", "IssuesFound", "NoIssuesFound", "NoData", "Error"
 #: bytes of per-step statistics a Job keeps for the tensors drawn last (the layers page and the heatmap draw
 #: the same ones); the least recently drawn go first
 STATS_CACHE_BYTES = 64 << 20
+#: a live job's statistics are extended step by step up to this many new steps, recomputed beyond
+INCREMENTAL_STEPS = 200
 
 _XGB_NON_SCALAR = re.compile(
     r"^(feature_importance|average_shap|full_shap|hyperparameters|trees)/|^(labels|predictions)$")
@@ -125,22 +127,46 @@ class Job:
 
     def stats(self, name: str, worker: str | None = None) -> dict[str, tuple[Any, Any]]:
         """{stat: (steps, values)} of tensor `name`'s L2 norm, min, max and non-finite count at every saved
-        step (series.stat_series), kept (up to STATS_CACHE_BYTES) until the job grows."""
+        step (series.stat_series), kept (up to STATS_CACHE_BYTES) and extended as the job grows."""
         from tensortap.ui.series import stat_series
 
         with self.lock:
             key = (name, worker)
-            hit = self._stats.get(key)
+            hit = self._stats.pop(key, None)
+            tensor = self.trial.tensor(name)
             if hit is not None and hit[0] == self.trial.generation:
-                self._stats.move_to_end(key)
-                return hit[1]
-            got = stat_series(self.trial.tensor(name), ("l2", "min", "max", "nonfinite"), worker=worker)
+                got = hit[1]
+            else:
+                got = (self._extended(tensor, hit[1], worker) if hit is not None else None) or \
+                    stat_series(tensor, ("l2", "min", "max", "nonfinite"), worker=worker)
             self._stats[key] = (self.trial.generation, got)
             size = sum(a.nbytes + b.nbytes for entry in self._stats.values() for a, b in entry[1].values())
             while len(self._stats) > 1 and size > STATS_CACHE_BYTES:
                 _, (_, old) = self._stats.popitem(last=False)
                 size -= sum(a.nbytes + b.nbytes for a, b in old.values())
             return got
+
+    @staticmethod
+    def _extended(tensor: Any, old: dict[str, tuple[Any, Any]], worker: str | None) -> dict | None:
+        """`old` statistics with the steps saved since (a live job: each new step's value is read once),
+        or None when a full recomputation is due (no old steps, or many new ones)."""
+        import numpy as np
+
+        from tensortap.ui.series import stats_at
+
+        last = max((int(st[-1]) for st, _ in old.values() if len(st)), default=None)
+        if last is None:
+            return None
+        new = [s for s in tensor.steps() if s > last]
+        if len(new) > INCREMENTAL_STEPS:
+            return None
+        rows = [(s, stats_at(tensor, s, worker)) for s in new]
+        out = {}
+        for k, (st, v) in old.items():
+            add = [(s, r[k]) for s, r in rows if k in r]
+            out[k] = (np.concatenate([st, np.array([a for a, _ in add], dtype=st.dtype)]),
+                      np.concatenate([v, np.array([b for _, b in add], dtype=np.float64)]))
+        return out
 
     def rules(self) -> list[dict[str, Any]]:
         """Every rule of the job (see rules_of)."""

@@ -144,6 +144,33 @@ def stat_series(
     return out
 
 
+def stats_at(tensor: Tensor, step: int, worker: str | None = None) -> dict[str, float]:
+    """The statistics of one global step, as stat_series computes them for every step: saved reductions
+    where there are, else from the raw value (read once); {} when the step has neither."""
+    out: dict[str, float] = {}
+    try:
+        saved = tensor.reduction_values(step, worker=worker)
+    except Exception:  # noqa: BLE001 - this worker saved nothing at this step
+        return out
+    for s in ("l2", "min", "max", "mean"):
+        if (s, False) in saved:
+            out[s] = float(np.asarray(saved[(s, False)], dtype=np.float64).reshape(-1)[0])
+    try:
+        raw = np.asarray(tensor.value(step, worker=worker))
+    except Exception:  # noqa: BLE001 - only reductions at this step
+        raw = None
+    if raw is not None:
+        flat = raw.reshape(1, -1)
+        if flat.dtype.kind not in "fiub":
+            flat = flat.astype(np.float64)
+        for s in ("l2", "min", "max", "nonfinite"):
+            if s not in out:
+                out[s] = float(_matrix_stat(flat, s)[0])
+    elif out:
+        out["nonfinite"] = float(not all(math.isfinite(v) for v in out.values()))
+    return out
+
+
 def _matrix_stat(flat: np.ndarray, s: str) -> np.ndarray:
     if flat.shape[1] == 0:
         return np.full(len(flat), np.nan)

@@ -240,3 +240,38 @@ def test_rule_marker_sits_on_the_loss_curve_at_the_firing_step(tmp_path):
     assert acc["y"][3] is None  # NaN: a gap, and a marker of its step
     nonfinite = next(t for t in traces if t["name"].startswith("non-finite"))
     assert nonfinite["x"] == [3]
+
+
+@pytest.mark.parametrize("raw", [True, False])
+def test_a_live_jobs_statistics_grow_step_by_step_as_if_read_at_once(tmp_path, raw):
+    from tensortap.ui.jobs import Job
+    from tensortap.ui.series import stat_series
+
+    out = str(tmp_path / "live")
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1), reduction_config=tt.ReductionConfig(
+        save_raw_tensor=raw, norms=[] if raw else ["l2"], reductions=[] if raw else ["min", "max"]))
+    rng = np.random.default_rng(0)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            hook.next_step()
+            g = rng.standard_normal(6).astype(np.float32)
+            if rng.random() < 0.2:
+                g[1] = np.nan
+            hook.save_tensor("gradients/fc", g, "gradients")
+        hook.next_step()  # the steps so far are complete
+        hook.flush()
+
+    steps(30)
+    job = Job(0, out)
+    first = job.stats("gradients/fc")
+    assert len(first["l2"][0]) == 30
+    steps(7)
+    job.refresh()
+    grown = job.stats("gradients/fc")  # the 30 old steps kept, 7 read
+    fresh = stat_series(tt.create_trial(out).tensor("gradients/fc"), ("l2", "min", "max", "nonfinite"))
+    hook.close()
+    assert sorted(grown) == sorted(fresh)
+    for k in fresh:
+        assert grown[k][0].tolist() == fresh[k][0].tolist() and len(fresh[k][0]) == 37, k
+        np.testing.assert_array_equal(grown[k][1], fresh[k][1], err_msg=k)
