@@ -45,6 +45,13 @@ def plotly_js() -> str:
     return _PLOTLY_JS[0]
 
 
+def plotly_name() -> str:
+    """plotly.js's file name under /static/, with the plotly package's version in it."""
+    from importlib.metadata import version
+
+    return f"plotly-{version('plotly')}.min.js"
+
+
 def _plain(x: Any) -> Any:
     import numpy as np
 
@@ -94,16 +101,18 @@ def create_app(jobs: JobSet) -> Any:
 
     @app.get("/")
     def index() -> Response:
-        page = static_text("index.html").replace("{{POLL_MS}}", str(POLL_MS))
+        page = static_text("index.html").replace("{{POLL_MS}}", str(POLL_MS)).replace(
+            "{{PLOTLY_JS}}", plotly_name())
         return Response(page, mimetype="text/html")
 
     static = {"app.js": "application/javascript", "app.css": "text/css"}
 
     @app.get("/static/<name>")
     def static_file(name: str) -> Response:
-        if name == "plotly.min.js":
+        if name == plotly_name():
             resp = Response(plotly_js(), mimetype="application/javascript")
-            resp.headers["Cache-Control"] = "max-age=86400"
+            # named by its version: a browser keeps it (and its compiled code) for the next visit
+            resp.headers["Cache-Control"] = "public, max-age=31536000, immutable"
             return resp
         if name not in static:
             return reply({"error": f"no static file {name!r}"}, 404)
