@@ -79,7 +79,8 @@ def _sections(jobs: JobSet) -> list[dict[str, Any]]:
         for page in range(REPORT_LAYER_PAGES):
             blocks = layers_view(j, page)
             choice = next((b for b in blocks if b["type"] == "choice"), None)
-            out.extend(b for b in blocks if b["type"] != "choice")
+            out.extend({**b, "id": f"{b['id']}-p{page}"} if page and "id" in b else b
+                       for b in blocks if b["type"] != "choice")
             if choice is None or page + 1 >= len(choice["options"]):
                 break
         return out
