@@ -157,6 +157,18 @@ def cmd_rules_run(args: argparse.Namespace) -> int:
     return run_rules_offline(_spec_from_args(args, []))
 
 
+def cmd_ui(args: argparse.Namespace) -> int:
+    from tensortap.ui.cli import run_ui
+
+    return run_ui(args)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tensortap.ui.cli import run_report
+
+    return run_report(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tensortap", description="Inspect and debug training jobs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -188,6 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("out_dir")
     _add_rule_args(rr)
     rr.set_defaults(func=cmd_rules_run)
+
+    from tensortap.ui.cli import add_report_parser, add_ui_parser
+
+    add_ui_parser(sub).set_defaults(func=cmd_ui)
+    add_report_parser(sub).set_defaults(func=cmd_report)
     return parser
 
 
