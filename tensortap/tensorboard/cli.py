@@ -28,6 +28,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    "directory by default)")
     p.add_argument("--follow", action="store_true",
                    help="keep converting new steps of a live job until it ends (Ctrl-C stops)")
+    p.add_argument("--all", action="store_true", dest="assume_ended",
+                   help="also convert steps not every worker has finished (a job that was interrupted)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between looks at a live job (--follow)")
     p.add_argument("--serve", action="store_true",
                    help="also start TensorBoard on 127.0.0.1 (needs: pip install 'tensortap[tensorboard]')")
@@ -69,7 +71,7 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
     try:
         if args.serve:
             cmd = tensorboard_command(logdir, args.port)
-            total = convert(out_dir, logdir, on_progress=report)
+            total = convert(out_dir, logdir, assume_ended=args.assume_ended, on_progress=report)
             server = subprocess.Popen(cmd)
             print(f"TensorBoard: http://127.0.0.1:{args.port}/ (Ctrl-C stops)", flush=True)
             if args.follow and not total.ended:
@@ -78,9 +80,13 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
             while server.poll() is None:
                 time.sleep(0.5)
             return 0 if server.returncode in (0, None) else 2
-        total = convert(out_dir, logdir, follow=args.follow, poll_interval=args.interval, on_progress=report)
+        total = convert(out_dir, logdir, follow=args.follow, assume_ended=args.assume_ended,
+                        poll_interval=args.interval, on_progress=report)
         if not total.steps:
             print(f"nothing new to convert (converted up to step {total.converted_upto}) -> {logdir}")
+        if total.waiting and not total.ended:
+            print(f"{total.waiting} saved steps are not complete yet (the job is running, or was interrupted): "
+                  "--follow converts them as they complete, --all converts them now")
         return 0
     except KeyboardInterrupt:
         return 0

@@ -40,6 +40,7 @@ class ConvertResult:
     records: int = 0  # tensors exported (a raw value and its reductions count once)
     converted_upto: int = -1  # every step <= this is converted
     ended: bool = False  # the job has ended and everything is converted
+    waiting: int = 0  # saved steps not converted because not every worker has finished them yet
     seconds: float = 0.0
 
 
@@ -82,7 +83,7 @@ def _collections_json(trial: Any) -> dict[str, Any]:
 class Converter:
     """Converts one job into one logdir, step range by step range; keeps one exporter per worker open."""
 
-    def __init__(self, out_dir: str, logdir: str):
+    def __init__(self, out_dir: str, logdir: str, assume_ended: bool = False):
         from tensortap.trials import create_trial
 
         if not isinstance(logdir, str) or not logdir.strip():
@@ -102,6 +103,7 @@ class Converter:
             )
         self.converted_upto = int(state["converted_upto"]) if state else -1
         self.trial = create_trial(out_dir)
+        self.assume_ended = assume_ended
         self._exporters: dict[int, EventExporter] = {}
 
     def _exporter(self, worker_id: int) -> EventExporter:
@@ -115,7 +117,10 @@ class Converter:
         """Convert every complete step after the last converted one; flush; save the state."""
         t0 = time.perf_counter()
         trial = self.trial
-        trial.refresh_data()
+        if self.assume_ended:
+            trial.assume_ended()  # an interrupted job: what is saved is all there will be
+        else:
+            trial.refresh_data()
         ended = trial.loaded_all_steps
         upto = trial.complete_upto()
         trial._consolidate()
@@ -138,7 +143,7 @@ class Converter:
                 raise RuntimeError(f"TensorBoard export to {self.logdir} failed; see the log")
         res = ConvertResult(
             steps=len(np.unique(sel["step"])), records=records, converted_upto=upto, ended=ended,
-            seconds=time.perf_counter() - t0,
+            seconds=time.perf_counter() - t0, waiting=int(np.count_nonzero(np.unique(entries["step"]) > upto)),
         )
         self.converted_upto = upto
         _write_state(self.logdir, {"format": STATE_FORMAT, "source": self.out_dir, "converted_upto": upto,
@@ -208,6 +213,7 @@ def convert(
     logdir: str,
     *,
     follow: bool = False,
+    assume_ended: bool = False,
     poll_interval: float = 1.0,
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[ConvertResult], None] | None = None,
@@ -215,11 +221,12 @@ def convert(
     """Convert the job at `out_dir` into TensorBoard event files under `logdir` (see the module docstring).
 
     With `follow`, keep converting new complete steps every `poll_interval` seconds until the job ends
-    (every worker closed) or `should_stop()` returns True. Returns the totals.
+    (every worker closed) or `should_stop()` returns True. Steps some worker has not finished wait for it;
+    `assume_ended` converts them too (a job that was interrupted). Returns the totals.
     """
     if not (isinstance(poll_interval, int | float) and poll_interval > 0):
         raise InvalidConfiguration(f"poll_interval={poll_interval!r} must be a positive number of seconds")
-    conv = Converter(out_dir, logdir)
+    conv = Converter(out_dir, logdir, assume_ended)
     total = ConvertResult(converted_upto=conv.converted_upto)
     try:
         while True:
@@ -229,6 +236,7 @@ def convert(
             total.seconds += r.seconds
             total.converted_upto = r.converted_upto
             total.ended = r.ended
+            total.waiting = r.waiting
             if on_progress is not None and (r.steps or r.ended):
                 on_progress(r)
             if not follow or r.ended or (should_stop is not None and should_stop()):

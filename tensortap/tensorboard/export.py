@@ -103,7 +103,8 @@ class EventExporter:
     then by ``include_regex``; a tensor no collection names gets ``default/<name>``.
 
     Never raises into the writer: an error is logged once and counted in ``errors``; after it the exporter
-    turns itself off (``disabled``) and counts every record it skips in ``skipped``.
+    turns itself off (``disabled``) and counts in ``skipped`` every record it did not write (those it skips
+    from then on, and histograms that were still waiting).
     """
 
     def __init__(self, logdir: str, worker: str):
@@ -293,6 +294,8 @@ class EventExporter:
         self.errors += 1
         if not self.disabled:
             self.disabled = True
+            self.skipped += len(self._pending)
+            self._pending = []
             logger.error("tensortap: TensorBoard export of %s to %s failed in %s (%s: %s); it is off from now on, "
                          "the saved data is not affected", self.worker, self.logdir, where, type(exc).__name__, exc)
 

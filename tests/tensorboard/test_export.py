@@ -14,7 +14,8 @@ from tensortap.tensorboard.histogram import default_edges, make_histogram
 
 COLLECTIONS = {
     "collections": {
-        "weights": {"name": "weights", "include_regex": ["^(?!gradient).*weight"], "tensor_names": [], "save_histogram": True},
+        "weights": {"name": "weights", "include_regex": ["^(?!gradient).*weight"], "tensor_names": [],
+                    "save_histogram": True},
         "gradients": {"name": "gradients", "include_regex": ["^gradient"], "tensor_names": [],
                       "save_histogram": False},
         "losses": {"name": "losses", "include_regex": [], "tensor_names": ["loss"], "save_histogram": True},
