@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -46,6 +48,10 @@ def tensorboard_command(logdir: str, port: int, host: str = "127.0.0.1") -> list
             "--reload_interval", "1"]
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def cmd_tensorboard(args: argparse.Namespace) -> int:
     from tensortap.tensorboard.convert import ConvertResult, convert
 
@@ -54,7 +60,8 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port}: must be in 0..65535")
     logdir = args.logdir
-    if logdir is None:
+    temporary = logdir is None
+    if temporary:
         if not args.serve:
             raise ValueError("give --logdir DIR (where the event files go), or --serve")
         logdir = tempfile.mkdtemp(prefix="tensortap-tensorboard-")
@@ -72,6 +79,7 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
         if args.serve:
             cmd = tensorboard_command(logdir, args.port)
             total = convert(out_dir, logdir, assume_ended=args.assume_ended, on_progress=report)
+            signal.signal(signal.SIGTERM, _interrupt)  # stop TensorBoard too when this command is stopped
             server = subprocess.Popen(cmd)
             print(f"TensorBoard: http://127.0.0.1:{args.port}/ (Ctrl-C stops)", flush=True)
             if args.follow and not total.ended:
@@ -97,3 +105,5 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
                 server.wait(10)
             except subprocess.TimeoutExpired:
                 server.kill()
+        if temporary:
+            shutil.rmtree(logdir, ignore_errors=True)
