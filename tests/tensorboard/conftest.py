@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from urllib.parse import quote
 
 import numpy as np
 import pytest
@@ -22,18 +23,20 @@ pytest.importorskip("tensorboard")
 SERVER_LIFETIME_S = 300
 
 
-@pytest.fixture
-def read_run():
-    """read_run(run_dir) -> TensorBoard's EventAccumulator over that run, fully loaded (it checks every CRC)."""
+def load_run(run_dir):
+    """TensorBoard's EventAccumulator over one run directory, fully loaded (it checks every CRC)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    def read(run_dir: str) -> EventAccumulator:
-        assert os.path.isdir(run_dir), f"no run directory {run_dir}"
-        ea = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "histograms": 0, "tensors": 0})
-        ea.Reload()
-        return ea
+    assert os.path.isdir(run_dir), f"no run directory {run_dir}"
+    ea = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "histograms": 0, "tensors": 0})
+    ea.Reload()
+    return ea
 
-    return read
+
+@pytest.fixture
+def read_run():
+    """read_run(run_dir) -> TensorBoard's EventAccumulator over that run, fully loaded."""
+    return load_run
 
 
 def scalars(ea, tag: str) -> dict[int, float]:
@@ -126,9 +129,56 @@ def numpy_counts(values: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], counts[start:end]]).astype(np.float64)
 
 
+def matches_trial(out_dir, logdir, expect_histograms=True):
+    """Asserts every scalar, reduction and histogram of the trial, at every step, is in its worker's and mode's
+    run; (trial, modes seen)."""
+    import tensortap as tt
+    from tensortap.exceptions import TensorUnavailableForStep
+
+    trial = tt.create_trial(str(out_dir))
+    checked_hist = 0
+    modes_seen = set()
+    for worker in trial.workers():
+        runs = {}
+        for name in trial.tensor_names():
+            t = trial.tensor(name)
+            for step in t.steps():
+                if worker not in t.workers(step):
+                    continue
+                mode = trial.mode(step)
+                modes_seen.add(mode.name)
+                if mode.name not in runs:
+                    runs[mode.name] = load_run(os.path.join(logdir, quote(worker, safe=""), mode.name.lower()))
+                ea = runs[mode.name]
+                tags = ea.Tags()
+                tag = name.replace(" ", "_")
+                for (red, is_abs), v in t.reduction_values(step, worker=worker).items():
+                    rtag = f"{tag}/{'abs_' if is_abs else ''}{red}"
+                    assert np.array_equal(scalars(ea, rtag)[step], np.float32(v), equal_nan=True), (rtag, step)
+                try:
+                    value = np.asarray(t.value(step, worker=worker))
+                except TensorUnavailableForStep:
+                    continue
+                if value.size == 1 and value.dtype.kind in "biuf":
+                    assert np.array_equal(scalars(ea, tag)[step], np.float32(value.reshape(-1)[0]),
+                                          equal_nan=True), (tag, step)
+                hist_tags = [h for h in tags["histograms"] if h.split("/", 1)[1] == tag]
+                if value.size > 1 and value.dtype.kind in "iuf" and hist_tags:
+                    (htag,) = hist_tags
+                    h = {e.step: e.histogram_value for e in ea.Histograms(htag)}[step]
+                    finite = np.isfinite(value.astype(np.float64))
+                    assert h.num == np.count_nonzero(finite)
+                    np.testing.assert_array_equal(np.asarray(h.bucket), numpy_counts(value))
+                    assert scalars(ea, f"nonfinite/{tag}")[step] == value.size - np.count_nonzero(finite)
+                    checked_hist += 1
+    assert not expect_histograms or checked_hist
+    return trial, modes_seen
+
+
 @pytest.fixture
 def tb():
-    """Helpers: tb.scalars(ea, tag) -> {step: value}; tb.numpy_counts(values) -> the expected bucket counts."""
+    """Helpers: tb.scalars(ea, tag) -> {step: value}; tb.numpy_counts(values) -> the expected bucket counts;
+    tb.matches_trial(out_dir, logdir) asserts the event files hold the trial's data."""
     import types
 
-    return types.SimpleNamespace(scalars=scalars, numpy_counts=numpy_counts)
+    return types.SimpleNamespace(scalars=scalars, numpy_counts=numpy_counts, matches_trial=matches_trial)

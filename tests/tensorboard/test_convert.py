@@ -16,7 +16,7 @@ import pytest
 
 import tensortap as tt
 from tensortap.cli.main import main as cli_main
-from tensortap.exceptions import InvalidConfiguration, TensorUnavailableForStep
+from tensortap.exceptions import InvalidConfiguration
 from tensortap.tensorboard.convert import STATE_FILE, convert
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "smdebug")
@@ -47,54 +47,12 @@ def write_job(out_dir, steps=range(10), hook=None, close=True):
     return hook
 
 
-def assert_matches_trial(out_dir, logdir, read_run, tb, expect_histograms=True):
-    """Every scalar, reduction and histogram of the trial, at every step, in every worker's and mode's run."""
-    trial = tt.create_trial(str(out_dir))
-    checked_hist = 0
-    modes_seen = set()
-    for worker in trial.workers():
-        runs = {}
-        for name in trial.tensor_names():
-            t = trial.tensor(name)
-            for step in t.steps():
-                if worker not in t.workers(step):
-                    continue
-                mode = trial.mode(step)
-                modes_seen.add(mode.name)
-                if mode.name not in runs:
-                    runs[mode.name] = read_run(os.path.join(logdir, quote(worker, safe=""), mode.name.lower()))
-                ea = runs[mode.name]
-                tags = ea.Tags()
-                tag = name.replace(" ", "_")
-                for (red, is_abs), v in t.reduction_values(step, worker=worker).items():
-                    rtag = f"{tag}/{'abs_' if is_abs else ''}{red}"
-                    assert np.array_equal(tb.scalars(ea, rtag)[step], np.float32(v), equal_nan=True), (rtag, step)
-                try:
-                    value = np.asarray(t.value(step, worker=worker))
-                except TensorUnavailableForStep:
-                    continue
-                if value.size == 1 and value.dtype.kind in "biuf":
-                    assert np.array_equal(tb.scalars(ea, tag)[step], np.float32(value.reshape(-1)[0]),
-                                          equal_nan=True), (tag, step)
-                hist_tags = [h for h in tags["histograms"] if h.split("/", 1)[1] == tag]
-                if value.size > 1 and value.dtype.kind in "iuf" and hist_tags:
-                    (htag,) = hist_tags
-                    h = {e.step: e.histogram_value for e in ea.Histograms(htag)}[step]
-                    finite = np.isfinite(value.astype(np.float64))
-                    assert h.num == np.count_nonzero(finite)
-                    np.testing.assert_array_equal(np.asarray(h.bucket), tb.numpy_counts(value))
-                    assert tb.scalars(ea, f"nonfinite/{tag}")[step] == value.size - np.count_nonzero(finite)
-                    checked_hist += 1
-    assert not expect_histograms or checked_hist
-    return trial, modes_seen
-
-
 def test_native_job_values_equal_the_trial(tmp_path, read_run, tb):
     out, logdir = tmp_path / "job", tmp_path / "tb"
     write_job(str(out))
     r = convert(str(out), str(logdir))
     assert r.steps == 10 and r.ended and r.converted_upto == 9
-    _, modes = assert_matches_trial(out, logdir, read_run, tb)
+    _, modes = tb.matches_trial(out, logdir)
     assert modes == {"TRAIN", "EVAL"}
     train = read_run(logdir / "worker_0" / "train")
     assert sorted(train.Tags()["histograms"]) == ["weights/dense/weight"]
@@ -116,7 +74,7 @@ def test_smdebug_fixtures(fixture, tmp_path, read_run, tb):
         assert r.steps == 0 and r.waiting > 0 and not r.ended
         r = convert(src, str(tmp_path), assume_ended=True)
     assert r.steps > 0 and r.ended
-    trial, modes = assert_matches_trial(src, tmp_path, read_run, tb, expect_histograms=fixture != "dtypes")
+    trial, modes = tb.matches_trial(src, tmp_path, expect_histograms=fixture != "dtypes")
     assert sorted(os.listdir(tmp_path)) == sorted([STATE_FILE, *(quote(w, safe="") for w in trial.workers())])
     if fixture == "pytorch_job":
         assert modes == {"TRAIN", "EVAL"}
@@ -195,7 +153,7 @@ def test_follow_converts_a_live_job_incrementally(tmp_path, read_run, tb):
     for path, data in first.items():  # appended to, never rewritten
         assert open(path, "rb").read()[: len(data)] == data
     assert json.loads((logdir / STATE_FILE).read_text())["converted_upto"] == 11
-    assert_matches_trial(out, logdir, read_run, tb)
+    tb.matches_trial(out, logdir)
 
 
 def test_cli_on_an_interrupted_job_converts_complete_steps_or_all(tmp_path):
