@@ -1,4 +1,7 @@
-"""EventExporter: the TensorBoard event files of one worker, fed record by record by a writer."""
+"""EventExporter: the TensorBoard event files of one worker, fed record by record by a writer.
+
+The layout and tags are specified in docs/tensorboard.md.
+"""
 
 from __future__ import annotations
 
@@ -91,10 +94,11 @@ class EventExporter:
     - ``<name>`` scalar: when ``value`` holds exactly one number (save_scalar's ``scalar/<name>``, losses,
       metrics, any other one-element tensor). NaN and inf are written as they are.
     - ``<name>/<reduction>`` scalars: each saved reduction.
-    - ``<collection>/<name>`` histogram: when a collection the tensor is saved for has save_histogram
-      (smdebug's rule: not for losses, metrics and the other scalar collections; not for bool, complex,
-      string or empty tensors), of the finite values only, with TensorFlow's default buckets (see
-      tensortap.tensorboard.histogram). The collection is the first by name, ``all`` and ``default`` last.
+    - ``<collection>/<name>`` histogram: when ``value`` has two or more numbers and a collection the tensor
+      is saved for has save_histogram (smdebug's rule: not for losses, metrics and the other scalar
+      collections; not for bool, complex, string or empty tensors), of the finite values only, with
+      TensorFlow's default buckets (see tensortap.tensorboard.histogram). The collection is the first by
+      name, ``all`` and ``default`` last.
     - ``nonfinite/<name>`` scalar: beside every histogram, the number of NaN/inf values it left out.
 
     When ``collections`` is not given and the collections dict does not list the tensor yet (a hook sends
