@@ -7,7 +7,8 @@ as smdebug saves them). It is written once with tensortap's hook; then, alternat
 - `tensortap convert`: `tensortap.tensorboard.convert.convert(out_dir, logdir)`, reading the job from its store
   (histograms, reductions as scalars, nonfinite counts: more than smdebug writes);
 - `smdebug 1.0.34`: what smdebug's hook does for TensorBoard at every step, with smdebug's own code in its own
-  venv (`--smdebug-python`; `pip install smdebug==1.0.34 "numpy<2" "pandas<3" requests psutil`): a
+  venv (`--smdebug-python` or $SMDEBUG_PYTHON; `pip install smdebug==1.0.34 "numpy<2" "pandas<3" requests
+  psutil`, no torch needed): a
   `FileWriter(wtype="tensorboard", write_checksum=True)` per step and mode, a histogram summary per tensor
   (`<collection>/<name>`), the loss as a scalar, the writer closed at the step's end: one file per step. The
   tensors come from memory (its training loop has them), so smdebug is not charged for any reading;
@@ -25,7 +26,6 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -33,7 +33,7 @@ import numpy as np
 
 PARAMS = (("Net_fc1.weight", (128, 64)), ("Net_fc1.bias", (128,)), ("Net_fc2.weight", (10, 128)),
           ("Net_fc2.bias", (10,)))
-DEFAULT_SMDEBUG_PYTHON = "/tmp/smdebug-tb-venv/bin/python"
+DEFAULT_SMDEBUG_PYTHON = "/work/smdebug-venv/bin/python"  # as bench/pytorch_overhead.py
 
 
 def mode_name(step: int) -> str:
