@@ -5,11 +5,11 @@ gradients) and the loss, saved at every one of `--steps` steps, EVAL every tenth
 as smdebug saves them). It is written once with tensortap's hook; then, alternating over `--rounds` rounds:
 
 - `tensortap convert`: `tensortap.tensorboard.convert.convert(out_dir, logdir)`, reading the job from its store
-  (histograms, reductions as scalars, nonfinite counts: more than smdebug writes);
+  (histograms, scalars, and `nonfinite/` counts smdebug does not write);
 - `smdebug 1.0.34`: what smdebug's hook does for TensorBoard at every step, with smdebug's own code in its own
   venv (`--smdebug-python` or $SMDEBUG_PYTHON; `pip install smdebug==1.0.34 "numpy<2" "pandas<3" requests
-  psutil`, no torch needed): a
-  `FileWriter(wtype="tensorboard", write_checksum=True)` per step and mode, a histogram summary per tensor
+  psutil`, no torch needed): a `FileWriter(wtype="tensorboard", write_checksum=True)` per step and mode, a
+  histogram summary per tensor
   (`<collection>/<name>`), the loss as a scalar, the writer closed at the step's end: one file per step. The
   tensors come from memory (its training loop has them), so smdebug is not charged for any reading;
 - two in-memory variants with tensortap's encoder, to separate the file-per-step effect from the encoder: one
