@@ -208,10 +208,14 @@ class EventExporter:
         arr = None
         if value is not None:
             arr = np.asarray(value)
-            if arr.size == 1 and arr.dtype.kind in "biuf":
-                values.append(scalar_value(clean_tag(name), float(arr.reshape(-1)[0])))
+            if arr.size == 1:
+                x = _real(arr)
+                if x is not None:
+                    values.append(scalar_value(clean_tag(name), x))
         for red, v in reductions.items():
-            values.append(scalar_value(clean_tag(f"{name}/{red}"), float(np.asarray(v).reshape(-1)[0])))
+            x = _real(v)
+            if x is not None:  # (a complex tensor's reductions are complex: no scalar for them)
+                values.append(scalar_value(clean_tag(f"{name}/{red}"), x))
         if arr is not None and arr.size > 1:
             if collections is not None:
                 known, coll = True, self._hist_coll.get(name) or self._pick(collections)
@@ -318,6 +322,21 @@ def _mode_name(mode: Any) -> str:
     if isinstance(m, str) and m.upper() in MODES:
         return m.upper()
     raise ValueError(f"mode={mode!r}: allowed are {', '.join(MODES)}")
+
+
+def _real(v: Any) -> float | None:
+    """The one real number `v` holds (bool, int, float, ml_dtypes floats), else None."""
+    a = np.asarray(v)
+    if a.size != 1:
+        return None
+    if a.dtype.kind not in "biuf":
+        if a.dtype.kind != "V" or a.dtype.itemsize > 2:  # ml_dtypes floats are kind "V"
+            return None
+        try:
+            a = a.astype(np.float32)
+        except (TypeError, ValueError):
+            return None
+    return float(a.reshape(-1)[0])
 
 
 def _encode(h: Histogram) -> bytes:

@@ -191,3 +191,19 @@ def test_bfloat16_is_histogrammed():
     ml_dtypes = pytest.importorskip("ml_dtypes")
     h = make_histogram(np.array([1.0, 2.0, np.nan], dtype=ml_dtypes.bfloat16))
     assert h.num == 2 and h.nonfinite == 1 and h.max == 2.0
+
+
+def test_values_without_a_real_number_are_left_out_and_export_goes_on(tmp_path, read_run, tb):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    ex = EventExporter(str(tmp_path), "w")
+    ex.add("c", 0, "TRAIN", 0, np.array([1 + 2j, 3j]), {"mean": np.complex64(1 + 1.5j), "l2": 2.0})
+    ex.add("s", 0, "TRAIN", 0, np.array(["text"]), {})
+    ex.add("b", 0, "TRAIN", 0, np.array([True]), {})
+    ex.add("h", 0, "TRAIN", 0, np.array([1.5], dtype=ml_dtypes.bfloat16), {})
+    ex.add("x", 1, "TRAIN", 1, np.float64(2.0), {})
+    ex.close()
+    assert ex.errors == 0 and not ex.disabled
+    ea = read_run(tmp_path / "w" / "train")
+    assert sorted(ea.Tags()["scalars"]) == ["b", "c/l2", "h", "x"]
+    assert tb.scalars(ea, "h") == {0: 1.5} and tb.scalars(ea, "b") == {0: 1.0} and tb.scalars(ea, "x") == {1: 2.0}
+    assert ea.Tags()["histograms"] == []  # complex: no histogram
