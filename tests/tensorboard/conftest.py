@@ -17,8 +17,6 @@ from urllib.parse import quote
 import numpy as np
 import pytest
 
-pytest.importorskip("tensorboard")
-
 #: a server left behind by a crashed test run stops itself after this many seconds
 SERVER_LIFETIME_S = 300
 
@@ -36,6 +34,7 @@ def load_run(run_dir):
 @pytest.fixture
 def read_run():
     """read_run(run_dir) -> TensorBoard's EventAccumulator over that run, fully loaded."""
+    pytest.importorskip("tensorboard")
     return load_run
 
 
@@ -105,6 +104,7 @@ class TensorBoardServer:
 @pytest.fixture
 def tensorboard_server():
     """tensorboard_server(logdir) -> a running TensorBoardServer, stopped after the test."""
+    pytest.importorskip("tensorboard")
     servers: list[TensorBoardServer] = []
 
     def start(logdir: str) -> TensorBoardServer:
@@ -179,6 +179,7 @@ def matches_trial(out_dir, logdir, expect_histograms=True):
 def tb():
     """Helpers: tb.scalars(ea, tag) -> {step: value}; tb.numpy_counts(values) -> the expected bucket counts;
     tb.matches_trial(out_dir, logdir) asserts the event files hold the trial's data."""
+    pytest.importorskip("tensorboard")
     import types
 
     return types.SimpleNamespace(scalars=scalars, numpy_counts=numpy_counts, matches_trial=matches_trial)
