@@ -69,6 +69,13 @@ def _write_state(logdir: str, state: dict[str, Any]) -> None:
     os.replace(tmp, _state_path(logdir))
 
 
+def _has_event_files(logdir: str) -> bool:
+    for _root, _dirs, files in os.walk(logdir):
+        if any("tfevents" in f for f in files):
+            return True
+    return False
+
+
 def _collections_json(trial: Any) -> dict[str, Any]:
     out = {}
     for name, info in trial.collections().items():
@@ -101,6 +108,11 @@ class Converter:
                 f"{self.logdir} holds the conversion of {state.get('source')!r}, not of {out_dir!r}: "
                 "give another --logdir"
             )
+        if state is None and _has_event_files(self.logdir):
+            raise InvalidConfiguration(
+                f"{self.logdir} already holds TensorBoard event files that no conversion wrote (a live export?): "
+                "give another --logdir"
+            )
         self.converted_upto = int(state["converted_upto"]) if state else -1
         self.trial = create_trial(out_dir)
         self.assume_ended = assume_ended
@@ -123,6 +135,7 @@ class Converter:
             trial.refresh_data()
         ended = trial.loaded_all_steps
         upto = trial.complete_upto()
+        # the bulk path, as Tensor.stacked takes it: the trial's consolidated entries, the source's batched reads
         trial._consolidate()
         entries = trial._all
         if upto == float("inf"):

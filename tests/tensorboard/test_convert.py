@@ -18,6 +18,7 @@ import tensortap as tt
 from tensortap.cli.main import main as cli_main
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.tensorboard.convert import STATE_FILE, convert
+from tensortap.tensorboard.export import EventExporter
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "smdebug")
 
@@ -112,6 +113,11 @@ def test_a_logdir_belongs_to_one_job(tmp_path):
     with pytest.raises(InvalidConfiguration, match="holds the conversion of"):
         convert(str(tmp_path / "b"), str(tmp_path / "tb"))
     assert json.loads((tmp_path / "tb" / STATE_FILE).read_text())["source"] == str(tmp_path / "a")
+    live = EventExporter(str(tmp_path / "live"), "worker_0")  # a live export's directory is no conversion's
+    live.add("x", 0, "TRAIN", 0, np.float32(1), {})
+    live.close()
+    with pytest.raises(InvalidConfiguration, match="no conversion wrote"):
+        convert(str(tmp_path / "a"), str(tmp_path / "live"))
 
 
 def test_cli_errors_name_the_problem(tmp_path, capsys):
