@@ -122,7 +122,6 @@ class EventExporter:
         self.worker = worker
         self._files: dict[str, EventFile] = {}
         self._colls: list[_Coll] = []
-        self._have_collections = False
         self._hist_coll: dict[str, str | None] = {}  # tensor -> collection of its histogram (None: none)
         # (name, mode, step, wall_time, encoded HistogramProto, nonfinite count) waiting for collections
         self._pending: list[tuple[str, str, int, float, bytes, int]] = []
@@ -142,7 +141,6 @@ class EventExporter:
         try:
             colls = collections_json.get("collections", collections_json) if collections_json else {}
             self._colls = [_Coll(n, d) for n, d in sorted(colls.items()) if isinstance(d, Mapping)]
-            self._have_collections = True
             self._resolve_pending(final=True)
         except Exception as e:  # noqa: BLE001 - never raise into the writer
             self._fail("set_collections", e)
