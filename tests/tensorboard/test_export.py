@@ -185,6 +185,19 @@ def test_histogram_counts_equal_numpy_including_edges_and_extremes():
     assert make_histogram(np.array([True, False])) is None and make_histogram(np.zeros(0)) is None
     ints = make_histogram(np.arange(5, dtype=np.uint8))
     assert ints.num == 5 and ints.bucket.sum() == 5
+    # big tensors take another path to the same counts
+    v = np.concatenate([np.random.default_rng(2).standard_cauchy(size=300_000), edges[::7], [1e30, -1e25]])
+    h = make_histogram(v)
+    counts, _ = np.histogram(v, bins=edges)
+    counts[0] += 1  # -1e25 and 1e30, beyond numpy's range
+    counts[-1] += 1
+    np.testing.assert_array_equal(h.bucket, np.concatenate([[0], counts]))  # both ends non-empty
+    np.testing.assert_array_equal(h.bucket_limit, edges)
+    assert (h.min, h.max, h.num) == (-1e25, 1e30, v.size)
+    small = make_histogram(v[:50_000])
+    counts, _ = np.histogram(v[:50_000], bins=edges)
+    nz = np.flatnonzero(counts)
+    np.testing.assert_array_equal(small.bucket, counts[nz[0] - 1 : nz[-1] + 1])
 
 
 def test_bfloat16_is_histogrammed():
