@@ -2,7 +2,8 @@
 
 The job: an MLP's weights, biases and their gradients (64->128->10: 4 parameters, 9,610 floats, and 4
 gradients) and the loss, saved at every one of `--steps` steps, EVAL every tenth step (no gradients in EVAL,
-as smdebug saves them). It is written once with tensortap's hook; then, alternating over `--rounds` rounds:
+as smdebug saves them). It is written once with tensortap's hook; then, alternating over `--rounds` rounds,
+each path is timed in wall-clock and in CPU time of the process doing it (steadier on a shared VM):
 
 - `tensortap convert`: `tensortap.tensorboard.convert.convert(out_dir, logdir)`, reading the job from its store
   (histograms, scalars, and `nonfinite/` counts smdebug does not write);
@@ -80,23 +81,23 @@ def _dir_stats(path: str) -> tuple[int, int]:
 # --- the measured paths -----------------------------------------------------------------------------------------
 
 
-def run_convert(out_dir: str, logdir: str) -> float:
+def run_convert(out_dir: str, logdir: str) -> tuple[float, float]:
     from tensortap.tensorboard.convert import convert
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     r = convert(out_dir, logdir)
-    dt = time.perf_counter() - t0
+    dt, dc = time.perf_counter() - t0, time.process_time() - c0
     assert r.ended and r.records > 0
-    return dt
+    return dt, dc
 
 
-def run_in_memory(logdir: str, steps: int, per_step: bool, data: list) -> float:
+def run_in_memory(logdir: str, steps: int, per_step: bool, data: list) -> tuple[float, float]:
     from tensortap.tensorboard.export import EventExporter
 
     colls = {"collections": {c: {"name": c, "tensor_names": sorted({n for s in data for cc, n, _ in s if cc == c}),
                                  "save_histogram": c != "losses"} for c in ("weights", "biases", "gradients",
                                                                              "losses")}}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     ex = None
     for step in range(steps):
         if ex is None:
@@ -110,7 +111,7 @@ def run_in_memory(logdir: str, steps: int, per_step: bool, data: list) -> float:
             ex = None
     if ex is not None:
         ex.close()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def smdebug_child(tb_dir: str, steps: int) -> None:
@@ -121,11 +122,11 @@ def smdebug_child(tb_dir: str, steps: int) -> None:
     from smdebug.core.modes import ModeKeys
     from smdebug.core.writer import FileWriter
 
-    total = 0.0
+    total = cpu = 0.0
     for step in range(steps):
         data = step_tensors(step)
         mode = ModeKeys.EVAL if mode_name(step) == "EVAL" else ModeKeys.TRAIN
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         w = FileWriter(trial_dir=tb_dir, step=step, worker=f"{os.getpid()}_bench", write_checksum=True,
                        wtype="tensorboard", mode=mode)
         for coll, name, value in data:
@@ -135,15 +136,17 @@ def smdebug_child(tb_dir: str, steps: int) -> None:
                 w.write_histogram_summary(value, f"{coll}/{name}", step)
         w.close()
         total += time.perf_counter() - t0
-    print(json.dumps({"seconds": total}))
+        cpu += time.process_time() - c0
+    print(json.dumps({"seconds": total, "cpu": cpu}))
 
 
-def run_smdebug(python: str, tb_dir: str, steps: int) -> float:
+def run_smdebug(python: str, tb_dir: str, steps: int) -> tuple[float, float]:
     r = subprocess.run([python, os.path.abspath(__file__), "--smdebug-child", tb_dir, "--steps", str(steps)],
                        capture_output=True, text=True, timeout=3600)
     if r.returncode != 0:
         raise RuntimeError(f"smdebug child failed: {r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])["seconds"]
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    return d["seconds"], d["cpu"]
 
 
 def main() -> None:
@@ -167,6 +170,7 @@ def main() -> None:
         print(f"job: {args.steps} steps written in {time.perf_counter() - t0:.1f}s")
         data = [step_tensors(s) for s in range(args.steps)]
         times: dict[str, list[float]] = {}
+        cpus: dict[str, list[float]] = {}
         stats: dict[str, tuple[int, int]] = {}
         for rnd in range(args.rounds):
             paths = ["tensortap convert", "appended", "file per step"] + (["smdebug 1.0.34"] if have_smdebug else [])
@@ -175,22 +179,27 @@ def main() -> None:
             for p in paths:
                 logdir = os.path.join(work, f"tb-{rnd}-{p.replace(' ', '_')}")
                 if p == "tensortap convert":
-                    dt = run_convert(out, logdir)
+                    dt, dc = run_convert(out, logdir)
                 elif p == "smdebug 1.0.34":
-                    dt = run_smdebug(args.smdebug_python, logdir, args.steps)
+                    dt, dc = run_smdebug(args.smdebug_python, logdir, args.steps)
                 else:
-                    dt = run_in_memory(logdir, args.steps, p == "file per step", data)
+                    dt, dc = run_in_memory(logdir, args.steps, p == "file per step", data)
                 times.setdefault(p, []).append(dt)
+                cpus.setdefault(p, []).append(dc)
                 stats[p] = _dir_stats(logdir)
                 shutil.rmtree(logdir)
-            print(f"round {rnd + 1}: " + ", ".join(f"{p} {times[p][-1]:.2f}s" for p in times), flush=True)
+            print(f"round {rnd + 1}: " + ", ".join(f"{p} {times[p][-1]:.2f}s (CPU {cpus[p][-1]:.2f}s)"
+                                                    for p in times), flush=True)
         base = statistics.median(times["tensortap convert"])
-        print(f"\n| path ({args.steps} steps, {args.rounds} rounds) | median s | files | MB | vs tensortap convert |")
-        print("|---|---:|---:|---:|---:|")
+        cbase = statistics.median(cpus["tensortap convert"])
+        print(f"\n| path ({args.steps} steps, {args.rounds} rounds) | median s | ratio | median CPU s | CPU ratio "
+              "| files | MB |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
         for p, ts in times.items():
-            med = statistics.median(ts)
+            med, cmed = statistics.median(ts), statistics.median(cpus[p])
             files, size = stats[p]
-            print(f"| {p} | {med:.2f} | {files} | {size / 1e6:.1f} | x{med / base:.1f} |")
+            print(f"| {p} | {med:.2f} | x{med / base:.1f} | {cmed:.2f} | x{cmed / cbase:.1f} | {files} | "
+                  f"{size / 1e6:.1f} |")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
