@@ -109,8 +109,12 @@ def test_cli_serve_starts_tensorboard_on_localhost_and_stops_it(tmp_path):
         proc.send_signal(signal.SIGTERM)
         stdout, _ = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if proc.poll() is None:  # a failed assertion above: stop it the way that also stops TensorBoard
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     assert f"http://127.0.0.1:{port}/" in stdout
     with pytest.raises(OSError):  # the server went with the command
         urllib.request.urlopen(f"http://127.0.0.1:{port}/data/runs", timeout=5)
