@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -119,6 +120,8 @@ def _spec_from_args(args: argparse.Namespace, command: list[str]) -> Any:
         spec.stop_on_issue = True
     if getattr(args, "grace_period", None) is not None:
         spec.grace_period = args.grace_period
+    if getattr(args, "tensorboard_dir", None):
+        spec.tensorboard_dir = os.path.abspath(args.tensorboard_dir)
     if getattr(args, "config", None):
         merge_job_file(spec, load_job_file(args.config))
     return spec
@@ -188,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stop-on-issue", action="store_true", help="stop training when a rule finds an issue")
     run.add_argument("--grace-period", type=float, help="seconds training may take to stop before it is killed")
     run.add_argument("--config", help="a YAML or JSON job file with the same settings")
+    run.add_argument("--tensorboard-dir", help="also write TensorBoard event files there, live")
     _add_rule_args(run)
     run.set_defaults(func=cmd_run)
 
@@ -205,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_ui_parser(sub).set_defaults(func=cmd_ui)
     add_report_parser(sub).set_defaults(func=cmd_report)
+    from tensortap.tensorboard.cli import add_parser as add_tensorboard_parser
+
+    add_tensorboard_parser(sub)
     return parser
 
 

@@ -31,6 +31,7 @@ from tensortap.format.entries import (
 from tensortap.storage.base import Storage
 
 logger = logging.getLogger("tensortap")
+_MODE_NAME = {1: "TRAIN", 2: "EVAL", 3: "PREDICT", 4: "GLOBAL"}
 
 
 @dataclass
@@ -269,9 +270,16 @@ class ChunkWriter:
         seal_interval: float = 2.0,
         sealed_chunk_bytes: int = 32 << 20,
         metadata: dict[str, Any] | None = None,
+        tensorboard_dir: str | None = None,
     ):
         if backpressure not in ("block", "drop"):
             raise ValueError(f"backpressure must be 'block' or 'drop', not {backpressure!r}")
+        #: TensorBoard export of every record this writer persists, off the training thread (docs/tensorboard.md)
+        self.exporter = None
+        if tensorboard_dir:
+            from tensortap.tensorboard.export import EventExporter
+
+            self.exporter = EventExporter(tensorboard_dir, worker)
         self.storage = storage
         self.worker = worker
         self.num_workers = num_workers
@@ -476,7 +484,7 @@ class ChunkWriter:
                 elif isinstance(item, tuple):
                     what, arg = item
                     if what == "collections":
-                        self._collections = arg
+                        self._take_collections(arg)
                     elif what == "flush":
                         self._flush_events.append(arg)
                         self._write_block()
@@ -492,6 +500,8 @@ class ChunkWriter:
             with self._room:
                 self._room.notify_all()
         finally:
+            if self.exporter is not None:
+                self.exporter.close()
             for ev in self._flush_events:
                 ev.set()
             for f in (self._dat, self._idx) if not self.sealed_mode else ():
@@ -500,6 +510,11 @@ class ChunkWriter:
                         f.close()
                     except OSError:
                         pass
+
+    def _take_collections(self, collections_json: dict[str, Any]) -> None:
+        self._collections = collections_json
+        if self.exporter is not None:
+            self.exporter.set_collections(collections_json)
 
     def _first_free_seq(self) -> int:
         keys = self.storage.list(layout.worker_dir(self.worker) + "/")
@@ -658,6 +673,10 @@ class ChunkWriter:
             self._row_parts.append(np.array(self._rows, dtype=codec.DISK_ENTRY_DTYPE))
             self._rows.clear()
         self._row_parts.append(rows)
+        if self.exporter is not None:
+            mode = _MODE_NAME[b.mode]
+            for name, arr in zip(b.names, arrays, strict=True):
+                self.exporter.add(name, b.step, mode, b.mode_step, arr, None)
         self.written_records += len(arrays)
         self._encoded += 1
 
@@ -710,6 +729,9 @@ class ChunkWriter:
                  r.step, r.mode_step, off, len(buf), crc, inl)
             )
             wrote_any = True
+        if self.exporter is not None:
+            self.exporter.add(r.name, r.step, _MODE_NAME[r.mode], r.mode_step, value,
+                              {("abs_" if a else "") + n: v for (n, a), v in reductions.items()})
         if r.save_shape and not wrote_any:
             dtype_id = t._id(t.dtypes, codec.dtype_to_str(value.dtype) if value is not None else "|V0")
             self._rows.append(
@@ -829,6 +851,8 @@ class ChunkWriter:
         self._first_block = False
         self.durable_records = self.written_records
         self._durable_dat = self._dat_size
+        if self.exporter is not None:
+            self.exporter.flush()
         self._rows.clear()
         self._row_parts = []
         self._block_bytes = 0

@@ -207,6 +207,7 @@ class ProcessChunkWriter:
         block_timeout: float = 30.0,
         metadata: dict[str, Any] | None = None,
         ring_bytes: int = 64 << 20,
+        tensorboard_dir: str | None = None,
     ):
         if backpressure not in ("block", "drop"):
             raise ValueError(f"backpressure must be 'block' or 'drop', not {backpressure!r}")
@@ -268,7 +269,7 @@ class ProcessChunkWriter:
         os.set_blocking(self._answer, False)
         cfg = dict(url=self.url, worker=worker, shm=self._shm.name, size=_HDR + cap, bell=rfd, answer=wfd,
                    num_workers=num_workers, flush_interval=flush_interval, chunk_bytes=chunk_bytes,
-                   max_pending_bytes=max_pending_bytes, metadata=metadata or {})
+                   max_pending_bytes=max_pending_bytes, metadata=metadata or {}, tensorboard_dir=tensorboard_dir)
         import tensortap
 
         root = os.path.dirname(os.path.dirname(os.path.abspath(tensortap.__file__)))
@@ -997,6 +998,8 @@ class _ChildWriter(ChunkWriter):
             h[_ERR_LEN] = len(text)
             h[_STATE] = _FAILED
         finally:
+            if self.exporter is not None:
+                self.exporter.close()
             self._close_direct()
             for f in (self._dat, self._idx) if not self.sealed_mode else ():
                 if f is not None:
@@ -1113,7 +1116,7 @@ class _ChildWriter(ChunkWriter):
                                     reduction_values=rv, save_shape=save_shape,
                                     shape=tuple(shape) if shape is not None else None))
         elif kind == "collections":
-            self._collections = json.loads(meta[1])
+            self._take_collections(json.loads(meta[1]))
         elif kind == "flush":
             self._flush_events.append(_Done())
             self._flush_events_done = meta[1]
@@ -1141,6 +1144,7 @@ def _child_main() -> None:
         os.set_blocking(cfg["answer"], False)
     w = _ChildWriter(storage, cfg["worker"], mem, cfg["bell"], cfg.get("answer", -1), num_workers=cfg["num_workers"],
                      flush_interval=cfg["flush_interval"], chunk_bytes=cfg["chunk_bytes"],
-                     max_pending_bytes=cfg["max_pending_bytes"], metadata=cfg["metadata"])
+                     max_pending_bytes=cfg["max_pending_bytes"], metadata=cfg["metadata"],
+                     tensorboard_dir=cfg.get("tensorboard_dir"))
     w._thread.join()
     sys.exit(1 if w.error is not None else 0)
