@@ -190,6 +190,10 @@ class Hook:
             include_collections = list(dict.fromkeys([*base, *(runner_cfg.include_collections or [])]))
             if save_config is None:
                 save_config = runner_cfg.save_config
+            runner_kw = runner_cfg.hook_kwargs()
+            if runner_kw.get("tensorboard_dir") and not tensorboard_dir:
+                tensorboard_dir = runner_kw["tensorboard_dir"]
+            export_tensorboard = bool(export_tensorboard or runner_kw.get("export_tensorboard", False))
         self.out_dir = check_out_dir(out_dir)
         for flag_name, flag in (("dry_run", dry_run), ("save_all", save_all),
                                 ("export_tensorboard", export_tensorboard)):
