@@ -80,9 +80,10 @@ def test_create_from_json_file(tmp_path, monkeypatch):
     assert isinstance(hook, ttf.KerasHook)
     assert {"weights", "losses"} <= set(hook.include_collections)
     assert hook.out_dir == str(tmp_path / "run")
+    hook.close()
+    cfg.write_text(cfg.read_text().replace(str(tmp_path / "run"), str(tmp_path / "run2")))
     monkeypatch.setenv("TENSORTAP_CONFIG", str(cfg))
     ttf.del_hook()
     made = ttf.get_hook(create_if_not_exists=True)
-    assert isinstance(made, ttf.KerasHook) and made is not hook
-    hook.close()
+    assert isinstance(made, ttf.KerasHook) and made is not hook and made.out_dir == str(tmp_path / "run2")
     made.close()
