@@ -37,6 +37,9 @@ _ACTIVATIONS = tuple(ACTIVATION_COLLECTIONS)  # "relu", "sigmoid", "tanh"
 # Collections filled inside a step (everything else is read between steps).
 _IN_STEP = frozenset({K.GRADIENTS, K.INPUTS, K.OUTPUTS, K.LAYERS, *(c for p in ACTIVATION_COLLECTIONS.values()
                                                                    for c in p)})
+_FUNCTIONS = {_modes.TRAIN: ("train_function", "make_train_function"),
+              _modes.EVAL: ("test_function", "make_test_function"),
+              _modes.PREDICT: ("predict_function", "make_predict_function")}
 _LOG_SKIP = frozenset({"outputs", "batch", "size"})
 
 
@@ -308,6 +311,9 @@ class KerasHookBase(Hook):
         self._n_weights = 0
         self._tape_gate: Any = None
         self._replica_hooks: list[Hook] = []  # MirroredStrategy in one process, include_workers="all"
+        self._fn_swap = False  # swap Keras's compiled step functions between saving and other steps
+        self._functions: dict[str, list[Any]] = {}  # "train_function" -> [plain, capturing]
+        self._capture_trace = True  # a compiled step traced now gets the capture ops
         self._tape_pending: tuple[int, Any] | None = None
         self._wrapped_optimizers: list[Any] = []
         self._wanted_cache: dict[str, bool] = {}
@@ -367,6 +373,8 @@ class KerasHookBase(Hook):
             if self._needs_step_capture():
                 self._wrap_steps(model)
                 rebuild = self._wrap_layers(model) or True
+                self._fn_swap = self._backend == "tensorflow" and not getattr(model, "run_eagerly", False)
+                self._functions = {}
             if rebuild:
                 # a step function traced before the wrappers went in would not capture
                 for attr in ("train_function", "test_function", "predict_function"):
@@ -464,6 +472,9 @@ class KerasHookBase(Hook):
         self._restore.append(restore)
 
     def _unregister(self) -> None:
+        self._restore_functions()
+        self._functions = {}
+        self._fn_swap = False
         for r in reversed(self._restore):
             try:
                 r()
@@ -475,11 +486,11 @@ class KerasHookBase(Hook):
         hook = self
 
         def step(data: Any) -> Any:
-            if not hook.active:
-                return orig(data)
+            graph = hook._graph_mode()
+            if not hook.active or (graph and not hook._capture_trace):
+                return orig(data)  # (the plain step function of steps that save nothing)
             outer = hook._in_step_fn
             hook._in_step_fn = mode
-            graph = hook._graph_mode()
             if graph:
                 if hook._store is None:
                     hook._store = _GraphStore(xla=bool(getattr(hook._model, "jit_compile", False)),
@@ -612,6 +623,8 @@ class KerasHookBase(Hook):
         """Called by a wrapped optimizer with the gradients it applies (loss scaling undone)."""
         if not self.active or self._in_step_fn is _modes.EVAL:
             return
+        if self._in_step_fn is None and self._graph_mode():
+            return  # a compiled step of a function that saves nothing
         with self.guard("gradients"):
             mode = self._in_step_fn or _modes.TRAIN
             for g, v in zip(grads, variables, strict=False):
@@ -662,6 +675,8 @@ class KerasHookBase(Hook):
         self._batch_begin = batch
         saving = bool(self.collections_to_save())
         self._saving = saving
+        if self._fn_swap:
+            self._select_function(mode, saving)
         store = self._store
         if store is not None and (saving or store.current):
             store.start(saving)
@@ -682,6 +697,35 @@ class KerasHookBase(Hook):
                 h.write_tensors([it for it in mine if it[2]], copy=True)
             if items:
                 self.write_tensors(items, copy=False)
+
+    def _select_function(self, mode: Any, saving: bool) -> None:
+        """Keras's compiled step function for this batch: the plain one Keras made (no tensortap op in it) on
+        steps that save nothing, a second one with the capture ops on saving steps (traced with
+        `_capture_trace` on, at its first call)."""
+        model = self._model
+        attr, maker = _FUNCTIONS[mode]
+        current = getattr(model, attr, None)
+        pair = self._functions.get(attr)
+        if pair is None or (current is not pair[0] and current is not pair[1]):
+            if current is None:
+                return
+            pair = self._functions[attr] = [current, None]  # Keras made (or remade) its function
+        if saving and pair[1] is None:
+            setattr(model, attr, None)
+            getattr(model, maker)()
+            pair[1] = getattr(model, attr)
+            if pair[1] is None:  # (a Keras that makes its function elsewhere: capture in the plain one)
+                setattr(model, attr, pair[0])
+                pair[1] = pair[0]
+        setattr(model, attr, pair[1] if saving else pair[0])
+        self._capture_trace = saving
+
+    def _restore_functions(self) -> None:
+        model = self._model
+        for attr, pair in self._functions.items():
+            if model is not None and getattr(model, attr, None) is pair[1]:
+                setattr(model, attr, pair[0])
+        self._capture_trace = True
 
     def _optimizer_items(self) -> list[tuple[str, np.ndarray, list[Collection]]]:
         opts = list(self._wrapped_optimizers)
