@@ -311,6 +311,7 @@ class KerasHookBase(Hook):
         self._n_weights = 0
         self._tape_gate: Any = None
         self._replica_hooks: list[Hook] = []  # MirroredStrategy in one process, include_workers="all"
+        self._var_readers: dict[tuple[int, ...], tuple[list[Any], Any]] = {}  # (variables, compiled read)
         self._fn_swap = False  # swap Keras's compiled step functions between saving and other steps
         self._functions: dict[str, list[Any]] = {}  # "train_function" -> [plain, capturing]
         self._capture_trace = True  # a compiled step traced now gets the capture ops
@@ -686,10 +687,9 @@ class KerasHookBase(Hook):
             items = []
             if self._model is not None and len(getattr(self._model, "weights", ())) != self._n_weights:
                 self._collect_weights()
-            for name, v in self._weights:
-                colls = self.collections_for(name)
-                if colls:
-                    items.append((name, _to_numpy(v), colls))
+            chosen = [(name, v, colls) for name, v in self._weights if (colls := self.collections_for(name))]
+            values = self._read_variables([v for _n, v, _c in chosen])
+            items.extend((name, value, colls) for (name, _v, colls), value in zip(chosen, values, strict=True))
             if mode is _modes.TRAIN:
                 items.extend(self._optimizer_items())
             for h in self._replica_hooks:  # mirrored variables: the same values on every device
@@ -732,14 +732,34 @@ class KerasHookBase(Hook):
         model_opt = getattr(self._model, "optimizer", None)
         if model_opt is not None and all(o is not model_opt for o in opts):
             opts.append(model_opt)
-        items = []
+        chosen = []
         for opt in opts:
             for v in getattr(opt, "variables", []):
                 name = f"{OPTIMIZER_PREFIX}{getattr(v, 'path', None) or v.name}"
                 colls = self.collections_for(name)
                 if colls:
-                    items.append((name, _to_numpy(v), colls))
-        return items
+                    chosen.append((name, v, colls))
+        values = self._read_variables([v for _n, v, _c in chosen])
+        return [(name, value, colls) for (name, _v, colls), value in zip(chosen, values, strict=True)]
+
+    def _read_variables(self, variables: list[Any]) -> list[np.ndarray]:
+        """Host copies of Keras variables; on TensorFlow in one call of a compiled function."""
+        if not variables:
+            return []
+        if self._backend != "tensorflow":
+            return [_to_numpy(v) for v in variables]
+        key = tuple(map(id, variables))
+        reader = self._var_readers.get(key)
+        if reader is None:
+            import tensorflow as tf
+
+            held = [getattr(v, "value", v) for v in variables]
+
+            def read_all() -> Any:
+                return [tf.identity(v) for v in held]
+
+            reader = self._var_readers[key] = (variables, tf.function(read_all, autograph=False))
+        return [np.array(t, copy=True) for t in reader[1]()]
 
     def _end_batch(self, mode: Any, batch: int, logs: Any) -> None:
         if self._saving:
