@@ -679,7 +679,8 @@ class KerasHookBase(Hook):
         if self._fn_swap:
             self._select_function(mode, saving)
         store = self._store
-        if store is not None and (saving or store.current):
+        # (with swapped functions, the plain one never reads the flag: it need not be cleared)
+        if store is not None and (saving or (store.current and not self._fn_swap)):
             store.start(saving)
         self._eager_on = saving
         if saving:
