@@ -9,14 +9,14 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-pytest.importorskip("tensorflow")
-pytest.importorskip("keras")
-
 
 @pytest.fixture(autouse=True)
 def _fresh_keras():
-    import keras
-
+    try:
+        import keras
+    except ImportError:  # the test module skips itself
+        yield
+        return
     from tensortap.tensorflow import singleton
 
     keras.utils.clear_session()

@@ -15,6 +15,8 @@ import pytest
 
 import tensortap as tt
 
+pytest.importorskip("tensorflow")
+
 COMMON = textwrap.dedent(
     """
     import os, sys

@@ -12,6 +12,8 @@ import pytest
 import tensortap.tensorflow as ttf
 from tensortap.trials import create_trial
 
+pytest.importorskip("tensorflow")
+
 TRAIN, EVAL, PREDICT = ttf.modes.TRAIN, ttf.modes.EVAL, ttf.modes.PREDICT
 ALL_KERAS = ["weights", "biases", "gradients", "losses", "metrics", "outputs", "inputs", "layers",
              "optimizer_variables", "relu_input", "relu_output"]

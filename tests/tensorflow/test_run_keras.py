@@ -8,8 +8,11 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 import tensortap as tt
+
+pytest.importorskip("tensorflow")
 
 SCRIPT = textwrap.dedent(
     """

@@ -8,6 +8,8 @@ import pytest
 import tensortap.tensorflow as ttf
 from tensortap.trials import create_trial
 
+pytest.importorskip("tensorflow")
+
 TRAIN, EVAL = ttf.modes.TRAIN, ttf.modes.EVAL
 
 

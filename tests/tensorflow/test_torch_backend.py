@@ -12,6 +12,8 @@ import pytest
 
 import tensortap as tt
 
+pytest.importorskip("tensorflow")
+
 pytest.importorskip("torch")
 
 SCRIPT = textwrap.dedent(
