@@ -138,6 +138,12 @@ class Trial:
         self._assumed_ended = True
 
     @property
+    def damage(self) -> list:
+        """Corrupt places skipped while reading the index so far, each once: `Damage(path, offset, reason)`
+        (docs/format.md §5.1). Corrupt payloads are not listed: reading one raises CorruptData."""
+        return list(getattr(self.source, "damage", []))
+
+    @property
     def num_workers(self) -> int | None:
         return self.source.num_workers
 
