@@ -13,9 +13,9 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 import tensortap.pytorch as tp  # noqa: E402
-from tensortap.format.process_writer import ProcessChunkWriter  # noqa: E402
 from tensortap.pytorch import _steady  # noqa: E402
 from tensortap.pytorch import hook as hook_module  # noqa: E402
+from tensortap.transport.process_writer import ProcessChunkWriter  # noqa: E402
 from tensortap.trials import StepState  # noqa: E402
 
 TRAIN, EVAL = tp.modes.TRAIN, tp.modes.EVAL
