@@ -101,13 +101,43 @@ def dtype_from_str(s: str) -> np.dtype:
     return np.dtype(getattr(mld, s))
 
 
+# torch dtypes numpy lacks, stored bit-exact as the ml_dtypes type of the same name (as the PyTorch hook does)
+_TORCH_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
+def _torch_to_numpy(value: Any) -> np.ndarray:
+    """A torch tensor (any device, with or without grad) as a host numpy array with the same bytes;
+    torch is not imported here: a torch tensor means it is loaded already."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(value, torch.Tensor):
+        return np.asarray(value)
+    t = value.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.resolve_conj().resolve_neg().contiguous()
+    name = str(t.dtype).removeprefix("torch.")
+    if name in _TORCH_ML_DTYPES:
+        mld = _ml_dtypes()
+        if mld is None or not hasattr(mld, name):
+            return t.float().numpy()  # without ml_dtypes: float32, a readable approximation
+        same_width = {1: torch.uint8, 2: torch.int16}[t.element_size()]
+        return t.view(same_width).numpy().view(getattr(mld, name))
+    try:
+        return t.numpy()
+    except (TypeError, RuntimeError) as e:
+        raise TypeError(f"cannot store a torch tensor of dtype {t.dtype}: {e}") from None
+
+
 def as_storable(value: Any) -> np.ndarray:
     """`value` as a C-contiguous little-endian numpy array that the format can store.
 
-    Strings (str, bytes, object arrays of str) become numpy unicode/bytes arrays; dicts and other
-    objects are refused (no pickle).
+    Strings (str, bytes, object arrays of str) become numpy unicode/bytes arrays; torch tensors keep their
+    bytes (bfloat16 and float8 as ml_dtypes types); dicts, None and other objects are refused with a
+    TypeError (no pickle).
     """
-    arr = np.asarray(value)
+    arr = _torch_to_numpy(value) if type(value).__module__.startswith("torch") else np.asarray(value)
     if arr.dtype.kind == "O":
         flat = arr.ravel().tolist()
         if all(isinstance(x, str) for x in flat):
