@@ -126,22 +126,10 @@ class NativeSource(Source):
             final = immutable or not newest or c.worker in self.ended_workers or (
                 c.pending_since is not None and c.pending_size == size and now - c.pending_since >= self.settle_s)
             if buf:
-                dec = codec.decode_blocks(buf, c.read_upto, path, final=final)
-                for header, disk, at in dec.blocks:
-                    bad = _malformed(header, disk)
-                    if bad:
-                        self._report(path, c.read_upto + at, f"malformed block: {bad}")
-                        continue
-                    out.append(self._ingest(cid, c, header, disk))
-                for d in dec.damage:
-                    self._report(path, c.read_upto + d.offset, d.reason)
-                    if d.header is not None and d.header.get("end") is True:
-                        self.ended_workers.add(c.worker)  # the end mark of a damaged last block
-                if dec.blocks:
-                    c.damaged_tail = False
-                if dec.damage and dec.damage[-1].offset + dec.damage[-1].length == dec.used:
-                    c.damaged_tail = True
-                c.read_upto += dec.used
+                used = self._decode_index(cid, c, path, buf, final, out)
+                if used < len(buf) and not final and c.worker in self.ended_workers:
+                    # the end mark was in this read: what follows it is final now
+                    used += self._decode_index(cid, c, path, buf[used:], True, out)
             if c.read_upto < size:
                 if c.pending_size != size:
                     c.pending_since, c.pending_size = now, size
@@ -170,6 +158,27 @@ class NativeSource(Source):
                 keep &= entries["step"] < hi
             entries = entries[keep]
         return entries
+
+    def _decode_index(self, cid: int, c: _Chunk, path: str, buf: bytes, final: bool, out: list) -> int:
+        """Ingest the blocks of `buf` (the bytes of c's index from c.read_upto), report its damage; returns
+        the bytes consumed (c.read_upto has moved past them)."""
+        dec = codec.decode_blocks(buf, c.read_upto, path, final=final)
+        for header, disk, at in dec.blocks:
+            bad = _malformed(header, disk)
+            if bad:
+                self._report(path, c.read_upto + at, f"malformed block: {bad}")
+                continue
+            out.append(self._ingest(cid, c, header, disk))
+        for d in dec.damage:
+            self._report(path, c.read_upto + d.offset, d.reason)
+            if d.header is not None and d.header.get("end") is True:
+                self.ended_workers.add(c.worker)  # the end mark of a damaged last block
+        if dec.blocks:
+            c.damaged_tail = False
+        if dec.damage and dec.damage[-1].offset + dec.damage[-1].length == dec.used:
+            c.damaged_tail = True
+        c.read_upto += dec.used
+        return dec.used
 
     def _report(self, path: str, offset: int, reason: str) -> None:
         """Record damage once (a reader that re-reads a file does not report it again)."""
