@@ -70,6 +70,12 @@ def create_trial(
     if not isinstance(path, str | os.PathLike) or not str(path).strip():
         raise InvalidConfiguration(f"path={path!r} must be a directory or s3:// URL")
     path = str(path).strip()
+    if name is not None and not isinstance(name, str):
+        raise InvalidConfiguration(f"create_trial: name={name!r} must be a str or None")
+    if isinstance(refresh_interval, bool) or not isinstance(refresh_interval, int | float) or not (
+            0 <= refresh_interval < float("inf")):
+        raise InvalidConfiguration(
+            f"create_trial: refresh_interval={refresh_interval!r} must be a non-negative number of seconds")
     for k in kwargs:
         if k not in ("parallel", "check", "index_mode", "cache", "profiler", "output_dir"):
             raise InvalidConfiguration(f"create_trial() got an unknown argument {k!r}")

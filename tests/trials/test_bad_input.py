@@ -99,3 +99,10 @@ def test_queries_refuse_bad_arguments(tmp_path):
         with pytest.raises(InvalidConfiguration) as ei:
             call()
         assert needle in str(ei.value), (needle, str(ei.value))
+
+
+def test_create_trial_refuses_a_bad_refresh_interval_or_name(tmp_path):
+    with pytest.raises(InvalidConfiguration, match="refresh_interval='x'"):
+        tt.create_trial(str(tmp_path), refresh_interval="x")
+    with pytest.raises(InvalidConfiguration, match="name=3"):
+        tt.create_trial(str(tmp_path), name=3)

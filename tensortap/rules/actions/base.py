@@ -87,7 +87,7 @@ class Actions:
             a = action_from_dict(actions, self.rule_name)
             if a is not None:
                 self.actions.append(a)
-        elif isinstance(actions, Iterable):
+        elif isinstance(actions, Iterable) and not isinstance(actions, bytes | bytearray):
             for a in actions:
                 self.add(a)
         else:
