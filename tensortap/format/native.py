@@ -50,6 +50,7 @@ class NativeSource(Source):
         if settle_s is not None:
             self.settle_s = settle_s
         self._damage_seen: set[tuple[str, int]] = set()
+        self._end_seq: dict[str, int] = {}  # worker -> the newest chunk holding its end mark
         self.range_steps = range_steps
         self.passed_mode_step: dict[str, dict[str, int]] = {}
         self.metadata: dict[str, dict[str, Any]] = {}
@@ -123,11 +124,11 @@ class NativeSource(Source):
                 buf = self.storage.read_range(c.idx_key, c.read_upto, size - c.read_upto) if size > c.read_upto else b""
             newest = self._last_seq.get(c.worker, c.seq) <= c.seq
             # A tail that cannot change any more is decoded to the end: damage there is final.
-            final = immutable or not newest or c.worker in self.ended_workers or (
+            final = immutable or not newest or self._ended_at(c) or (
                 c.pending_since is not None and c.pending_size == size and now - c.pending_since >= self.settle_s)
             if buf:
                 used = self._decode_index(cid, c, path, buf, final, out)
-                if used < len(buf) and not final and c.worker in self.ended_workers:
+                if used < len(buf) and not final and self._ended_at(c):
                     # the end mark was in this read: what follows it is final now
                     used += self._decode_index(cid, c, path, buf[used:], True, out)
             if c.read_upto < size:
@@ -169,16 +170,23 @@ class NativeSource(Source):
                 self._report(path, c.read_upto + at, f"malformed block: {bad}")
                 continue
             out.append(self._ingest(cid, c, header, disk))
+            if header.get("end"):
+                self._end_seq[c.worker] = max(self._end_seq.get(c.worker, -1), c.seq)
         for d in dec.damage:
             self._report(path, c.read_upto + d.offset, d.reason)
             if d.header is not None and d.header.get("end") is True:
                 self.ended_workers.add(c.worker)  # the end mark of a damaged last block
+                self._end_seq[c.worker] = max(self._end_seq.get(c.worker, -1), c.seq)
         if dec.blocks:
             c.damaged_tail = False
         if dec.damage and dec.damage[-1].offset + dec.damage[-1].length == dec.used:
             c.damaged_tail = True
         c.read_upto += dec.used
         return dec.used
+
+    def _ended_at(self, c: _Chunk) -> bool:
+        """The worker wrote its end mark in this chunk or a later one: nothing more comes to c's index."""
+        return self._end_seq.get(c.worker, -1) >= c.seq
 
     def _report(self, path: str, offset: int, reason: str) -> None:
         """Record damage once (a reader that re-reads a file does not report it again)."""
