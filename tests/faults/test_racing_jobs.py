@@ -48,7 +48,6 @@ def _race(tmp_path, i: int, writer: str) -> tuple[list[str], str]:
     return outs, out
 
 
-@pytest.mark.xfail(strict=True, reason="writer defect 5 of #20 (the out_dir claim is check-then-create), lead fixing")
 @pytest.mark.parametrize("writer", ["thread", "process"])
 def test_second_of_two_racing_jobs_is_refused(tmp_path, writer):
     for i in range(4):  # today both jobs pass the check in most races: four races make that all but certain

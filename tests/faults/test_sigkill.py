@@ -164,7 +164,6 @@ def _check_passed_marks(out: str) -> None:
 LAG_DELAYS = np.random.default_rng(21).uniform(0.3, 1.5, 2).round(3).tolist()
 
 
-@pytest.mark.xfail(strict=True, reason="writer defect 3 of #20 (passed marks of a lagging writer), lead fixing")
 @pytest.mark.parametrize("delay", LAG_DELAYS)
 def test_sigkill_lagging_thread_writer_keeps_passed_marks(tmp_path, delay):
     out = str(tmp_path / "job")

@@ -57,8 +57,6 @@ def test_torch_bfloat16_in_the_generic_hook_is_stored_bit_exact(tmp_path):
     assert trial.tensor("grad").value(0).tobytes() == g.detach().numpy().tobytes()
 
 
-@pytest.mark.xfail(strict=True, reason="Hook side of defect 7 of #20 (out_dir not checked at construction), lead "
-                                       "fixing in hooks/base.py")
 def test_hook_refuses_out_dirs_it_cannot_write(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a hook that takes 123 for a relative path writes in here, not in the repo
     a_file = tmp_path / "a_file"
