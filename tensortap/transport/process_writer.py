@@ -105,7 +105,10 @@ def encode_meta(meta: tuple | list) -> bytes:
 
 
 def decode_meta(buf: bytes) -> list:
-    meta = json.loads(buf)
+    try:
+        meta = json.loads(buf.decode("utf-8"))
+    except ValueError:  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
+        meta = None
     if not isinstance(meta, list) or not meta or not isinstance(meta[0], str):
         raise ValueError(f"not a writer-ring message description: {buf[:80]!r}")
     return meta
