@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from tensortap.format.entries import ENTRY_DTYPE
+
+
+class Damage(NamedTuple):
+    """Corrupt stored bytes a reader skipped: the file, the byte offset, and why (docs/format.md §5.1)."""
+
+    path: str
+    offset: int
+    reason: str
 
 
 @dataclass
@@ -28,7 +36,7 @@ class Source(ABC):
     point into. `refresh()` returns only entries not returned before, and updates the metadata:
     `collections`, `num_workers` (None if unknown yet), `ended_workers` (workers that closed
     cleanly), and `passed_step[worker]`: the last global step the worker has finished (it will
-    write nothing more for any step <= it).
+    write nothing more for any step <= it). `damage` lists the corrupt places skipped so far (each once).
     """
 
     def __init__(self) -> None:
@@ -40,6 +48,7 @@ class Source(ABC):
         self.num_workers: int | None = None
         self.ended_workers: set[str] = set()
         self.passed_step: dict[str, int] = {}
+        self.damage: list[Damage] = []
 
     @property
     @abstractmethod

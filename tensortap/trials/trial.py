@@ -13,6 +13,7 @@ import numpy as np
 
 from tensortap import modes as _modes
 from tensortap.exceptions import (
+    InvalidConfiguration,
     NoMoreData,
     StepNotYetAvailable,
     StepUnavailable,
@@ -21,6 +22,7 @@ from tensortap.exceptions import (
 from tensortap.format.entries import ENTRY_DTYPE, REDUCTION, reduction_name
 from tensortap.format.source import CollectionInfo, Source
 from tensortap.modes import ModeKeys
+from tensortap.trials import args as _args
 from tensortap.trials.state import StepState
 from tensortap.trials.tensor import Tensor
 
@@ -138,6 +140,12 @@ class Trial:
         self._assumed_ended = True
 
     @property
+    def damage(self) -> list:
+        """Corrupt places skipped while reading the index so far, each once: `Damage(path, offset, reason)`
+        (docs/format.md §5.1). Corrupt payloads are not listed: reading one raises CorruptData."""
+        return list(getattr(self.source, "damage", []))
+
+    @property
     def num_workers(self) -> int | None:
         return self.source.num_workers
 
@@ -200,12 +208,14 @@ class Trial:
         return self.mode_modestep(global_step)[1]
 
     def mode_modestep(self, global_step: int) -> tuple[ModeKeys | None, int | None]:
+        global_step = _args.step(global_step, "global_step")
         if global_step not in self._global_to_mode:
             self.maybe_refresh()
         return self._global_to_mode.get(global_step, (None, None))
 
     def global_step(self, mode: ModeKeys | str, mode_step: int) -> int | None:
         mode = _modes.parse_mode(mode)
+        mode_step = _args.step(mode_step, "mode_step")
         g = self._to_global(mode_step, mode)
         if g is None:
             self.maybe_refresh()
@@ -218,6 +228,7 @@ class Trial:
 
     def workers_for_step(self, global_step: int) -> list[str]:
         """Workers that saved anything at `global_step`."""
+        global_step = _args.step(global_step, "global_step")
         self._consolidate()
         ids = np.unique(self._all["worker"][self._all["step"] == global_step])
         return sorted((self.source.workers[int(i)] for i in ids), key=natural_key)
@@ -240,8 +251,13 @@ class Trial:
         """Sorted names of saved tensors, optionally those saved at `step` of `mode`, matching `regex`
         (one or a list, re.search) or in `collection`."""
         if regex is not None and collection is not None:
-            raise ValueError("give either regex or collection, not both")
+            raise InvalidConfiguration("give either regex or collection, not both")
         mode = _modes.parse_mode(mode)
+        if step is not None:
+            step = _args.step(step)
+        pats = _args.regexes(regex) if regex is not None else None
+        if collection is not None and not isinstance(collection, str | CollectionInfo):
+            raise InvalidConfiguration(f"collection={collection!r} must be a collection name or a CollectionInfo")
         self.maybe_refresh()
         names = self._all_names()
         if step is not None:
@@ -251,8 +267,7 @@ class Trial:
             self._consolidate()
             sel = self._all["name"][self._all["step"] == g]
             names = [self.source.names[i] for i in np.unique(sel)]
-        if regex is not None:
-            pats = [re.compile(r) for r in ([regex] if isinstance(regex, str) else list(regex))]
+        if pats is not None:
             names = [n for n in names if any(p.search(n) for p in pats)]
         if collection is not None:
             coll = self.collection(collection) if isinstance(collection, str) else collection
@@ -261,6 +276,7 @@ class Trial:
         return sorted(names)
 
     def has_tensor(self, name: str) -> bool:
+        _args.name(name)
         if name not in self._name_ids or self._name_ids[name] not in self._groups:
             self.maybe_refresh()
             self._consolidate()
@@ -280,6 +296,7 @@ class Trial:
         return dict(self.source.collections)
 
     def collection(self, name: str) -> CollectionInfo:
+        _args.name(name)
         colls = self.collections()
         if name not in colls:
             raise KeyError(f"no collection {name!r} in this trial; it has {sorted(colls)}")
@@ -290,6 +307,7 @@ class Trial:
     def has_passed_step(self, step: int, mode: ModeKeys | str = _modes.GLOBAL) -> StepState:
         """Whether `step` of `mode` is AVAILABLE, will never be (UNAVAILABLE), or may come (NOT_YET_AVAILABLE)."""
         mode = _modes.parse_mode(mode)
+        step = _args.step(step)
         self.maybe_refresh()
         g = self._to_global(step, mode)
         if g is not None:
@@ -323,9 +341,11 @@ class Trial:
         """Block until every step is available. Raises StepUnavailable for a step that will never come,
         NoMoreData past the end of a finished job, StepNotYetAvailable when `timeout` seconds pass."""
         mode = _modes.parse_mode(mode)
+        required = _args.steps(required_steps)
+        timeout = _args.timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.02
-        for step in sorted(required_steps):
+        for step in sorted(required):
             while True:
                 self.refresh_data()
                 state = self.has_passed_step(step, mode)
@@ -367,6 +387,8 @@ class Trial:
         mode = _modes.parse_mode(mode)
         if names is None:
             names = self.tensor_names(regex=regex, collection=collection)
+        elif isinstance(names, str) or not isinstance(names, Iterable) or not all(isinstance(n, str) for n in names):
+            raise InvalidConfiguration(f"names={names!r} must be a list of tensor names")
         rows: dict[str, list] = {k: [] for k in ("tensor", "worker", "step", "mode", "mode_step", "reduction",
                                                  "value")}
         for name in names:
