@@ -79,7 +79,7 @@ def ask(trial: Any, modes: Any, q: dict[str, Any]) -> dict[str, Any]:
         except Exception as e:  # noqa: BLE001
             out["tensors"][name] = {"error": type(e).__name__}
             continue
-        out["tensors"][name] = _ask_tensor(t, name, q, M)
+        out["tensors"][name] = _ask_tensor(t, name, q, M, out["steps_incomplete"]["GLOBAL"])
     waits = {}
     for s, n in q.get("wait", []):
         # a step that may still come would block (smdebug has no timeout): only its state is compared
@@ -109,7 +109,7 @@ def ask(trial: Any, modes: Any, q: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _ask_tensor(t: Any, name: str, q: dict[str, Any], M: dict[str, Any]) -> dict[str, Any]:
+def _ask_tensor(t: Any, name: str, q: dict[str, Any], M: dict[str, Any], trial_steps: list[int]) -> dict[str, Any]:
     t_ans: dict[str, Any] = {"steps": t.steps()}
     if q.get("tensor_mode_steps", True):
         t_ans["steps_by_mode"] = {n: t.steps(M[n]) for n in MODE_NAMES}
@@ -118,7 +118,7 @@ def _ask_tensor(t: Any, name: str, q: dict[str, Any], M: dict[str, Any]) -> dict
     if not q.get("values", True):
         return t_ans
     t_ans["value"] = {str(s): _try(lambda s=s: t.value(s), _value) for s in all_steps}
-    t_ans["workers"] = {str(s): _try(lambda s=s: sorted(t.workers(s))) for s in all_steps}
+    t_ans["workers"] = {str(s): _try(lambda s=s: sorted(t.workers(s))) for s in trial_steps}
     reds = [("mean", False), ("max", False), ("min", False), ("mean", True)]
     if name in q.get("l2_tensors", []):
         reds.append(("l2", False))
