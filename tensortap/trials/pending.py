@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tensortap.format.native import NativeSource, is_native_out_dir
+from tensortap.format import layout
+from tensortap.format.native import NativeSource
 from tensortap.format.smdebug import SmdebugSource, has_smdebug_data, is_smdebug_out_dir
 from tensortap.format.source import Source
 from tensortap.storage.base import Storage
@@ -19,9 +20,16 @@ __all__ = ["PendingSource", "open_source"]
 RangeSteps = tuple[int | None, int | None] | None
 
 
+def _has_native_data(storage: Storage) -> bool:
+    """A tensortap hook has claimed or written a worker folder (a stop request in `tensortap/control/`, which a
+    rule may write into any out_dir, is not data)."""
+    control = layout.ROOT + "/control/"
+    return any(not k.startswith(control) for k in storage.list(layout.ROOT + "/"))
+
+
 def _detect(storage: Storage, range_steps: RangeSteps) -> Source | None:
     """The source of the format the out_dir's data is in, None while it holds no step data."""
-    if is_native_out_dir(storage):
+    if _has_native_data(storage):
         return NativeSource(storage, range_steps)
     if has_smdebug_data(storage):
         return SmdebugSource(storage, range_steps)
@@ -49,7 +57,7 @@ class PendingSource(Source):
         return self.storage.url
 
     def resolved(self) -> Source:
-        if is_native_out_dir(self.storage):
+        if _has_native_data(self.storage):
             return NativeSource(self.storage, self.range_steps)
         if has_smdebug_data(self.storage):
             return self._smdebug or SmdebugSource(self.storage, self.range_steps)

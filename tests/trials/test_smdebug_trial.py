@@ -216,3 +216,15 @@ def test_local_and_s3_trial_classes(tmp_path):
     direct = LocalTrial("job", path, range_steps=(0, 3))
     assert direct.name == "job" and direct.steps() == [0, 2]
     assert issubclass(S3Trial, Trial)
+
+
+def test_stop_request_in_an_smdebug_out_dir_is_not_tensortap_data(tmp_path):
+    """A rule's stop request (tensortap/control/stop.json) in an smdebug out_dir does not make it a tensortap one."""
+    from tensortap.format.control import STOP_KEY
+
+    path = _live_copy(tmp_path, "live_other_name")
+    os.makedirs(os.path.dirname(os.path.join(path, STOP_KEY)))
+    with open(os.path.join(path, STOP_KEY), "w") as f:
+        f.write("{}")
+    trial = tt.create_trial(path)
+    assert isinstance(trial.source, SmdebugSource) and trial.steps() == [0, 1, 2]
