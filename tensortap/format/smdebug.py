@@ -98,12 +98,12 @@ def index_key_prefix(step: int) -> str:
 
 def is_smdebug_out_dir(storage: Storage) -> bool:
     """True if `storage` holds an smdebug out_dir (it has collections/, index/ or events/ keys)."""
-    return any(storage.list(p) for p in ("collections/", "index/", "events/"))
+    return any(storage.has_keys(p) for p in ("collections/", "index/", "events/"))
 
 
 def has_smdebug_data(storage: Storage) -> bool:
     """True once an smdebug job has written step data (index/ or events/ keys), not only its collections."""
-    return any(storage.list(p) for p in ("index/", "events/"))
+    return any(storage.has_keys(p) for p in ("index/", "events/"))
 
 
 def split_reduction_name(tname: str) -> tuple[str, int] | None:
