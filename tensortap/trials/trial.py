@@ -398,7 +398,10 @@ class Trial:
         return pd.DataFrame(rows)
 
     def __repr__(self) -> str:
-        return f"<Trial {self.name!r} path={self.path!r} steps={len(self._sorted_steps)} workers={self.workers()}>"
+        return (
+            f"<{type(self).__name__} {self.name!r} path={self.path!r} steps={len(self._sorted_steps)} "
+            f"workers={self.workers()}>"
+        )
 
 
 class LocalTrial(Trial):

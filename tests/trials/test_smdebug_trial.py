@@ -125,6 +125,8 @@ def test_steps_counted_per_worker_number_not_name(tmp_path):
     assert w.workers(1) == ["algo-1"] and w.value(1, worker="algo-1").shape == (3, 2)
     with pytest.raises(StepNotYetAvailable):  # a live job: the next step may come (bounded wait)
         trial.wait_for_steps([3], timeout=0.2)
+    invoke_rule(_Counting(trial), end_step=3, timeout=5)  # the written steps are evaluated without waiting
+    assert _Counting.seen == [0, 1, 2]
     _end(path)
     with pytest.raises(NoMoreData):  # the job ended: no wait hangs
         trial.wait_for_steps([3])
