@@ -5,7 +5,7 @@ distributed job's workers would) and answers questions (questions.py) with smdeb
 JSON lines: one request on stdin, one answer on stdout (smdebug's own logging goes to stderr). No pickle.
 
     {"op": "write", "scenario": ..., "phase": n, "out": dir}   write phase n of a scenario into dir (or s3://)
-    {"op": "open", "id": ..., "path": ...}                       create_trial, kept under id (it tails the job)
+    {"op": "open", "id": ..., "path": ..., "env": {...}}         create_trial (with env set), kept under id
     {"op": "ask", "id": ..., "q": {...}}                         questions.ask on trial id
     {"op": "wait_start", "id": ..., "step": s, "mode": m}        wait_for_steps([s], m) in a thread
     {"op": "wait_result", "timeout": t}                          the thread's result (or {"running": true})
@@ -162,6 +162,16 @@ def sc_dummy(out: str, phase: int) -> None:
         end_job(out)
 
 
+def sc_window(out: str, phase: int) -> None:
+    """A worker that stopped writing (worker_1 after step 0): smdebug's incomplete-step window moves on."""
+    if phase == 0:
+        export_collections(out, "worker_0", 2)
+        export_collections(out, "worker_1", 2)
+        fw_step(out, 0, "worker_1")
+        for s in range(7):
+            fw_step(out, s, "worker_0")
+
+
 def sc_only_collections(out: str, phase: int) -> None:
     """A job that has exported its collections but not yet written its first step, then writes steps."""
     if phase == 0:
@@ -246,6 +256,7 @@ SCENARIOS = {
     "odd_names": sc_odd_names,
     "dummy": sc_dummy,
     "only_collections": sc_only_collections,
+    "window": sc_window,
     "hook": sc_hook,
 }
 
@@ -303,11 +314,19 @@ def serve() -> None:
                 SCENARIOS[req["scenario"]](req["out"], req["phase"])
                 reply({"ok": True})
             elif op == "open":
+                saved = {k: os.environ.get(k) for k in req.get("env", {})}
+                os.environ.update(req.get("env", {}))  # read by smdebug's Trial constructor
                 try:
                     trials[req["id"]] = create_trial(req["path"])
                     reply({"ok": True})
                 except Exception as e:  # noqa: BLE001 - the exception class is the answer
                     reply({"error": type(e).__name__})
+                finally:
+                    for k, v in saved.items():
+                        if v is None:
+                            os.environ.pop(k, None)
+                        else:
+                            os.environ[k] = v
             elif op == "ask":
                 reply({"ok": questions.ask(trials[req["id"]], ModeKeys, req["q"])})
             elif op == "wait_start":

@@ -78,8 +78,8 @@ class SmdebugServer:
     def write(self, scenario: str, phase: int, out: str) -> None:
         self.call(op="write", scenario=scenario, phase=phase, out=out)
 
-    def open(self, tid: str, path: str) -> None:
-        assert self.call(op="open", id=tid, path=path) == {"ok": True}
+    def open(self, tid: str, path: str, env: dict | None = None) -> None:
+        assert self.call(op="open", id=tid, path=path, env=env or {}) == {"ok": True}
 
     def ask(self, tid: str, q: dict) -> dict:
         return self.call(op="ask", id=tid, q=q)["ok"]
@@ -244,6 +244,19 @@ def test_events_under_another_worker_name(smd, tmp_path):
     smd.write("other_name", 2, out)
     a = assert_same(mine, smd, "o", {"wait": [[3, "GLOBAL"], [4, "GLOBAL"]]}, "ended")
     assert a["wait_for_steps"]["GLOBAL:4"] == {"error": "NoMoreData"}  # no wait hangs on an ended job
+
+
+def test_incomplete_step_window(smd, tmp_path, monkeypatch):
+    """smdebug's window: with more incomplete steps than SMDEBUG_INCOMPLETE_STEP_WAIT_WINDOW, every refresh
+    declares half a window more complete (a worker that died does not hold the job back forever)."""
+    out = str(tmp_path / "window")
+    smd.write("window", 0, out)
+    env = {"SMDEBUG_INCOMPLETE_STEP_WAIT_WINDOW": "2"}
+    smd.open("win", out, env)
+    monkeypatch.setenv("SMDEBUG_INCOMPLETE_STEP_WAIT_WINDOW", "2")
+    mine = open_ours(out)
+    a = assert_same(mine, smd, "win", dict(LIVE, values=False), "window")
+    assert a["last_complete_step"] == 4  # 7 steps: it moves until at most the window (2) is incomplete
 
 
 def test_odd_worker_names(smd, tmp_path):
