@@ -6,9 +6,9 @@ import os
 
 from tensortap.trials.state import StepState
 from tensortap.trials.tensor import Tensor
-from tensortap.trials.trial import Trial
+from tensortap.trials.trial import LocalTrial, S3Trial, Trial
 
-__all__ = ["create_trial", "Trial", "Tensor", "StepState"]
+__all__ = ["create_trial", "Trial", "LocalTrial", "S3Trial", "Tensor", "StepState"]
 
 #: top-level entries a job's out_dir may hold before its hook has written anything: what tensortap's
 #: runner writes beside the job (rule statuses) and its control files
@@ -57,14 +57,15 @@ def create_trial(
     **kwargs: object,
 ) -> Trial:
     """A Trial over the job saved at `path` (local dir or s3://...): tensortap's own store or an
-    smdebug out_dir, detected automatically. `range_steps=(begin, end)` keeps global steps in [begin, end).
+    smdebug out_dir, detected from the first data written (until then the trial keeps looking).
+    `range_steps=(begin, end)` keeps global steps in [begin, end). Returns an S3Trial for s3:// URLs,
+    else a LocalTrial (both are Trials).
 
     `path` must be an existing directory (or an s3:// prefix). An empty one (or one holding only what
     tensortap's runner writes beside a job: `rules/`) is a job that has not started yet: the trial shows
     no steps and `wait_for_steps` waits for them (docs/format.md §5.2). A missing path, a plain file or a
     directory of other things raises InvalidConfiguration naming the path."""
     from tensortap.exceptions import InvalidConfiguration
-    from tensortap.format.native import NativeSource, is_native_out_dir
     from tensortap.storage import open_storage
 
     if not isinstance(path, str | os.PathLike) or not str(path).strip():
@@ -97,14 +98,5 @@ def create_trial(
     _check_out_dir(storage, path)
     if name is None:
         name = os.path.basename(path.rstrip("/")) or path
-    if is_native_out_dir(storage):
-        source = NativeSource(storage, range_steps)
-    else:
-        from tensortap.format.smdebug import SmdebugSource, is_smdebug_out_dir
-
-        if is_smdebug_out_dir(storage):
-            source = SmdebugSource(storage, range_steps)
-        else:
-            # Nothing written yet: assume a tensortap job that is about to start.
-            source = NativeSource(storage, range_steps)
-    return Trial(source, name, range_steps, refresh_interval=refresh_interval)
+    cls = S3Trial if path.startswith("s3://") else LocalTrial
+    return cls.from_storage(storage, name, range_steps, refresh_interval=refresh_interval)

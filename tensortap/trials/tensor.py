@@ -152,15 +152,18 @@ class Tensor:
         return s if n is None else s[-n:] if n > 0 else []
 
     def workers(self, step_num: int, mode: ModeKeys | str = _modes.GLOBAL) -> list[str]:
+        """Workers that saved this tensor at the step; TensorUnavailableForStep if none did (as smdebug)."""
         from tensortap.trials.trial import natural_key
 
         mode = _modes.parse_mode(mode)
         step_num = _args.step(step_num, "step_num")
         g = self._global(step_num, mode)
-        if g is None:
-            return []
-        e = self._load()
-        ids = np.unique(e["worker"][e["step"] == g])
+        ids = np.empty(0)
+        if g is not None:
+            e = self._load()
+            ids = np.unique(e["worker"][e["step"] == g])
+        if not len(ids):
+            raise TensorUnavailableForStep(self.name, step_num, mode)
         return sorted((self.trial.source.workers[int(i)] for i in ids), key=natural_key)
 
     # --- values -----------------------------------------------------------------------------
