@@ -61,7 +61,9 @@ def invoke_rule(
     Differences from smdebug, all opt-in or invisible: with `stop_at_job_end`, a finished job ends the loop
     cleanly instead of raising NoMoreData; `timeout` bounds each wait for a step (StepNotYetAvailable);
     unsaved steps are skipped in one jump instead of one exception each; the report (also `rule_obj.report`)
-    is returned and, with `report_path` (a file or a directory), written as JSON.
+    is returned and, with `report_path` (a file or a directory), written as JSON (`report.to_json()`;
+    `report.to_dict()` is plain JSON data). `report.status` is IssuesFound, NoIssuesFound, or NoData when the
+    rule evaluated no data point (`report.no_data_message()` says what it looked for and what the job has).
     """
     step = int(start_step or 0)
     rule_obj.wait_timeout = timeout
@@ -102,7 +104,19 @@ def invoke_rule(
             reason = f"interrupted: {type(e).__name__}"
         raise
     finally:
-        report.finish(reason)
+        try:
+            rule_obj.on_finish()
+        except Exception as e:  # noqa: BLE001 - a failing summary must not hide the real outcome
+            logger.warning("%s: on_finish failed: %s", rule_obj.rule_name, e)
+        for line in rule_obj.actions.report_failures():
+            report.warn(line)
+        no_data = None
+        if report.steps_evaluated == 0 and not report.triggered:
+            try:
+                no_data = rule_obj.no_data_detail()
+            except Exception as e:  # noqa: BLE001 - the description must not hide the real outcome
+                logger.debug("%s: no_data_detail failed: %s", rule_obj.rule_name, e)
+        report.finish(reason, no_data)
         if report_path is not None:
             report.write(report_path)
     return report

@@ -99,6 +99,9 @@ class Rule:
         """Evaluate the rule at global `step`; a truthy value (or Verdict(fired=True)) means the condition is met."""
         raise NotImplementedError
 
+    def on_finish(self) -> None:
+        """Called once when invoke_rule ends, before the report is finished (e.g. to add warnings)."""
+
     # --- evaluation -------------------------------------------------------------------------
 
     @property
@@ -171,8 +174,30 @@ class Rule:
 
     def select(self, collections: Iterable[str] = (), regex: Iterable[str] = (), trial: Any = None,
                all_if_empty: bool = False) -> list[str]:
-        """Tensor names in any of `collections` or matching any of `regex`."""
-        return self.data(trial).names(collections, regex, all_if_empty=all_if_empty)
+        """Tensor names in any of `collections` or matching any of `regex` (noted in the report's
+        `looked_for` / `matched`, which say what a rule that saw no data was looking for)."""
+        collections, regex = list(collections), list(regex)
+        names = self.data(trial).names(collections, regex, all_if_empty=all_if_empty)
+        self.report.looking_for(collections, regex, names)
+        return names
+
+    def no_data_detail(self) -> dict[str, Any]:
+        """What the rule looked for, what matched, and what the job has: the report's `no_data` entry when
+        the rule evaluated no data point."""
+        t = self.base_trial
+        try:
+            t.refresh_data()
+        except Exception:  # noqa: BLE001 - a description must not fail the rule
+            pass
+        names = list(t.tensor_names())
+        return {
+            "looked_for": {k: list(v) for k, v in self.report.looked_for.items()},
+            "matched": list(self.report.matched[:100]),
+            "job_steps": len(t.steps(show_incomplete_steps=True)),
+            "job_collections": sorted(c for c in t.collections() if t.tensor_names(collection=c)),
+            "job_tensors": names[:20],
+            "job_tensor_count": len(names),
+        }
 
     def stat(self, name: str, step: int, stat: Stat, trial: Any = None) -> Any:
         """`stat` of tensor `name` at `step`, or None if there is no value (or not enough history)."""

@@ -22,6 +22,12 @@ BOOTSTRAP_DIR = os.path.join(os.path.dirname(__file__), "bootstrap")
 KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL
 RULES_SETTLE = 120.0  # seconds rules may take to finish after training ended
 
+#: exit statuses of `tensortap run` / `tensortap rules run`, most serious first
+EXIT_FAILED = 2  # training failed, a rule errored, the run was interrupted, or the command line was wrong
+EXIT_ISSUES = 1  # a rule found an issue
+EXIT_NO_DATA = 3  # no rule found an issue, but some rule saw no data (NoData): not a clean bill of health
+EXIT_CLEAR = 0  # every rule evaluated data and found no issue
+
 
 @dataclass
 class RuleProc:
@@ -53,12 +59,59 @@ def validate(spec: JobSpec) -> None:
         raise InvalidConfiguration("--out-dir is required (a local directory or s3://bucket/prefix)")
     if spec.include_workers not in ("one", "all"):
         raise InvalidConfiguration(f"include_workers={spec.include_workers!r}: allowed are 'one' and 'all'")
+    if "://" not in spec.out_dir:
+        check_local_out_dir(spec.out_dir)
     storage = open_storage(spec.out_dir)
     if storage.list("tensortap/") or storage.list("rules/"):
         raise InvalidConfiguration(f"--out-dir {spec.out_dir!r} already holds a job: use a new directory")
+    check_collections(spec)
     trial = create_trial(spec.out_dir)
     for r in spec.rules:
         build_rule(r, trial)  # parses the parameters: errors name the rule, parameter and value
+
+
+def _is_job_dir(p: str) -> bool:
+    """`p` holds a job's data: tensortap's store, or an smdebug out_dir (events/ beside collections/ or index/)."""
+    j = os.path.join
+    return os.path.isdir(j(p, "tensortap")) or (
+        os.path.isdir(j(p, "events")) and (os.path.isdir(j(p, "collections")) or os.path.isdir(j(p, "index"))))
+
+
+def check_local_out_dir(out_dir: str) -> None:
+    """A local out_dir must be a directory we can create and write, and not lie inside another job's data."""
+    p = os.path.abspath(out_dir)
+    if os.path.exists(p) and not os.path.isdir(p):
+        raise InvalidConfiguration(f"--out-dir {out_dir!r} is a file, not a directory")
+    anc = os.path.dirname(p)
+    while anc != os.path.dirname(anc):
+        if os.path.exists(anc) and not os.path.isdir(anc):
+            raise InvalidConfiguration(f"--out-dir {out_dir!r}: {anc!r} is a file, not a directory")
+        if _is_job_dir(anc):
+            raise InvalidConfiguration(f"--out-dir {out_dir!r} lies inside the data of another job ({anc}): "
+                                       f"choose a directory outside it")
+        anc = os.path.dirname(anc)
+    try:
+        os.makedirs(p, exist_ok=True)
+        probe = os.path.join(p, f".tensortap-write-test-{os.getpid()}")
+        with open(probe, "wb") as f:
+            f.write(b"x")
+        os.remove(probe)
+    except OSError as e:
+        raise InvalidConfiguration(f"--out-dir {out_dir!r} is not writable: {e.strerror or e}") from None
+
+
+def check_collections(spec: JobSpec) -> None:
+    """Every --collection is a built-in collection, one a rule of the job reads, or defined by include_regex."""
+    from tensortap.collection import CollectionKeys
+    from tensortap.runner.hook_config import rule_collections
+
+    known = {v for k, v in vars(CollectionKeys).items() if k.isupper() and isinstance(v, str)}
+    known |= set(rule_collections(spec))
+    for name, params in spec.collections.items():
+        if name not in known and not params.get("include_regex"):
+            raise InvalidConfiguration(
+                f"--collection {name!r}: no such collection; built-in ones are {', '.join(sorted(known))}; "
+                f"define a new one with --collection {name}:include_regex=REGEX")
 
 
 def _rich_console() -> Any | None:
@@ -77,7 +130,8 @@ def _table(rules: list[RuleProc], training: str) -> Any:
     t = Table(title=f"tensortap rules — training: {training}", expand=False)
     for col in ("rule", "status", "last step", "first step fired", "message"):
         t.add_column(col)
-    colours = {st.ISSUES_FOUND: "red", st.NO_ISSUES_FOUND: "green", st.ERROR: "magenta", st.IN_PROGRESS: "cyan"}
+    colours = {st.ISSUES_FOUND: "red", st.NO_ISSUES_FOUND: "green", st.ERROR: "magenta", st.IN_PROGRESS: "cyan",
+               st.NO_DATA: "yellow"}
     def cell(v: Any) -> str:
         return "-" if v is None else str(v)
 
@@ -101,6 +155,7 @@ class Runner:
         self.interrupted = False
         self.console = None if spec.json_output else _rich_console()
         self.tmp = tempfile.mkdtemp(prefix="tensortap-run-")
+        self.offline = False
 
     # --- output ---------------------------------------------------------------------------------
 
@@ -134,6 +189,7 @@ class Runner:
     def start(self, offline: bool = False) -> None:
         from tensortap.runner.hook_config import build_hook_config
 
+        self.offline = offline
         if offline:
             self.training_exit = 0
         else:
@@ -174,7 +230,7 @@ class Runner:
         for r in self.rules:
             if r.status.get("status") in st.FINAL and r.proc is not None and r.proc.poll() is not None:
                 continue
-            s = st.read_status(storage, r.label)
+            s = st.read_status(storage, r.label, self.offline)
             if s is not None:
                 before = r.status.get("status")
                 r.status = s
@@ -268,11 +324,13 @@ class Runner:
             stopped_by = "interrupt"
         training_failed = code != 0 and not (stopped_by and stopped_by != "interrupt")
         if self.interrupted or training_failed or any(r["status"] in (st.ERROR, st.STOPPED) for r in rules):
-            exit_status = 2
+            exit_status = EXIT_FAILED
         elif any(r["status"] == st.ISSUES_FOUND for r in rules):
-            exit_status = 1
+            exit_status = EXIT_ISSUES
+        elif any(r["status"] == st.NO_DATA for r in rules):
+            exit_status = EXIT_NO_DATA
         else:
-            exit_status = 0
+            exit_status = EXIT_CLEAR
         return exit_status, {"rules": rules, "training": {"exit_code": code, "stopped_by": stopped_by}}
 
 
@@ -287,7 +345,8 @@ def _report(runner: Runner, spec: JobSpec, doc: dict[str, Any], offline: bool = 
     for r in doc["rules"]:
         runner.say(f"[tensortap] {r['name']}: {r['status']}"
                    + (f" (first at step {r['first_step']})" if r["first_step"] is not None else "")
-                   + (f": {r['message']}" if r["status"] in (st.ISSUES_FOUND, st.ERROR) and r["message"] else ""))
+                   + (f": {r['message']}" if r["status"] in (st.ISSUES_FOUND, st.ERROR, st.NO_DATA) and r["message"]
+                      else ""))
     runner.say(f"[tensortap] data: {spec.out_dir}   inspect: tensortap ls {spec.out_dir}")
 
 
