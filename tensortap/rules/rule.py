@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
+from tensortap import modes
 from tensortap.analysis.utils import no_refresh
 from tensortap.exceptions import (
     InvalidConfiguration,
     RuleEvaluationConditionMet,
+    StepNotYetAvailable,
     StepUnavailable,
     TensorUnavailable,
     TensorUnavailableForStep,
@@ -87,6 +90,9 @@ class Rule:
                                  other_trials=[str(t.path) for t in self.other_trials])
         #: seconds invoke() waits for a step before StepNotYetAvailable (None: forever)
         self.wait_timeout: float | None = None
+        #: seconds between looks for a step that is not there yet (None: the trial's backoff, up to 0.5 s);
+        #: a real-time rule sets it small, so a verdict follows the data within that much
+        self.poll_interval: float | None = None
         self._violations: list[Violation] = []
         self._datapoints = 0
 
@@ -109,8 +115,25 @@ class Rule:
         return self._actions
 
     def _wait_for_step(self, step: int) -> None:
-        if self.base_trial.has_passed_step(step) != StepState.AVAILABLE:
-            self.base_trial.wait_for_steps([step], timeout=self.wait_timeout)
+        t = self.base_trial
+        state = t.has_passed_step(step)
+        if state == StepState.AVAILABLE:
+            return
+        if self.poll_interval is None or state == StepState.UNAVAILABLE:
+            t.wait_for_steps([step], timeout=self.wait_timeout)  # raises StepUnavailable / NoMoreData as due
+            return
+        deadline = None if self.wait_timeout is None else time.monotonic() + self.wait_timeout
+        while True:
+            t.refresh_data()
+            state = t.has_passed_step(step)
+            if state == StepState.AVAILABLE:
+                return
+            if state == StepState.UNAVAILABLE:
+                t.wait_for_steps([step], timeout=0)
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise StepNotYetAvailable(step, modes.GLOBAL)
+            time.sleep(self.poll_interval)
 
     def invoke(self, step: int) -> None:
         """Wait for `step`, evaluate, record; when the condition is met run the actions and raise

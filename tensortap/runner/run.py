@@ -20,6 +20,7 @@ from tensortap.runner.spec import JobSpec, RuleSpec
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(__file__), "bootstrap")
 KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL
+RULES_READY_WAIT = 60.0  # seconds training waits for the rule processes to be ready
 RULES_SETTLE = 120.0  # seconds rules may take to finish after training ended
 
 #: exit statuses of `tensortap run` / `tensortap rules run`, most serious first
@@ -59,8 +60,9 @@ def validate(spec: JobSpec) -> None:
         raise InvalidConfiguration("--out-dir is required (a local directory or s3://bucket/prefix)")
     if spec.include_workers not in ("one", "all"):
         raise InvalidConfiguration(f"include_workers={spec.include_workers!r}: allowed are 'one' and 'all'")
-    if "://" not in spec.out_dir:
-        check_local_out_dir(spec.out_dir)
+    local = "://" not in spec.out_dir
+    if local:
+        check_local_out_dir(spec.out_dir, create=False)
     storage = open_storage(spec.out_dir)
     if storage.list("tensortap/") or storage.list("rules/"):
         raise InvalidConfiguration(f"--out-dir {spec.out_dir!r} already holds a job: use a new directory")
@@ -68,6 +70,8 @@ def validate(spec: JobSpec) -> None:
     trial = create_trial(spec.out_dir)
     for r in spec.rules:
         build_rule(r, trial)  # parses the parameters: errors name the rule, parameter and value
+    if local:
+        check_local_out_dir(spec.out_dir, create=True)  # last: a refused job leaves no directory behind
 
 
 def _is_job_dir(p: str) -> bool:
@@ -77,8 +81,9 @@ def _is_job_dir(p: str) -> bool:
         os.path.isdir(j(p, "events")) and (os.path.isdir(j(p, "collections")) or os.path.isdir(j(p, "index"))))
 
 
-def check_local_out_dir(out_dir: str) -> None:
-    """A local out_dir must be a directory we can create and write, and not lie inside another job's data."""
+def check_local_out_dir(out_dir: str, create: bool = True) -> None:
+    """A local out_dir must be a directory we can create and write (tried with `create`), and not lie inside
+    another job's data."""
     p = os.path.abspath(out_dir)
     if os.path.exists(p) and not os.path.isdir(p):
         raise InvalidConfiguration(f"--out-dir {out_dir!r} is a file, not a directory")
@@ -90,6 +95,8 @@ def check_local_out_dir(out_dir: str) -> None:
             raise InvalidConfiguration(f"--out-dir {out_dir!r} lies inside the data of another job ({anc}): "
                                        f"choose a directory outside it")
         anc = os.path.dirname(anc)
+    if not create:
+        return
     try:
         os.makedirs(p, exist_ok=True)
         probe = os.path.join(p, f".tensortap-write-test-{os.getpid()}")
@@ -187,20 +194,49 @@ class Runner:
         return env
 
     def start(self, offline: bool = False) -> None:
-        from tensortap.runner.hook_config import build_hook_config
-
+        """Start the rule processes, wait until each is ready (imports done, rule built, watching the
+        out_dir), then start training: a problem at the first step is judged as soon as it is written."""
         self.offline = offline
         if offline:
             self.training_exit = 0
-        else:
-            config_path = os.path.join(self.tmp, "hook_config.json")
-            with open(config_path, "w", encoding="utf-8") as f:
-                json.dump(build_hook_config(self.spec), f, indent=2)
-            self.training = subprocess.Popen(
-                self.spec.command, env=self._child_env(config_path), stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
-            )
-            threading.Thread(target=self._pump, args=(self.training.stdout,), daemon=True).start()
+        self._start_rules(offline)
+        if not offline:
+            self._wait_rules_ready()
+            self._start_training()
+
+    def _start_training(self) -> None:
+        from tensortap.runner.hook_config import build_hook_config
+
+        config_path = os.path.join(self.tmp, "hook_config.json")
+        with open(config_path, "w", encoding="utf-8") as f:
+            json.dump(build_hook_config(self.spec), f, indent=2)
+        self.training = subprocess.Popen(
+            self.spec.command, env=self._child_env(config_path), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
+        )
+        threading.Thread(target=self._pump, args=(self.training.stdout,), daemon=True).start()
+
+    def _wait_rules_ready(self) -> None:
+        from tensortap.storage import open_storage
+
+        storage = open_storage(self.spec.out_dir)
+        deadline = time.monotonic() + RULES_READY_WAIT
+        waiting = list(self.rules)
+        while waiting and time.monotonic() < deadline:
+            still = []
+            for r in waiting:
+                s = st.read_status(storage, r.label)
+                if r.proc is not None and r.proc.poll() is None and not (s and (s.get("ready") or
+                                                                                s.get("status") in st.FINAL)):
+                    still.append(r)
+            waiting = still
+            if waiting:
+                time.sleep(0.02)
+        if waiting:
+            self.say(f"[tensortap] rules not ready after {RULES_READY_WAIT:g} s: "
+                     f"{', '.join(r.label for r in waiting)}; starting training anyway")
+
+    def _start_rules(self, offline: bool) -> None:
         for r in self.rules:
             job = {"out_dir": self.spec.out_dir, "label": r.label, "rule": r.spec.to_json(),
                    "stop_on_issue": self.spec.stop_on_issue, "offline": offline}
