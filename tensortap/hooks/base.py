@@ -234,7 +234,7 @@ class Hook:
         self._merged_cfg: dict[int, tuple[Any, Any, SaveConfig]] = {}  # id(collection) -> merged save config
         self._schedules: dict[ModeKeys, list[tuple[Collection, SaveConfigMode]]] = {}  # see _mode_schedule
         self._collections_dirty = True
-        # Stop requests (tensortap.rules.actions.stop): every rank watches, writing or not.
+        # Stop requests (tensortap.format.control): every rank watches, writing or not.
         self._stop_watch = not disabled_by_env()
         self._stop_request: dict | None = None
         self._next_stop_check = 0.0
@@ -537,7 +537,7 @@ class Hook:
         if self._stop_request is None and now < self._next_stop_check:
             return
         self._next_stop_check = now + STOP_CHECK_INTERVAL
-        from tensortap.rules.actions.stop import StopSignal, stop_requested
+        from tensortap.format.control import StopSignal, stop_requested
 
         if self._stop_request is None and not self._remote:
             try:
@@ -554,7 +554,7 @@ class Hook:
             StopSignal(self.out_dir).stop(self, req)  # closes the hook, raises TrainingStopped
 
     def _poll_stop(self) -> None:
-        from tensortap.rules.actions.stop import stop_requested
+        from tensortap.format.control import stop_requested
 
         while not self._closed and self._stop_request is None:
             try:
@@ -611,7 +611,7 @@ class Hook:
                       metadata={"rank": self.rank, "world_size": self.world_size, "hook": type(self).__name__},
                       **self._writer_opts)
             if self.writer_kind == "process":
-                from tensortap.format.process_writer import ProcessChunkWriter
+                from tensortap.transport.process_writer import ProcessChunkWriter
 
                 try:
                     self._writer = ProcessChunkWriter(self._storage, self.worker, **kw)

@@ -43,13 +43,13 @@ from typing import Any
 
 import numpy as np
 
-from tensortap._copy import MESSAGE_HEADER
-from tensortap._copy import gather_into as _gather
-from tensortap._copy import put_message as _put_message
 from tensortap.format import codec
 from tensortap.format.writer import ChunkWriter, Record, RecordBatch
 from tensortap.storage import open_storage
 from tensortap.storage.base import Storage
+from tensortap.transport.copy import MESSAGE_HEADER
+from tensortap.transport.copy import gather_into as _gather
+from tensortap.transport.copy import put_message as _put_message
 
 logger = logging.getLogger("tensortap")
 
@@ -243,7 +243,7 @@ class ProcessChunkWriter:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-c", "from tensortap.format.process_writer import _child_main; _child_main()",
+                [sys.executable, "-c", "from tensortap.transport.process_writer import _child_main; _child_main()",
                  json.dumps(cfg)],
                 stdin=subprocess.DEVNULL, pass_fds=(rfd, wfd), env=env, close_fds=True,
             )
