@@ -15,7 +15,7 @@ from tensortap.exceptions import (
     TensorUnavailable,
     TensorUnavailableForStep,
 )
-from tensortap.rules.report import RuleReport
+from tensortap.rules.report import NO_DATA, RuleReport
 from tensortap.rules.rule import Rule
 
 __all__ = ["invoke_rule"]
@@ -126,7 +126,7 @@ def _finish(rule_obj: Rule, reason: str, report_path: str | None) -> None:
     for line in rule_obj.actions.report_failures():
         report.warn(line)
     no_data = None
-    if report.steps_evaluated == 0 and not report.triggered:
+    if report.status == NO_DATA:
         try:
             no_data = rule_obj.no_data_detail()
         except Exception as e:  # noqa: BLE001 - the description must not hide the real outcome

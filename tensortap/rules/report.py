@@ -104,6 +104,9 @@ class RuleReport:
         self.matched: list[str] = []
         #: with status NoData: what was looked for, what matched, and what the job has
         self.no_data: dict[str, Any] | None = None
+        #: judgements made, for rules whose evaluated steps are not all judgements (a loss rule that reads a
+        #: loss at every step but compares only some); None for the others. 0 means NoData.
+        self.judged: int | None = None
 
     # --- recording ----------------------------------------------------------------------------
 
@@ -153,10 +156,11 @@ class RuleReport:
 
     @property
     def status(self) -> str:
-        """IssuesFound if the rule fired; NoData if it evaluated no data point; else NoIssuesFound."""
+        """IssuesFound if the rule fired; NoData if it evaluated no data point (or made no judgement, for
+        rules that count them); else NoIssuesFound."""
         if self.violations:
             return ISSUES_FOUND
-        if self.steps_evaluated == 0:
+        if self.steps_evaluated == 0 or self.judged == 0:
             return NO_DATA
         return NO_ISSUES_FOUND
 
@@ -174,10 +178,12 @@ class RuleReport:
         what = " and ".join(parts) or "its data"
         matched = d.get("matched", self.matched)
         if matched:
-            msg = (f"no data: {what} matched {len(matched)} tensor(s) ({', '.join(matched[:5])}) but no step of "
-                   f"the job held a value of them the rule could judge")
+            msg = (f"no data: {what} matched {len(matched)} tensor(s) ({', '.join(matched[:5])}) but the rule "
+                   f"could judge none of their values")
         else:
             msg = f"no data: {what} matched no tensor"
+        if d.get("needs"):
+            msg += f"; the rule needs {d['needs']}"
         if "job_steps" in d:
             names = d.get("job_tensors") or []
             more = d.get("job_tensor_count", len(names)) - len(names)
@@ -202,6 +208,7 @@ class RuleReport:
             "first_step_evaluated": self.first_step_evaluated,
             "last_step_evaluated": self.last_step_evaluated,
             "datapoints": self.datapoints,
+            "judged": self.judged,
             "violations": self.violations,
             "triggered": self.triggered,
             "first_fired_step": self.first_fired_step,

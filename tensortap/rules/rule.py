@@ -67,6 +67,8 @@ class Rule:
     #: whether a step at which the rule examined no value (no datapoint) counts as evaluated in the report;
     #: built-in rules say False, so steps without their tensors are not counted
     count_empty_steps: ClassVar[bool] = True
+    #: what the rule needs beyond matching tensors, said when it saw no data (e.g. "EVAL steps after TRAIN steps")
+    needs: ClassVar[str] = ""
 
     def __init__(
         self,
@@ -92,7 +94,7 @@ class Rule:
         self.wait_timeout: float | None = None
         #: seconds between looks for a step that is not there yet (None: the trial's backoff, up to 0.5 s);
         #: a real-time rule sets it small, so a verdict follows the data within that much
-        self.poll_interval: float | None = None
+        self.wait_poll_interval: float | None = None
         self._violations: list[Violation] = []
         self._datapoints = 0
 
@@ -119,7 +121,7 @@ class Rule:
         state = t.has_passed_step(step)
         if state == StepState.AVAILABLE:
             return
-        if self.poll_interval is None or state == StepState.UNAVAILABLE:
+        if self.wait_poll_interval is None or state == StepState.UNAVAILABLE:
             t.wait_for_steps([step], timeout=self.wait_timeout)  # raises StepUnavailable / NoMoreData as due
             return
         deadline = None if self.wait_timeout is None else time.monotonic() + self.wait_timeout
@@ -133,7 +135,7 @@ class Rule:
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 raise StepNotYetAvailable(step, modes.GLOBAL)
-            time.sleep(self.poll_interval)
+            time.sleep(self.wait_poll_interval)
 
     def invoke(self, step: int) -> None:
         """Wait for `step`, evaluate, record; when the condition is met run the actions and raise
@@ -214,6 +216,7 @@ class Rule:
             pass
         names = list(t.tensor_names())
         return {
+            "needs": self.needs,
             "looked_for": {k: list(v) for k, v in self.report.looked_for.items()},
             "matched": list(self.report.matched[:100]),
             "job_steps": len(t.steps(show_incomplete_steps=True)),

@@ -95,7 +95,7 @@ def run(job: dict[str, Any]) -> int:
         if job.get("offline"):
             trial.assume_ended()  # evaluate what is saved now, then finish
         rule = build_rule(spec, trial, job.get("stop_on_issue", False))
-        rule.poll_interval = None if offline else POLL_INTERVAL
+        rule.wait_poll_interval = None if offline else POLL_INTERVAL
         publish(force=True, ready=True)  # imports done, rule built: the runner may start training
         original = rule.invoke
 

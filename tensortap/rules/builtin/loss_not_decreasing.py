@@ -29,6 +29,7 @@ class LossNotDecreasing(Rule):
     count_empty_steps = False
     #: fewer comparisons than this over a whole evaluation give a warning: the verdict rests on too little
     MIN_JUDGED = 5
+    needs = "losses of the judged mode at least num_steps steps apart (no comparison could be made)"
 
     def __init__(self, base_trial: Any, collection_names: Any = None, tensor_regex: Any = None,
                  use_losses_collection: bool | str = True, num_steps: int | str = 10,
@@ -48,6 +49,7 @@ class LossNotDecreasing(Rule):
         self._colls = (["losses"] if self.use_losses_collection else []) + self.collection_names
         self._state: dict[str, tuple[int | None, list[int], list[float]]] = {}
         self.judged = 0
+        self.report.judged = 0
 
     def invoke_at_step(self, step: int) -> bool:
         mode = self.mode
@@ -74,6 +76,7 @@ class LossNotDecreasing(Rule):
                 i = bisect.bisect_right(hsteps, ms - self.num_steps)
                 if i:
                     self.judged += 1
+                    self.report.judged = self.judged
                     prev, prev_step = hvals[i - 1], hsteps[i - 1]
                     if cur >= prev * factor:
                         self.violation(step, f"loss {cur:.6g} at {mode.name} step {ms} did not decrease by more "

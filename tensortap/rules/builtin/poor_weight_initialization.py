@@ -42,6 +42,7 @@ class PoorWeightInitialization(Rule):
         self.set_parameters(activation_inputs_regex=self.activation_inputs_regex, threshold=self.threshold,
                             distribution_range=self.distribution_range, patience=self.patience, steps=self.steps)
         self._first: list[int] = []
+        self._saw_activations = False
         self._loss: dict[str, list[float]] = {}
 
     def _in_first_steps(self, step: int) -> bool:
@@ -58,6 +59,7 @@ class PoorWeightInitialization(Rule):
             for name in self.select(self._act_colls, self.activation_inputs_regex):
                 x = self.raw(name, step)  # only the first steps are judged: no whole-series statistic
                 if x is not None and np.size(x):
+                    self._saw_activations = True
                     v = float(np.var(np.asarray(x), dtype=np.float64))
                     if v == v:
                         var[name] = v
@@ -94,3 +96,9 @@ class PoorWeightInitialization(Rule):
                     self.violation(step, f"loss has not decreased below {st[0]:.4g} for {int(st[1])} steps "
                                    f"(patience {self.patience})", name, v)
         return bool(self._violations)
+
+    def on_finish(self) -> None:
+        if self.activation_inputs_regex and not self._saw_activations and self.report.steps_evaluated:
+            colls = f"the {self._act_colls[0]} collection or " if self._act_colls else ""
+            self.report.warn(f"no activation inputs ({colls}names matching {self.activation_inputs_regex}) were "
+                             f"saved: the layer-variance check judged nothing; only gradients and losses were judged")
