@@ -215,9 +215,12 @@ class Rule:
         except Exception:  # noqa: BLE001 - a description must not fail the rule
             pass
         names = list(t.tensor_names())
+        looked_for = {k: list(v) for k, v in self.report.looked_for.items()}
+        if not any(looked_for.values()):  # it never got to look (no step came): say what it would have read
+            looked_for = self._declared_data()
         return {
             "needs": self.needs,
-            "looked_for": {k: list(v) for k, v in self.report.looked_for.items()},
+            "looked_for": looked_for,
             "matched": list(self.report.matched[:100]),
             "job_steps": len(t.steps(show_incomplete_steps=True)),
             "job_collections": sorted(c for c in t.collections() if t.tensor_names(collection=c)),
@@ -243,6 +246,28 @@ class Rule:
             return None
         self._datapoints += 1
         return v
+
+    def _declared_data(self) -> dict[str, list[str]]:
+        """The collections and regexes a built-in rule's config (tensortap.rules.configs) says it reads."""
+        from tensortap.rules.builtin import RULES
+
+        out: dict[str, list[str]] = {"collections": [], "regex": []}
+        if RULES.get(type(self).__name__) is not type(self):
+            return out
+        from tensortap.rules.configs import config_for
+
+        params = {k: v for k, v in self.report.parameters.items() if v is not None}
+        try:
+            cfg = config_for(type(self), **params)
+        except Exception:  # noqa: BLE001 - parameters the config does not take: the defaults still say what
+            try:
+                cfg = config_for(type(self))
+            except Exception:  # noqa: BLE001
+                return out
+        for c in cfg.collections:
+            out["collections"].append(c.name)
+            out["regex"].extend(r for r in c.include_regex if r not in out["regex"])
+        return out
 
     # --- introspection ----------------------------------------------------------------------
 
