@@ -300,10 +300,11 @@ class Runner:
                 if fired and self.spec.stop_on_issue and self.training_exit is None:
                     if self.stop_requested_at is None:
                         self.stop_requested_at = time.monotonic()
-                        self.stopped_by = fired[0].label
                         self._ensure_stop_request(fired[0])
-                        self.say(f"[tensortap] {fired[0].label} found an issue at step "
-                                 f"{fired[0].status.get('first_step')}: stopping training")
+                        self.stopped_by = self._stop_requester() or fired[0].label
+                        first = next((r for r in fired if r.label == self.stopped_by), fired[0])
+                        self.say(f"[tensortap] {first.label} found an issue at step "
+                                 f"{first.status.get('first_step')}: stopping training")
                     elif time.monotonic() - self.stop_requested_at > self.spec.grace_period:
                         self.say(f"[tensortap] training did not stop within {self.spec.grace_period:g} s: terminating")
                         self._terminate(self.training)
@@ -345,6 +346,23 @@ class Runner:
             request_stop(self.spec.out_dir, rule=rule.label, step=rule.status.get("first_step"),
                          reason=str(rule.status.get("message", "")), report=rule.status.get("report"))
 
+    def _stop_requester(self) -> str | None:
+        """The label of the rule whose stop request the job honoured (the first one written), if any."""
+        if self.training is None:
+            return None
+        from tensortap.rules.actions.stop import stop_requested
+        from tensortap.rules.builtin import snake_name
+
+        try:
+            req = stop_requested(self.spec.out_dir, min_interval=0)
+        except Exception:  # noqa: BLE001 - the summary falls back to the first rule seen firing
+            return None
+        if not req or not req.get("rule"):
+            return None
+        name = snake_name(str(req["rule"]))
+        return next((r.label for r in self.rules if r.label == req["rule"] or snake_name(r.spec.name) == name),
+                    str(req["rule"]))
+
     # --- result ---------------------------------------------------------------------------------
 
     def result(self) -> tuple[int, dict[str, Any]]:
@@ -353,7 +371,7 @@ class Runner:
         rules = [{"name": r.label, "status": r.status.get("status", st.ERROR), "first_step": r.status.get("first_step"),
                   "message": r.status.get("message", "")} for r in self.rules]
         code = self.training_exit if self.training_exit is not None else -1
-        stopped_by = self.stopped_by
+        stopped_by = self._stop_requester() or self.stopped_by
         if stopped_by is None and code == STOP_EXIT_CODE:
             stopped_by = next((r["name"] for r in rules if r["status"] == st.ISSUES_FOUND), "stop request")
         if self.interrupted:
