@@ -9,10 +9,12 @@ start before training (the runner waits for them), so a problem at step 0 pays n
 * verdict -> stopped: from then to the moment the training loop ended (TrainingStopped caught in the script);
 * total, in seconds and in training steps (the step at which training stopped minus the poisoned step).
 
-Rounds alternate the poisoned step between early ones (0..5: the rules have just started) and later ones.
-With `--s3` the out_dir is on moto's S3 server on 127.0.0.1 (needs moto[server] and boto3).
+Rounds alternate the poisoned step between the first steps (0..5: training has just started, the hook's
+writer is starting) and later ones (500..1100: the job is running); the figures are given for both groups.
+With `--s3` the out_dir is on moto's S3 server on 127.0.0.1 (needs moto[server] and boto3); `--writer`
+sets TENSORTAP_WRITER for the training (the hook's writer process or thread).
 
-Usage: .venv/bin/python bench/rule_latency.py [--rounds 12] [--save-interval 1] [--s3]
+Usage: .venv/bin/python bench/rule_latency.py [--rounds 16] [--save-interval 1] [--s3] [--writer thread]
 """
 
 from __future__ import annotations
@@ -87,12 +89,14 @@ def _moto_server() -> tuple[subprocess.Popen, str]:
     return proc, url
 
 
-def one_round(tmp: str, i: int, poison: int, save_interval: int, s3_url: str | None) -> dict:
+def one_round(tmp: str, i: int, poison: int, save_interval: int, s3_url: str | None, writer: str | None) -> dict:
     script = os.path.join(tmp, "train.py")
     marks = os.path.join(tmp, f"marks_{i}.json")
     out = f"s3://bench/run{i}" if s3_url else os.path.join(tmp, f"run{i}")
     exe = os.path.join(os.path.dirname(sys.executable), "tensortap")
     env = dict(os.environ)
+    if writer:
+        env["TENSORTAP_WRITER"] = writer
     if s3_url:
         env.update(AWS_ENDPOINT_URL=s3_url, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x",
                    AWS_DEFAULT_REGION="us-east-1")
@@ -125,7 +129,8 @@ def pct(xs: list[float], q: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=16)
+    ap.add_argument("--writer", choices=("process", "thread"), help="TENSORTAP_WRITER for the training")
     ap.add_argument("--save-interval", type=int, default=1)
     ap.add_argument("--s3", action="store_true", help="out_dir on moto's S3 server on 127.0.0.1")
     args = ap.parse_args()
@@ -133,12 +138,15 @@ def main() -> None:
     with open(os.path.join(tmp, "train.py"), "w") as f:
         f.write(TRAIN)
     server, url = _moto_server() if args.s3 else (None, None)
+    if url:  # this process reads the stop request from the server too
+        os.environ.update(AWS_ENDPOINT_URL=url, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x",
+                          AWS_DEFAULT_REGION="us-east-1")
     rows = []
     try:
         for i in range(args.rounds):
-            poison = (i // 2) % 6 if i % 2 == 0 else 200 + 150 * (i % 5)
+            poison = (i // 2) % 6 if i % 2 == 0 else 500 + 150 * (i % 5)
             poison -= poison % args.save_interval
-            row = one_round(tmp, i, poison, args.save_interval, url)
+            row = one_round(tmp, i, poison, args.save_interval, url, args.writer)
             rows.append(row)
             print(f"round {i:2d}: poisoned step {poison:4d}, stopped at {row['stop_step']:5d} "
                   f"(+{row['steps']} steps): write->verdict {row['write_to_verdict']:.3f} s, "
@@ -149,17 +157,22 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n{platform.machine()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
           f"out_dir {'s3 (moto, 127.0.0.1)' if args.s3 else 'local disk'}, save_interval {args.save_interval}, "
-          f"{len(rows)} rounds")
-    print("| measure | median | p95 | max |\n|---|---:|---:|---:|")
-    for key, unit in (("write_to_verdict", "s"), ("verdict_to_stopped", "s"), ("total", "s"), ("steps", "steps")):
-        xs = [r[key] for r in rows]
-        fmt = (lambda v: f"{v:.3f}") if unit == "s" else (lambda v: f"{v:.0f}")
-        print(f"| {key.replace('_', ' ')} ({unit}) | {fmt(statistics.median(xs))} | {fmt(pct(xs, 0.95))} | "
-              f"{fmt(max(xs))} |")
-    early = [r["total"] for r in rows if r["poison_step"] < 10]
-    if early:
-        print(f"problem in the first steps (rule start-up included): median {statistics.median(early):.3f} s, "
-              f"max {max(early):.3f} s")
+          f"writer {args.writer or 'default'}, {len(rows)} rounds")
+    print("| problem at | rounds | write->verdict s median / p95 | verdict->stopped s median / p95 | "
+          "total s median / p95 / max | steps median / p95 |\n|---|---:|---:|---:|---:|---:|")
+    for label, sel in (("steps 500..1100 (running job)", [r for r in rows if r["poison_step"] >= 10]),
+                       ("steps 0..5 (first steps)", [r for r in rows if r["poison_step"] < 10]),
+                       ("all", rows)):
+        if not sel:
+            continue
+
+        def mp(key: str, sel: list = sel) -> str:
+            xs = [r[key] for r in sel]
+            f = "{:.0f}" if key == "steps" else "{:.2f}"
+            return f"{f.format(statistics.median(xs))} / {f.format(pct(xs, 0.95))}"
+
+        print(f"| {label} | {len(sel)} | {mp('write_to_verdict')} | {mp('verdict_to_stopped')} | {mp('total')} / "
+              f"{max(r['total'] for r in sel):.2f} | {mp('steps')} |")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ STATUS_INTERVAL = 0.5
 #: seconds between a live rule's looks for the next step: with the writer's 0.5 s flush this keeps the time
 #: from data written to verdict well under a second (a look costs one read of the new index bytes)
 POLL_INTERVAL = 0.05
+#: the same on an object store (s3://), where each look is a request
+REMOTE_POLL_INTERVAL = 0.5
 
 
 def load_rule_class(spec: RuleSpec) -> type:
@@ -95,7 +97,7 @@ def run(job: dict[str, Any]) -> int:
         if job.get("offline"):
             trial.assume_ended()  # evaluate what is saved now, then finish
         rule = build_rule(spec, trial, job.get("stop_on_issue", False))
-        rule.wait_poll_interval = None if offline else POLL_INTERVAL
+        rule.wait_poll_interval = None if offline else REMOTE_POLL_INTERVAL if "://" in out_dir else POLL_INTERVAL
         publish(force=True, ready=True)  # imports done, rule built: the runner may start training
         original = rule.invoke
 
