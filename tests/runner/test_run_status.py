@@ -114,6 +114,35 @@ def test_the_runner_turns_on_what_the_rule_needs(tmp_path, train_py):
     assert r.returncode == 0 and _doc(r)["rules"][0]["status"] == "NoIssuesFound"
 
 
+IMAGES = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    loss_fn = nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.rand(64, 3, 8, 8) * 255, torch.randint(0, 2, (64,))  # pixels 0..255: not normalised
+    for step in range(4):
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+    """
+)
+
+
+def test_check_input_images_finds_the_pytorch_models_input(tmp_path):
+    script = tmp_path / "images.py"
+    script.write_text(IMAGES)
+    out = str(tmp_path / "job")
+    r = tensortap("run", "--out-dir", out, "--save-interval", "1", "--rule", "check_input_images:threshold_samples=64",
+                  "--json", "--", sys.executable, str(script))
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    rep = json.load(open(os.path.join(out, "rules", "check_input_images", "report.json")))
+    assert {v["tensor"] for v in rep["first_violations"]} == {"Sequential_input_0"}  # not the loss's input
+    assert 120 < rep["first_violations"][0]["value"] < 135  # mean pixel ~127.5
+
+
 def _job(path):
     hook = tt.Hook(str(path))
     hook.next_step()

@@ -12,8 +12,10 @@ from tensortap.rules.rule import Rule
 __all__ = ["CheckInputImages", "DEFAULT_INPUT_REGEX", "input_regex"]
 
 #: the model's input in each framework's naming: MXNet's first block (smdebug's default), PyTorch's root module
-#: (named by its class, CamelCase by convention; submodules are named by attribute path), Keras's `inputs` log
-DEFAULT_INPUT_REGEX = (r".*hybridsequential0_input_0", r"^[A-Z][A-Za-z0-9]*_input_0$", r"^inputs(_0)?$")
+#: (named by its class, CamelCase by convention, submodules being named by attribute path; a registered loss
+#: module, `<...>Loss_input_0`, is a root too and is left out), Keras's `inputs` log
+DEFAULT_INPUT_REGEX = (r".*hybridsequential0_input_0", r"^(?![A-Za-z0-9]*Loss_input_0$)[A-Z][A-Za-z0-9]*_input_0$",
+                       r"^inputs(_0)?$")
 
 
 def input_regex(regex: Any) -> list[str]:
