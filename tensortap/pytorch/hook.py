@@ -186,11 +186,12 @@ class Hook(BaseHook):
         given = rank is not None or world_size is not None
         if not given:
             rank, world_size = _detect_rank()
-        super().__init__(out_dir, *args, rank=rank, world_size=world_size, **kwargs)
         # Made before the process group, with no rank given or in the environment (e.g. a process started
         # by torch.multiprocessing.spawn that calls init_process_group itself): the group's rank is taken
-        # at the first step if the group exists by then (see _prepare), before anything is written.
-        self._rank_later = not given and rank is None and rank_in_env() is None
+        # at the first step if the group exists by then (see _prepare), and the worker's folder is claimed
+        # then, before anything is written.
+        self._rank_later = self._claim_later = not given and rank is None and rank_in_env() is None
+        super().__init__(out_dir, *args, rank=rank, world_size=world_size, **kwargs)
         self._roots: list[_Root] = []
         self._module_ids: set[int] = set()  # every module inside a registered root
         self._param_names: dict[int, str] = {}
@@ -242,6 +243,11 @@ class Hook(BaseHook):
         if self._rank_later:
             self._rank_later = False
             self._adopt_group_rank()
+            if self.writes and not self.disabled and not self.dry_run:
+                try:
+                    self._check_out_dir()  # (what the constructor does when it knows the worker)
+                except InvalidConfiguration as e:  # another job's data: this hook writes nothing, training goes on
+                    self._fail("first step", e)
         super()._prepare()
 
     def _adopt_group_rank(self) -> None:
@@ -250,7 +256,6 @@ class Hook(BaseHook):
         if rank is None or world_size is None or self._writer is not None:
             return
         named = self.worker == f"worker_{self.rank}"  # (else a name the caller chose)
-        renamed = named and rank != self.rank
         self.rank, self.world_size = rank, world_size
         if named:
             self.worker = f"worker_{rank}"
@@ -258,11 +263,6 @@ class Hook(BaseHook):
         self.collection_manager.set_num_workers(self.num_workers)
         self._collections_dirty = True
         self.writes = self.include_workers == "all" or rank == 0
-        if renamed and self.writes and not self.disabled and not self.dry_run:
-            try:
-                self._check_out_dir()  # (what the constructor checked for the old name)
-            except InvalidConfiguration as e:  # an earlier job's data: this hook writes nothing, training goes on
-                self._fail("first step", e)
 
     def _init_builtin_collections(self) -> None:
         get = self.collection_manager.get
@@ -1212,6 +1212,8 @@ class Hook(BaseHook):
                     collections_to_write: str | list[str] = CollectionKeys.DEFAULT) -> None:
         """Save a tensor (torch or numpy) at the current step in the named collections."""
         if isinstance(tensor_value, torch.Tensor) and self.active:
+            if self._too_large(tensor_name, tensor_value):
+                return
             with self.guard("save_tensor"):
                 t = tensor_value.detach()
                 if t.device.type != "cpu":
