@@ -201,9 +201,13 @@ class Rule:
                all_if_empty: bool = False) -> list[str]:
         """Tensor names in any of `collections` or matching any of `regex` (noted in the report's
         `looked_for` / `matched`, which say what a rule that saw no data was looking for)."""
-        collections, regex = list(collections), list(regex)
+        collections, regex = tuple(collections), tuple(regex)
         names = self.data(trial).names(collections, regex, all_if_empty=all_if_empty)
-        self.report.looking_for(collections, regex, names)
+        noted = self.__dict__.setdefault("_noted", {})
+        key = (collections, regex)
+        if noted.get(key) is not names:  # the cache hands out the same list until the names change
+            noted[key] = names
+            self.report.looking_for(collections, regex, names)
         return names
 
     def no_data_detail(self) -> dict[str, Any]:

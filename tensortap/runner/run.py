@@ -75,10 +75,18 @@ def validate(spec: JobSpec) -> None:
 
 
 def _is_job_dir(p: str) -> bool:
-    """`p` holds a job's data: tensortap's store, or an smdebug out_dir (events/ beside collections/ or index/)."""
+    """`p` holds a job's data: tensortap's store (a worker folder with an index file under tensortap/; a folder
+    merely named tensortap, such as this package's source, is not one), or an smdebug out_dir (events/ beside
+    collections/ or index/)."""
     j = os.path.join
-    return os.path.isdir(j(p, "tensortap")) or (
-        os.path.isdir(j(p, "events")) and (os.path.isdir(j(p, "collections")) or os.path.isdir(j(p, "index"))))
+    if os.path.isdir(j(p, "events")) and (os.path.isdir(j(p, "collections")) or os.path.isdir(j(p, "index"))):
+        return True
+    root = j(p, "tensortap")
+    try:
+        workers = [j(root, w) for w in os.listdir(root)] if os.path.isdir(root) else []
+        return any(os.path.isdir(w) and any(f.endswith(".idx") for f in os.listdir(w)) for w in workers)
+    except OSError:
+        return False
 
 
 def check_local_out_dir(out_dir: str, create: bool = True) -> None:

@@ -173,6 +173,12 @@ def test_bad_out_dir_or_collection_fails_before_training(tmp_path, train_py, cas
         else:
             assert r.stdout == ""
     assert not marker.exists()  # training never started
+    if case == "inside_a_job":  # a folder merely named tensortap (e.g. this package's source) is not a job
+        (tmp_path / "project" / "tensortap" / "rules").mkdir(parents=True)
+        (tmp_path / "project" / "tensortap" / "rules" / "rule.py").write_text("# source\n")
+        r = tensortap("run", "--out-dir", str(tmp_path / "project" / "runs" / "job"), "--json",
+                      "--", sys.executable, train_py, "ok", "2")
+        assert r.returncode == 0, r.stderr
     # a collection defined by a regex is fine
     if case == "unknown_collection":
         r = tensortap("run", "--out-dir", out, "--collection", "mine:include_regex=fc1", "--json",
