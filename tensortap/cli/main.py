@@ -165,6 +165,7 @@ def cmd_rules_list(args: argparse.Namespace) -> int:
         )
         print(f"{r['snake_name']:<32} {r['description']}")
         print(f"{'':<32} parameters: {params or '-'}")
+        print(f"{'':<32} reads: {', '.join(r['collections']) or 'the collections you name'}")
     return 0
 
 
