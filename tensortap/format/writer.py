@@ -31,6 +31,7 @@ from tensortap.format.entries import (
 from tensortap.storage.base import Storage
 
 logger = logging.getLogger("tensortap")
+_MODE_NAME = {1: "TRAIN", 2: "EVAL", 3: "PREDICT", 4: "GLOBAL"}
 
 
 @dataclass
@@ -86,6 +87,51 @@ class RecordBatch:
     def records(self) -> list[Record]:
         return [Record(name=n, step=self.step, mode=self.mode, mode_step=self.mode_step, value=a)
                 for n, a in zip(self.names, self.arrays, strict=True)]
+
+
+class HostReservation:
+    """A thread writer's `Reservation` (see tensortap.capture.writer): a host buffer the caller copies a batch's
+    bytes into; `commit` hands it to the writer thread as one RecordBatch."""
+
+    __slots__ = ("nbytes", "_writer", "_names", "_dtype", "_shapes", "_flat", "_step", "_mode", "_mode_step", "_done")
+
+    def __init__(self, writer: ChunkWriter, names: tuple[str, ...], dtype: np.dtype,
+                 shapes: tuple[tuple[int, ...], ...], step: int, mode: int, mode_step: int):
+        count = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
+        self._flat = np.empty(count, dtype=dtype)
+        self.nbytes = self._flat.nbytes
+        self._writer, self._names, self._dtype, self._shapes = writer, names, dtype, shapes
+        self._step, self._mode, self._mode_step = step, mode, mode_step
+        self._done = False
+
+    def copy_in(self, sources: list[tuple[int, int]], at: int = 0) -> None:
+        from tensortap.transport.copy import gather_into
+
+        if at + sum(n for _a, n in sources) > self.nbytes:
+            raise ValueError("copy_in: the sources do not fit the reservation")
+        gather_into(self._flat.ctypes.data + at, sources)
+
+    def shrink(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...]) -> None:
+        count = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
+        self._flat = self._flat[:count]
+        self.nbytes = self._flat.nbytes
+        self._names, self._shapes = names, shapes
+
+    def commit(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        flat = self._flat
+        arrays = []
+        off = 0
+        for shape in self._shapes:
+            k = int(np.prod(shape, dtype=np.int64))
+            arrays.append(flat[off:off + k].reshape(shape))
+            off += k
+        self._writer.submit_batch(RecordBatch(self._names, arrays, flat, self._step, self._mode, self._mode_step))
+
+    def cancel(self) -> None:
+        self._done = True
 
 
 def compute_reduction(arr: np.ndarray, name: str, abs_: bool) -> np.ndarray:
@@ -226,9 +272,16 @@ class ChunkWriter:
         seal_interval: float = 2.0,
         sealed_chunk_bytes: int = 32 << 20,
         metadata: dict[str, Any] | None = None,
+        tensorboard_dir: str | None = None,
     ):
         if backpressure not in ("block", "drop"):
             raise ValueError(f"backpressure must be 'block' or 'drop', not {backpressure!r}")
+        #: TensorBoard export of every record this writer persists, off the training thread (docs/tensorboard.md)
+        self.exporter = None
+        if tensorboard_dir:
+            from tensortap.tensorboard.export import EventExporter
+
+            self.exporter = EventExporter(tensorboard_dir, worker)
         self.storage = storage
         self.worker = worker
         self.num_workers = num_workers
@@ -331,6 +384,23 @@ class ChunkWriter:
         self._queue.put(batch)
         return n
 
+    def batch_layout(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...]) -> Any:
+        return None  # (nothing to prepare: a reservation is a host buffer)
+
+    def reserve_batch(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
+                      step: int, mode: int, mode_step: int, layout: Any = None) -> HostReservation | bool:
+        """Room for a batch of raw tensors (see tensortap.capture.writer): a host buffer; the records count
+        against `max_pending_bytes` when committed."""
+        if self._closed or self.error is not None:
+            return False
+        return HostReservation(self, names, dtype, shapes, step, mode, mode_step)
+
+    def mark_steps(self, step: int, train: int, eval_: int, predict: int, global_: int) -> None:
+        """`mark_step_passed` with the mode steps as numbers (-1: none)."""
+        passed = {n: v for n, v in (("TRAIN", train), ("EVAL", eval_), ("PREDICT", predict), ("GLOBAL", global_))
+                  if v >= 0}
+        self.mark_step_passed(step, passed)
+
     def _reserve(self, size: int, items: int, records: int) -> bool:
         with self._room:
             if self._pending_bytes + size > self.max_pending_bytes:
@@ -416,7 +486,7 @@ class ChunkWriter:
                 elif isinstance(item, tuple):
                     what, arg = item
                     if what == "collections":
-                        self._collections = arg
+                        self._take_collections(arg)
                     elif what == "flush":
                         self._flush_events.append(arg)
                         self._write_block()
@@ -432,6 +502,8 @@ class ChunkWriter:
             with self._room:
                 self._room.notify_all()
         finally:
+            if self.exporter is not None:
+                self.exporter.close()
             for ev in self._flush_events:
                 ev.set()
             for f in (self._dat, self._idx) if not self.sealed_mode else ():
@@ -440,6 +512,11 @@ class ChunkWriter:
                         f.close()
                     except OSError:
                         pass
+
+    def _take_collections(self, collections_json: dict[str, Any]) -> None:
+        self._collections = collections_json
+        if self.exporter is not None:
+            self.exporter.set_collections(collections_json)
 
     def _first_free_seq(self) -> int:
         keys = self.storage.list(layout.worker_dir(self.worker) + "/")
@@ -598,6 +675,10 @@ class ChunkWriter:
             self._row_parts.append(np.array(self._rows, dtype=codec.DISK_ENTRY_DTYPE))
             self._rows.clear()
         self._row_parts.append(rows)
+        if self.exporter is not None:
+            mode = _MODE_NAME[b.mode]
+            for name, arr in zip(b.names, arrays, strict=True):
+                self.exporter.add(name, b.step, mode, b.mode_step, arr, None)
         self.written_records += len(arrays)
         self._encoded += 1
 
@@ -650,6 +731,9 @@ class ChunkWriter:
                  r.step, r.mode_step, off, len(buf), crc, inl)
             )
             wrote_any = True
+        if self.exporter is not None:
+            self.exporter.add(r.name, r.step, _MODE_NAME[r.mode], r.mode_step, value,
+                              {("abs_" if a else "") + n: v for (n, a), v in reductions.items()})
         if r.save_shape and not wrote_any:
             dtype_id = t._id(t.dtypes, codec.dtype_to_str(value.dtype) if value is not None else "|V0")
             self._rows.append(
@@ -769,6 +853,8 @@ class ChunkWriter:
         self._first_block = False
         self.durable_records = self.written_records
         self._durable_dat = self._dat_size
+        if self.exporter is not None:
+            self.exporter.flush()
         self._rows.clear()
         self._row_parts = []
         self._block_bytes = 0

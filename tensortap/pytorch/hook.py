@@ -37,7 +37,6 @@ from tensortap.pytorch._tensors import (
     BufferPool,
     HostBatch,
     capturable,
-    gather_into,
     host_numpy,
     iter_tensors,
     numpy_dtype,
@@ -607,7 +606,7 @@ class Hook(BaseHook):
                             i += 1
                         else:
                             res = self._step_res
-                            gather_into(self._writer.ring_address + res.offset + layout.weight_bytes, sources)
+                            res.copy_in(sources, layout.weight_bytes)
                             self._pending_grads = {}
                             self._grad_res = res
                             self._grad_off = layout.weight_bytes
@@ -677,7 +676,7 @@ class Hook(BaseHook):
             if res is self._step_res:
                 self._split_step_res()  # (the weights in it stay)
             else:
-                self._writer.cancel(res)
+                res.cancel()
 
     def _learn_step_layout(self, plan: _Plan, tail_names: tuple[str, ...]) -> None:
         """After the weights and the gradients of a step went to the writer in two messages: one next time."""
@@ -693,14 +692,13 @@ class Hook(BaseHook):
         res, self._step_res = self._step_res, None
         if res is None or res is self._grad_res:
             return
-        w = self._writer
         plan = self._step_plan
         if not send or plan is None or plan.weight_spec is None:
-            w.cancel(res)
+            res.cancel()
             return
         ws = plan.weight_spec
-        w.shrink(res, ws.names, ws.np_dtype, ws.shapes)
-        w.commit(res)
+        res.shrink(ws.names, ws.np_dtype, ws.shapes)
+        res.commit()
 
     def _expand_grad_batch(self) -> None:
         """Turn a pending batch of every gradient into per-name pending gradients."""
@@ -747,7 +745,7 @@ class Hook(BaseHook):
             plan = self._step_plan = self._plan_last  # (_plan_for's first test, inline)
         else:
             plan = self._step_plan = self._plan_for(now)
-        self._defer_small = self.writer_kind == "process" and not self.dry_run
+        self._defer_small = not self.dry_run
         if plan.weights:
             self._save_params(plan)
         if plan.grads:
@@ -820,7 +818,7 @@ class Hook(BaseHook):
             self._grad_res = self._step_res = None
             self._small = []
             self._small_in_res = self._grad_off = 0
-            self._writer.commit(res)
+            res.commit()
         else:
             self._hand_off_grads()
         self._saving = False
@@ -934,13 +932,13 @@ class Hook(BaseHook):
                                       self._mode_steps[mode], layout.writer_layout)
                 if res is not None:
                     if res:
-                        gather_into(w.ring_address + res.offset, spec.sources)
+                        res.copy_in(spec.sources)
                         self._step_res = res
                     return
             res = self._ring_batch(views, spec, reuse=True)  # (what _stage_or_write tries first, inline)
             if res is not None:
                 if res:
-                    self._writer.commit(res)
+                    res.commit()
                 return
             self._stage_or_write(views, plan.weight_items, spec)
         else:
@@ -963,7 +961,7 @@ class Hook(BaseHook):
             res = self._ring_batch(tensors, spec, reuse=reuse)
             if res is not None:
                 if res:
-                    self._writer.commit(res)
+                    res.commit()
                 return
         batch = HostBatch(tensors, self._force_async_copies, self._pool)
         if self._force_async_copies or any(t.device.type != "cpu" for t in tensors):
@@ -983,9 +981,6 @@ class Hook(BaseHook):
         w = self._writer
         if w is None:
             w = self._get_writer()
-        reserve = getattr(w, "reserve_batch", None)
-        if reserve is None:
-            return None
         shapes = spec.shapes
         sources = spec.sources if reuse else None
         if sources is None:
@@ -1007,11 +1002,11 @@ class Hook(BaseHook):
             if spec.np_dtype is None:
                 return None
             mode = self.mode
-            res = reserve(names or spec.names, spec.np_dtype, shapes, self._step, mode._value_,
-                          self._mode_steps[mode])
+            res = w.reserve_batch(names or spec.names, spec.np_dtype, shapes, self._step, mode._value_,
+                                  self._mode_steps[mode])
             if not res:
                 return res
-        gather_into(w.ring_address + res.offset + at, sources)
+        res.copy_in(sources, at)
         return res
 
     def flush(self, timeout: float | None = 30.0) -> None:
@@ -1037,10 +1032,10 @@ class Hook(BaseHook):
         plan = self._step_plan
         if res is not None:
             if active:
-                self._writer.commit(res)
+                res.commit()
                 small = small[in_res:]
             else:
-                self._writer.cancel(res)
+                res.cancel()
         if not active or not self.writes:
             return
         if small:
@@ -1077,7 +1072,7 @@ class Hook(BaseHook):
         if res is None:
             return False
         if res:
-            self._writer.commit(res)
+            res.commit()
         return True
 
     def _write_batch(self, batch: HostBatch, items: list[tuple[str, list[Collection]]], spec: _Spec | None) -> None:
