@@ -41,7 +41,8 @@ class Reservation(Protocol):
     def cancel(self) -> None:
         """Hand nothing over."""
 
-    def shrink(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...]) -> None:
+    def shrink(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
+               reductions: tuple | None = None) -> None:
         """Hand over only the first `len(names)` tensors (a prefix of those reserved)."""
 
 
@@ -56,13 +57,16 @@ class Writer(Protocol):
     @property
     def written_records(self) -> int: ...
 
-    def batch_layout(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...]) -> Any:
+    def batch_layout(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
+                     reductions: tuple | None = None) -> Any:
         """What `reserve_batch` needs of a batch layout, for callers that reserve it again and again."""
 
     def reserve_batch(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
-                      step: int, mode: int, mode_step: int, layout: Any = None) -> Reservation | bool | None:
+                      step: int, mode: int, mode_step: int, layout: Any = None,
+                      reductions: tuple | None = None) -> Reservation | bool | None:
         """Room for a batch; False when it was dropped under backpressure (counted), None when the batch cannot
-        be reserved (too large: hand it off with `submit_batch`)."""
+        be reserved (too large: hand it off with `submit_batch`). `reductions`: per tensor, the (name, abs)
+        reductions the writer computes from it, off the training thread, and stores beside it."""
 
     def submit(self, record: Record) -> bool: ...
 

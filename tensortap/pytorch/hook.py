@@ -96,6 +96,12 @@ def _detect_rank() -> tuple[int | None, int | None]:
     return None, None
 
 
+def _pad(reductions: tuple | None, n: int) -> tuple:
+    """Per-tensor reductions for `n` tensors: `reductions`, then none for the rest."""
+    reductions = reductions or ()
+    return reductions + ((),) * (n - len(reductions))
+
+
 def _no_distributed() -> bool:
     return False
 
@@ -153,6 +159,7 @@ class _StepLayout:
     tail_names: tuple[str, ...]  # gradients' and small tensors' (a loss)
     tail_shapes: tuple[tuple[int, ...], ...]
     weight_bytes: int  # where the tail starts in the payload
+    reductions: tuple | None = None  # per tensor, what the writer computes from it (None: nothing)
     writer: Any = None  # the writer of `writer_layout`, its batch_layout() of names and shapes
     writer_layout: Any = None
 
@@ -160,10 +167,11 @@ class _StepLayout:
 @dataclass
 class _Spec:
     """A fixed list of tensors saved together at every saving step: their names, and whether they are
-    saved raw only (then they go to the writer as one batch)."""
+    saved raw (with, per tensor, the reductions the writer computes: then they go to the writer as one batch)."""
 
     names: tuple[str, ...]
     raw_only: bool
+    reductions: tuple | None = None  # per tensor, (name, abs) pairs; None: none at all
     shapes: tuple[tuple[int, ...], ...] | None = None  # as last handed to a writer process
     dtype: torch.dtype | None = None  # ... and their dtype, as torch's and numpy's
     np_dtype: Any = None
@@ -683,8 +691,11 @@ class Hook(BaseHook):
         ws, gs = plan.weight_spec, plan.grad_spec
         if (plan.step_layout is None and self._defer_small and ws is not None and ws.sources is not None
                 and ws.shapes is not None and gs is not None and ws.dtype is gs.dtype and ws.np_dtype is not None):
+            reds = None
+            if ws.reductions is not None or gs.reductions is not None:
+                reds = _pad(ws.reductions, len(ws.names)) + _pad(gs.reductions, len(tail_names))
             plan.step_layout = _StepLayout(ws.names + tail_names, ws.shapes + gs.shapes, tail_names, gs.shapes,
-                                           sum(n for _a, n in ws.sources))
+                                           sum(n for _a, n in ws.sources), reds)
 
     def _split_step_res(self, send: bool = True) -> None:
         """The step's message goes out with the weights alone (its gradients did not come, or not as its
@@ -697,7 +708,7 @@ class Hook(BaseHook):
             res.cancel()
             return
         ws = plan.weight_spec
-        res.shrink(ws.names, ws.np_dtype, ws.shapes)
+        res.shrink(ws.names, ws.np_dtype, ws.shapes, ws.reductions)
         res.commit()
 
     def _expand_grad_batch(self) -> None:
@@ -925,11 +936,12 @@ class Hook(BaseHook):
                 # one message for the weights and, at the end of the backward pass, the gradients
                 w = self._writer
                 if layout.writer is not w:
-                    layout.writer_layout = w.batch_layout(layout.names, spec.np_dtype, layout.shapes)
+                    layout.writer_layout = w.batch_layout(layout.names, spec.np_dtype, layout.shapes,
+                                                          layout.reductions)
                     layout.writer = w
                 mode = self.mode
                 res = w.reserve_batch(layout.names, spec.np_dtype, layout.shapes, self._step, mode._value_,
-                                      self._mode_steps[mode], layout.writer_layout)
+                                      self._mode_steps[mode], layout.writer_layout, layout.reductions)
                 if res is not None:
                     if res:
                         res.copy_in(spec.sources)
@@ -947,11 +959,14 @@ class Hook(BaseHook):
 
     def _spec(self, items: list[tuple[str, list[Collection]]]) -> _Spec:
         raw_only = True
+        reductions = []
         for name, colls in items:
-            save_raw, reds, _shape = self._plan(name, colls)
-            raw_only = raw_only and save_raw and not reds
+            save_raw, reds, save_shape = self._plan(name, colls)
+            raw_only = raw_only and save_raw and not save_shape
+            reductions.append(reds)
             self._note_membership(name, colls)  # once per plan, not per step
-        return _Spec(tuple(name for name, _c in items), raw_only)
+        return _Spec(tuple(name for name, _c in items), raw_only,
+                     tuple(reductions) if any(reductions) else None)
 
     def _stage_or_write(self, tensors: list[torch.Tensor], items: list[tuple[str, list[Collection]]],
                         spec: _Spec | None = None, reuse: bool = False) -> None:
@@ -1002,8 +1017,11 @@ class Hook(BaseHook):
             if spec.np_dtype is None:
                 return None
             mode = self.mode
+            reds = spec.reductions
+            if names is not None and reds is not None:
+                reds = _pad(reds, len(names))  # (the small tensors after them: raw only)
             res = w.reserve_batch(names or spec.names, spec.np_dtype, shapes, self._step, mode._value_,
-                                  self._mode_steps[mode])
+                                  self._mode_steps[mode], reductions=reds)
             if not res:
                 return res
         res.copy_in(sources, at)
@@ -1086,7 +1104,8 @@ class Hook(BaseHook):
             return
         mode = self.mode
         self._get_writer().submit_batch(
-            RecordBatch(spec.names, arrays, batch.flat(), self.step, mode.value, self.mode_steps[mode])
+            RecordBatch(spec.names, arrays, batch.flat(), self.step, mode.value, self.mode_steps[mode],
+                        spec.reductions)
         )
 
     def _write_io(self, prefix: str, suffix: str, obj: Any) -> None:

@@ -67,9 +67,13 @@ def validate(spec: JobSpec) -> None:
     if storage.list("tensortap/") or storage.list("rules/"):
         raise InvalidConfiguration(f"--out-dir {spec.out_dir!r} already holds a job: use a new directory")
     check_collections(spec)
-    trial = create_trial(spec.out_dir)
-    for r in spec.rules:
-        build_rule(r, trial)  # parses the parameters: errors name the rule, parameter and value
+    with tempfile.TemporaryDirectory() as empty:
+        # A local out_dir the job has not created yet: check the rules against an empty job (nothing is
+        # created before validation passes).
+        missing = storage.supports_append and not os.path.isdir(storage.url)
+        trial = create_trial(empty if missing else spec.out_dir)
+        for r in spec.rules:
+            build_rule(r, trial)  # parses the parameters: errors name the rule, parameter and value
     if local:
         check_local_out_dir(spec.out_dir, create=True)  # last: a refused job leaves no directory behind
 

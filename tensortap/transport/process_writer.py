@@ -111,15 +111,17 @@ def decode_meta(buf: bytes) -> list:
     return meta
 
 
-def _batch_meta(names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...]) -> tuple[bytes, int]:
-    """A batch message's description and its number of elements."""
+def _batch_meta(names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
+                reductions: tuple | None = None) -> tuple[bytes, int]:
+    """A batch message's description (with, per tensor, the reductions the child computes) and its number of
+    elements."""
     count = 0
     for shape in shapes:
         k = 1
         for d in shape:
             k *= d
         count += k
-    return encode_meta(("batch", names, codec.dtype_to_str(dtype), shapes, count)), count
+    return encode_meta(("batch", names, codec.dtype_to_str(dtype), shapes, count, reductions)), count
 
 
 def _payload_bytes(meta: tuple) -> int:
@@ -166,9 +168,10 @@ class Reservation:
         """Send nothing (its ring space is skipped)."""
         self._w.cancel(self)
 
-    def shrink(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...]) -> None:
+    def shrink(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
+               reductions: tuple | None = None) -> None:
         """Send only the first `len(names)` tensors (their bytes lead the payload)."""
-        self._w.shrink(self, names, dtype, shapes)
+        self._w.shrink(self, names, dtype, shapes, reductions)
 
 
 _new_reservation = object.__new__
@@ -414,7 +417,7 @@ class ProcessChunkWriter:
         flat = batch.flat
         if flat is not None and flat.flags.c_contiguous and flat.nbytes == sum(a.nbytes for a in batch.arrays):
             shapes = [a.shape for a in batch.arrays]
-            meta = ("batch", batch.names, codec.dtype_to_str(flat.dtype), shapes, flat.size)
+            meta = ("batch", batch.names, codec.dtype_to_str(flat.dtype), shapes, flat.size, batch.reductions)
             ok = self._send(meta, flat.nbytes, [(0, flat)], n, hdr=(batch.step, batch.mode, batch.mode_step))
         else:
             return self.submit_many(batch.records())
@@ -483,14 +486,14 @@ class ProcessChunkWriter:
 
     # --- payloads copied straight into the ring ----------------------------------------------------
 
-    def batch_layout(self, names: tuple[str, ...], dtype: np.dtype,
-                     shapes: tuple[tuple[int, ...], ...]) -> tuple[bytes, int, int, int]:
+    def batch_layout(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
+                     reductions: tuple | None = None) -> tuple[bytes, int, int, int]:
         """What `reserve_batch` needs to know of a batch layout, for callers that reserve it again and again
         (cached here too: the lookup hashes every name and shape)."""
-        key = (names, dtype, shapes)
+        key = (names, dtype, shapes, reductions)
         layout = self._layouts.get(key)
         if layout is None:
-            m, count = _batch_meta(names, dtype, shapes)
+            m, count = _batch_meta(names, dtype, shapes, reductions)
             nbytes = count * dtype.itemsize
             layout = (m, nbytes, _align(_MSG_HDR + len(m)) + _PAGE + _align(nbytes, _PAGE), len(names))
             if len(self._layouts) > 256:
@@ -499,7 +502,8 @@ class ProcessChunkWriter:
         return layout
 
     def reserve_batch(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
-                      step: int, mode: int, mode_step: int, layout: tuple | None = None) -> Reservation | bool | None:
+                      step: int, mode: int, mode_step: int, layout: tuple | None = None,
+                      reductions: tuple | None = None) -> Reservation | bool | None:
         """Ring space for a batch of raw tensors, for the caller to copy into (`Reservation.payload`: one
         page-aligned byte array, the tensors' bytes in order) and then `commit` (or `cancel`). `names` and
         `shapes` are tuples; `layout`: `batch_layout(names, dtype, shapes)` when the caller keeps it.
@@ -509,9 +513,9 @@ class ProcessChunkWriter:
         reach the child only once it is committed or cancelled.
         """
         if layout is None:
-            layout = self._layouts.get((names, dtype, shapes))
+            layout = self._layouts.get((names, dtype, shapes, reductions))
             if layout is None:
-                layout = self.batch_layout(names, dtype, shapes)
+                layout = self.batch_layout(names, dtype, shapes, reductions)
         return self._reserve(layout, step, mode, mode_step)
 
     def _reserve(self, layout: tuple, step: int, mode: int, mode_step: int) -> Reservation | bool | None:
@@ -571,10 +575,10 @@ class ProcessChunkWriter:
                 self._ring_bell(head)
 
     def shrink(self, res: Reservation, names: tuple[str, ...], dtype: np.dtype,
-               shapes: tuple[tuple[int, ...], ...]) -> None:
+               shapes: tuple[tuple[int, ...], ...], reductions: tuple | None = None) -> None:
         """Send only the first `len(names)` tensors of an open reservation (`names` and `shapes` a prefix of
         those reserved): their bytes lead its payload; the rest of its ring space is skipped."""
-        m, count = _batch_meta(names, dtype, shapes)
+        m, count = _batch_meta(names, dtype, shapes, reductions)
         with self._lock:
             if res.done:
                 return
@@ -935,6 +939,7 @@ class _ChildWriter(ChunkWriter):
     def _write_block(self, end: bool = False) -> None:
         self._flush_dio()  # payloads before the index block that points at them
         super()._write_block(end)
+        self._publish_done()  # (what is now indexed: the training process counts losses against it)
 
     def _run(self) -> None:
         h = self._hv
@@ -1059,7 +1064,7 @@ class _ChildWriter(ChunkWriter):
             base, pay = np.frombuffer(seg, dtype=np.uint8), 0
             self._pay_pos = -1
         if meta[0] == "batch":  # step, mode and mode step travel in the message header
-            meta = (*meta[:4], step, mode, mode_step, meta[4])
+            meta = (*meta[:4], step, mode, mode_step, meta[4], meta[5] if len(meta) > 5 else None)
         try:
             self._handle(meta, base, pay)
         finally:
@@ -1088,8 +1093,10 @@ class _ChildWriter(ChunkWriter):
     def _handle(self, meta: list, base: np.ndarray, pay: int) -> None:
         kind = meta[0]
         if kind == "batch":
-            _k, names, dt, shapes, step, mode, mode_step, count = meta
+            _k, names, dt, shapes, step, mode, mode_step, count, reds = meta
             names = tuple(names)
+            if reds is not None:
+                reds = tuple(tuple((rn, ab) for rn, ab in r) if r else () for r in reds)
             shapes = [tuple(shape) for shape in shapes]
             flat = np.frombuffer(base, dtype=codec.dtype_from_str(dt), count=count, offset=pay)
             arrays = []
@@ -1100,7 +1107,7 @@ class _ChildWriter(ChunkWriter):
                     k *= d
                 arrays.append(flat[off:off + k].reshape(shape))
                 off += k
-            self._encode_batch(RecordBatch(names, arrays, flat, step, mode, mode_step))
+            self._encode_batch(RecordBatch(names, arrays, flat, step, mode, mode_step, reds))
         elif kind == "records":
             for (name, step, mode, mode_step, vd, save_raw, reductions, reds, save_shape, shape) in meta[1]:
                 value = None
