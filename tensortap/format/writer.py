@@ -176,8 +176,6 @@ def compute_reduction(arr: np.ndarray, name: str, abs_: bool) -> np.ndarray:
         r = np.linalg.norm(flat, ord=1)
     elif name == "l2":
         r = np.linalg.norm(flat, ord=2)
-    elif name == "nonfinite":  # count of NaN / Inf elements
-        r = np.int64(flat.size - np.count_nonzero(np.isfinite(flat))) if flat.dtype.kind in "fc" else np.int64(0)
     else:
         raise ValueError(f"unknown reduction {name!r}")
     return np.asarray(r)
