@@ -336,6 +336,11 @@ class Hook:
         self._pending_collection_configs = runner_cfg.collection_configs if runner_cfg is not None else None
         # Nothing lost: a job that forgets close() still gets its data flushed and its end marked.
         atexit.register(_close_at_exit, weakref.ref(self))
+        if self.active and not self.dry_run and not self._claim_later:
+            # The writer starts now, beside the job's own start-up, not at the first saving step: the first
+            # steps reach readers (and rules watching them) as soon as they are flushed.
+            with self.guard("start of the writer"):
+                self._get_writer()
 
     # --- construction helpers ---------------------------------------------------------------
 

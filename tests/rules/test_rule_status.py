@@ -143,13 +143,17 @@ class SaturatedNet(nn.Module):
 
 def test_saturated_sigmoids_in_pytorch_by_default(tmp_path):
     trial = pytorch_job(str(tmp_path / "job"), SaturatedNet(), ["sigmoid_input", "gradients"], steps=4)
+    # the hook fills the collection by layer type (the sigmoid is named "body.1"): the default rule sees it
+    assert trial.tensor_names(collection="sigmoid_input") == ["body.1_input_0"]
     rep = invoke_rule(SaturatedActivation(trial), stop_at_job_end=True)
-    if trial.tensor_names(collection="sigmoid_input"):
-        # the hook filled the collection by layer type: the default rule sees the saturation
-        assert rep.status == "IssuesFound" and rep.first_fired_step == 0
-    else:
-        # the hook saved no activation: the rule says so, naming what it looked for (never NoIssuesFound)
-        assert rep.status == "NoData" and "'sigmoid_input'" in rep.no_data_message()
+    assert rep.status == "IssuesFound" and rep.first_fired_step == 0
+
+
+def test_saturated_sigmoids_not_saved_is_no_data(tmp_path):
+    trial = pytorch_job(str(tmp_path / "job"), SaturatedNet(), ["gradients"], steps=4)
+    rep = invoke_rule(SaturatedActivation(trial), stop_at_job_end=True)
+    # the hook saved no activation: the rule says so, naming what it looked for (never NoIssuesFound)
+    assert rep.status == "NoData" and "'sigmoid_input'" in rep.no_data_message()
 
 
 def test_overfit_without_eval_steps_is_no_data(job, run_rule):
