@@ -76,6 +76,10 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
     values are computed on, `validation_data` what predictions and labels come from: an xgboost.DMatrix
     (QuantileDMatrix too), `(path, "csv"|"libsvm")` (a local file; csv has the label in its first column) or
     `(X, y)`. `reduction_config` is ignored (as in smdebug); `save_config` defaults to every 10 rounds.
+    The writer is a thread (`writer="thread"`) unless `writer=` or $TENSORTAP_WRITER says otherwise.
+
+    Distributed: the rank and world size come from XGBoost's collective (xgboost.dask, the tracker) at the
+    start of training; xgboost.dask's workers each rebuild the hook from its configuration (not its data).
     """
 
     builtin_collections = (K.ALL, K.DEFAULT, K.SCALARS, *_GROUPS)
@@ -107,6 +111,10 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             from tensortap.exceptions import InvalidConfiguration
 
             raise InvalidConfiguration(f"hyperparameters={hyperparameters!r} must be a dict or None")
+        if kwargs.get("writer") is None and not os.environ.get("TENSORTAP_WRITER"):
+            # A boosting round hands over little data, and starting a writer process costs more than a short
+            # boosting job: the writer is a thread unless asked otherwise.
+            kwargs["writer"] = "thread"
         identity = _collective_identity() if kwargs.get("rank") is None else None
         if identity is not None:
             kwargs["rank"], kwargs["world_size"] = identity
@@ -151,20 +159,44 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
         """What a copy in another process (xgboost.dask ships callbacks to its workers) is rebuilt from: the
         configuration and the collections, not the data or the writer. The copies do the training, so this
         process's hook stops writing."""
+        pending = self.__dict__.get("_copy_state")
+        if pending is not None:  # a copy not started yet, passed on
+            return pending
         state = {"args": dict(self._init_args), "collections": self.collection_manager.to_json_dict()}
         self.writes = False
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        # The copy becomes a hook at before_training, when XGBoost's collective tells its rank (workers are
+        # told after they receive the callbacks): until then it does nothing.
+        self.disabled = True
+        self._closed = True
+        self._copy_state = state
+
+    def _start_copy(self, state: dict[str, Any]) -> None:
         from tensortap.collection import CollectionManager
 
-        self.__init__(**state["args"])
-        cm = CollectionManager.from_json_dict(state["collections"])
-        self.apply_collection_configs(cm.get_collections())
+        rank, world_size = _collective_identity() or (0, 1)
+        self.__init__(**state["args"], rank=rank, world_size=world_size)
+        self._copy_state = None
+        self._is_copy = True
+        for name, coll in CollectionManager.from_json_dict(state["collections"]).get_collections().items():
+            own = self.get_collection(name)
+            own.include_regex = coll.include_regex
+            own.save_config = coll.save_config
+            own.reduction_config = coll.reduction_config
+            own.save_histogram = coll.save_histogram
 
     # --- TrainingCallback -------------------------------------------------------------------
 
     def before_training(self, model: Any) -> Any:
+        state = self.__dict__.get("_copy_state")
+        if state is not None:
+            try:
+                self._start_copy(state)
+            except Exception as e:  # noqa: BLE001 - never break training
+                logger.error("tensortap.xgboost: the hook's copy in this process is off: %s", e, exc_info=True)
+            return model
         if not self.disabled:
             with self.guard("before_training"):
                 identity = _collective_identity()
@@ -173,7 +205,9 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
         return model
 
     def after_training(self, model: Any) -> Any:
-        if self.active:
+        if self.__dict__.get("_is_copy"):
+            self.close()  # a copy serves one training call, in a process that may end without exit handlers
+        elif self.active:
             self.end_step()
             self.flush()
         return model
