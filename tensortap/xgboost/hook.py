@@ -38,6 +38,7 @@ logger = logging.getLogger("tensortap")
 __all__ = ["Hook", "DEFAULT_SAVE_INTERVAL", "IMPORTANCE_TYPES"]
 
 DEFAULT_SAVE_INTERVAL = 10
+_DEFAULT_SAVE = {"save_interval": DEFAULT_SAVE_INTERVAL}
 IMPORTANCE_TYPES = ("weight", "gain", "cover", "total_gain", "total_cover")
 #: metrics where higher is better (not losses), with or without an "@..." suffix
 _GAIN_METRICS = "auc|aucpr|map|ndcg|pre"
@@ -104,9 +105,14 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
     ):
         if reduction_config is not None:
             logger.warning("tensortap.xgboost: reduction_config is not supported by the XGBoost hook and is ignored")
-        under_runner = os.environ.get("TENSORTAP_AUTO") == "1" and bool(os.environ.get("TENSORTAP_CONFIG"))
-        if save_config is None and not under_runner:  # (under `tensortap run` the runner's config decides)
-            save_config = SaveConfig(save_interval=DEFAULT_SAVE_INTERVAL)
+        if save_config is None:
+            if os.environ.get("TENSORTAP_AUTO") == "1" and os.environ.get("TENSORTAP_CONFIG"):
+                # under `tensortap run` the runner's config decides, with this hook's default interval
+                from tensortap.hook_config import load_hook_config
+
+                save_config = load_hook_config(os.environ["TENSORTAP_CONFIG"], _DEFAULT_SAVE).save_config
+            else:
+                save_config = SaveConfig(save_interval=DEFAULT_SAVE_INTERVAL)
         if hyperparameters is not None and not isinstance(hyperparameters, dict):
             from tensortap.exceptions import InvalidConfiguration
 
@@ -137,6 +143,16 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
         from tensortap.xgboost.singleton import set_hook
 
         set_hook(self)
+
+    @classmethod
+    def create_from_json_file(cls, json_file_path: str | None = None, **overrides: Any) -> Hook:
+        """A hook configured by smdebug-style JSON (`json_file_path`, else $TENSORTAP_CONFIG, else
+        $SMDEBUG_CONFIG_FILE_PATH); save keys the config leaves out default to every 10 rounds."""
+        if "save_config" not in overrides:
+            from tensortap.hook_config import load_hook_config
+
+            overrides["save_config"] = load_hook_config(json_file_path, _DEFAULT_SAVE).save_config
+        return super().create_from_json_file(json_file_path, **overrides)
 
     def _init_builtin_collections(self) -> None:
         for name, regex in _REGEXES.items():

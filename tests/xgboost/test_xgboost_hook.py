@@ -308,6 +308,11 @@ def test_create_from_json_file(tmp_path, dm, monkeypatch) -> None:
     monkeypatch.setenv("TENSORTAP_CONFIG", str(cfg))
     hook = txgb.get_hook(create_if_not_exists=True)
     assert isinstance(hook, txgb.Hook) and hook.out_dir == str(tmp_path / "run2")
+    # a config without save keys: every 10 rounds, as smdebug.xgboost
+    xgb.train(PARAMS, dtrain, num_boost_round=21, evals=[(dtrain, "train")], callbacks=[hook], verbose_eval=False)
+    hook.close()
+    assert txgb.create_trial(str(tmp_path / "run2")).steps() == [0, 10, 20]
+    (tmp_path / "run2").rename(tmp_path / "run2-done")
     assert isinstance(txgb.hook_from_config(), txgb.Hook)
     monkeypatch.delenv("TENSORTAP_CONFIG")
     txgb.del_hook()
