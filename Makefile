@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install test demo lint bench clean
 
-$(STAMP): pyproject.toml setup.py tensortap/_streamcopy.c tensortap/pytorch/_counting.c requirements/test.txt
+$(STAMP): pyproject.toml setup.py tensortap/transport/_streamcopy.c tensortap/pytorch/_counting.c requirements/test.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -r requirements/test.txt

@@ -73,7 +73,8 @@ class NativeSource(Source):
         list_dirs = getattr(self.storage, "list_dirs", None)
         dirs = list_dirs(layout.ROOT) if list_dirs else [layout.ROOT]
         for d in dirs:
-            new = self.storage.list(d + "/", start_after=self._last_key.get(d))
+            new = [k for k in self.storage.list(d + "/", start_after=self._last_key.get(d))
+                   if layout.parse_chunk_key(k) is not None]  # (chunk keys only: other files sort after them)
             if new:
                 self._last_key[d] = new[-1]
                 keys.extend(new)

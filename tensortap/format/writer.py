@@ -7,10 +7,13 @@ drops; "drop" drops at once. Drops are counted (`dropped_records`) and warned ab
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +136,16 @@ def _write_all(f: Any, buf: Any) -> None:
         view = view[n:]
 
 
+#: errors that mean the storage is full: the writer stops writing payloads and counts every record as dropped
+STORAGE_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+RESERVE_BYTES = 256 << 10  # set aside for the index blocks a writer still writes once the disk is full
+_MAX_MARKS = 4096  # step marks waiting for their records (older ones are superseded by newer ones)
+
+
+def storage_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in STORAGE_FULL_ERRNOS
+
+
 _DIRECT_WRITE = 1 << 16  # payloads at least this large are written straight from their arrays
 _PENDING_WRITE = 1 << 20  # smaller ones are gathered and written once this many bytes are waiting
 _BLOCK_BYTES = 64 << 20  # write an index block at least once per this many payload bytes
@@ -241,14 +254,20 @@ class ChunkWriter:
         self.metadata = dict(metadata or {})
         self.close_timeout = 30.0
         self.dropped_records = 0
-        self.written_records = 0
+        self.written_records = 0  # records taken into a block (in memory or written)
+        self.durable_records = 0  # records in index blocks written (what a reader finds)
+        self.full = False  # the storage ran out of space: no more payloads are written
         self.error: BaseException | None = None
 
         self._pending_bytes = 0
         self._submitted = 0  # records accepted by submit()
-        self._encoded = 0  # records the writer thread has taken into a block
-        self._passed_mark: tuple[int, dict[str, Any]] | None = None
+        self._encoded = 0  # records the writer thread has handled (taken into a block, or dropped)
+        # (records submitted before the mark, the mark): every mark, so that a writer lagging behind the
+        # training loop still publishes the newest one whose records it has all written
+        self._marks: deque[tuple[int, dict[str, Any]]] = deque(maxlen=_MAX_MARKS)
         self._published_step = -1
+        self._durable_dat = 0  # bytes of the data file that indexed payloads reach
+        self._reserved = False
         self._room = threading.Condition()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._seq = self._first_free_seq()
@@ -344,7 +363,7 @@ class ChunkWriter:
         Costs one attribute write on the training thread; the writer publishes the mark once every
         record submitted before it is written.
         """
-        self._passed_mark = (self._submitted, {"step": step, "mode_steps": mode_steps})
+        self._marks.append((self._submitted, {"step": step, "mode_steps": mode_steps}))
 
     def set_collections(self, collections_json: dict[str, Any]) -> None:
         self._queue.put(("collections", collections_json))
@@ -432,9 +451,17 @@ class ChunkWriter:
             self._idx_buf = bytearray()
             self._chunk_started = time.monotonic()
         else:
+            if not self._reserved:
+                self._reserved = True
+                try:
+                    self.storage.write(layout.reserve_key(self.worker), bytes(RESERVE_BYTES))
+                except OSError:
+                    pass  # (already short of space: nothing to set aside)
             self._dat = self.storage.open_append(layout.chunk_key(self.worker, self._seq, layout.DATA_SUFFIX))
             self._idx = self.storage.open_append(layout.chunk_key(self.worker, self._seq, layout.INDEX_SUFFIX))
         self._dat_size = 0
+        self._durable_dat = 0
+        self._idx_size = 0
         self._first_block = True
 
     def _add_payload(self, buf: bytes | np.ndarray) -> tuple[int, int, int, bytes]:
@@ -501,6 +528,19 @@ class ChunkWriter:
         return tmpl
 
     def _encode_batch(self, b: RecordBatch) -> None:
+        if self.full:
+            self.dropped_records += len(b.arrays)
+            self._encoded += 1
+            return
+        try:
+            self._encode_batch_rows(b)
+        except OSError as e:
+            if not storage_full(e):
+                raise
+            self._storage_full(e, len(b.arrays))
+            self._encoded += 1
+
+    def _encode_batch_rows(self, b: RecordBatch) -> None:
         if self._dat is None:
             self._open_chunk()
         arrays = b.arrays
@@ -560,6 +600,19 @@ class ChunkWriter:
         self._encoded += 1
 
     def _encode(self, r: Record) -> None:
+        if self.full:
+            self.dropped_records += 1
+            self._encoded += 1
+            return
+        try:
+            self._encode_rows(r)
+        except OSError as e:
+            if not storage_full(e):
+                raise
+            self._storage_full(e, 1)
+            self._encoded += 1
+
+    def _encode_rows(self, r: Record) -> None:
         if self._dat is None:
             self._open_chunk()
         t = self._tables
@@ -604,9 +657,64 @@ class ChunkWriter:
         self._encoded += 1
 
     def _write_block(self, end: bool = False) -> None:
+        try:
+            self._write_block_now(end)
+        except OSError as e:
+            if not storage_full(e):
+                raise
+            if not self.full:
+                self._storage_full(e, 0)
+                try:
+                    self._write_block_now(end)  # (the marks and the end, in the space set aside)
+                except OSError as e2:
+                    if not storage_full(e2):
+                        raise
+            for ev in self._flush_events:
+                ev.set()
+            self._flush_events.clear()
+
+    def _storage_full(self, e: OSError, failed: int) -> None:
+        """The storage is full: forget the block being built (its payloads are cut off the data file), free the
+        space set aside, and from now on count every record as dropped. `failed`: records of the hand-off
+        being encoded when it happened (not yet counted as written)."""
+        lost = self.written_records - self.durable_records + failed
+        self.written_records = self.durable_records
+        self.dropped_records += lost
+        self.full = True
+        self._forget_block()
+        if not self.sealed_mode and self._dat is not None:
+            try:
+                self._truncate_data(self._durable_dat)
+            except OSError:
+                pass
+        self._dat_size = self._durable_dat
+        try:
+            self.storage.delete(layout.reserve_key(self.worker))
+        except OSError:
+            pass
+        logger.warning("tensortap: no space left for the data of %s in %s (%s): %d records not yet indexed are "
+                       "dropped, and every later one is dropped and counted (dropped_records). What was saved "
+                       "before stays readable. Training continues.", self.worker, self.storage.url,
+                       os.strerror(e.errno or errno.ENOSPC), lost)
+
+    def _forget_block(self) -> None:
+        self._rows.clear()
+        self._row_parts = []
+        self._pend = bytearray()
+        self._tables = _Tables()
+        self._templates = {}
+
+    def _truncate_data(self, size: int) -> None:
+        self._dat.flush()
+        os.truncate(self._dat.name, size)
+
+    def _write_block_now(self, end: bool = False) -> None:
         flushing = bool(self._flush_events)
-        mark = self._passed_mark  # read once: the training thread may replace it at any time
-        if mark is not None and mark[0] <= self._encoded and mark[1]["step"] > self._published_step:
+        marks = self._marks
+        mark = None
+        while marks and marks[0][0] <= self._encoded:  # the newest mark whose records are all handled
+            mark = marks.popleft()
+        if mark is not None and mark[1]["step"] > self._published_step:
             self._passed = mark[1]
             self._published_step = mark[1]["step"]
         if not self._rows and not self._row_parts and self._passed is None and self._collections is None and not end:
@@ -648,9 +756,17 @@ class ChunkWriter:
             if self._pend:
                 self._write_pending()
             self._dat.flush()
-            self._idx.write(block)  # one append
-            self._idx.flush()
+            start = self._idx_size
+            try:
+                _write_all(self._idx, block)  # one append (a short write is continued)
+            except OSError:
+                self._idx.flush()
+                os.truncate(self._idx.name, start)  # no torn block before the ones written later
+                raise
+            self._idx_size = start + len(block)
         self._first_block = False
+        self.durable_records = self.written_records
+        self._durable_dat = self._dat_size
         self._rows.clear()
         self._row_parts = []
         self._block_bytes = 0

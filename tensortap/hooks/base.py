@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import contextvars
+import json
 import logging
 import os
 import platform
@@ -59,6 +60,37 @@ def default_writer(out_dir: str) -> str:
             and not is_remote(out_dir)):
         return "process"
     return "thread"
+
+
+_SYSTEM_DIRS = ("/proc", "/sys", "/dev")
+
+
+def check_out_dir(out_dir: Any) -> str:
+    """`out_dir` as a string, or InvalidConfiguration naming what is wrong with it: not a path, a NUL in it, a
+    system folder, an existing file, or a path under a file. (Whether it can be written is found when the hook
+    claims it.)"""
+    if isinstance(out_dir, os.PathLike):
+        out_dir = os.fspath(out_dir)
+    if not isinstance(out_dir, str) or not out_dir.strip():
+        raise InvalidConfiguration(f"out_dir={out_dir!r}: give a local directory or an s3://bucket/prefix")
+    if "\0" in out_dir:
+        raise InvalidConfiguration(f"out_dir={out_dir!r} contains a NUL character")
+    if is_remote(out_dir):
+        return out_dir
+    path = os.path.abspath(os.path.expanduser(out_dir))
+    if any(path == d or path.startswith(d + "/") for d in _SYSTEM_DIRS):
+        raise InvalidConfiguration(f"out_dir={out_dir!r} is inside a system folder ({path}): give a directory "
+                                   "for the job's data")
+    probe = path
+    while probe and not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if os.path.exists(probe) and not os.path.isdir(probe):
+        where = "is a file" if probe == path else f"is under a file ({probe})"
+        raise InvalidConfiguration(f"out_dir={out_dir!r} {where}: give a directory for the job's data")
+    return out_dir
 
 
 def disabled_by_env() -> bool:
@@ -133,9 +165,7 @@ class Hook:
             include_collections = list(dict.fromkeys([*base, *(runner_cfg.include_collections or [])]))
             if save_config is None:
                 save_config = runner_cfg.save_config
-        if out_dir is None or not str(out_dir).strip():
-            raise InvalidConfiguration(f"out_dir={out_dir!r}: give a local directory or an s3://bucket/prefix")
-        self.out_dir = str(out_dir)
+        self.out_dir = check_out_dir(out_dir)
         for flag_name, flag in (("dry_run", dry_run), ("save_all", save_all),
                                 ("export_tensorboard", export_tensorboard)):
             if not isinstance(flag, bool):
@@ -148,6 +178,9 @@ class Hook:
             )
         if not (isinstance(flush_interval, int | float) and flush_interval > 0):
             raise InvalidConfiguration(f"flush_interval={flush_interval!r} must be a positive number of seconds")
+        for size_name, size in (("chunk_bytes", chunk_bytes), ("max_pending_bytes", max_pending_bytes)):
+            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+                raise InvalidConfiguration(f"{size_name}={size!r} must be a positive whole number of bytes")
         if backpressure not in ("block", "drop"):
             raise InvalidConfiguration(f"backpressure={backpressure!r}: allowed are 'block' and 'drop'")
         if writer not in WRITERS:
@@ -229,13 +262,14 @@ class Hook:
         self._merged_cfg: dict[int, tuple[Any, Any, SaveConfig]] = {}  # id(collection) -> merged save config
         self._schedules: dict[ModeKeys, list[tuple[Collection, SaveConfigMode]]] = {}  # see _mode_schedule
         self._collections_dirty = True
-        # Stop requests (tensortap.rules.actions.stop): every rank watches, writing or not.
+        # Stop requests (tensortap.format.control): every rank watches, writing or not.
         self._stop_watch = not disabled_by_env()
         self._stop_request: dict | None = None
         self._next_stop_check = 0.0
         self._remote = is_remote(self.out_dir)
         self._stop_thread: threading.Thread | None = None
-        if not self.disabled and self.writes and not self.dry_run:
+        self._dropped_here = 0  # values refused before they reached the writer (too large)
+        if not self.disabled and self.writes and not self.dry_run and not self._claim_later:
             self._check_out_dir()
         # applied at the first step, once a framework subclass has finished its own set-up
         self._pending_collection_configs = runner_cfg.collection_configs if runner_cfg is not None else None
@@ -247,7 +281,12 @@ class Hook:
     def _init_builtin_collections(self) -> None:
         """Set the regexes of the built-in collections (framework hooks override)."""
 
+    #: a framework hook that learns its worker's name only at the first step claims the out_dir then
+    _claim_later = False
+
     def _check_out_dir(self) -> None:
+        """Claim this worker's folder in out_dir for this job, atomically (docs/format.md §1): a second job
+        given the same out_dir and worker gets a clear error here instead of interleaving its data."""
         storage = open_storage(self.out_dir)
         for key in storage.list(layout.worker_dir(self.worker) + "/"):
             if key.endswith(layout.INDEX_SUFFIX):
@@ -255,6 +294,16 @@ class Hook:
                     f"out_dir {self.out_dir!r} already holds data of {self.worker}: "
                     "use a new out_dir for every training job"
                 )
+        claim = json.dumps({"pid": os.getpid(), "host": platform.node(), "time": time.time()}).encode()
+        try:
+            claimed = storage.create_exclusive(layout.claim_key(self.worker), claim)
+        except OSError as e:
+            raise InvalidConfiguration(f"out_dir {self.out_dir!r} cannot be written: {e}") from None
+        if not claimed:
+            raise InvalidConfiguration(
+                f"out_dir {self.out_dir!r} is already used by another job writing {self.worker} "
+                f"({storage.describe(layout.claim_key(self.worker))}): use a new out_dir for every training job"
+            )
         self._storage = storage
 
     @classmethod
@@ -532,7 +581,7 @@ class Hook:
         if self._stop_request is None and now < self._next_stop_check:
             return
         self._next_stop_check = now + 1.0
-        from tensortap.rules.actions.stop import StopSignal, stop_requested
+        from tensortap.format.control import StopSignal, stop_requested
 
         if self._stop_request is None and not self._remote:
             try:
@@ -549,7 +598,7 @@ class Hook:
             StopSignal(self.out_dir).stop(self, req)  # closes the hook, raises TrainingStopped
 
     def _poll_stop(self) -> None:
-        from tensortap.rules.actions.stop import stop_requested
+        from tensortap.format.control import stop_requested
 
         while not self._closed and self._stop_request is None:
             try:
@@ -606,7 +655,7 @@ class Hook:
                       metadata={"rank": self.rank, "world_size": self.world_size, "hook": type(self).__name__},
                       **self._writer_opts)
             if self.writer_kind == "process":
-                from tensortap.format.process_writer import ProcessChunkWriter
+                from tensortap.transport.process_writer import ProcessChunkWriter
 
                 try:
                     self._writer = ProcessChunkWriter(self._storage, self.worker, **kw)
@@ -704,6 +753,8 @@ class Hook:
         names = [collections_to_write] if isinstance(collections_to_write, str) else list(collections_to_write)
         if not self.active:
             return
+        if self._too_large(tensor_name, tensor_value):
+            return
         with self.guard("save_tensor"):
             self._ensure_step()
             colls = []
@@ -722,6 +773,19 @@ class Hook:
                     self._warn_once(f"unstorable:{tensor_name}", f"tensortap: {tensor_name!r} not saved: {e}")
                     return
                 self.write_tensor(tensor_name, value, colls)
+
+    def _too_large(self, name: str, value: Any) -> bool:
+        """A value larger than the writer may hold (max_pending_bytes) is dropped before anything copies it
+        (a broadcast view's copy could take all the memory): counted in dropped_records, warned once."""
+        nbytes = getattr(value, "nbytes", None)
+        limit = self._writer_opts["max_pending_bytes"]
+        if isinstance(nbytes, int) and nbytes > limit:
+            self._dropped_here += 1
+            self._warn_once("too-large", f"tensortap: {name!r} not saved: {nbytes} bytes is more than "
+                                         f"max_pending_bytes={limit}; such values are dropped and counted "
+                                         "(dropped_records)")
+            return True
+        return False
 
     def save_scalar(self, name: str, value: Any, timestamp: float | None = None) -> None:
         """Save a scalar as `scalar/<name>` at the current step, whatever the save config."""
@@ -771,8 +835,9 @@ class Hook:
                 w.close()
                 if w.error is not None:
                     raise w.error
-                if w.dropped_records:
-                    logger.warning("tensortap: %d records were dropped under backpressure", w.dropped_records)
+                if self.dropped_records:
+                    logger.warning("tensortap: %d records of %s were not saved (counted in dropped_records; the "
+                                   "cause was logged when it began)", self.dropped_records, self.worker)
             elif self._writer is not None:
                 self._writer.close()
         self._closed = True
@@ -788,7 +853,8 @@ class Hook:
 
     @property
     def dropped_records(self) -> int:
-        return self._writer.dropped_records if self._writer is not None else 0
+        """Records handed to tensortap and not saved (storage full or too slow, writer process gone, too large)."""
+        return self._dropped_here + (self._writer.dropped_records if self._writer is not None else 0)
 
     def has_default_hook_configuration(self) -> bool:
         return set(self.include_collections) == set(self.default_include_collections)

@@ -8,8 +8,7 @@ module is named by its class), losses `<LossClass>_output_0`. Optimizer state is
 Steps known to save nothing cost one truth test in C per forward of the root module, made without a module
 hook (see `_step_counter`); per-module forward hooks and per-parameter gradient hooks are only installed for
 steps that save them. With the writer process, a saving step hands its weights, gradients and loss over in
-one message of shared memory (see `_StepLayout`); once such steps repeat, a steady cycle runs them in fewer,
-shorter calls and hands anything unusual back to this code (see `_steady`).
+one message of shared memory (see `_StepLayout`).
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ from tensortap.format.writer import RecordBatch
 from tensortap.hooks.base import Hook as BaseHook
 from tensortap.hooks.base import rank_in_env
 from tensortap.pytorch import _step_counter, singleton
-from tensortap.pytorch._steady import SteadyCycle
 from tensortap.pytorch._step_counter import CountingHooks
 from tensortap.pytorch._tensors import (
     BufferPool,
@@ -182,18 +180,18 @@ class Hook(BaseHook):
     )
     default_include_collections = (K.LOSSES, K.SCALARS)
     _counting: CountingHooks | None  # the only root's step counter, when it may skip ahead (see the base hook)
-    _steady: SteadyCycle | None = None  # runs the saving steps while they stay alike (see _maybe_steady)
 
     def __init__(self, out_dir: str, *args: Any, rank: int | None = None, world_size: int | None = None,
                  **kwargs: Any):
         given = rank is not None or world_size is not None
         if not given:
             rank, world_size = _detect_rank()
-        super().__init__(out_dir, *args, rank=rank, world_size=world_size, **kwargs)
         # Made before the process group, with no rank given or in the environment (e.g. a process started
         # by torch.multiprocessing.spawn that calls init_process_group itself): the group's rank is taken
-        # at the first step if the group exists by then (see _prepare), before anything is written.
-        self._rank_later = not given and rank is None and rank_in_env() is None
+        # at the first step if the group exists by then (see _prepare), and the worker's folder is claimed
+        # then, before anything is written.
+        self._rank_later = self._claim_later = not given and rank is None and rank_in_env() is None
+        super().__init__(out_dir, *args, rank=rank, world_size=world_size, **kwargs)
         self._roots: list[_Root] = []
         self._module_ids: set[int] = set()  # every module inside a registered root
         self._param_names: dict[int, str] = {}
@@ -245,6 +243,11 @@ class Hook(BaseHook):
         if self._rank_later:
             self._rank_later = False
             self._adopt_group_rank()
+            if self.writes and not self.disabled and not self.dry_run:
+                try:
+                    self._check_out_dir()  # (what the constructor does when it knows the worker)
+                except InvalidConfiguration as e:  # another job's data: this hook writes nothing, training goes on
+                    self._fail("first step", e)
         super()._prepare()
 
     def _adopt_group_rank(self) -> None:
@@ -253,7 +256,6 @@ class Hook(BaseHook):
         if rank is None or world_size is None or self._writer is not None:
             return
         named = self.worker == f"worker_{self.rank}"  # (else a name the caller chose)
-        renamed = named and rank != self.rank
         self.rank, self.world_size = rank, world_size
         if named:
             self.worker = f"worker_{rank}"
@@ -261,11 +263,6 @@ class Hook(BaseHook):
         self.collection_manager.set_num_workers(self.num_workers)
         self._collections_dirty = True
         self.writes = self.include_workers == "all" or rank == 0
-        if renamed and self.writes and not self.disabled and not self.dry_run:
-            try:
-                self._check_out_dir()  # (what the constructor checked for the old name)
-            except InvalidConfiguration as e:  # an earlier job's data: this hook writes nothing, training goes on
-                self._fail("first step", e)
 
     def _init_builtin_collections(self) -> None:
         get = self.collection_manager.get
@@ -355,7 +352,6 @@ class Hook(BaseHook):
         if any(m is loss_module for m, _fn, _k in self._losses):
             return
         self._losses.append((loss_module, functools.partial(self._loss_hook, name), _hook_id()))
-        self._drop_steady()
         self._remove_plan_handles()  # the next saving step installs its hook
 
     def _hook_loss_now(self, loss_module: nn.Module) -> None:
@@ -825,68 +821,12 @@ class Hook(BaseHook):
             self._small = []
             self._small_in_res = self._grad_off = 0
             self._writer.commit(res)
-            if self._steady is None and self._step_plan is not None:
-                try:
-                    self._maybe_steady(self._step_plan)
-                except Exception as e:  # noqa: BLE001 - never break training
-                    self._fail("step end", e)
         else:
             self._hand_off_grads()
         self._saving = False
         self._step_plan = None
 
-    def _maybe_steady(self, plan: _Plan) -> None:
-        """After a saving step that sent its weights, gradients and loss in one message: a steady cycle runs
-        the next saving steps of this plan if nothing in them needs the general code (see _steady)."""
-        uniform = self._uniform.get(self.mode)
-        if (uniform is None or not SteadyCycle.usable(uniform[0]) or len(self._roots) != 1 or self._counting is None
-                or self.mode in _NO_GRAD_MODES):
-            return  # (e.g. saving every step: no steady cycle, and this test is all it costs)
-        root = self._roots[0]
-        counter = root.counter
-        layout = plan.step_layout
-        spec = plan.weight_spec
-        w = self._writer
-        if (counter is not self._counting or counter.tick is None or root.compiled or "_root_pre_hook" in vars(self)
-                or plan.io or plan.some_odd or not plan.weights or not plan.grads or layout is None
-                or layout.writer is not w or layout.writer_layout is None or spec is None or spec.sources is None
-                or plan.param_ptrs is None or not hasattr(w, "reserve_step") or self._plan_last is not plan
-                or self._plan_key is None
-                or self._plan_key[0] is not uniform[1] or self.dry_run or not self._defer_small
-                or self._force_async_copies):
-            return
-        loss = None
-        if len(layout.tail_names) - len(plan.grad_list) == 1 and len(self._losses) == 1:
-            m, _fn, key = self._losses[0]
-            name = m._get_name()
-            fast = self._io_fast.get(name)  # (learned by _io_hook: the loss's output alone is saved)
-            if fast is None or len(fast) != 6 or fast[0] != self._for_gen or fast[4] != layout.tail_names[-1]:
-                return
-            loss = (name, m._forward_hooks, key, fast)
-        elif len(layout.tail_names) != len(plan.grad_list) or self._losses:
-            return
-        cycle = self._steady = SteadyCycle(self, plan, loss, root.module._forward_hooks, self._grad_hook_id,
-                                           _distributed, _KEEP_HANDLES, _SMALL)
-        counter.tick = cycle.tick
-        if self._handles_plan is plan:  # (the plan's hooks stay installed over the quiet steps: its own now)
-            for d, key, fn in cycle.hook_entries:
-                d[key] = fn
-
-    def _drop_steady(self) -> None:
-        """The general code runs every saving step again (collections, losses or modules changed)."""
-        cycle, self._steady = self._steady, None
-        if cycle is None:
-            return
-        if cycle.counter.tick == cycle.tick:
-            cycle.counter.tick = functools.partial(self._root_pre_hook, cycle.module, ())
-        general = {key: fn for _m, fn, key in self._losses}
-        general[self._grad_hook_id] = self._grad_root_hook
-        for d, key, fn in cycle.hook_entries:
-            if d.get(key) == fn:  # (installed for the plan: the general hook in its place)
-                d[key] = general[key]
-
     def on_close(self) -> None:
-        self._drop_steady()
         self._disarm()
         self._counting = None
         for root in self._roots:
@@ -916,7 +856,6 @@ class Hook(BaseHook):
         return best
 
     def _config_changed(self) -> None:
-        self._drop_steady()
         self._disarm()
         self._plans.clear()
         self._plan_key = None
@@ -1273,6 +1212,8 @@ class Hook(BaseHook):
                     collections_to_write: str | list[str] = CollectionKeys.DEFAULT) -> None:
         """Save a tensor (torch or numpy) at the current step in the named collections."""
         if isinstance(tensor_value, torch.Tensor) and self.active:
+            if self._too_large(tensor_name, tensor_value):
+                return
             with self.guard("save_tensor"):
                 t = tensor_value.detach()
                 if t.device.type != "cpu":

@@ -247,7 +247,7 @@ class Runner:
     def _ensure_stop_request(self, rule: RuleProc) -> None:
         """With --stop-on-issue the rule's own StopTraining action writes the request; write it here too in
         case the rule is a user rule built without actions."""
-        from tensortap.rules.actions.stop import request_stop, stop_requested
+        from tensortap.format.control import request_stop, stop_requested
 
         if stop_requested(self.spec.out_dir, min_interval=0) is None:
             request_stop(self.spec.out_dir, rule=rule.label, step=rule.status.get("first_step"),
@@ -256,7 +256,7 @@ class Runner:
     # --- result ---------------------------------------------------------------------------------
 
     def result(self) -> tuple[int, dict[str, Any]]:
-        from tensortap.rules.actions.stop import STOP_EXIT_CODE
+        from tensortap.format.control import STOP_EXIT_CODE
 
         rules = [{"name": r.label, "status": r.status.get("status", st.ERROR), "first_step": r.status.get("first_step"),
                   "message": r.status.get("message", "")} for r in self.rules]

@@ -57,6 +57,11 @@ class Storage(ABC):
     def write(self, key: str, data: bytes) -> None:
         """Create or replace an object; readers see the old or the new content, never a mix."""
 
+    @abstractmethod
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        """Create `key` with `data` only if it does not exist yet, atomically (of two callers racing, exactly one
+        gets True); False if it exists."""
+
     def open_append(self, key: str) -> BinaryIO:
         """A binary handle appending to `key` (created if missing). Only where `supports_append`."""
         raise NotImplementedError(f"{type(self).__name__} does not support appending")

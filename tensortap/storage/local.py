@@ -101,6 +101,19 @@ class LocalStorage(Storage):
                 pass
             raise
 
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        return True
+
     def open_append(self, key: str) -> BinaryIO:
         path = self._path(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)

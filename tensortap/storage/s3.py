@@ -280,5 +280,17 @@ class S3Storage(Storage):
         else:
             self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
 
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        """A conditional put (If-None-Match: *): the store refuses it with 412 if the key exists."""
+        self.ensure_bucket()
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
+        except Exception as e:  # noqa: BLE001 - botocore's ClientError, without importing botocore here
+            code = str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
+            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                return False
+            raise
+        return True
+
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))

@@ -1,6 +1,7 @@
-"""The PyTorch hook's steady saving cycle (tensortap.pytorch._steady) against real torch (CPU): it runs the
-usual saving steps, hands every unusual one to the general code, and either way the saved values are
-bit-identical to what the training script saw."""
+"""The PyTorch hook's saving steps against real torch (CPU), with the writer process: the usual saving steps
+and every kind of unusual one (moved parameters, transposed gradients, no or two backwards, EVAL steps between,
+close or a stop request mid-job) save values bit-identical to what the training script saw, at the steps the
+schedule names."""
 
 from __future__ import annotations
 
@@ -13,9 +14,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 import tensortap.pytorch as tp  # noqa: E402
-from tensortap.format.process_writer import ProcessChunkWriter  # noqa: E402
-from tensortap.pytorch import _steady  # noqa: E402
-from tensortap.pytorch import hook as hook_module  # noqa: E402
+from tensortap.transport.process_writer import ProcessChunkWriter  # noqa: E402
 from tensortap.trials import StepState  # noqa: E402
 
 TRAIN, EVAL = tp.modes.TRAIN, tp.modes.EVAL
@@ -39,22 +38,6 @@ def _reset_hook(monkeypatch):
     torch.manual_seed(0)
     yield
     tp.del_hook()
-
-
-@pytest.fixture
-def steady(monkeypatch):
-    """The global steps whose saving step the steady cycle began (else the general code did)."""
-    began: list[int] = []
-    begin = _steady.SteadyCycle._begin
-
-    def spy(self, h):
-        done = begin(self, h)
-        if done:
-            began.append(h._step)
-        return done
-
-    monkeypatch.setattr(_steady.SteadyCycle, "_begin", spy)
-    return began
 
 
 def _hook(tmp_path, interval=3, **kw):
@@ -111,33 +94,25 @@ def _check(t, seen, steps, grads=None, mode=None):
         assert np.array_equal(t.tensor(LOSS).value(s, **kw), seen[s]["loss"].numpy()), s
 
 
-def test_the_usual_saving_steps_are_run_by_the_steady_cycle_and_save_exactly(tmp_path, steady, monkeypatch):
-    general = []
-    collect = hook_module.Hook._collect_grads
-    monkeypatch.setattr(hook_module.Hook, "_collect_grads", lambda self: (general.append(self._step), collect(self)))
+def test_the_usual_saving_steps_save_exactly(tmp_path):
     seen, hook, t = _run(tmp_path, 40)
     _check(t, seen, list(range(0, 40, 3)))
-    # the first saving step learns the one-message layout, the second sends one message: from then on, all
-    assert steady == list(range(6, 40, 3))
-    assert general == [0, 3]  # gradients read by the general code only before the cycle
     assert hook.error_count == 0
 
 
-def test_the_steady_cycle_counts_mode_steps(tmp_path, steady):
+def test_saving_steps_count_mode_steps(tmp_path):
     seen, hook, t = _run(tmp_path, 40, mode=TRAIN)
     _check(t, seen, list(range(0, 40, 3)), mode=TRAIN)
     assert t.steps() == list(range(0, 40, 3))
-    assert steady == list(range(6, 40, 3))
     assert hook.mode_steps[TRAIN] == 39 and hook.step == 39
 
 
 @pytest.mark.parametrize("start", [0, 7])
-def test_the_steady_cycle_follows_the_schedule(tmp_path, steady, start):
+def test_saving_steps_follow_the_schedule(tmp_path, start):
     hook = _hook(tmp_path, save_config=tp.SaveConfig(save_interval=5, start_step=start))
     seen, _hook_, t = _run(tmp_path, 41, hook=hook)
     saved = [s for s in range(41) if s % 5 == 0 and s >= start]
     _check(t, seen, saved)
-    assert steady == saved[2:]
 
 
 def _forwards_and_backwards(tmp_path, steps, mode=None):
@@ -158,9 +133,9 @@ def _forwards_and_backwards(tmp_path, steps, mode=None):
     return step, hook
 
 
-def test_optimizer_variables_saved_beside_the_steady_cycle(tmp_path, steady):
+def test_optimizer_variables_saved_beside_weights_and_gradients(tmp_path):
     """The optimizer's state goes in messages of its own after optimizer.step(); the weights, gradients and loss
-    of the same steps still go through the steady cycle."""
+    of the same steps are saved as usual."""
     model = Net()
     loss_fn = nn.CrossEntropyLoss()
     hook = _hook(tmp_path, include=["weights", "biases", "gradients", "losses", "optimizer_variables"])
@@ -176,7 +151,6 @@ def test_optimizer_variables_saved_beside_the_steady_cycle(tmp_path, steady):
         opt.step()
         bufs.append(opt.state[model.fc1.weight]["momentum_buffer"].clone())
     hook.close()
-    assert steady == [6, 9, 12, 15, 18]
     t = tp.create_trial(str(tmp_path / "run"))
     saved = list(range(0, 20, 3))
     assert t.tensor("optimizer/Net_fc1.weight/momentum_buffer").steps() == saved
@@ -186,9 +160,8 @@ def test_optimizer_variables_saved_beside_the_steady_cycle(tmp_path, steady):
         assert np.array_equal(t.tensor("gradient/Net_fc1.weight").value(s), grads[s].numpy())
 
 
-def test_readers_learn_that_a_steady_saving_step_has_passed_at_the_next_step(tmp_path, steady):
+def test_readers_learn_that_a_saving_step_has_passed_at_the_next_step(tmp_path):
     _step, hook = _forwards_and_backwards(tmp_path, 14, TRAIN)
-    assert steady == [6, 9, 12]
     hook.flush()
     t = tp.create_trial(str(tmp_path / "run"))
     assert t.last_complete_step == 12  # step 13 began: 12 is over
@@ -266,17 +239,11 @@ def _recorded_tensor(step, model, loss_fn, x, y, hook):
         return loss
 
 
-@pytest.mark.parametrize("body, steady_expected", [
-    (_move_a_parameter, [6, 9, 18, 21]),  # (the general code learns the new storage, then a new cycle runs)
-    (_a_gradient_that_is_not_contiguous, [6, 9, 12, 15, 18, 21]),
-    (_no_backward, [6, 9, 12, 15, 18, 21]),
-    (_two_backward_passes, [6, 9, 12, 15, 18, 21]),
-    (_second_loss_call, [6, 9, 12, 15, 18, 21]),
-    (_a_parameter_without_gradient, [6, 9, 12, 15, 18, 21]),
-    (_flush_and_scalar_mid_step, [6, 9, 12, 15, 18, 21]),
-    (_recorded_tensor, [6, 9, 12, 15, 18, 21]),
+@pytest.mark.parametrize("body", [
+    _move_a_parameter, _a_gradient_that_is_not_contiguous, _no_backward, _two_backward_passes, _second_loss_call,
+    _a_parameter_without_gradient, _flush_and_scalar_mid_step, _recorded_tensor,
 ], ids=lambda v: getattr(v, "__name__", "")[1:] or None)
-def test_an_unusual_saving_step_goes_the_general_way_and_saves_exactly(tmp_path, steady, body, steady_expected):
+def test_an_unusual_saving_step_saves_exactly(tmp_path, body):
     if body is _move_a_parameter:
         seen, hook, t = _run(tmp_path, 24, prep=body)
     else:
@@ -284,7 +251,6 @@ def test_an_unusual_saving_step_goes_the_general_way_and_saves_exactly(tmp_path,
     saved = list(range(0, 24, 3))
     assert hook.error_count == 0
     _check(t, seen, saved, [s for s in saved if s != 12 or body is not _no_backward])
-    assert steady == steady_expected
     if body is _a_parameter_without_gradient:
         assert "fc2.bias" not in seen[12]["g"] and "fc1.bias" in seen[12]["g"]
     if body is _second_loss_call:
@@ -296,7 +262,7 @@ def test_an_unusual_saving_step_goes_the_general_way_and_saves_exactly(tmp_path,
         assert t.tensor("scalar/mid").steps() == [12]
 
 
-def test_eval_steps_between_steady_saving_steps(tmp_path, steady):
+def test_eval_steps_between_saving_steps(tmp_path):
     def body(step, model, loss_fn, x, y, hook):
         if step == 12:
             hook.set_mode(EVAL)
@@ -313,33 +279,31 @@ def test_eval_steps_between_steady_saving_steps(tmp_path, steady):
     assert t.steps(mode=EVAL) == [0, 3]
     assert t.steps() == [0, 3, 6, 9, 12, 15, 16, 19, 22, 25]
     assert t.tensor("gradient/Net_fc1.weight").steps(mode=EVAL) == []
-    # back in TRAIN, the general code runs the first saving step (and the one after, where the loss's
-    # shortcut is learned again); then the steady cycle
-    assert steady == [6, 9, 22, 25]
 
 
-def test_a_failure_in_the_steady_cycle_turns_the_hook_off_and_training_goes_on(tmp_path, steady, monkeypatch,
-                                                                              caplog):
-    reserve = ProcessChunkWriter.reserve_step
+def test_a_failure_in_a_saving_step_turns_the_hook_off_and_training_goes_on(tmp_path, monkeypatch, caplog):
+    commit = ProcessChunkWriter.commit
     calls = []
 
     def failing(self, *args):
         calls.append(1)
-        if len(calls) == 3:  # the steady cycle's third saving step (step 12)
+        if len(calls) == 6:
             raise RuntimeError("injected")
-        return reserve(self, *args)
+        return commit(self, *args)
 
-    monkeypatch.setattr(ProcessChunkWriter, "reserve_step", failing)
+    monkeypatch.setattr(ProcessChunkWriter, "commit", failing)
     with caplog.at_level(logging.ERROR, logger="tensortap"):
         seen, hook, t = _run(tmp_path, 24)
     assert len(seen) == 24  # training went on
     assert hook.disabled and hook.error_count == 1 and "injected" in str(hook.first_error)
     assert len([r for r in caplog.records if r.name == "tensortap" and r.levelno >= logging.ERROR]) == 1
-    assert steady == [6, 9]
-    _check(t, seen, [0, 3, 6, 9])  # what was saved before stays readable
+    saved = t.tensor("Net_fc1.weight").steps()
+    assert 0 in saved and len(saved) < 8  # some saving steps, then none
+    whole = [s for s in saved if all(s in t.tensor(f"gradient/Net_{n}").steps() for n in PARAMS)]
+    _check(t, seen, whole)  # what was saved before the failure stays readable
 
 
-def test_closing_the_hook_in_a_steady_saving_step(tmp_path, steady):
+def test_closing_the_hook_in_a_saving_step(tmp_path):
     def body(step, model, loss_fn, x, y, hook):
         loss = loss_fn(model(x), y)
         if step == 12:
@@ -349,18 +313,16 @@ def test_closing_the_hook_in_a_steady_saving_step(tmp_path, steady):
 
     seen, hook, t = _run(tmp_path, 18, body)
     assert hook.error_count == 0 and len(seen) == 18
-    assert steady == [6, 9, 12]
     _check(t, seen, [0, 3, 6, 9, 12], [0, 3, 6, 9])
     assert hook.step == 12  # nothing counted after close
 
 
-def test_a_stop_request_ends_training_while_the_steady_cycle_runs(tmp_path, steady):
+def test_a_stop_request_ends_training_between_saving_steps(tmp_path):
     import time
 
     from tensortap.rules.actions import TrainingStopped, request_stop
 
     step, hook = _forwards_and_backwards(tmp_path, 13)
-    assert steady == [6, 9, 12]
     request_stop(str(tmp_path / "run"), rule="R", step=12, reason="test")
     deadline = time.monotonic() + 10
     with pytest.raises(TrainingStopped):

@@ -8,8 +8,8 @@ import struct
 import sys
 
 try:  # built at install where a compiler is present
-    from tensortap._streamcopy import gather as _c_gather
-    from tensortap._streamcopy import put_message as _c_put_message
+    from tensortap.transport._streamcopy import gather as _c_gather
+    from tensortap.transport._streamcopy import put_message as _c_put_message
 except ImportError:  # pragma: no cover - no compiler at install time
     _c_gather = _c_put_message = None
 

@@ -1,17 +1,17 @@
-"""Copies into shared memory (tensortap._copy): the C helpers of tensortap._streamcopy and their fallbacks."""
+"""Copies into shared memory (tensortap.transport.copy): the C helpers of _streamcopy and their fallbacks."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tensortap import _copy
+from tensortap.transport import copy as _copy
 
 
 def test_extension_is_built_here():
     # optional for users without a compiler, but this test environment has one: a silent build failure
     # would cost the PyTorch hook ~100 us per saved step
-    import tensortap._streamcopy  # noqa: F401
+    import tensortap.transport._streamcopy  # noqa: F401
 
     assert _copy.gather_into is _copy._c_gather and _copy.put_message is _copy._c_put_message
 

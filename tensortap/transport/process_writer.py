@@ -6,9 +6,9 @@ sealed_mode). It starts `python -c ...` (a fresh interpreter that imports tensor
 never the training script or its framework), which runs a `ChunkWriter` on the same storage URL.
 
 Transport: one shared-memory ring (`ring_bytes`, at most `max_pending_bytes`). Each hand-off is one
-message in the ring: a small pickled header (names, dtypes, shapes, offsets, step, mode: our own
-metadata between our own processes, never saved data) followed by the payload bytes, copied with one
-memcpy per array. A byte on a pipe wakes the child. The child encodes a message (payloads go to the
+message in the ring: a fixed binary header, a JSON description (names, dtypes, shapes, offsets: no
+pickle, nothing that executes code) and the payload bytes, copied with one memcpy per array. The layout
+is specified in docs/transport.md. A byte on a pipe wakes the child. The child encodes a message (payloads go to the
 data file or an in-memory chunk as they are encoded) and then frees its ring space by advancing the
 shared tail. A message larger than the ring goes through a shared-memory segment of its own.
 
@@ -29,7 +29,6 @@ import json
 import logging
 import mmap
 import os
-import pickle
 import select
 import struct
 import subprocess
@@ -43,13 +42,13 @@ from typing import Any
 
 import numpy as np
 
-from tensortap._copy import MESSAGE_HEADER
-from tensortap._copy import gather_into as _gather
-from tensortap._copy import put_message as _put_message
 from tensortap.format import codec
-from tensortap.format.writer import ChunkWriter, Record, RecordBatch
+from tensortap.format.writer import ChunkWriter, Record, RecordBatch, storage_full
 from tensortap.storage import open_storage
 from tensortap.storage.base import Storage
+from tensortap.transport.copy import MESSAGE_HEADER
+from tensortap.transport.copy import gather_into as _gather
+from tensortap.transport.copy import put_message as _put_message
 
 logger = logging.getLogger("tensortap")
 
@@ -68,7 +67,9 @@ _MARK_STEP = 10
 _MARK_MODES = 11  # 4 slots: mode steps of TRAIN, EVAL, PREDICT, GLOBAL (-1: none)
 _ERR_LEN = 15
 _URGENT = 16  # control messages sent: the child processes everything published before one at once
-_SLOTS = 17
+_DURABLE = 17  # records in index blocks the child has written (what readers find)
+_DROPPED = 18  # records the child dropped (its storage is full)
+_SLOTS = 19
 _ERR_AT = 256  # error text of a failed child
 _ERR_MAX = 3840
 _HDR = 4096  # the ring starts here
@@ -88,8 +89,8 @@ _POLL = 0.005
 # thread beside it. Data latency does not suffer: readers see data at the flush interval, and flushes,
 # drains and close ring the bell.
 _POLL_IDLE = 0.05
-# Message header: int64 message size, pickled-meta size, payload offset, and for batches step, mode,
-# mode step (kept out of the pickle so that a batch layout's pickled meta is built once).
+# Message header: int64 message size, meta size, payload offset, and for batches step, mode, mode step
+# (kept out of the meta so that a batch layout's meta is built once).
 _MSG = MESSAGE_HEADER  # (written by _copy.put_message too)
 _MSG_HDR = _MSG.size
 
@@ -98,15 +99,30 @@ def _align(n: int, a: int = _ALIGN) -> int:
     return (n + a - 1) & ~(a - 1)
 
 
+def encode_meta(meta: tuple | list) -> bytes:
+    """A message's description as it travels in the ring: JSON (names, numbers, lists; bytes as hex)."""
+    return json.dumps(meta, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def decode_meta(buf: bytes) -> list:
+    try:
+        meta = json.loads(buf.decode("utf-8"))
+    except ValueError:  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
+        meta = None
+    if not isinstance(meta, list) or not meta or not isinstance(meta[0], str):
+        raise ValueError(f"not a writer-ring message description: {buf[:80]!r}")
+    return meta
+
+
 def _batch_meta(names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...]) -> tuple[bytes, int]:
-    """A batch message's pickled description and its number of elements."""
+    """A batch message's description and its number of elements."""
     count = 0
     for shape in shapes:
         k = 1
         for d in shape:
             k *= d
         count += k
-    return pickle.dumps(("batch", names, codec.dtype_to_str(dtype), shapes, count), protocol=5), count
+    return encode_meta(("batch", names, codec.dtype_to_str(dtype), shapes, count)), count
 
 
 def _payload_bytes(meta: tuple) -> int:
@@ -221,7 +237,7 @@ class ProcessChunkWriter:
         #: address of the ring's first byte in this process (to copy payloads to at `Reservation.offset`)
         self.ring_address: int = self._u8.ctypes.data
         self._prefault()
-        self._layouts: dict[tuple, tuple[bytes, int, int, int]] = {}  # -> (pickled meta, bytes, room, records)
+        self._layouts: dict[tuple, tuple[bytes, int, int, int]] = {}  # -> (encoded meta, bytes, room, records)
         for i in range(_SLOTS):
             self._h[i] = 0
         for i in range(4):
@@ -243,7 +259,7 @@ class ProcessChunkWriter:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-c", "from tensortap.format.process_writer import _child_main; _child_main()",
+                [sys.executable, "-c", "from tensortap.transport.process_writer import _child_main; _child_main()",
                  json.dumps(cfg)],
                 stdin=subprocess.DEVNULL, pass_fds=(rfd, wfd), env=env, close_fds=True,
             )
@@ -329,12 +345,17 @@ class ProcessChunkWriter:
             return
         self._dead = True
         code = self._proc.poll()
-        lost = max(0, self._accepted - int(self._h[_WRITTEN]))
-        self.dropped_records += lost
-        logger.error("tensortap: the writer process of %s ended unexpectedly (exit code %s); %d records in "
-                     "flight are lost and no more data will be saved. Training continues.", self.worker, code, lost)
+        # Everything accepted is either in an index block the child wrote, dropped by the child, or lost now.
+        child_dropped = int(self._h[_DROPPED])
+        lost = max(0, self._accepted - int(self._h[_DURABLE]) - child_dropped)
+        self.dropped_records += lost + child_dropped
+        self._child_dropped_counted = True
+        logger.error("tensortap: the writer process of %s ended unexpectedly (exit code %s); %d records it had "
+                     "not indexed are lost, later ones are dropped and counted (dropped_records), and no more data "
+                     "will be saved. Training continues.", self.worker, code, lost)
 
     _accepted = 0  # records accepted (instance attribute once the first one is)
+    _child_dropped_counted = False
 
     # --- training-thread side -----------------------------------------------------------------
 
@@ -359,7 +380,7 @@ class ProcessChunkWriter:
                 vd = (codec.dtype_to_str(v.dtype), v.shape, off, v.nbytes)
                 arrays.append((off, v))
                 off = _align(off + v.nbytes, 16)
-            reds = [(k[0], k[1], codec.dtype_to_str(a.dtype), a.shape, a.tobytes())
+            reds = [(k[0], k[1], codec.dtype_to_str(a.dtype), a.shape, a.tobytes().hex())
                     for k, rv in r.reduction_values.items() for a in (codec.as_storable(rv),)]
             metas.append((r.name, r.step, r.mode, r.mode_step, vd, r.save_raw, r.reductions, reds, r.save_shape,
                           r.shape))
@@ -389,7 +410,7 @@ class ProcessChunkWriter:
 
     def _send_locked(self, meta: tuple, payload_bytes: int, arrays: list[tuple[int, np.ndarray]], n_records: int,
                      control: bool = False, hdr: tuple[int, int, int] = (0, 0, 0)) -> bool:
-        m = pickle.dumps(meta, protocol=5)
+        m = encode_meta(meta)
         pay_at = _align(_MSG_HDR + len(m))
         need = _align(pay_at + payload_bytes)
         if need > self._cap // 2 and payload_bytes:
@@ -588,7 +609,7 @@ class ProcessChunkWriter:
         with self._lock:
             if res.done:
                 return
-            m = pickle.dumps(("skip",), protocol=5)
+            m = encode_meta(("skip",))
             pos = res.start % self._cap
             total = _MSG.unpack_from(self._ring_mv, pos)[0]
             self._write_header(pos, total, m, _align(_MSG_HDR + len(m)))
@@ -721,6 +742,9 @@ class ProcessChunkWriter:
             self._proc.wait()
         if self._h[_STATE] != _ENDED and self._h[_STATE] != _FAILED:
             self._died()
+        elif not self._child_dropped_counted:
+            self.dropped_records += int(self._h[_DROPPED])  # (the child's storage was full)
+            self._child_dropped_counted = True
         self.error  # noqa: B018 - read the child's error text while the segment is mapped
         self._final = (int(self._h[_WRITTEN]), bool(self._h[_OUTAGE]))
         done = self._h[_BIG_DONE]
@@ -881,6 +905,20 @@ class _ChildWriter(ChunkWriter):
         views = self._dio
         if not views:
             return
+        try:
+            self._write_dio(views)
+        except OSError as e:
+            if not storage_full(e):
+                raise
+            self._storage_full(e, 0)
+        self._publish_done()
+
+    def _forget_block(self) -> None:
+        super()._forget_block()
+        self._dio = []
+        self._dio_bytes = 0
+
+    def _write_dio(self, views: list[memoryview]) -> None:
         off, total = self._dio_off, self._dio_bytes
         self._dio = []
         self._dio_bytes = 0
@@ -895,6 +933,8 @@ class _ChildWriter(ChunkWriter):
                         break
                     at += len(v)
         except OSError as e:
+            if storage_full(e):
+                raise
             logger.info("tensortap: O_DIRECT writes failed (%s); writing through the page cache", e)
             fd = os.open(self._dat.name, os.O_WRONLY)  # (the rows already point at these offsets)
             try:
@@ -914,7 +954,6 @@ class _ChildWriter(ChunkWriter):
                 os.close(direct)
             except OSError:
                 pass
-        self._publish_done()
 
     def _write_block(self, end: bool = False) -> None:
         self._flush_dio()  # payloads before the index block that points at them
@@ -938,15 +977,15 @@ class _ChildWriter(ChunkWriter):
                     poll = _POLL if self._tail < target or r else min(poll * 2, _POLL_IDLE)
                 while self._tail < target and not self._stop:
                     self._one()
-                    if self._flush_events:
+                    if (self._flush_events or self._block_bytes > 64 << 20
+                            or time.monotonic() - last_flush >= self.flush_interval):
+                        # (also while working through a backlog: a crash loses at most a flush interval)
                         self._take_mark()
                         self._write_block()
                         last_flush = time.monotonic()
-                        h[_FLUSHED] = self._flush_events_done
-                    if self._block_bytes > 64 << 20:
-                        self._take_mark()
-                        self._write_block()
-                        last_flush = time.monotonic()
+                        if self._flush_events_done:
+                            h[_FLUSHED] = self._flush_events_done
+                        self._publish_done()
                 self._flush_dio()
                 if self._answer_due and self._tail >= target:
                     self._answer_due = False
@@ -970,6 +1009,8 @@ class _ChildWriter(ChunkWriter):
                     self._publish_pending()
                 h[_OUTAGE] = int(self.outage)
             h[_WRITTEN] = self.written_records
+            h[_DURABLE] = self.durable_records
+            h[_DROPPED] = self.dropped_records
             h[_OUTAGE] = int(self.outage)
             h[_STATE] = _ENDED
         except BaseException as e:  # noqa: BLE001 - report to the training process
@@ -1014,8 +1055,8 @@ class _ChildWriter(ChunkWriter):
         if h[_MARK_SEQ] != s or msgs > self._done_msgs:
             return  # being rewritten, or its records are not all here yet: next time
         self._mark_seen = s
-        self._passed_mark = (self._encoded, {"step": step, "mode_steps": {
-            n: v for n, v in zip(_MODE_NAMES, modes, strict=True) if v >= 0}})
+        self._marks.append((self._encoded, {"step": step, "mode_steps": {
+            n: v for n, v in zip(_MODE_NAMES, modes, strict=True) if v >= 0}}))
 
     def _one(self) -> None:
         """Process the message at the tail, then free its ring space."""
@@ -1026,7 +1067,7 @@ class _ChildWriter(ChunkWriter):
             self._tail += cap - pos
             return
         _t, mlen, pay_at, step, mode, mode_step = _MSG.unpack_from(self._mem, _HDR + pos)
-        meta = pickle.loads(ring[pos + _MSG_HDR:pos + _MSG_HDR + mlen].tobytes())
+        meta = decode_meta(ring[pos + _MSG_HDR:pos + _MSG_HDR + mlen].tobytes())
         base, pay = ring, pos + pay_at
         self._pay_pos, self._room_after = pay, total - pay_at  # ring bytes from the payload to the message's end
         self._pay_bytes = _payload_bytes(meta)
@@ -1058,13 +1099,17 @@ class _ChildWriter(ChunkWriter):
         """Tell the training process what is handled: the ring space up to the tail is free again."""
         h = self._hv
         h[_WRITTEN] = self.written_records
+        h[_DURABLE] = self.durable_records
+        h[_DROPPED] = self.dropped_records
         h[_DONE_MSGS] = self._done_msgs
         h[_TAIL] = self._tail
 
-    def _handle(self, meta: tuple, base: np.ndarray, pay: int) -> None:
+    def _handle(self, meta: list, base: np.ndarray, pay: int) -> None:
         kind = meta[0]
         if kind == "batch":
             _k, names, dt, shapes, step, mode, mode_step, count = meta
+            names = tuple(names)
+            shapes = [tuple(shape) for shape in shapes]
             flat = np.frombuffer(base, dtype=codec.dtype_from_str(dt), count=count, offset=pay)
             arrays = []
             off = 0
@@ -1083,11 +1128,12 @@ class _ChildWriter(ChunkWriter):
                     dtype = codec.dtype_from_str(dt)
                     value = np.frombuffer(base, dtype=dtype, count=nbytes // dtype.itemsize if dtype.itemsize else 0,
                                           offset=pay + off).reshape(vshape)
-                rv = {(rn, ab): np.frombuffer(b, dtype=codec.dtype_from_str(d)).reshape(s).copy()
+                rv = {(rn, ab): np.frombuffer(bytes.fromhex(b), dtype=codec.dtype_from_str(d)).reshape(s).copy()
                       for rn, ab, d, s, b in reds}
                 self._encode(Record(name=name, step=step, mode=mode, mode_step=mode_step, value=value,
-                                    save_raw=save_raw, reductions=reductions, reduction_values=rv,
-                                    save_shape=save_shape, shape=shape))
+                                    save_raw=save_raw, reductions=tuple((rn, ab) for rn, ab in reductions),
+                                    reduction_values=rv, save_shape=save_shape,
+                                    shape=tuple(shape) if shape is not None else None))
         elif kind == "collections":
             self._collections = json.loads(meta[1])
         elif kind == "flush":
