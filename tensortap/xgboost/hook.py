@@ -30,7 +30,9 @@ import xgboost as xgb
 from tensortap import modes
 from tensortap.collection import Collection, CollectionKeys
 from tensortap.config import ReductionConfig, SaveConfig
+from tensortap.exceptions import InvalidConfiguration
 from tensortap.hooks.base import Hook as BaseHook
+from tensortap.hooks.base import rank_in_env
 from tensortap.xgboost.data import as_dmatrix
 
 logger = logging.getLogger("tensortap")
@@ -114,8 +116,6 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             else:
                 save_config = SaveConfig(save_interval=DEFAULT_SAVE_INTERVAL)
         if hyperparameters is not None and not isinstance(hyperparameters, dict):
-            from tensortap.exceptions import InvalidConfiguration
-
             raise InvalidConfiguration(f"hyperparameters={hyperparameters!r} must be a dict or None")
         if kwargs.get("writer") is None and not os.environ.get("TENSORTAP_WRITER"):
             # A boosting round hands over little data, and starting a writer process costs more than a short
@@ -131,6 +131,9 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             hyperparameters=hyperparameters, **{k: v for k, v in kwargs.items() if k not in ("rank", "world_size")},
         )
         self._explicit_rank = kwargs.get("rank") is not None and identity is None
+        # Without a rank from the caller, the collective or the launcher, the collective may still start before
+        # training (xgboost.dask, the tracker): the worker's folder is claimed when training starts.
+        self._claim_later = kwargs.get("rank") is None and rank_in_env() is None
         super().__init__(
             out_dir, export_tensorboard=export_tensorboard, tensorboard_dir=tensorboard_dir, dry_run=dry_run,
             reduction_config=None, save_config=save_config, include_regex=include_regex,
@@ -212,13 +215,26 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
                 self._start_copy(state)
             except Exception as e:  # noqa: BLE001 - never break training
                 logger.error("tensortap.xgboost: the hook's copy in this process is off: %s", e, exc_info=True)
+                self.disabled = self._closed = True
             return model
         if not self.disabled:
             with self.guard("before_training"):
                 identity = _collective_identity()
                 if identity is not None:
                     self._adopt_identity(*identity)
+                self._claim()
         return model
+
+    def _claim(self) -> None:
+        """Claim this worker's folder in out_dir once its name is known (what the base constructor does when it
+        knows the worker); another job's folder: this hook writes nothing, training goes on."""
+        if self._claim_later:
+            self._claim_later = False
+            if self.writes and not self.disabled and not self.dry_run:
+                try:
+                    self._check_out_dir()
+                except InvalidConfiguration as e:
+                    self._fail("start of training", e)
 
     def after_training(self, model: Any) -> Any:
         if self.__dict__.get("_is_copy"):
@@ -232,6 +248,10 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
         if self.disabled or self._closed:
             return False
         with self.guard("after_iteration"):
+            if self._claim_later:  # (no before_training: the callback driven by hand)
+                self._claim()
+                if self.disabled:
+                    return False
             # The round: XGBoost counts `epoch` from 0 in every call, a continued booster from the rounds it has.
             self._begin_round(model.num_boosted_rounds() - 1 if isinstance(model, xgb.Booster) else epoch)
             if self.writes:

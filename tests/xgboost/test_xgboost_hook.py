@@ -318,3 +318,20 @@ def test_create_from_json_file(tmp_path, dm, monkeypatch) -> None:
     txgb.del_hook()
     assert txgb.get_hook() is None
     assert txgb.get_hook(str(tmp_path / "nope.json"), create_if_not_exists=True) is None
+
+
+def test_second_job_in_the_same_out_dir_writes_nothing_and_trains(tmp_path, dm) -> None:
+    dtrain, _ = dm
+    first = txgb.Hook(out_dir=str(tmp_path), save_config=txgb.SaveConfig(save_interval=1))
+    second = txgb.Hook(out_dir=str(tmp_path), save_config=txgb.SaveConfig(save_interval=1))
+    res: dict = {}
+    xgb.train(PARAMS, dtrain, num_boost_round=2, evals=[(dtrain, "a")], evals_result=res, callbacks=[first],
+              verbose_eval=False)
+    bst = xgb.train(PARAMS, dtrain, num_boost_round=3, evals=[(dtrain, "b")], callbacks=[second], verbose_eval=False)
+    first.close()
+    second.close()
+    assert bst.num_boosted_rounds() == 3
+    assert second.disabled and second.error_count == 1
+    t = txgb.create_trial(str(tmp_path))
+    assert t.steps() == [0, 1] and set(t.tensor_names()) == {"a-logloss", "a-auc"}
+    assert t.tensor("a-logloss").value(1) == res["a"]["logloss"][1]
