@@ -174,6 +174,12 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
         self.collection_manager.set_num_workers(self.num_workers)
         self.writes = self.include_workers == "all" or rank == 0
 
+    def __copy__(self) -> Hook:
+        return self  # a hook is a handle on its job's output: copies (sklearn's clone) share it
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Hook:
+        return self
+
     def __getstate__(self) -> dict[str, Any]:
         """What a copy in another process (xgboost.dask ships callbacks to its workers) is rebuilt from: the
         configuration and the collections, not the data or the writer. The copies do the training, so this

@@ -249,6 +249,12 @@ def test_sklearn_api(tmp_path) -> None:
     assert np.array_equal(t.tensor("labels").value(2), yv)
     assert np.allclose(t.tensor("predictions").value(2), clf.predict_proba(xv, iteration_range=(0, 3))[:, 1])
 
+    # sklearn's clone (GridSearchCV, cross_val_score) copies the estimator's parameters: the copies share the hook
+    from sklearn.base import clone
+
+    fitted = clone(clf).fit(x, y, eval_set=[(xv, yv)], verbose=False)
+    assert fitted.get_params()["callbacks"][0] is hook
+
     reg = txgb.Hook(out_dir=str(tmp_path / "r"), save_config=txgb.SaveConfig(save_interval=1))
     m = xgb.XGBRegressor(n_estimators=3, max_depth=2, n_jobs=1, callbacks=[reg])
     m.fit(x, x[:, 0], eval_set=[(xv, xv[:, 0])], verbose=False)
