@@ -341,3 +341,14 @@ def test_second_job_in_the_same_out_dir_writes_nothing_and_trains(tmp_path, dm) 
     t = txgb.create_trial(str(tmp_path))
     assert t.steps() == [0, 1] and set(t.tensor_names()) == {"a-logloss", "a-auc"}
     assert t.tensor("a-logloss").value(1) == res["a"]["logloss"][1]
+
+
+def test_metric_names_and_losses(tmp_path) -> None:
+    hook = txgb.Hook(out_dir=str(tmp_path))
+    metrics, losses = hook.get_collection("metrics"), hook.get_collection("losses")
+    for name in ("train-rmse", "validation_0-logloss", "eval-error@0.7", "valid-mlogloss", "test-rmsle"):
+        assert metrics.matches(name) and losses.matches(name), name
+    for name in ("train-auc", "validation-aucpr", "eval-map@3", "eval-ndcg@5-", "test-pre@10"):
+        assert metrics.matches(name) and not losses.matches(name), name
+    for name in ("predictions", "labels", "hyperparameters/max_depth", "feature_importance/gain/f-1"):
+        assert not metrics.matches(name) and not losses.matches(name), name
