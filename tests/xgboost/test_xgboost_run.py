@@ -86,3 +86,40 @@ def test_script_with_its_own_hook_uses_the_runners_config(tmp_path) -> None:
     t = tt.create_trial(out)
     assert t.steps() == [0, 2, 4]
     assert "validation_0-logloss" in t.tensor_names() and "trees/Node" in t.tensor_names()
+
+
+DASK = textwrap.dedent(
+    """
+    import json, numpy as np, dask.array as da
+    from xgboost import dask as dxgb
+    from distributed import Client, LocalCluster
+    if __name__ == "__main__":
+        with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster, \\
+                Client(cluster) as client:
+            rng = np.random.default_rng(0)
+            x = rng.normal(size=(400, 4)).astype(np.float32)
+            y = (x[:, 0] > 0).astype(np.float32)
+            d = dxgb.DaskDMatrix(client, da.from_array(x, chunks=(200, 4)), da.from_array(y, chunks=200))
+            out = dxgb.train(client, {"objective": "binary:logistic", "max_depth": 2, "nthread": 1}, d,
+                             num_boost_round=5, evals=[(d, "train")])
+            print("logloss", json.dumps([float(v) for v in out["history"]["train"]["logloss"]]))
+    """
+)
+
+
+def test_dask_script_is_captured_on_every_worker(tmp_path) -> None:
+    pytest.importorskip("distributed")
+    script = tmp_path / "train.py"
+    script.write_text(DASK)
+    out = str(tmp_path / "job")
+    r = tensortap("run", "--out-dir", out, "--save-interval", "2", "--rule", "loss_not_decreasing:num_steps=2",
+                  "--json", "--", sys.executable, str(script), cwd=str(tmp_path))
+    assert r.returncode == 0, (r.stdout, r.stderr[-3000:])
+    assert {x["name"]: x["status"] for x in json.loads(r.stdout)["rules"]} == {"loss_not_decreasing": "NoIssuesFound"}
+    t = tt.create_trial(out)
+    assert t.workers() == ["worker_0", "worker_1"]  # the runner's default: include_workers="all"
+    assert t.steps() == [0, 2, 4]
+    history = json.loads(next(ln for ln in r.stderr.splitlines() if ln.startswith("logloss ")).split(" ", 1)[1])
+    for w in t.workers():
+        assert {s: float(v) for s, v in t.tensor("train-logloss").values(worker=w).items()} == {
+            s: history[s] for s in (0, 2, 4)}
