@@ -11,7 +11,8 @@ each included collection (names as smdebug.xgboost, spec 5.6 and 5.9):
 * feature_importance  `feature_importance/<type>/<feature>` for weight, gain, cover, total_gain and
   total_cover: `get_score(importance_type=type)` divided by its sum (features without a split: 0);
 * full_shap, average_shap  `full_shap/<feature>`, `average_shap/<feature>` (and `/bias`):
-  `predict(train_data, pred_contribs=True)` per feature, and its mean over the samples (and classes);
+  `predict(train_data, pred_contribs=True)` per feature, and its mean over the samples (and classes); for
+  gbtree after the first two saving rounds as the last values plus the new trees' (tensortap.xgboost.shap);
 * trees  `trees/<column>`: each column of `trees_to_dataframe()` (missing strings saved as "").
 
 Errors inside the hook turn it off (logged once); boosting goes on.
@@ -34,6 +35,7 @@ from tensortap.exceptions import InvalidConfiguration
 from tensortap.hooks.base import Hook as BaseHook
 from tensortap.hooks.base import rank_in_env
 from tensortap.xgboost.data import as_dmatrix
+from tensortap.xgboost.shap import ShapValues
 
 logger = logging.getLogger("tensortap")
 
@@ -143,6 +145,7 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
         self.train_data = as_dmatrix(train_data, "train_data")
         self.validation_data = as_dmatrix(validation_data, "validation_data")
         self._labels: np.ndarray | None = None
+        self._shap = ShapValues()
         from tensortap.xgboost.singleton import set_hook
 
         set_hook(self)
@@ -347,7 +350,7 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             if self.train_data is None:
                 self._warn_once("no-train", "tensortap.xgboost: SHAP values need train_data")
             else:
-                shap = model.predict(self.train_data, pred_contribs=True)
+                shap = self._shap.values(model, self.train_data)
                 names = (names or self._feature_names(model)) + ["bias"]
                 if K.FULL_SHAP in wanted:
                     per_feature = np.ascontiguousarray(np.moveaxis(shap, -1, 0))  # row i: feature i's values
