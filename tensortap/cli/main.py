@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -119,6 +120,8 @@ def _spec_from_args(args: argparse.Namespace, command: list[str]) -> Any:
         spec.stop_on_issue = True
     if getattr(args, "grace_period", None) is not None:
         spec.grace_period = args.grace_period
+    if getattr(args, "tensorboard_dir", None):
+        spec.tensorboard_dir = os.path.abspath(args.tensorboard_dir)
     if getattr(args, "config", None):
         merge_job_file(spec, load_job_file(args.config))
     return spec
@@ -157,6 +160,18 @@ def cmd_rules_run(args: argparse.Namespace) -> int:
     return run_rules_offline(_spec_from_args(args, []))
 
 
+def cmd_ui(args: argparse.Namespace) -> int:
+    from tensortap.ui.cli import run_ui
+
+    return run_ui(args)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tensortap.ui.cli import run_report
+
+    return run_report(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tensortap", description="Inspect and debug training jobs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -176,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stop-on-issue", action="store_true", help="stop training when a rule finds an issue")
     run.add_argument("--grace-period", type=float, help="seconds training may take to stop before it is killed")
     run.add_argument("--config", help="a YAML or JSON job file with the same settings")
+    run.add_argument("--tensorboard-dir", help="also write TensorBoard event files there, live")
     _add_rule_args(run)
     run.set_defaults(func=cmd_run)
 
@@ -188,6 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("out_dir")
     _add_rule_args(rr)
     rr.set_defaults(func=cmd_rules_run)
+
+    from tensortap.ui.cli import add_report_parser, add_ui_parser
+
+    add_ui_parser(sub).set_defaults(func=cmd_ui)
+    add_report_parser(sub).set_defaults(func=cmd_report)
+    from tensortap.tensorboard.cli import add_parser as add_tensorboard_parser
+
+    add_tensorboard_parser(sub)
     return parser
 
 

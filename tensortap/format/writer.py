@@ -31,6 +31,7 @@ from tensortap.format.entries import (
 from tensortap.storage.base import Storage
 
 logger = logging.getLogger("tensortap")
+_MODE_NAME = {1: "TRAIN", 2: "EVAL", 3: "PREDICT", 4: "GLOBAL"}
 
 
 @dataclass
@@ -68,10 +69,12 @@ class RecordBatch:
     each. The caller hands the arrays over: it must not change them afterwards.
     """
 
-    __slots__ = ("names", "arrays", "flat", "step", "mode", "mode_step", "size")
+    __slots__ = ("names", "arrays", "flat", "step", "mode", "mode_step", "size", "reductions")
 
     def __init__(self, names: tuple[str, ...], arrays: list[np.ndarray], flat: np.ndarray | None,
-                 step: int, mode: int, mode_step: int):
+                 step: int, mode: int, mode_step: int, reductions: tuple | None = None):
+        #: per tensor, the (name, abs) reductions the writer computes from it and stores beside it (None: none)
+        self.reductions = reductions
         self.names = names
         self.arrays = arrays
         self.flat = flat
@@ -84,12 +87,69 @@ class RecordBatch:
         return self.size
 
     def records(self) -> list[Record]:
-        return [Record(name=n, step=self.step, mode=self.mode, mode_step=self.mode_step, value=a)
-                for n, a in zip(self.names, self.arrays, strict=True)]
+        reds = self.reductions or ((),) * len(self.names)
+        return [Record(name=n, step=self.step, mode=self.mode, mode_step=self.mode_step, value=a, reductions=r)
+                for n, a, r in zip(self.names, self.arrays, reds, strict=True)]
+
+
+class HostReservation:
+    """A thread writer's `Reservation` (see tensortap.capture.writer): a host buffer the caller copies a batch's
+    bytes into; `commit` hands it to the writer thread as one RecordBatch."""
+
+    __slots__ = ("nbytes", "_writer", "_names", "_dtype", "_shapes", "_flat", "_step", "_mode", "_mode_step", "_done",
+                 "_reductions")
+
+    def __init__(self, writer: ChunkWriter, names: tuple[str, ...], dtype: np.dtype,
+                 shapes: tuple[tuple[int, ...], ...], step: int, mode: int, mode_step: int,
+                 reductions: tuple | None = None):
+        self._reductions = reductions
+        count = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
+        self._flat = np.empty(count, dtype=dtype)
+        self.nbytes = self._flat.nbytes
+        self._writer, self._names, self._dtype, self._shapes = writer, names, dtype, shapes
+        self._step, self._mode, self._mode_step = step, mode, mode_step
+        self._done = False
+
+    def copy_in(self, sources: list[tuple[int, int]], at: int = 0) -> None:
+        from tensortap.transport.copy import gather_into
+
+        if at + sum(n for _a, n in sources) > self.nbytes:
+            raise ValueError("copy_in: the sources do not fit the reservation")
+        gather_into(self._flat.ctypes.data + at, sources)
+
+    def shrink(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...]) -> None:
+        count = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
+        if self._reductions is not None:
+            self._reductions = self._reductions[:len(names)]
+        self._flat = self._flat[:count]
+        self.nbytes = self._flat.nbytes
+        self._names, self._shapes = names, shapes
+
+    def commit(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        flat = self._flat
+        arrays = []
+        off = 0
+        for shape in self._shapes:
+            k = int(np.prod(shape, dtype=np.int64))
+            arrays.append(flat[off:off + k].reshape(shape))
+            off += k
+        self._writer.submit_batch(RecordBatch(self._names, arrays, flat, self._step, self._mode, self._mode_step,
+                                              self._reductions))
+
+    def cancel(self) -> None:
+        self._done = True
 
 
 def compute_reduction(arr: np.ndarray, name: str, abs_: bool) -> np.ndarray:
     """A reduction of `arr` as a 0-d array. Norms are flattened vector norms, for every framework."""
+    if name == "nonfinite":  # NaN and ±Inf elements (0 for integer and boolean tensors)
+        if arr.dtype.kind in "fc" or arr.dtype.kind == "V" or arr.dtype == np.float16:
+            x = arr.astype(np.float32) if arr.dtype.kind == "V" else arr
+            return np.asarray(np.int64(arr.size - np.count_nonzero(np.isfinite(x))))
+        return np.asarray(np.int64(0))
     x = np.abs(arr) if abs_ else arr
     if x.dtype.kind == "b" or x.dtype.kind in "iu" and name in ("mean", "std", "variance", "median", "l2"):
         x = x.astype(np.float64)
@@ -224,9 +284,16 @@ class ChunkWriter:
         seal_interval: float = 2.0,
         sealed_chunk_bytes: int = 32 << 20,
         metadata: dict[str, Any] | None = None,
+        tensorboard_dir: str | None = None,
     ):
         if backpressure not in ("block", "drop"):
             raise ValueError(f"backpressure must be 'block' or 'drop', not {backpressure!r}")
+        #: TensorBoard export of every record this writer persists, off the training thread (docs/tensorboard.md)
+        self.exporter = None
+        if tensorboard_dir:
+            from tensortap.tensorboard.export import EventExporter
+
+            self.exporter = EventExporter(tensorboard_dir, worker)
         self.storage = storage
         self.worker = worker
         self.num_workers = num_workers
@@ -329,6 +396,25 @@ class ChunkWriter:
         self._queue.put(batch)
         return n
 
+    def batch_layout(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
+                     reductions: tuple | None = None) -> Any:
+        return None  # (nothing to prepare: a reservation is a host buffer)
+
+    def reserve_batch(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
+                      step: int, mode: int, mode_step: int, layout: Any = None,
+                      reductions: tuple | None = None) -> HostReservation | bool:
+        """Room for a batch of raw tensors (see tensortap.capture.writer): a host buffer; the records count
+        against `max_pending_bytes` when committed."""
+        if self._closed or self.error is not None:
+            return False
+        return HostReservation(self, names, dtype, shapes, step, mode, mode_step, reductions)
+
+    def mark_steps(self, step: int, train: int, eval_: int, predict: int, global_: int) -> None:
+        """`mark_step_passed` with the mode steps as numbers (-1: none)."""
+        passed = {n: v for n, v in (("TRAIN", train), ("EVAL", eval_), ("PREDICT", predict), ("GLOBAL", global_))
+                  if v >= 0}
+        self.mark_step_passed(step, passed)
+
     def _reserve(self, size: int, items: int, records: int) -> bool:
         with self._room:
             if self._pending_bytes + size > self.max_pending_bytes:
@@ -414,7 +500,7 @@ class ChunkWriter:
                 elif isinstance(item, tuple):
                     what, arg = item
                     if what == "collections":
-                        self._collections = arg
+                        self._take_collections(arg)
                     elif what == "flush":
                         self._flush_events.append(arg)
                         self._write_block()
@@ -430,6 +516,8 @@ class ChunkWriter:
             with self._room:
                 self._room.notify_all()
         finally:
+            if self.exporter is not None:
+                self.exporter.close()
             for ev in self._flush_events:
                 ev.set()
             for f in (self._dat, self._idx) if not self.sealed_mode else ():
@@ -438,6 +526,11 @@ class ChunkWriter:
                         f.close()
                     except OSError:
                         pass
+
+    def _take_collections(self, collections_json: dict[str, Any]) -> None:
+        self._collections = collections_json
+        if self.exporter is not None:
+            self.exporter.set_collections(collections_json)
 
     def _first_free_seq(self) -> int:
         keys = self.storage.list(layout.worker_dir(self.worker) + "/")
@@ -596,6 +689,17 @@ class ChunkWriter:
             self._row_parts.append(np.array(self._rows, dtype=codec.DISK_ENTRY_DTYPE))
             self._rows.clear()
         self._row_parts.append(rows)
+        reds = b.reductions
+        if reds is not None:
+            for name, arr, wanted in zip(b.names, arrays, reds, strict=True):
+                if wanted:
+                    self._add_reductions(name, arr, b.mode, b.step, b.mode_step, wanted, {})
+        if self.exporter is not None:
+            mode = _MODE_NAME[b.mode]
+            for i, (name, arr) in enumerate(zip(b.names, arrays, strict=True)):
+                self.exporter.add(name, b.step, mode, b.mode_step, arr, self._last_reductions.get(name)
+                                  if reds is not None and reds[i] else None)
+        self._last_reductions = {}
         self.written_records += len(arrays)
         self._encoded += 1
 
@@ -630,24 +734,13 @@ class ChunkWriter:
                  off, len(buf), crc, inl)
             )
             wrote_any = True
-        reductions = dict(r.reduction_values)
-        if value is not None and value.size > 0:
-            for red in r.reductions:
-                if red not in reductions:
-                    try:
-                        reductions[red] = compute_reduction(value, *red)
-                    except (TypeError, ValueError) as e:
-                        logger.debug("tensortap: reduction %s of %s skipped: %s", red, r.name, e)
-        for (red_name, abs_), rv in reductions.items():
-            rv = codec.as_storable(rv)
-            buf = rv.tobytes()
-            flags, off, crc, inl = self._add_payload(buf)
-            dtype_id = t._id(t.dtypes, codec.dtype_to_str(rv.dtype))
-            self._rows.append(
-                (name_id, r.mode, REDUCTION, reduction_code(red_name, abs_), flags, dtype_id, shape_id,
-                 r.step, r.mode_step, off, len(buf), crc, inl)
-            )
-            wrote_any = True
+        reductions = self._add_reductions(r.name, value, r.mode, r.step, r.mode_step, r.reductions,
+                                          r.reduction_values, shape)
+        wrote_any = wrote_any or bool(reductions)
+        if self.exporter is not None:
+            self._last_reductions = {}
+            self.exporter.add(r.name, r.step, _MODE_NAME[r.mode], r.mode_step, value,
+                              {("abs_" if a else "") + n: v for (n, a), v in reductions.items()})
         if r.save_shape and not wrote_any:
             dtype_id = t._id(t.dtypes, codec.dtype_to_str(value.dtype) if value is not None else "|V0")
             self._rows.append(
@@ -655,6 +748,39 @@ class ChunkWriter:
             )
         self.written_records += 1
         self._encoded += 1
+
+    _last_reductions: dict[str, dict[str, Any]] = {}  # of the batch being encoded, for the TensorBoard export
+
+    def _add_reductions(self, name: str, value: np.ndarray | None, mode: int, step: int, mode_step: int,
+                        wanted: tuple, given: dict, shape: tuple[int, ...] | None = None) -> dict:
+        """Index entries for the reductions `wanted` of `value` (computed here) and those `given`; returns them."""
+        t = self._tables
+        reductions = dict(given)
+        if value is not None and value.size > 0:
+            for red in wanted:
+                if red not in reductions:
+                    try:
+                        reductions[red] = compute_reduction(value, *red)
+                    except (TypeError, ValueError) as e:
+                        logger.debug("tensortap: reduction %s of %s skipped: %s", red, name, e)
+        if not reductions:
+            return reductions
+        name_id = t._id(t.names, name)
+        shape_id = t._id(t.shapes, tuple(value.shape) if value is not None else tuple(shape or ()))
+        for (red_name, abs_), rv in reductions.items():
+            rv = codec.as_storable(rv)
+            buf = rv.tobytes()
+            flags, off, crc, inl = self._add_payload(buf)
+            dtype_id = t._id(t.dtypes, codec.dtype_to_str(rv.dtype))
+            self._rows.append(
+                (name_id, mode, REDUCTION, reduction_code(red_name, abs_), flags, dtype_id, shape_id,
+                 step, mode_step, off, len(buf), crc, inl)
+            )
+        if self.exporter is not None:
+            if not self._last_reductions:
+                self._last_reductions = {}
+            self._last_reductions[name] = {("abs_" if a else "") + n: v for (n, a), v in reductions.items()}
+        return reductions
 
     def _write_block(self, end: bool = False) -> None:
         try:
@@ -767,6 +893,8 @@ class ChunkWriter:
         self._first_block = False
         self.durable_records = self.written_records
         self._durable_dat = self._dat_size
+        if self.exporter is not None:
+            self.exporter.flush()
         self._rows.clear()
         self._row_parts = []
         self._block_bytes = 0

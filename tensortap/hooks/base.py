@@ -49,17 +49,22 @@ _MODE_NAMES = {m: m.name for m in ModeKeys}  # Enum.name is a slow property, and
 
 def default_writer(out_dir: str) -> str:
     """What writer="auto" means for `out_dir`: TENSORTAP_WRITER if set, else "process" for a local out_dir
-    on x86-64 Linux (shared memory, O_DIRECT; its ring protocol relies on x86's store ordering), else
-    "thread" (other platforms, object stores)."""
+    on Linux where the ring's counters are ordered (C release/acquire atomics built, or x86-64; see
+    docs/transport.md), else "thread" (other platforms, object stores)."""
     env = os.environ.get("TENSORTAP_WRITER", "").strip().lower()
     if env in ("thread", "process"):
         return env
     if env not in ("", "auto"):
         raise InvalidConfiguration(f"TENSORTAP_WRITER={env!r}: allowed are 'auto', 'thread' and 'process'")
-    if (sys.platform.startswith("linux") and platform.machine().lower() in ("x86_64", "amd64")
-            and not is_remote(out_dir)):
+    if sys.platform.startswith("linux") and not is_remote(out_dir) and _ring_is_ordered():
         return "process"
     return "thread"
+
+
+def _ring_is_ordered() -> bool:
+    from tensortap.transport.copy import ORDERED
+
+    return ORDERED
 
 
 _SYSTEM_DIRS = ("/proc", "/sys", "/dev")
@@ -91,6 +96,26 @@ def check_out_dir(out_dir: Any) -> str:
         where = "is a file" if probe == path else f"is under a file ({probe})"
         raise InvalidConfiguration(f"out_dir={out_dir!r} {where}: give a directory for the job's data")
     return out_dir
+
+
+def _tensorboard_dir(out_dir: str, export: bool, tensorboard_dir: Any) -> str | None:
+    """The local folder of a hook's TensorBoard export: `tensorboard_dir`, else `<out_dir>/tensorboard` when
+    `export` (event files are written locally; an s3:// job exports to a local folder or is converted later)."""
+    if tensorboard_dir is None or tensorboard_dir == "":
+        if not export:
+            return None
+        if is_remote(out_dir):
+            raise InvalidConfiguration(f"export_tensorboard=True with out_dir={out_dir!r}: TensorBoard files are "
+                                       "written locally; give tensorboard_dir= a local folder, or convert the job "
+                                       "later with `tensortap tensorboard`")
+        return os.path.abspath(os.path.join(os.path.expanduser(out_dir), "tensorboard"))
+    if not isinstance(tensorboard_dir, str | os.PathLike):
+        raise InvalidConfiguration(f"tensorboard_dir={tensorboard_dir!r} must be a local folder")
+    tensorboard_dir = os.fspath(tensorboard_dir)
+    if is_remote(tensorboard_dir):
+        raise InvalidConfiguration(f"tensorboard_dir={tensorboard_dir!r}: TensorBoard files are written locally; "
+                                   "give a local folder (convert an s3:// job with `tensortap tensorboard`)")
+    return os.path.abspath(os.path.expanduser(tensorboard_dir))
 
 
 def disabled_by_env() -> bool:
@@ -165,6 +190,10 @@ class Hook:
             include_collections = list(dict.fromkeys([*base, *(runner_cfg.include_collections or [])]))
             if save_config is None:
                 save_config = runner_cfg.save_config
+            runner_kw = runner_cfg.hook_kwargs()
+            if runner_kw.get("tensorboard_dir") and not tensorboard_dir:
+                tensorboard_dir = runner_kw["tensorboard_dir"]
+            export_tensorboard = bool(export_tensorboard or runner_kw.get("export_tensorboard", False))
         self.out_dir = check_out_dir(out_dir)
         for flag_name, flag in (("dry_run", dry_run), ("save_all", save_all),
                                 ("export_tensorboard", export_tensorboard)):
@@ -194,8 +223,8 @@ class Hook:
         self.include_workers = include_workers
         self.export_tensorboard = export_tensorboard
         self.tensorboard_dir = tensorboard_dir
-        if export_tensorboard or tensorboard_dir:
-            logger.warning("tensortap: TensorBoard export is not available yet; the option is ignored")
+        #: where the writer exports TensorBoard event files (docs/tensorboard.md); None: no export
+        self._tb_dir = _tensorboard_dir(self.out_dir, export_tensorboard, tensorboard_dir)
 
         self.collection_manager = CollectionManager()
         for name in self.builtin_collections:
@@ -651,9 +680,13 @@ class Hook:
         if self._writer is None:
             if self._storage is None:
                 self._storage = open_storage(self.out_dir)
-            kw = dict(num_workers=self.num_workers,
+            kw = dict(num_workers=self.num_workers, tensorboard_dir=self._tb_dir,
                       metadata={"rank": self.rank, "world_size": self.world_size, "hook": type(self).__name__},
                       **self._writer_opts)
+            if self.writer_kind == "process" and not _ring_is_ordered():
+                logger.warning("tensortap: writer='process' needs ordered shared counters (the C helper, or an "
+                               "x86-64 CPU); writing from a thread instead")
+                self.writer_kind = "thread"
             if self.writer_kind == "process":
                 from tensortap.transport.process_writer import ProcessChunkWriter
 

@@ -37,7 +37,6 @@ from tensortap.pytorch._tensors import (
     BufferPool,
     HostBatch,
     capturable,
-    gather_into,
     host_numpy,
     iter_tensors,
     numpy_dtype,
@@ -97,6 +96,12 @@ def _detect_rank() -> tuple[int | None, int | None]:
     return None, None
 
 
+def _pad(reductions: tuple | None, n: int) -> tuple:
+    """Per-tensor reductions for `n` tensors: `reductions`, then none for the rest."""
+    reductions = reductions or ()
+    return reductions + ((),) * (n - len(reductions))
+
+
 def _no_distributed() -> bool:
     return False
 
@@ -154,6 +159,7 @@ class _StepLayout:
     tail_names: tuple[str, ...]  # gradients' and small tensors' (a loss)
     tail_shapes: tuple[tuple[int, ...], ...]
     weight_bytes: int  # where the tail starts in the payload
+    reductions: tuple | None = None  # per tensor, what the writer computes from it (None: nothing)
     writer: Any = None  # the writer of `writer_layout`, its batch_layout() of names and shapes
     writer_layout: Any = None
 
@@ -161,10 +167,11 @@ class _StepLayout:
 @dataclass
 class _Spec:
     """A fixed list of tensors saved together at every saving step: their names, and whether they are
-    saved raw only (then they go to the writer as one batch)."""
+    saved raw (with, per tensor, the reductions the writer computes: then they go to the writer as one batch)."""
 
     names: tuple[str, ...]
     raw_only: bool
+    reductions: tuple | None = None  # per tensor, (name, abs) pairs; None: none at all
     shapes: tuple[tuple[int, ...], ...] | None = None  # as last handed to a writer process
     dtype: torch.dtype | None = None  # ... and their dtype, as torch's and numpy's
     np_dtype: Any = None
@@ -607,7 +614,7 @@ class Hook(BaseHook):
                             i += 1
                         else:
                             res = self._step_res
-                            gather_into(self._writer.ring_address + res.offset + layout.weight_bytes, sources)
+                            res.copy_in(sources, layout.weight_bytes)
                             self._pending_grads = {}
                             self._grad_res = res
                             self._grad_off = layout.weight_bytes
@@ -677,15 +684,18 @@ class Hook(BaseHook):
             if res is self._step_res:
                 self._split_step_res()  # (the weights in it stay)
             else:
-                self._writer.cancel(res)
+                res.cancel()
 
     def _learn_step_layout(self, plan: _Plan, tail_names: tuple[str, ...]) -> None:
         """After the weights and the gradients of a step went to the writer in two messages: one next time."""
         ws, gs = plan.weight_spec, plan.grad_spec
         if (plan.step_layout is None and self._defer_small and ws is not None and ws.sources is not None
                 and ws.shapes is not None and gs is not None and ws.dtype is gs.dtype and ws.np_dtype is not None):
+            reds = None
+            if ws.reductions is not None or gs.reductions is not None:
+                reds = _pad(ws.reductions, len(ws.names)) + _pad(gs.reductions, len(tail_names))
             plan.step_layout = _StepLayout(ws.names + tail_names, ws.shapes + gs.shapes, tail_names, gs.shapes,
-                                           sum(n for _a, n in ws.sources))
+                                           sum(n for _a, n in ws.sources), reds)
 
     def _split_step_res(self, send: bool = True) -> None:
         """The step's message goes out with the weights alone (its gradients did not come, or not as its
@@ -693,14 +703,13 @@ class Hook(BaseHook):
         res, self._step_res = self._step_res, None
         if res is None or res is self._grad_res:
             return
-        w = self._writer
         plan = self._step_plan
         if not send or plan is None or plan.weight_spec is None:
-            w.cancel(res)
+            res.cancel()
             return
         ws = plan.weight_spec
-        w.shrink(res, ws.names, ws.np_dtype, ws.shapes)
-        w.commit(res)
+        res.shrink(ws.names, ws.np_dtype, ws.shapes, ws.reductions)
+        res.commit()
 
     def _expand_grad_batch(self) -> None:
         """Turn a pending batch of every gradient into per-name pending gradients."""
@@ -747,7 +756,7 @@ class Hook(BaseHook):
             plan = self._step_plan = self._plan_last  # (_plan_for's first test, inline)
         else:
             plan = self._step_plan = self._plan_for(now)
-        self._defer_small = self.writer_kind == "process" and not self.dry_run
+        self._defer_small = not self.dry_run
         if plan.weights:
             self._save_params(plan)
         if plan.grads:
@@ -820,7 +829,7 @@ class Hook(BaseHook):
             self._grad_res = self._step_res = None
             self._small = []
             self._small_in_res = self._grad_off = 0
-            self._writer.commit(res)
+            res.commit()
         else:
             self._hand_off_grads()
         self._saving = False
@@ -927,20 +936,21 @@ class Hook(BaseHook):
                 # one message for the weights and, at the end of the backward pass, the gradients
                 w = self._writer
                 if layout.writer is not w:
-                    layout.writer_layout = w.batch_layout(layout.names, spec.np_dtype, layout.shapes)
+                    layout.writer_layout = w.batch_layout(layout.names, spec.np_dtype, layout.shapes,
+                                                          layout.reductions)
                     layout.writer = w
                 mode = self.mode
                 res = w.reserve_batch(layout.names, spec.np_dtype, layout.shapes, self._step, mode._value_,
-                                      self._mode_steps[mode], layout.writer_layout)
+                                      self._mode_steps[mode], layout.writer_layout, layout.reductions)
                 if res is not None:
                     if res:
-                        gather_into(w.ring_address + res.offset, spec.sources)
+                        res.copy_in(spec.sources)
                         self._step_res = res
                     return
             res = self._ring_batch(views, spec, reuse=True)  # (what _stage_or_write tries first, inline)
             if res is not None:
                 if res:
-                    self._writer.commit(res)
+                    res.commit()
                 return
             self._stage_or_write(views, plan.weight_items, spec)
         else:
@@ -949,11 +959,14 @@ class Hook(BaseHook):
 
     def _spec(self, items: list[tuple[str, list[Collection]]]) -> _Spec:
         raw_only = True
+        reductions = []
         for name, colls in items:
-            save_raw, reds, _shape = self._plan(name, colls)
-            raw_only = raw_only and save_raw and not reds
+            save_raw, reds, save_shape = self._plan(name, colls)
+            raw_only = raw_only and save_raw and not save_shape
+            reductions.append(reds)
             self._note_membership(name, colls)  # once per plan, not per step
-        return _Spec(tuple(name for name, _c in items), raw_only)
+        return _Spec(tuple(name for name, _c in items), raw_only,
+                     tuple(reductions) if any(reductions) else None)
 
     def _stage_or_write(self, tensors: list[torch.Tensor], items: list[tuple[str, list[Collection]]],
                         spec: _Spec | None = None, reuse: bool = False) -> None:
@@ -963,7 +976,7 @@ class Hook(BaseHook):
             res = self._ring_batch(tensors, spec, reuse=reuse)
             if res is not None:
                 if res:
-                    self._writer.commit(res)
+                    res.commit()
                 return
         batch = HostBatch(tensors, self._force_async_copies, self._pool)
         if self._force_async_copies or any(t.device.type != "cpu" for t in tensors):
@@ -983,9 +996,6 @@ class Hook(BaseHook):
         w = self._writer
         if w is None:
             w = self._get_writer()
-        reserve = getattr(w, "reserve_batch", None)
-        if reserve is None:
-            return None
         shapes = spec.shapes
         sources = spec.sources if reuse else None
         if sources is None:
@@ -1007,11 +1017,14 @@ class Hook(BaseHook):
             if spec.np_dtype is None:
                 return None
             mode = self.mode
-            res = reserve(names or spec.names, spec.np_dtype, shapes, self._step, mode._value_,
-                          self._mode_steps[mode])
+            reds = spec.reductions
+            if names is not None and reds is not None:
+                reds = _pad(reds, len(names))  # (the small tensors after them: raw only)
+            res = w.reserve_batch(names or spec.names, spec.np_dtype, shapes, self._step, mode._value_,
+                                  self._mode_steps[mode], reductions=reds)
             if not res:
                 return res
-        gather_into(w.ring_address + res.offset + at, sources)
+        res.copy_in(sources, at)
         return res
 
     def flush(self, timeout: float | None = 30.0) -> None:
@@ -1037,10 +1050,10 @@ class Hook(BaseHook):
         plan = self._step_plan
         if res is not None:
             if active:
-                self._writer.commit(res)
+                res.commit()
                 small = small[in_res:]
             else:
-                self._writer.cancel(res)
+                res.cancel()
         if not active or not self.writes:
             return
         if small:
@@ -1077,7 +1090,7 @@ class Hook(BaseHook):
         if res is None:
             return False
         if res:
-            self._writer.commit(res)
+            res.commit()
         return True
 
     def _write_batch(self, batch: HostBatch, items: list[tuple[str, list[Collection]]], spec: _Spec | None) -> None:
@@ -1091,7 +1104,8 @@ class Hook(BaseHook):
             return
         mode = self.mode
         self._get_writer().submit_batch(
-            RecordBatch(spec.names, arrays, batch.flat(), self.step, mode.value, self.mode_steps[mode])
+            RecordBatch(spec.names, arrays, batch.flat(), self.step, mode.value, self.mode_steps[mode],
+                        spec.reductions)
         )
 
     def _write_io(self, prefix: str, suffix: str, obj: Any) -> None:

@@ -5,9 +5,9 @@
  * from the core's L2: measured on the MLP benchmark, torch.cat into the ring added 174 us per step,
  * memcpy 101 us, these streaming stores 65 us. No library offers a streaming copy.
  *
- * gather(dst_address, [(src_address, nbytes), ...]) copies the sources back to back to dst;
- * put_message() writes a writer-ring message header before doing the same. The caller guarantees the
- * addresses are valid, contiguous and do not overlap.
+ * gather(dst_address, [(src_address, nbytes), ...]) copies the sources back to back to dst. The caller
+ * guarantees the addresses are valid, contiguous and do not overlap. The ring's shared counters are read and
+ * written with the atomics below (see docs/transport.md).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -119,49 +119,76 @@ static PyObject *gather(PyObject *self, PyObject *args)
     return PyLong_FromUnsignedLongLong(total);
 }
 
-/* put_message(dst, meta, total, pay_at, step, mode, mode_step, sources): a ring message at dst in one call
- * (the writer process's layout: six int64 total, len(meta), pay_at, step, mode, mode_step; the meta bytes;
- * the sources back to back from dst + pay_at). In a saving step this replaces a struct.pack_into, a slice
- * store and a gather, each of them code the rest of the step has pushed out of the CPU's caches. */
-static PyObject *put_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* The ring's shared counters (head, tail, the step mark's seqlock) are int64 slots written by one process and
+ * read by the other. store_release(addr, value) / load_acquire(addr) make every write before a release visible
+ * to a reader whose acquire sees it, on any CPU (x86-64's stores are ordered anyway; aarch64's are not).
+ * put_mark(addr, seq, fields...) writes a seqlock-protected record: seq+1 (odd: being written), the fields, seq+2,
+ * with release ordering; get_mark(addr, n) reads one, or None while it is being written. */
+static PyObject *store_release(PyObject *self, PyObject *args)
 {
     (void)self;
-    if (nargs != 8 || !PyBytes_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "put_message(dst, meta: bytes, total, pay_at, step, mode, mode_step, sources)");
+    unsigned long long addr;
+    long long value;
+    if (!PyArg_ParseTuple(args, "KL:store_release", &addr, &value))
         return NULL;
-    }
-    unsigned long long dst = PyLong_AsUnsignedLongLong(args[0]);
-    int64_t hdr[6];
-    hdr[0] = PyLong_AsLongLong(args[2]);
-    hdr[1] = (int64_t)PyBytes_GET_SIZE(args[1]);
-    hdr[2] = PyLong_AsLongLong(args[3]);
-    hdr[3] = PyLong_AsLongLong(args[4]);
-    hdr[4] = PyLong_AsLongLong(args[5]);
-    hdr[5] = PyLong_AsLongLong(args[6]);
-    if (PyErr_Occurred())
+    __atomic_store_n((int64_t *)(uintptr_t)addr, (int64_t)value, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+static PyObject *load_acquire(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long addr;
+    if (!PyArg_ParseTuple(args, "K:load_acquire", &addr))
         return NULL;
-    if (hdr[2] < (int64_t)sizeof(hdr) + hdr[1]) {
-        PyErr_SetString(PyExc_ValueError, "put_message: pay_at leaves no room for the header and meta");
+    return PyLong_FromLongLong((long long)__atomic_load_n((int64_t *)(uintptr_t)addr, __ATOMIC_ACQUIRE));
+}
+
+#define MARK_FIELDS 6
+
+static PyObject *put_mark(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long addr;
+    long long seq, f[MARK_FIELDS];
+    if (!PyArg_ParseTuple(args, "KLLLLLLL:put_mark", &addr, &seq, &f[0], &f[1], &f[2], &f[3], &f[4], &f[5]))
         return NULL;
-    }
-    Py_ssize_t n;
-    uint64_t total;
-    uint64_t *addr = parse_sources(args[7], &n, &total);
-    if (addr == NULL)
+    int64_t *slot = (int64_t *)(uintptr_t)addr;
+    __atomic_store_n(&slot[0], (int64_t)(seq + 1), __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    for (int i = 0; i < MARK_FIELDS; i++)
+        __atomic_store_n(&slot[1 + i], (int64_t)f[i], __ATOMIC_RELAXED);
+    __atomic_store_n(&slot[0], (int64_t)(seq + 2), __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+static PyObject *get_mark(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long addr;
+    if (!PyArg_ParseTuple(args, "K:get_mark", &addr))
         return NULL;
-    char *d = (char *)(uintptr_t)dst;
-    memcpy(d, hdr, sizeof(hdr));
-    memcpy(d + sizeof(hdr), PyBytes_AS_STRING(args[1]), (size_t)hdr[1]);
-    copy_sources(d + hdr[2], addr, n, total);
-    PyMem_Free(addr);
-    return PyLong_FromUnsignedLongLong(total);
+    int64_t *slot = (int64_t *)(uintptr_t)addr;
+    int64_t f[MARK_FIELDS];
+    int64_t s1 = __atomic_load_n(&slot[0], __ATOMIC_ACQUIRE);
+    if (s1 & 1)
+        Py_RETURN_NONE;
+    for (int i = 0; i < MARK_FIELDS; i++)
+        f[i] = __atomic_load_n(&slot[1 + i], __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&slot[0], __ATOMIC_RELAXED) != s1)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(LLLLLLL)", (long long)s1, (long long)f[0], (long long)f[1], (long long)f[2],
+                         (long long)f[3], (long long)f[4], (long long)f[5]);
 }
 
 static PyMethodDef methods[] = {
     {"gather", gather, METH_VARARGS,
      "gather(dst_address, [(src_address, nbytes), ...]) -> bytes copied, with streaming stores"},
-    {"put_message", (PyCFunction)(void (*)(void))put_message, METH_FASTCALL,
-     "put_message(dst, meta, total, pay_at, step, mode, mode_step, sources) -> payload bytes copied"},
+    {"store_release", store_release, METH_VARARGS, "store_release(address, value): an int64 store, release"},
+    {"load_acquire", load_acquire, METH_VARARGS, "load_acquire(address) -> int64, acquire"},
+    {"put_mark", put_mark, METH_VARARGS, "put_mark(address, seq, 6 int64 fields): a seqlock-protected write"},
+    {"get_mark", get_mark, METH_VARARGS, "get_mark(address) -> (seq, 6 fields) or None while being written"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -46,9 +46,8 @@ from tensortap.format import codec
 from tensortap.format.writer import ChunkWriter, Record, RecordBatch, storage_full
 from tensortap.storage import open_storage
 from tensortap.storage.base import Storage
-from tensortap.transport.copy import MESSAGE_HEADER
+from tensortap.transport.copy import MESSAGE_HEADER, get_mark, load_acquire, put_mark, store_release
 from tensortap.transport.copy import gather_into as _gather
-from tensortap.transport.copy import put_message as _put_message
 
 logger = logging.getLogger("tensortap")
 
@@ -61,10 +60,8 @@ _OUTAGE = 4  # the child's storage is failing
 _FLUSHED = 5  # last flush request done
 _DONE_MSGS = 6  # messages processed by the child
 _BIG_DONE = 7  # bytes of own-segment messages processed
-_MARK_SEQ = 8  # seqlock of the step mark: odd while the training process writes it
-_MARK_MSGS = 9  # messages sent before the mark
-_MARK_STEP = 10
-_MARK_MODES = 11  # 4 slots: mode steps of TRAIN, EVAL, PREDICT, GLOBAL (-1: none)
+_MARK_SEQ = 8  # the step mark (7 slots, copy.put_mark): seqlock (odd while being written), messages sent
+_MARK_MODES = 11  # before it, step, mode steps of TRAIN, EVAL, PREDICT, GLOBAL (-1: none)
 _ERR_LEN = 15
 _URGENT = 16  # control messages sent: the child processes everything published before one at once
 _DURABLE = 17  # records in index blocks the child has written (what readers find)
@@ -91,7 +88,7 @@ _POLL = 0.005
 _POLL_IDLE = 0.05
 # Message header: int64 message size, meta size, payload offset, and for batches step, mode, mode step
 # (kept out of the meta so that a batch layout's meta is built once).
-_MSG = MESSAGE_HEADER  # (written by _copy.put_message too)
+_MSG = MESSAGE_HEADER
 _MSG_HDR = _MSG.size
 
 
@@ -114,15 +111,17 @@ def decode_meta(buf: bytes) -> list:
     return meta
 
 
-def _batch_meta(names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...]) -> tuple[bytes, int]:
-    """A batch message's description and its number of elements."""
+def _batch_meta(names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
+                reductions: tuple | None = None) -> tuple[bytes, int]:
+    """A batch message's description (with, per tensor, the reductions the child computes) and its number of
+    elements."""
     count = 0
     for shape in shapes:
         k = 1
         for d in shape:
             k *= d
         count += k
-    return encode_meta(("batch", names, codec.dtype_to_str(dtype), shapes, count)), count
+    return encode_meta(("batch", names, codec.dtype_to_str(dtype), shapes, count, reductions)), count
 
 
 def _payload_bytes(meta: tuple) -> int:
@@ -147,12 +146,32 @@ class Reservation:
         "n",  # records
         "done",
         "_ring",
+        "_w",
     )
 
     @property
     def payload(self) -> np.ndarray:
         """The payload bytes (a uint8 view of the ring)."""
         return self._ring[self.offset:self.offset + self.nbytes]
+
+    def copy_in(self, sources: list[tuple[int, int]], at: int = 0) -> None:
+        """Copy each (address, byte count) of `sources` back to back into the payload, from byte `at` on."""
+        if at + sum(n for _a, n in sources) > self.nbytes:
+            raise ValueError("copy_in: the sources do not fit the reservation")
+        _gather(self._w.ring_address + self.offset + at, sources)
+
+    def commit(self) -> None:
+        """The payload is filled in: send it."""
+        self._w.commit(self)
+
+    def cancel(self) -> None:
+        """Send nothing (its ring space is skipped)."""
+        self._w.cancel(self)
+
+    def shrink(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
+               reductions: tuple | None = None) -> None:
+        """Send only the first `len(names)` tensors (their bytes lead the payload)."""
+        self._w.shrink(self, names, dtype, shapes, reductions)
 
 
 _new_reservation = object.__new__
@@ -191,6 +210,7 @@ class ProcessChunkWriter:
         block_timeout: float = 30.0,
         metadata: dict[str, Any] | None = None,
         ring_bytes: int = 64 << 20,
+        tensorboard_dir: str | None = None,
     ):
         if backpressure not in ("block", "drop"):
             raise ValueError(f"backpressure must be 'block' or 'drop', not {backpressure!r}")
@@ -236,6 +256,7 @@ class ProcessChunkWriter:
         self._ring_mv = self._shm.buf[_HDR:_HDR + cap]
         #: address of the ring's first byte in this process (to copy payloads to at `Reservation.offset`)
         self.ring_address: int = self._u8.ctypes.data
+        self._hdr_addr = self.ring_address - _HDR
         self._prefault()
         self._layouts: dict[tuple, tuple[bytes, int, int, int]] = {}  # -> (encoded meta, bytes, room, records)
         for i in range(_SLOTS):
@@ -251,7 +272,7 @@ class ProcessChunkWriter:
         os.set_blocking(self._answer, False)
         cfg = dict(url=self.url, worker=worker, shm=self._shm.name, size=_HDR + cap, bell=rfd, answer=wfd,
                    num_workers=num_workers, flush_interval=flush_interval, chunk_bytes=chunk_bytes,
-                   max_pending_bytes=max_pending_bytes, metadata=metadata or {})
+                   max_pending_bytes=max_pending_bytes, metadata=metadata or {}, tensorboard_dir=tensorboard_dir)
         import tensortap
 
         root = os.path.dirname(os.path.dirname(os.path.abspath(tensortap.__file__)))
@@ -396,7 +417,7 @@ class ProcessChunkWriter:
         flat = batch.flat
         if flat is not None and flat.flags.c_contiguous and flat.nbytes == sum(a.nbytes for a in batch.arrays):
             shapes = [a.shape for a in batch.arrays]
-            meta = ("batch", batch.names, codec.dtype_to_str(flat.dtype), shapes, flat.size)
+            meta = ("batch", batch.names, codec.dtype_to_str(flat.dtype), shapes, flat.size, batch.reductions)
             ok = self._send(meta, flat.nbytes, [(0, flat)], n, hdr=(batch.step, batch.mode, batch.mode_step))
         else:
             return self.submit_many(batch.records())
@@ -446,7 +467,7 @@ class ProcessChunkWriter:
             return
         head = self._open[0].start if self._open else self._head
         if head != self._h[_HEAD]:
-            self._h[_HEAD] = head
+            store_release(self._hdr_addr + 8 * _HEAD, head)  # (after the messages it publishes are written)
         if urgent:
             self._h[_URGENT] += 1
         elif head - self._h[_TAIL] < self._bell_at or head - self._last_bell < self._bell_at // 2:
@@ -465,14 +486,14 @@ class ProcessChunkWriter:
 
     # --- payloads copied straight into the ring ----------------------------------------------------
 
-    def batch_layout(self, names: tuple[str, ...], dtype: np.dtype,
-                     shapes: tuple[tuple[int, ...], ...]) -> tuple[bytes, int, int, int]:
+    def batch_layout(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
+                     reductions: tuple | None = None) -> tuple[bytes, int, int, int]:
         """What `reserve_batch` needs to know of a batch layout, for callers that reserve it again and again
         (cached here too: the lookup hashes every name and shape)."""
-        key = (names, dtype, shapes)
+        key = (names, dtype, shapes, reductions)
         layout = self._layouts.get(key)
         if layout is None:
-            m, count = _batch_meta(names, dtype, shapes)
+            m, count = _batch_meta(names, dtype, shapes, reductions)
             nbytes = count * dtype.itemsize
             layout = (m, nbytes, _align(_MSG_HDR + len(m)) + _PAGE + _align(nbytes, _PAGE), len(names))
             if len(self._layouts) > 256:
@@ -481,7 +502,8 @@ class ProcessChunkWriter:
         return layout
 
     def reserve_batch(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
-                      step: int, mode: int, mode_step: int, layout: tuple | None = None) -> Reservation | bool | None:
+                      step: int, mode: int, mode_step: int, layout: tuple | None = None,
+                      reductions: tuple | None = None) -> Reservation | bool | None:
         """Ring space for a batch of raw tensors, for the caller to copy into (`Reservation.payload`: one
         page-aligned byte array, the tensors' bytes in order) and then `commit` (or `cancel`). `names` and
         `shapes` are tuples; `layout`: `batch_layout(names, dtype, shapes)` when the caller keeps it.
@@ -491,45 +513,10 @@ class ProcessChunkWriter:
         reach the child only once it is committed or cancelled.
         """
         if layout is None:
-            layout = self._layouts.get((names, dtype, shapes))
+            layout = self._layouts.get((names, dtype, shapes, reductions))
             if layout is None:
-                layout = self.batch_layout(names, dtype, shapes)
+                layout = self.batch_layout(names, dtype, shapes, reductions)
         return self._reserve(layout, step, mode, mode_step)
-
-    def reserve_step(self, layout: tuple, step: int, mode: int, mode_step: int,
-                     sources: list[tuple[int, int]]) -> Reservation | bool | None:
-        """`reserve_batch(..., layout=layout)` that also copies `sources` ((address, byte count), back to
-        back) to the start of the payload: a saving step's hand-off in one call where it can be (the
-        message written by one C function, see `_put_message`)."""
-        m, nbytes, need, n = layout
-        head = self._head
-        cap = self._cap
-        pos = head % cap
-        h = self._h
-        if (pos + need <= cap and head + need - h[_TAIL] <= cap and need <= cap // 2 and h[_STATE] != _FAILED
-                and not self._closed and not self._dead and not self._forked and self._error is None):
-            with self._lock:
-                if self._head == head:  # (else another thread sent something meanwhile)
-                    mlen = len(m)
-                    pay_at = ((pos + _MSG_HDR + mlen + _PAGE - 1) & ~(_PAGE - 1)) - pos
-                    total = pay_at + ((nbytes + _PAGE - 1) & ~(_PAGE - 1))
-                    _put_message(self.ring_address + pos, m, total, pay_at, step, mode, mode_step, sources)
-                    res = _new_reservation(Reservation)
-                    res.start = head
-                    res.offset = pos + pay_at
-                    res.nbytes = nbytes
-                    res.n = n
-                    res.done = False
-                    res._ring = self._u8
-                    self._head = head + total
-                    self._sent += 1
-                    self._accepted += n
-                    self._open.append(res)
-                    return res
-        res = self._reserve(layout, step, mode, mode_step)  # (wrapping, a full ring, a stopped writer)
-        if res:
-            _gather(self.ring_address + res.offset, sources)
-        return res
 
     def _reserve(self, layout: tuple, step: int, mode: int, mode_step: int) -> Reservation | bool | None:
         m, nbytes, need, n = layout
@@ -544,7 +531,7 @@ class ProcessChunkWriter:
             head = self._head
             pos = head % self._cap
             # (what _room does when the message fits without wrapping: the usual case, inline)
-            if pos + need > self._cap or head + need - self._h[_TAIL] > self._cap:
+            if pos + need > self._cap or head + need - load_acquire(self._hdr_addr + 8 * _TAIL) > self._cap:
                 pos = self._room(need, n, False)
                 if pos is None:
                     return False
@@ -563,6 +550,7 @@ class ProcessChunkWriter:
             res.n = n
             res.done = False
             res._ring = self._u8
+            res._w = self
             self._head += total
             self._sent += 1
             self._accepted += n
@@ -582,15 +570,15 @@ class ProcessChunkWriter:
             # (what _publish does when no reservation is open, inline: this runs at every saving step)
             head = self._head
             h = self._h
-            h[_HEAD] = head
+            store_release(self._hdr_addr + 8 * _HEAD, head)
             if head - h[_TAIL] >= self._bell_at and head - self._last_bell >= self._bell_at // 2:
                 self._ring_bell(head)
 
     def shrink(self, res: Reservation, names: tuple[str, ...], dtype: np.dtype,
-               shapes: tuple[tuple[int, ...], ...]) -> None:
+               shapes: tuple[tuple[int, ...], ...], reductions: tuple | None = None) -> None:
         """Send only the first `len(names)` tensors of an open reservation (`names` and `shapes` a prefix of
         those reserved): their bytes lead its payload; the rest of its ring space is skipped."""
-        m, count = _batch_meta(names, dtype, shapes)
+        m, count = _batch_meta(names, dtype, shapes, reductions)
         with self._lock:
             if res.done:
                 return
@@ -625,7 +613,7 @@ class ProcessChunkWriter:
             head = self._head
             pos = head % cap
             skip = cap - pos if pos + need > cap else 0
-            if head + skip + need - self._h[_TAIL] <= cap:
+            if head + skip + need - load_acquire(self._hdr_addr + 8 * _TAIL) <= cap:
                 if skip:
                     struct.pack_into("<q", self._ring_mv, pos, _WRAP)
                     self._head += skip
@@ -684,19 +672,10 @@ class ProcessChunkWriter:
 
     def mark_steps(self, step: int, train: int, eval_: int, predict: int, global_: int) -> None:
         """`mark_step_passed` with the mode steps as numbers (-1: none), for a caller that has them at hand."""
-        if self._forked:
+        if self._forked or self._closed:
             return
-        h = self._h
-        s = self._mark_seq + 1
-        h[_MARK_SEQ] = s  # odd: being written
-        h[_MARK_MSGS] = self._sent
-        h[_MARK_STEP] = step
-        h[_MARK_MODES] = train
-        h[_MARK_MODES + 1] = eval_
-        h[_MARK_MODES + 2] = predict
-        h[_MARK_MODES + 3] = global_
-        h[_MARK_SEQ] = s + 1
-        self._mark_seq = s + 1
+        put_mark(self._hdr_addr + 8 * _MARK_SEQ, self._mark_seq, self._sent, step, train, eval_, predict, global_)
+        self._mark_seq += 2
 
     def set_collections(self, collections_json: dict[str, Any]) -> None:
         if self._accepting():
@@ -830,6 +809,8 @@ class _ChildWriter(ChunkWriter):
         self._stop = False
         self._parent_gone = False
         self._ring_addr = self._ring.ctypes.data
+        self._hdr_addr = self._ring_addr - _HDR
+        self._seen_marks: deque[tuple[int, ...]] = deque(maxlen=1024)
         self._pay_pos = -1  # ring position of the payload being handled
         self._room_after = 0
         self._pay_bytes = 0  # ... and its bytes (a batch's: small tensors after those written go into the index)
@@ -958,6 +939,7 @@ class _ChildWriter(ChunkWriter):
     def _write_block(self, end: bool = False) -> None:
         self._flush_dio()  # payloads before the index block that points at them
         super()._write_block(end)
+        self._publish_done()  # (what is now indexed: the training process counts losses against it)
 
     def _run(self) -> None:
         h = self._hv
@@ -1021,6 +1003,8 @@ class _ChildWriter(ChunkWriter):
             h[_ERR_LEN] = len(text)
             h[_STATE] = _FAILED
         finally:
+            if self.exporter is not None:
+                self.exporter.close()
             self._close_direct()
             for f in (self._dat, self._idx) if not self.sealed_mode else ():
                 if f is not None:
@@ -1042,21 +1026,23 @@ class _ChildWriter(ChunkWriter):
         if urgent != self._urgent_seen:
             self._urgent_seen = urgent
             self._answer_due = True
-        return h[_HEAD]
+        return load_acquire(self._hdr_addr + 8 * _HEAD)  # (the messages before it are all written)
 
     def _take_mark(self) -> None:
-        """Adopt the training process's latest step mark once every message sent before it is processed."""
-        h = self._hv
-        s = h[_MARK_SEQ]
-        if s == self._mark_seen or s & 1:
-            return
-        msgs, step = h[_MARK_MSGS], h[_MARK_STEP]
-        modes = [h[_MARK_MODES + i] for i in range(4)]
-        if h[_MARK_SEQ] != s or msgs > self._done_msgs:
-            return  # being rewritten, or its records are not all here yet: next time
-        self._mark_seen = s
-        self._marks.append((self._encoded, {"step": step, "mode_steps": {
-            n: v for n, v in zip(_MODE_NAMES, modes, strict=True) if v >= 0}}))
+        """Adopt the newest step mark whose messages are all processed. Every mark seen is kept until then, so a
+        child that lags behind the training process still publishes marks (not only once it catches up)."""
+        mark = get_mark(self._hdr_addr + 8 * _MARK_SEQ)
+        if mark is not None and mark[0] != self._mark_seen and mark[0] > 0:
+            self._mark_seen = mark[0]
+            self._seen_marks.append(mark)
+        best = None
+        seen = self._seen_marks
+        while seen and seen[0][1] <= self._done_msgs:
+            best = seen.popleft()
+        if best is not None:
+            _seq, _msgs, step, *modes = best
+            self._marks.append((self._encoded, {"step": step, "mode_steps": {
+                n: v for n, v in zip(_MODE_NAMES, modes, strict=True) if v >= 0}}))
 
     def _one(self) -> None:
         """Process the message at the tail, then free its ring space."""
@@ -1078,7 +1064,7 @@ class _ChildWriter(ChunkWriter):
             base, pay = np.frombuffer(seg, dtype=np.uint8), 0
             self._pay_pos = -1
         if meta[0] == "batch":  # step, mode and mode step travel in the message header
-            meta = (*meta[:4], step, mode, mode_step, meta[4])
+            meta = (*meta[:4], step, mode, mode_step, meta[4], meta[5] if len(meta) > 5 else None)
         try:
             self._handle(meta, base, pay)
         finally:
@@ -1102,13 +1088,15 @@ class _ChildWriter(ChunkWriter):
         h[_DURABLE] = self.durable_records
         h[_DROPPED] = self.dropped_records
         h[_DONE_MSGS] = self._done_msgs
-        h[_TAIL] = self._tail
+        store_release(self._hdr_addr + 8 * _TAIL, self._tail)  # (after every read of the space it frees)
 
     def _handle(self, meta: list, base: np.ndarray, pay: int) -> None:
         kind = meta[0]
         if kind == "batch":
-            _k, names, dt, shapes, step, mode, mode_step, count = meta
+            _k, names, dt, shapes, step, mode, mode_step, count, reds = meta
             names = tuple(names)
+            if reds is not None:
+                reds = tuple(tuple((rn, ab) for rn, ab in r) if r else () for r in reds)
             shapes = [tuple(shape) for shape in shapes]
             flat = np.frombuffer(base, dtype=codec.dtype_from_str(dt), count=count, offset=pay)
             arrays = []
@@ -1119,7 +1107,7 @@ class _ChildWriter(ChunkWriter):
                     k *= d
                 arrays.append(flat[off:off + k].reshape(shape))
                 off += k
-            self._encode_batch(RecordBatch(names, arrays, flat, step, mode, mode_step))
+            self._encode_batch(RecordBatch(names, arrays, flat, step, mode, mode_step, reds))
         elif kind == "records":
             for (name, step, mode, mode_step, vd, save_raw, reductions, reds, save_shape, shape) in meta[1]:
                 value = None
@@ -1135,7 +1123,7 @@ class _ChildWriter(ChunkWriter):
                                     reduction_values=rv, save_shape=save_shape,
                                     shape=tuple(shape) if shape is not None else None))
         elif kind == "collections":
-            self._collections = json.loads(meta[1])
+            self._take_collections(json.loads(meta[1]))
         elif kind == "flush":
             self._flush_events.append(_Done())
             self._flush_events_done = meta[1]
@@ -1163,6 +1151,7 @@ def _child_main() -> None:
         os.set_blocking(cfg["answer"], False)
     w = _ChildWriter(storage, cfg["worker"], mem, cfg["bell"], cfg.get("answer", -1), num_workers=cfg["num_workers"],
                      flush_interval=cfg["flush_interval"], chunk_bytes=cfg["chunk_bytes"],
-                     max_pending_bytes=cfg["max_pending_bytes"], metadata=cfg["metadata"])
+                     max_pending_bytes=cfg["max_pending_bytes"], metadata=cfg["metadata"],
+                     tensorboard_dir=cfg.get("tensorboard_dir"))
     w._thread.join()
     sys.exit(1 if w.error is not None else 0)

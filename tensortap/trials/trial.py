@@ -394,6 +394,12 @@ class Trial:
                 rows["value"] += [np.asarray(v).reshape(-1)[0].item() for v in vals]
         return pd.DataFrame(rows)
 
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: a short HTML summary (tensortap.ui.summary)."""
+        from tensortap.ui.summary import trial_html
+
+        return trial_html(self)
+
     def __repr__(self) -> str:
         return f"<Trial {self.name!r} path={self.path!r} steps={len(self._sorted_steps)} workers={self.workers()}>"
 

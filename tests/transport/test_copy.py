@@ -13,7 +13,8 @@ def test_extension_is_built_here():
     # would cost the PyTorch hook ~100 us per saved step
     import tensortap.transport._streamcopy  # noqa: F401
 
-    assert _copy.gather_into is _copy._c_gather and _copy.put_message is _copy._c_put_message
+    assert _copy.gather_into is _copy._c_gather and _copy.store_release is _copy._c_store_release
+    assert _copy.put_mark is _copy._c_put_mark and _copy.ORDERED
 
 
 def _sources(seed: int) -> list[np.ndarray]:
@@ -44,35 +45,23 @@ def test_gather_rejects_bad_arguments():
         _copy._c_gather(0, 5)
 
 
-@pytest.mark.parametrize("put", ["c", "python"])
-def test_put_message_writes_the_header_the_meta_and_the_payload(put):
-    fn = _copy._c_put_message if put == "c" else _copy._py_put_message
-    srcs = _sources(3)
-    total = sum(s.nbytes for s in srcs)
-    meta = b"a pickled description"
-    pay_at = 4096
-    dst = np.full(pay_at + total + 64, 0xAB, dtype=np.uint8)
-    n = fn(dst.ctypes.data, meta, pay_at + total, pay_at, 12345, 2, -1, [(s.ctypes.data, s.nbytes) for s in srcs])
-    assert n == total
-    hdr = _copy.MESSAGE_HEADER
-    assert hdr.unpack_from(dst, 0) == (pay_at + total, len(meta), pay_at, 12345, 2, -1)
-    assert dst[hdr.size:hdr.size + len(meta)].tobytes() == meta
-    assert (dst[hdr.size + len(meta):pay_at] == 0xAB).all()  # the gap before the payload is left alone
-    assert np.array_equal(dst[pay_at:pay_at + total], np.concatenate(srcs))
-    assert (dst[pay_at + total:] == 0xAB).all()
-
-
-@pytest.mark.parametrize("put", ["c", "python"])
-def test_put_message_refuses_a_payload_over_its_header(put):
-    fn = _copy._c_put_message if put == "c" else _copy._py_put_message
-    dst = np.zeros(256, dtype=np.uint8)
-    with pytest.raises(ValueError, match="pay_at"):
-        fn(dst.ctypes.data, b"x" * 40, 200, 64, 0, 0, 0, [])  # 48 + 40 bytes do not fit before 64
-    with pytest.raises(TypeError):
-        fn(dst.ctypes.data, "not bytes", 200, 128, 0, 0, 0, [])
-    with pytest.raises(TypeError):
-        fn(dst.ctypes.data, b"x", 200, 128, 0, 0, 0, [(1,)])  # a source without its byte count
-    assert not dst.any()
+@pytest.mark.parametrize("impl", ["c", "python"])
+def test_atomic_slots_and_the_step_mark(impl):
+    store, load, put, get = ((_copy._c_store_release, _copy._c_load_acquire, _copy._c_put_mark, _copy._c_get_mark)
+                             if impl == "c" else (_copy._py_store, _copy._py_load, _copy._py_put_mark,
+                                                  _copy._py_get_mark))
+    slots = np.zeros(16, dtype=np.int64)
+    addr = slots.ctypes.data
+    store(addr + 8, -123456789012)
+    assert load(addr + 8) == -123456789012 == slots[1]
+    put(addr + 16, 0, 7, 42, 40, -1, -1, 42)
+    assert get(addr + 16) == (2, 7, 42, 40, -1, -1, 42)
+    assert list(slots[2:9]) == [2, 7, 42, 40, -1, -1, 42]
+    slots[2] = 3  # odd: a writer is in the middle of it
+    assert get(addr + 16) is None
+    put(addr + 16, 2, 8, 43, 41, 0, -1, 43)
+    assert get(addr + 16) == (4, 8, 43, 41, 0, -1, 43)
+    assert slots[0] == 0 and not slots[9:].any()  # nothing else touched
 
 
 def test_copy_into_copies_tensors_back_to_back():

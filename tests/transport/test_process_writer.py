@@ -579,10 +579,11 @@ def test_direct_writes_that_fail_or_come_back_short_lose_nothing(tmp_path, monke
             assert np.array_equal(t.tensor(name).value(step), v), (name, step)
 
 
-def test_steps_reserved_with_the_start_of_their_payload_over_many_wraps(tmp_path):
-    """reserve_step() (a reservation with its payload's start copied in), commit() and mark_steps() (the step
-    mark with numbers): what the PyTorch hook's steady cycle sends. A ring of 1 MB wraps every few messages;
-    small records sent while a step's reservation is open; every value and every passed step reads back."""
+def test_steps_reserved_and_filled_in_two_parts_over_many_wraps(tmp_path):
+    """reserve_batch(), Reservation.copy_in() in two parts (as a saving step fills its weights, then its gradients
+    at the end of the backward pass), commit() and mark_steps() (the step mark with numbers). A ring of 1 MB
+    wraps every few messages; small records sent while a step's reservation is open; every value and every passed
+    step reads back."""
     storage = open_storage(str(tmp_path / "run"))
     w = ProcessChunkWriter(storage, "worker_0", flush_interval=0.05, ring_bytes=1 << 20)
     rng = np.random.default_rng(5)
@@ -591,15 +592,14 @@ def test_steps_reserved_with_the_start_of_their_payload_over_many_wraps(tmp_path
     expect = {}
     for step in range(40):
         vals = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-        head = vals[:2]  # (copied by reserve_step; the rest after it, as a backward pass would)
-        res = w.reserve_step(layout, step, 1, step, [(v.ctypes.data, v.nbytes) for v in head])
+        res = w.reserve_batch(names, np.dtype(np.float32), shapes, step, 1, step, layout)
         assert res
+        head = vals[:2]
+        res.copy_in([(v.ctypes.data, v.nbytes) for v in head])
         if step % 3 == 0:
             assert w.submit(Record(name="lr", step=step, mode=1, mode_step=step, value=np.float32(step)))
-        tail = np.concatenate([v.ravel() for v in vals[2:]])
-        at = sum(v.nbytes for v in head)
-        res.payload[at:at + tail.nbytes] = tail.view(np.uint8)
-        w.commit(res)
+        res.copy_in([(v.ctypes.data, v.nbytes) for v in vals[2:]], at=sum(v.nbytes for v in head))
+        res.commit()
         w.mark_steps(step, step, -1, -1, step)
         expect[step] = vals
         if step == 20:
@@ -609,6 +609,8 @@ def test_steps_reserved_with_the_start_of_their_payload_over_many_wraps(tmp_path
             assert t.last_complete_step == 20
             assert t.has_passed_step(20, "TRAIN") == StepState.AVAILABLE
             assert t.has_passed_step(21, "TRAIN") == StepState.NOT_YET_AVAILABLE
+        with pytest.raises(ValueError, match="do not fit"):
+            res.copy_in([(vals[0].ctypes.data, vals[0].nbytes)], at=res.nbytes - 4)
     w.close()
     assert w.error is None and w.dropped_records == 0
     t = tt.create_trial(str(tmp_path / "run"))
@@ -625,8 +627,6 @@ def test_a_step_larger_than_half_the_ring_is_not_reserved_in_it(tmp_path):
     w = ProcessChunkWriter(storage, "worker_0", ring_bytes=1 << 20)
     try:
         big = np.zeros(150_000, dtype=np.float32)  # 600 KB of a 1 MB ring
-        layout = w.batch_layout(("big",), np.dtype(np.float32), (big.shape,))
-        assert w.reserve_step(layout, 0, 1, 0, [(big.ctypes.data, big.nbytes)]) is None
         assert w.reserve_batch(("big",), np.dtype(np.float32), (big.shape,), 0, 1, 0) is None
     finally:
         w.close()
