@@ -382,3 +382,13 @@ def test_shap_at_every_round_equals_xgboosts_own(tmp_path, booster, objective) -
                 assert np.array_equal(got, want[..., i])
             else:
                 np.testing.assert_allclose(got, want[..., i], rtol=1e-5, atol=2e-6)
+
+
+def test_tensortap_disable(tmp_path, dm, monkeypatch) -> None:
+    monkeypatch.setenv("TENSORTAP_DISABLE", "1")
+    dtrain, _ = dm
+    hook = txgb.Hook(out_dir=str(tmp_path / "run"), save_config=txgb.SaveConfig(save_interval=1))
+    bst = xgb.train(PARAMS, dtrain, num_boost_round=3, evals=[(dtrain, "train")], callbacks=[hook], verbose_eval=False)
+    hook.close()
+    assert bst.num_boosted_rounds() == 3
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").rglob("*.idx*"))
