@@ -205,6 +205,22 @@ class Hook:
             raise InvalidConfiguration(
                 f"reduction_config={reduction_config!r} must be a tensortap.ReductionConfig or None"
             )
+        if include_regex is not None and not isinstance(include_regex, str) and not (
+                isinstance(include_regex, Iterable) and all(isinstance(r, str) for r in include_regex)):
+            raise InvalidConfiguration(f"include_regex={include_regex!r} must be a regex or a list of regexes")
+        if include_collections is not None and (isinstance(include_collections, str | bytes)
+                                                or not isinstance(include_collections, Iterable)):
+            raise InvalidConfiguration(f"include_collections={include_collections!r} must be a list of collection "
+                                       "names or Collections")
+        if worker is not None and (not isinstance(worker, str) or not worker.strip() or "\0" in worker):
+            raise InvalidConfiguration(f"worker={worker!r} must be a non-empty name (a string)")
+        for int_name, int_value in (("rank", rank), ("world_size", world_size)):
+            if int_value is not None and (isinstance(int_value, bool) or not isinstance(int_value, int)):
+                raise InvalidConfiguration(f"{int_name}={int_value!r} must be a whole number")
+        if world_size is not None and world_size < 1:
+            raise InvalidConfiguration(f"world_size={world_size!r} must be at least 1")
+        if tensorboard_dir is not None and not isinstance(tensorboard_dir, str | os.PathLike):
+            raise InvalidConfiguration(f"tensorboard_dir={tensorboard_dir!r} must be a local folder")
         if not (isinstance(flush_interval, int | float) and flush_interval > 0):
             raise InvalidConfiguration(f"flush_interval={flush_interval!r} must be a positive number of seconds")
         for size_name, size in (("chunk_bytes", chunk_bytes), ("max_pending_bytes", max_pending_bytes)):
@@ -828,8 +844,8 @@ class Hook:
             size = np.size(value)
         except Exception:  # noqa: BLE001
             size = -1
-        if size != 1:
-            raise InvalidConfiguration(f"save_scalar({name!r}, ...) needs a single value, got {value!r}")
+        if size != 1 or value is None or np.asarray(value).dtype.kind not in "biufc":
+            raise InvalidConfiguration(f"save_scalar({name!r}, ...) needs a single number, got {value!r}")
         if not self.active:
             return
         with self.guard("save_scalar"):

@@ -56,9 +56,13 @@ def validate(spec: JobSpec) -> None:
     storage = open_storage(spec.out_dir)
     if storage.list("tensortap/") or storage.list("rules/"):
         raise InvalidConfiguration(f"--out-dir {spec.out_dir!r} already holds a job: use a new directory")
-    trial = create_trial(spec.out_dir)
-    for r in spec.rules:
-        build_rule(r, trial)  # parses the parameters: errors name the rule, parameter and value
+    with tempfile.TemporaryDirectory() as empty:
+        # A local out_dir the job has not created yet: check the rules against an empty job (nothing is
+        # created before validation passes).
+        missing = storage.supports_append and not os.path.isdir(storage.url)
+        trial = create_trial(empty if missing else spec.out_dir)
+        for r in spec.rules:
+            build_rule(r, trial)  # parses the parameters: errors name the rule, parameter and value
 
 
 def _rich_console() -> Any | None:

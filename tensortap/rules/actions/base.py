@@ -9,9 +9,22 @@ from typing import Any
 
 from tensortap.exceptions import InvalidConfiguration
 
-__all__ = ["Action", "Actions"]
+__all__ = ["Action", "Actions", "positive_seconds"]
 
 logger = logging.getLogger("tensortap.rules.actions")
+
+
+def positive_seconds(owner: str, name: str, value: Any) -> float:
+    """`value` as a positive, finite number of seconds; InvalidConfiguration naming it otherwise."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if isinstance(value, str):
+        try:
+            value, ok = float(value), True  # JSON action strings may give numbers as strings
+        except ValueError:
+            ok = False
+    if not ok or not 0 < float(value) < float("inf"):
+        raise InvalidConfiguration(f"{owner}: {name}={value!r} must be a positive number of seconds")
+    return float(value)
 
 
 class Action:
@@ -74,7 +87,7 @@ class Actions:
             a = action_from_dict(actions, self.rule_name)
             if a is not None:
                 self.actions.append(a)
-        elif isinstance(actions, Iterable):
+        elif isinstance(actions, Iterable) and not isinstance(actions, bytes | bytearray):
             for a in actions:
                 self.add(a)
         else:
