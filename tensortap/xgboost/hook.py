@@ -12,7 +12,7 @@ each included collection (names as smdebug.xgboost, spec 5.6 and 5.9):
   total_cover: `get_score(importance_type=type)` divided by its sum (features without a split: 0);
 * full_shap, average_shap  `full_shap/<feature>`, `average_shap/<feature>` (and `/bias`):
   `predict(train_data, pred_contribs=True)` per feature, and its mean over the samples (and classes); for
-  gbtree after the first two saving rounds as the last values plus the new trees' (tensortap.xgboost.shap);
+  gbtree after the first saving round as the last values plus the new trees' (tensortap.xgboost.shap);
 * trees  `trees/<column>`: each column of `trees_to_dataframe()` (missing strings saved as "").
 
 Errors inside the hook turn it off (logged once); boosting goes on.

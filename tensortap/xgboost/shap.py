@@ -4,8 +4,8 @@ XGBoost's SHAP values (`predict(pred_contribs=True)`) are sums over the trees, a
 number of trees, so asking for them every round costs O(rounds²). For a tree booster (gbtree) the values of
 round n are the values of the last saving round plus those of the trees added since (XGBoost computes
 contributions of a slice of rounds, `model[a:b]`), except that every call adds the model's base value to the
-bias column once: it is found once, as (last values + slice) − full values, then removed from each slice.
-The first two saving rounds of a training take XGBoost's own full values; later ones differ from them only by
+bias column once: it is found once from three one- and two-round slices, then removed from each slice.
+The first saving round of a training takes XGBoost's own full values; later ones differ from them only by
 float32 rounding (the sum runs in float64 in a different order). dart (whose tree weights change) and
 gblinear boosters, a new model or new data always take the full values.
 """
@@ -43,10 +43,7 @@ class ShapValues:
             return self._full(model, data, n)
         part = model[self._rounds:n].predict(data, pred_contribs=True)
         if self._base is None:
-            full = model.predict(data, pred_contribs=True)
-            self._base = self._acc[..., -1] + part[..., -1] - full[..., -1]
-            self._acc, self._rounds = full.astype(np.float64), n
-            return full
+            self._base = _base(model, data)
         acc = self._acc
         acc += part
         acc[..., -1] -= self._base
@@ -57,6 +54,15 @@ class ShapValues:
         full = model.predict(data, pred_contribs=True)
         self._acc, self._rounds, self._base = full.astype(np.float64), n, None
         return full
+
+
+def _base(model: Any, data: Any) -> np.ndarray:
+    """What every `pred_contribs` call adds to the bias column besides its trees' expected values (the base
+    score or base margin): rounds 0 and 1 apart hold it twice, together once."""
+    def bias(a: int, b: int) -> np.ndarray:
+        return model[a:b].predict(data, pred_contribs=True)[..., -1].astype(np.float64)
+
+    return bias(0, 1) + bias(1, 2) - bias(0, 2)
 
 
 def _booster_name(model: Any) -> str:
