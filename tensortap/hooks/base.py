@@ -43,6 +43,11 @@ logger = logging.getLogger("tensortap")
 DISABLE_ENV = "TENSORTAP_DISABLE"
 INCLUDE_WORKERS = ("one", "all")
 WRITERS = ("auto", "thread", "process")
+#: seconds between looks for a stop request at step boundaries (one stat of a local file: ~2 µs), and between
+#: polls of an object store's (one HEAD, on a background thread); they bound the stop's share of the latency
+#: from a rule's verdict to training stopped
+STOP_CHECK_INTERVAL = 0.05
+STOP_POLL_INTERVAL = 0.5
 _NOTHING: list = []  # collections_to_save() when nothing saves (never mutated)
 _MODE_NAMES = {m: m.name for m in ModeKeys}  # Enum.name is a slow property, and this runs every step
 
@@ -68,6 +73,9 @@ def _ring_is_ordered() -> bool:
 
 
 _SYSTEM_DIRS = ("/proc", "/sys", "/dev")
+#: what weights, biases and gradients save by default beside their raw values (curves without configuration)
+DEFAULT_STATISTICS = ReductionConfig(reductions=["min", "max", "mean", "nonfinite"], norms=["l2"],
+                                     save_raw_tensor=True)
 
 
 def check_out_dir(out_dir: Any) -> str:
@@ -153,6 +161,9 @@ class Hook:
     builtin_collections: tuple[str, ...] = (CollectionKeys.ALL, CollectionKeys.DEFAULT, CollectionKeys.SCALARS)
     #: saved when include_collections is None
     default_include_collections: tuple[str, ...] = (CollectionKeys.DEFAULT, CollectionKeys.SCALARS)
+    #: collections that get cheap per-step statistics beside their raw values unless the user chose reductions
+    #: (`DEFAULT_STATISTICS`, computed by the writer off the training thread); framework hooks name theirs
+    statistics_collections: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -246,6 +257,11 @@ class Hook:
         for name in self.builtin_collections:
             self.collection_manager.get(name)
         self._init_builtin_collections()
+        if reduction_config is None:
+            for name in self.statistics_collections:
+                c = self.collection_manager.get(name)
+                if c.reduction_config is None:
+                    c.reduction_config = DEFAULT_STATISTICS
         if include_regex:
             regexes = [include_regex] if isinstance(include_regex, str) else list(include_regex)
             self.collection_manager.get(CollectionKeys.DEFAULT).include(regexes)
@@ -621,11 +637,11 @@ class Hook:
         return step
 
     def _check_stop_request(self) -> None:
-        """One stat per second at most (local); object stores are polled by a background thread."""
+        """One stat per STOP_CHECK_INTERVAL at most (local); object stores are polled by a background thread."""
         now = time.monotonic()
         if self._stop_request is None and now < self._next_stop_check:
             return
-        self._next_stop_check = now + 1.0
+        self._next_stop_check = now + STOP_CHECK_INTERVAL
         from tensortap.format.control import StopSignal, stop_requested
 
         if self._stop_request is None and not self._remote:
@@ -650,7 +666,7 @@ class Hook:
                 self._stop_request = stop_requested(self.out_dir, min_interval=0)
             except Exception:  # noqa: BLE001 - the store may be unreachable for a while
                 pass
-            time.sleep(1.0)
+            time.sleep(STOP_POLL_INTERVAL)
 
     def end_step(self) -> None:
         """Finish the current step: readers learn that no more data comes for it."""

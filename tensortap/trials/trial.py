@@ -291,7 +291,9 @@ class Trial:
 
     def tensor(self, name: str) -> Tensor:
         if not self.has_tensor(name):
-            raise TensorUnavailable(name)
+            # e.g. save_scalar("loss") is stored as "scalar/loss": name the saved tensor in the error
+            similar = [n for n in self._all_names() if n.endswith("/" + name)][:5]
+            raise TensorUnavailable(name, similar)
         t = self._tensors.get(name)
         if t is None:
             t = self._tensors[name] = Tensor(name, self)

@@ -164,6 +164,7 @@ def test_pytorch_hook_tailed_from_before_the_first_step(smd, tmp_path):
     step whose index every worker wrote is complete before the job ends; wait_for_steps returns when it comes."""
     out = str(tmp_path / "hook")
     smd.write("hook", 0, out)  # the hook exists, nothing is written yet
+    os.makedirs(out, exist_ok=True)  # (a job not started yet: create_trial wants its directory, docs/format.md §5.2)
     mine = open_ours(out)
     assert isinstance(mine, tt.trials.LocalTrial)
     assert mine.steps() == [] and mine.tensor_names() == []

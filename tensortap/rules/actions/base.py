@@ -51,7 +51,9 @@ class Action:
         raise NotImplementedError
 
     def __call__(self, report: dict[str, Any]) -> bool:
-        """Run the action; failures are logged and counted, never raised. True if it ran without error."""
+        """Run the action; failures are counted, never raised. The first failure is logged at once; later
+        ones are only counted (`failures_summary()` says how many, once, when the rule ends). True if it ran
+        without error."""
         if self.max_calls is not None and self.calls >= self.max_calls:
             return False
         self.calls += 1
@@ -61,8 +63,17 @@ class Action:
         except Exception as e:  # noqa: BLE001 - by design: an action never breaks the rule
             self.failures += 1
             self.last_error = e
-            logger.error("tensortap: action %s of rule %s failed: %s", self.name, report.get("rule"), e)
+            if self.failures == 1:
+                logger.error("tensortap: action %s of rule %s failed: %s (further failures are counted and "
+                             "reported when the rule ends)", self.name, report.get("rule"), e)
             return False
+
+    def failures_summary(self) -> str:
+        """One line: how often the action failed and its last error ("" if it never failed)."""
+        if not self.failures:
+            return ""
+        return (f"action {self.name} failed {self.failures} of {self.calls} time(s); last error: "
+                f"{self.last_error}")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"
@@ -100,6 +111,17 @@ class Actions:
     def invoke(self, report: dict[str, Any]) -> None:
         for a in self.actions:
             a(report)
+
+    def report_failures(self) -> list[str]:
+        """Log, once, how often each action failed when it failed more than once; returns the summaries."""
+        out = []
+        for a in self.actions:
+            line = a.failures_summary()
+            if line:
+                out.append(line)
+                if a.failures > 1:
+                    logger.error("tensortap: rule %s: %s", self.rule_name, line)
+        return out
 
     def __len__(self) -> int:
         return len(self.actions)
