@@ -3,8 +3,11 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# smdebug 1.0.34 in its own venv, for the differential test (tests/differential)
+SMD_VENV := .venv-smdebug
+SMD_STAMP := $(SMD_VENV)/.installed
 
-.PHONY: install test demo lint bench clean chromium
+.PHONY: install smdebug-venv test demo lint bench clean chromium
 
 $(STAMP): pyproject.toml setup.py tensortap/transport/_streamcopy.c tensortap/pytorch/_counting.c requirements/test.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -24,8 +27,18 @@ chromium:
 		|| echo "make: could not install chromium: the browser tests (tests/ui) will skip"; \
 	else echo "make: no chromium and no root apt-get: the browser tests (tests/ui) will skip"; fi
 
+$(SMD_STAMP): requirements/smdebug.txt
+	test -x $(SMD_VENV)/bin/python || $(PY) -m venv $(SMD_VENV)
+	$(SMD_VENV)/bin/python -m pip install -q -r requirements/smdebug.txt
+	touch $(SMD_STAMP)
+
+smdebug-venv: $(SMD_STAMP)
+
+# The differential test runs against smdebug when its venv could be built, and is skipped (saying why) otherwise.
 test: install
-	$(VPY) -m pytest -n 2 -q tests
+	$(MAKE) smdebug-venv || echo "smdebug 1.0.34 environment could not be built: tests/differential will be skipped"
+	TENSORTAP_SMDEBUG_PYTHON="$$(test -f $(SMD_STAMP) && echo $(CURDIR)/$(SMD_VENV)/bin/python)" \
+		$(VPY) -m pytest -n 2 --dist loadgroup -q tests
 
 lint: install
 	$(VPY) -m ruff check tensortap tests bench
@@ -34,4 +47,4 @@ demo: install
 	$(VPY) examples/demo.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(SMD_VENV) build *.egg-info

@@ -43,6 +43,11 @@ logger = logging.getLogger("tensortap")
 DISABLE_ENV = "TENSORTAP_DISABLE"
 INCLUDE_WORKERS = ("one", "all")
 WRITERS = ("auto", "thread", "process")
+#: seconds between looks for a stop request at step boundaries (one stat of a local file: ~2 µs), and between
+#: polls of an object store's (one HEAD, on a background thread); they bound the stop's share of the latency
+#: from a rule's verdict to training stopped
+STOP_CHECK_INTERVAL = 0.05
+STOP_POLL_INTERVAL = 0.5
 _NOTHING: list = []  # collections_to_save() when nothing saves (never mutated)
 _MODE_NAMES = {m: m.name for m in ModeKeys}  # Enum.name is a slow property, and this runs every step
 
@@ -68,6 +73,9 @@ def _ring_is_ordered() -> bool:
 
 
 _SYSTEM_DIRS = ("/proc", "/sys", "/dev")
+#: what weights, biases and gradients save by default beside their raw values (curves without configuration)
+DEFAULT_STATISTICS = ReductionConfig(reductions=["min", "max", "mean", "nonfinite"], norms=["l2"],
+                                     save_raw_tensor=True)
 
 
 def check_out_dir(out_dir: Any) -> str:
@@ -153,6 +161,9 @@ class Hook:
     builtin_collections: tuple[str, ...] = (CollectionKeys.ALL, CollectionKeys.DEFAULT, CollectionKeys.SCALARS)
     #: saved when include_collections is None
     default_include_collections: tuple[str, ...] = (CollectionKeys.DEFAULT, CollectionKeys.SCALARS)
+    #: collections that get cheap per-step statistics beside their raw values unless the user chose reductions
+    #: (`DEFAULT_STATISTICS`, computed by the writer off the training thread); framework hooks name theirs
+    statistics_collections: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -205,6 +216,22 @@ class Hook:
             raise InvalidConfiguration(
                 f"reduction_config={reduction_config!r} must be a tensortap.ReductionConfig or None"
             )
+        if include_regex is not None and not isinstance(include_regex, str) and not (
+                isinstance(include_regex, Iterable) and all(isinstance(r, str) for r in include_regex)):
+            raise InvalidConfiguration(f"include_regex={include_regex!r} must be a regex or a list of regexes")
+        if include_collections is not None and (isinstance(include_collections, str | bytes)
+                                                or not isinstance(include_collections, Iterable)):
+            raise InvalidConfiguration(f"include_collections={include_collections!r} must be a list of collection "
+                                       "names or Collections")
+        if worker is not None and (not isinstance(worker, str) or not worker.strip() or "\0" in worker):
+            raise InvalidConfiguration(f"worker={worker!r} must be a non-empty name (a string)")
+        for int_name, int_value in (("rank", rank), ("world_size", world_size)):
+            if int_value is not None and (isinstance(int_value, bool) or not isinstance(int_value, int)):
+                raise InvalidConfiguration(f"{int_name}={int_value!r} must be a whole number")
+        if world_size is not None and world_size < 1:
+            raise InvalidConfiguration(f"world_size={world_size!r} must be at least 1")
+        if tensorboard_dir is not None and not isinstance(tensorboard_dir, str | os.PathLike):
+            raise InvalidConfiguration(f"tensorboard_dir={tensorboard_dir!r} must be a local folder")
         if not (isinstance(flush_interval, int | float) and flush_interval > 0):
             raise InvalidConfiguration(f"flush_interval={flush_interval!r} must be a positive number of seconds")
         for size_name, size in (("chunk_bytes", chunk_bytes), ("max_pending_bytes", max_pending_bytes)):
@@ -230,6 +257,11 @@ class Hook:
         for name in self.builtin_collections:
             self.collection_manager.get(name)
         self._init_builtin_collections()
+        if reduction_config is None:
+            for name in self.statistics_collections:
+                c = self.collection_manager.get(name)
+                if c.reduction_config is None:
+                    c.reduction_config = DEFAULT_STATISTICS
         if include_regex:
             regexes = [include_regex] if isinstance(include_regex, str) else list(include_regex)
             self.collection_manager.get(CollectionKeys.DEFAULT).include(regexes)
@@ -304,6 +336,11 @@ class Hook:
         self._pending_collection_configs = runner_cfg.collection_configs if runner_cfg is not None else None
         # Nothing lost: a job that forgets close() still gets its data flushed and its end marked.
         atexit.register(_close_at_exit, weakref.ref(self))
+        if self.active and not self.dry_run and not self._claim_later:
+            # The writer starts now, beside the job's own start-up, not at the first saving step: the first
+            # steps reach readers (and rules watching them) as soon as they are flushed.
+            with self.guard("start of the writer"):
+                self._get_writer()
 
     # --- construction helpers ---------------------------------------------------------------
 
@@ -605,11 +642,11 @@ class Hook:
         return step
 
     def _check_stop_request(self) -> None:
-        """One stat per second at most (local); object stores are polled by a background thread."""
+        """One stat per STOP_CHECK_INTERVAL at most (local); object stores are polled by a background thread."""
         now = time.monotonic()
         if self._stop_request is None and now < self._next_stop_check:
             return
-        self._next_stop_check = now + 1.0
+        self._next_stop_check = now + STOP_CHECK_INTERVAL
         from tensortap.format.control import StopSignal, stop_requested
 
         if self._stop_request is None and not self._remote:
@@ -634,7 +671,7 @@ class Hook:
                 self._stop_request = stop_requested(self.out_dir, min_interval=0)
             except Exception:  # noqa: BLE001 - the store may be unreachable for a while
                 pass
-            time.sleep(1.0)
+            time.sleep(STOP_POLL_INTERVAL)
 
     def end_step(self) -> None:
         """Finish the current step: readers learn that no more data comes for it."""
@@ -828,8 +865,8 @@ class Hook:
             size = np.size(value)
         except Exception:  # noqa: BLE001
             size = -1
-        if size != 1:
-            raise InvalidConfiguration(f"save_scalar({name!r}, ...) needs a single value, got {value!r}")
+        if size != 1 or value is None or np.asarray(value).dtype.kind not in "biufc":
+            raise InvalidConfiguration(f"save_scalar({name!r}, ...) needs a single number, got {value!r}")
         if not self.active:
             return
         with self.guard("save_scalar"):

@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from tensortap import modes as _modes
-from tensortap.collection import Collection, CollectionKeys
+from tensortap.collection import ACTIVATION_COLLECTIONS, Collection, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.format.writer import RecordBatch
 from tensortap.hooks.base import Hook as BaseHook
@@ -55,6 +55,8 @@ _PARAM_COLLECTIONS = frozenset({K.WEIGHTS, K.BIASES, K.GRADIENTS})
 # Collections that need no per-module forward hooks (losses come from registered loss modules).
 _NOT_IO = frozenset({K.WEIGHTS, K.BIASES, K.GRADIENTS, K.LOSSES, K.SCALARS, K.OPTIMIZER_VARIABLES})
 _NO_STATE_KEYS = frozenset({"params"})
+#: the module types of each activation collection (functional calls such as F.relu are not modules: not found)
+_ACTIVATION_TYPES = {"relu": (nn.ReLU, nn.ReLU6), "sigmoid": (nn.Sigmoid,), "tanh": (nn.Tanh,)}
 _INF = float("inf")
 _MAX_SKIP = 1 << 62
 _STRIDED = torch.strided
@@ -183,8 +185,9 @@ class Hook(BaseHook):
 
     builtin_collections = (
         K.ALL, K.DEFAULT, K.SCALARS, K.WEIGHTS, K.BIASES, K.GRADIENTS, K.LOSSES, K.INPUTS, K.OUTPUTS,
-        K.OPTIMIZER_VARIABLES,
+        K.OPTIMIZER_VARIABLES, *(c for pair in ACTIVATION_COLLECTIONS.values() for c in pair),
     )
+    statistics_collections = (K.WEIGHTS, K.BIASES, K.GRADIENTS)
     default_include_collections = (K.LOSSES, K.SCALARS)
     _counting: CountingHooks | None  # the only root's step counter, when it may skip ahead (see the base hook)
 
@@ -327,6 +330,7 @@ class Hook(BaseHook):
         elif not compiled:
             for n, m in inner.named_modules():
                 io_hooks.append((m, functools.partial(self._io_hook, n if n else root_name), _hook_id()))
+                self._note_activation(n if n else root_name, m)
         root = _Root(module, root_name, params, io_hooks, compiled)
         if not compiled:
             root.counter = _step_counter.install(module, functools.partial(self._root_pre_hook, module, ()))
@@ -345,6 +349,16 @@ class Hook(BaseHook):
         self._config_changed()
         if compiled:
             logger.info("tensortap: %s is compiled: inputs/outputs of its submodules are not captured", root_name)
+
+    def _note_activation(self, name: str, module: nn.Module) -> None:
+        """A ReLU / sigmoid / tanh module's input and output go into the activation collections (found by the
+        module's type, whatever its name), saved when such a collection is included."""
+        for kind, types in _ACTIVATION_TYPES.items():
+            if isinstance(module, types):
+                inputs, outputs = ACTIVATION_COLLECTIONS[kind]
+                self.collection_manager.get(inputs).add_tensor_name(f"{name}{INPUT_SUFFIX}0")
+                self.collection_manager.get(outputs).add_tensor_name(f"{name}{OUTPUT_SUFFIX}0")
+                return
 
     register_block = register_module
     register_hook = register_module

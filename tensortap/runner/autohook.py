@@ -15,6 +15,7 @@ logger = logging.getLogger("tensortap")
 ATTACHERS = {
     "torch": "tensortap.pytorch.auto:attach",
     "keras": "tensortap.tensorflow.auto:attach",
+    "xgboost": "tensortap.xgboost.auto:attach",
 }
 
 

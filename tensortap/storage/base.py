@@ -53,6 +53,10 @@ class Storage(ABC):
     def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
         """Keys under `prefix` (recursive), sorted, only those > `start_after` when given."""
 
+    def has_keys(self, prefix: str) -> bool:
+        """True if any key lies under `prefix`; backends answer without listing them all."""
+        return bool(self.list(prefix))
+
     @abstractmethod
     def write(self, key: str, data: bytes) -> None:
         """Create or replace an object; readers see the old or the new content, never a mix."""

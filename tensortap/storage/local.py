@@ -86,6 +86,15 @@ class LocalStorage(Storage):
             keys = [k for k in keys if k > start_after]
         return keys
 
+    def has_keys(self, prefix: str) -> bool:
+        base = self._path(prefix.rstrip("/")) if prefix else self.root
+        if not os.path.isdir(base):
+            return False
+        for _dirpath, _dirs, files in os.walk(base):
+            if any(not f.endswith(".partial") for f in files):
+                return True
+        return False
+
     def write(self, key: str, data: bytes) -> None:
         path = self._path(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)

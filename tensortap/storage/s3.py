@@ -236,6 +236,16 @@ class S3Storage(Storage):
         keys.sort()
         return keys
 
+    def has_keys(self, prefix: str) -> bool:
+        """One LIST of at most one key."""
+        try:
+            resp = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self._key(prefix), MaxKeys=1)
+        except Exception as e:
+            if getattr(e, "response", {}).get("Error", {}).get("Code") == "NoSuchBucket":
+                return False
+            raise
+        return bool(resp.get("Contents"))
+
     def list_dirs(self, prefix: str) -> list[str]:
         """Immediate sub-folders of `prefix` (one LIST with a delimiter)."""
         p = self._key(prefix.rstrip("/") + "/")

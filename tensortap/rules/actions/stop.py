@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from tensortap.format.control import (
@@ -16,6 +17,8 @@ from tensortap.format.control import (
     stop_requested,
 )
 from tensortap.rules.actions.base import Action
+
+logger = logging.getLogger("tensortap")
 
 __all__ = [
     "STOP_KEY",
@@ -34,7 +37,9 @@ class StopTraining(Action):
     """Stop the training job this rule watches: writes the stop request into the job's out_dir (default:
     the rule's base trial path). The job's hook ends training at its next step boundary (see the module
     docstring). `training_job_prefix` is SageMaker's way of naming the job; it is kept in the request for
-    information only, since the out_dir identifies the job locally."""
+    information only, since the out_dir identifies the job locally. A job that has ended (the rule's trial
+    says so, e.g. an offline evaluation of a finished job) has nothing to stop: nothing is written into it
+    and `skipped` counts such firings."""
 
     name = "stoptraining"
 
@@ -44,6 +49,17 @@ class StopTraining(Action):
         self.out_dir = out_dir
         self.training_job_prefix = training_job_prefix
         self.location: str | None = None
+        self.skipped = 0
+
+    def _job_ended(self) -> bool:
+        trial = getattr(self.rule, "base_trial", None)
+        if trial is None or str(trial.path).rstrip("/") != str(self.out_dir).rstrip("/"):
+            return False
+        try:
+            trial.refresh_data()
+            return bool(trial.loaded_all_steps)
+        except Exception:  # noqa: BLE001 - when in doubt, ask the job to stop
+            return False
 
     def bind(self, rule: Any) -> None:
         super().bind(rule)
@@ -53,6 +69,12 @@ class StopTraining(Action):
     def run(self, report: dict[str, Any]) -> None:
         if not self.out_dir:
             raise RuntimeError("StopTraining has no out_dir: give one or attach the action to a rule")
+        if self._job_ended():
+            if not self.skipped:
+                logger.info("tensortap: %s fired on a job that has ended: no stop request written",
+                            report.get("rule"))
+            self.skipped += 1
+            return
         ev = report.get("event", {})
         vs = ev.get("violations", [])
         reason = "; ".join(f"{v.get('tensor') or '-'}: {v.get('condition')}" for v in vs[:3])
