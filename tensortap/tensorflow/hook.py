@@ -24,7 +24,8 @@ import numpy as np
 
 from tensortap import modes as _modes
 from tensortap.collection import ACTIVATION_COLLECTIONS, Collection, CollectionKeys
-from tensortap.hooks.base import Hook
+from tensortap.exceptions import InvalidConfiguration
+from tensortap.hooks.base import Hook, rank_in_env
 
 logger = logging.getLogger("tensortap")
 
@@ -295,6 +296,9 @@ class KerasHookBase(Hook):
             found = _rank_from_tf_config()
             if found is not None:
                 kwargs["rank"], kwargs["world_size"] = found
+        # Without a rank from the launcher, the model's MirroredStrategy (known when the model is registered)
+        # may still make this process several workers: claim the out_dir then (or at the first step).
+        self._claim_later = kwargs.get("rank") is None and rank_in_env() is None
         super().__init__(*args, **kwargs)
         self._model: Any = None
         self._registered: Any = None
@@ -370,6 +374,7 @@ class KerasHookBase(Hook):
             self._name_layers(model)
             self._collect_weights()
             self._setup_replicas(model)
+            self._claim()
             rebuild = False
             if self._needs_step_capture():
                 self._wrap_steps(model)
@@ -382,6 +387,21 @@ class KerasHookBase(Hook):
                     if getattr(model, attr, None) is not None:
                         setattr(model, attr, None)
 
+    def _claim(self) -> None:
+        """Claim this worker's folder in out_dir once the workers are known (what the base constructor does
+        when it knows them); another job's folder: this hook writes nothing, training goes on."""
+        if self._claim_later:
+            self._claim_later = False
+            if self.writes and not self.disabled and not self.dry_run:
+                try:
+                    self._check_out_dir()
+                except InvalidConfiguration as e:
+                    self._fail("start of training", e)
+
+    def on_step_begin(self) -> None:
+        if self._claim_later:
+            self._claim()
+
     def _setup_replicas(self, model: Any) -> None:
         """MirroredStrategy over several devices of this process: one worker per device (smdebug's naming:
         worker_<i> for the i-th device; only worker_0 writes with include_workers="one")."""
@@ -389,8 +409,8 @@ class KerasHookBase(Hook):
         n = _local_devices(strategy) if strategy is not None else 1
         if n <= 1 or self.world_size > 1 or self._replica_hooks:
             return
-        if self._writer is not None:
-            self._warn_once("late-strategy", "tensortap: the hook wrote before the model's MirroredStrategy was "
+        if not self._claim_later:
+            self._warn_once("late-strategy", "tensortap: the hook began before the model's MirroredStrategy was "
                                              "known; it writes as one worker")
             return
         self.world_size = n
