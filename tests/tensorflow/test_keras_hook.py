@@ -317,3 +317,24 @@ def test_import_does_not_import_tensorflow():
             "print([m for m in ('tensorflow', 'keras') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_gradients_after_loss_scaling_is_undone(tmp_path):
+    import keras
+
+    x, y = _data()
+    model = _mlp()
+    hook = ttf.KerasHook(out_dir=str(tmp_path / "run"), save_config=ttf.SaveConfig(save_interval=2),
+                         include_collections=["gradients"])
+    inner = _recording_adam(target_iteration=2)
+    opt = keras.optimizers.LossScaleOptimizer(inner, initial_scale=2.0 ** 10)
+    model.compile(optimizer=hook.wrap_optimizer(opt), loss="sparse_categorical_crossentropy")
+    opt.build(model.trainable_variables)
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, callbacks=[hook], verbose=0)
+    hook.close()
+    assert hook.error_count == 0
+    tr = create_trial(str(tmp_path / "run"))
+    for path, rec in zip(inner.paths, inner.recorded, strict=True):
+        # what the inner optimizer received: the loss scale divided out
+        np.testing.assert_array_equal(tr.tensor(f"gradients/{path}Grad").value(2, mode=TRAIN), rec.numpy())
+    assert np.abs(tr.tensor("gradients/sequential/d2/biasGrad").value(2, mode=TRAIN)).max() < 10
