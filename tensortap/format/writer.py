@@ -259,6 +259,7 @@ class _Tables:
 
 
 _STOP = object()
+_RECORDS = object()  # a queue item of several records handed off together
 
 
 class ChunkWriter:
@@ -380,10 +381,10 @@ class ChunkWriter:
         """Hand off several records at once (all or none): how many were accepted."""
         if self._closed or self.error is not None:
             return 0
-        if not self._reserve(sum(r.nbytes() for r in records), len(records), len(records)):
+        size = sum(r.nbytes() for r in records)
+        if not self._reserve(size, len(records), len(records)):
             return 0
-        for r in records:
-            self._queue.put(r)
+        self._queue.put(records[0] if len(records) == 1 else (_RECORDS, tuple(records), size))  # one hand-off
         return len(records)
 
     def submit_batch(self, batch: RecordBatch) -> int:
@@ -493,6 +494,14 @@ class ChunkWriter:
                 elif isinstance(item, Record):
                     self._encode(item)
                     size = item.nbytes()
+                    item = None
+                    with self._room:
+                        self._pending_bytes -= size
+                        self._room.notify_all()
+                elif isinstance(item, tuple) and item[0] is _RECORDS:
+                    for r in item[1]:
+                        self._encode(r)
+                    size = item[2]
                     item = None
                     with self._room:
                         self._pending_bytes -= size

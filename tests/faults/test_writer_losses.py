@@ -266,3 +266,37 @@ def test_the_writer_process_never_unpickles_what_is_in_its_ring(tmp_path):
         w.close(timeout=10)
     assert not target.exists()
     assert w.error is not None and "description" in str(w.error)
+
+
+def test_a_writer_process_catching_up_on_a_backlog_writes_index_blocks_as_it_goes(tmp_path):
+    """The child is stopped while 37 MB pile up in its ring, then let go and killed half-way through the
+    backlog: what it wrote before the kill is indexed (an index block per flush interval also while catching up),
+    not megabytes of data with an empty index."""
+    from tensortap.storage import open_storage
+    from tensortap.transport import process_writer as pw
+
+    out = str(tmp_path / "run")
+    w = pw.ProcessChunkWriter(open_storage(out), "worker_0", flush_interval=0.003, ring_bytes=256 << 20,
+                              max_pending_bytes=1 << 30)
+    shape = (1 << 16,)  # 256 KB of float32
+    try:
+        os.kill(w._proc.pid, signal.SIGSTOP)
+        for step in range(150):
+            res = w.reserve_batch(("x",), np.dtype(np.float32), (shape,), step, 1, step)
+            res.payload[:] = np.full(shape, step, dtype=np.float32).view(np.uint8)
+            w.commit(res)
+            w.mark_steps(step, step, -1, -1, step)
+        w._publish(urgent=True)
+        os.kill(w._proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while w._h[pw._DONE_MSGS] < 75 and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        os.kill(w._proc.pid, signal.SIGKILL)
+        w._proc.wait(10)
+    finally:
+        w.close(timeout=10)
+    values = _readable(out)
+    assert len(values) >= 3, len(values)  # (before: the backlog's data with no index block: nothing readable)
+    for s, v in values.items():
+        assert np.array_equal(v, np.full(shape, s, dtype=np.float32)), s
+    assert len(values) + w.dropped_records == 150
