@@ -2,37 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from tensortap.hooks.singleton import CurrentHook
 
-_current: Any = None
-
-
-def set_hook(hook: Any) -> None:
-    """Make `hook` (a tensortap.tensorflow.KerasHook) the current hook."""
-    from tensortap.tensorflow.hook import KerasHookBase
-
-    if not isinstance(hook, KerasHookBase):
-        from tensortap.exceptions import InvalidConfiguration
-
-        raise InvalidConfiguration(f"set_hook takes a tensortap.tensorflow.KerasHook, not {type(hook).__name__}")
-    global _current
-    _current = hook
-
-
-def del_hook() -> None:
-    """Forget the current hook."""
-    global _current
-    _current = None
-
-
-def get_hook(json_config_path: str | None = None, create_if_not_exists: bool = False) -> Any:
-    """The current hook; if there is none and `create_if_not_exists`, a KerasHook made from the JSON config
-    (`json_config_path`, else $TENSORTAP_CONFIG, else $SMDEBUG_CONFIG_FILE_PATH), or None without a config."""
-    if _current is None and create_if_not_exists:
-        from tensortap.tensorflow.keras import KerasHook
-
-        try:
-            KerasHook.create_from_json_file(json_config_path)  # the constructor makes it current
-        except FileNotFoundError:
-            return None
-    return _current
+_current = CurrentHook("tensortap.tensorflow.hook:KerasHookBase", "tensortap.tensorflow.KerasHook",
+                       "tensortap.tensorflow.keras:KerasHook")
+set_hook = _current.set_hook
+del_hook = _current.del_hook
+get_hook = _current.get_hook
