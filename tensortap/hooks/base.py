@@ -126,6 +126,21 @@ def _tensorboard_dir(out_dir: str, export: bool, tensorboard_dir: Any) -> str | 
     return os.path.abspath(os.path.expanduser(tensorboard_dir))
 
 
+def _flush_interval_from_env() -> float:
+    """Seconds between the writer's index blocks: TENSORTAP_FLUSH_INTERVAL (`tensortap run` sets 0.1 when rules
+    watch the job live), else 0.5."""
+    raw = os.environ.get("TENSORTAP_FLUSH_INTERVAL", "").strip()
+    if not raw:
+        return 0.5
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise InvalidConfiguration(f"TENSORTAP_FLUSH_INTERVAL={raw!r} must be a positive number of seconds")
+    return value
+
+
 def disabled_by_env() -> bool:
     return os.environ.get(DISABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -181,7 +196,7 @@ class Hook:
         rank: int | None = None,
         world_size: int | None = None,
         worker: str | None = None,
-        flush_interval: float = 0.5,
+        flush_interval: float | None = None,
         chunk_bytes: int = 256 << 20,
         max_pending_bytes: int = 512 << 20,
         backpressure: str = "block",
@@ -232,7 +247,10 @@ class Hook:
             raise InvalidConfiguration(f"world_size={world_size!r} must be at least 1")
         if tensorboard_dir is not None and not isinstance(tensorboard_dir, str | os.PathLike):
             raise InvalidConfiguration(f"tensorboard_dir={tensorboard_dir!r} must be a local folder")
-        if not (isinstance(flush_interval, int | float) and flush_interval > 0):
+        if flush_interval is None:
+            flush_interval = _flush_interval_from_env()
+        if not (isinstance(flush_interval, int | float) and not isinstance(flush_interval, bool)
+                and flush_interval > 0):
             raise InvalidConfiguration(f"flush_interval={flush_interval!r} must be a positive number of seconds")
         for size_name, size in (("chunk_bytes", chunk_bytes), ("max_pending_bytes", max_pending_bytes)):
             if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
