@@ -9,7 +9,7 @@ Every measurement is a child process that trains one model in alternating blocks
 100) with the hook's block hooks switched on and off (the library never notices; its writer keeps running),
 and reports the median over pairs of blocks of hooked/plain step time. Each block ends with mx.nd.waitall()
 (MXNet's engine is asynchronous: what a step costs is only known once its work is done), and a hooked
-tensortap block also waits until its writer has caught up (hook.flush()), so work that did not overlap
+tensortap block also waits until its writer has caught up (its drain()), so work that did not overlap
 training counts against the hook. The driver alternates libraries and intervals over `--rounds` rounds in one
 run and prints the median of the rounds' ratios. The library `none` is the A/A control: both blocks plain,
 the noise floor of the machine.
@@ -27,6 +27,9 @@ gitignored):
 It is skipped with a message when absent.
 
     .venv-mxnet/bin/python bench/mxnet_overhead.py [--rounds 3] [--libs none,tensortap,smdebug]
+
+`tensortap` is the default writer (writer="auto": the writer process on x86-64 Linux); `tensortap-thread` and
+`tensortap-process` choose one.
 """
 
 from __future__ import annotations
@@ -95,6 +98,16 @@ class _HookSwitch:
         self.saved.clear()
 
 
+def _drain(hook) -> None:
+    """Wait until tensortap's writer has handled everything handed to it (not a flush: a job flushes every
+    flush_interval, 0.5 s, not every block of steps)."""
+    w = getattr(hook, "_writer", None)
+    if w is not None and hasattr(w, "drain"):
+        w.drain()
+    else:
+        hook.flush()
+
+
 def _proc_cpu(pid: int) -> float:
     """CPU seconds (user + system) of process `pid` so far (Linux /proc; clock-tick resolution)."""
     try:
@@ -118,11 +131,12 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
 
         hook = smd.Hook(out_dir=out_dir, save_config=smd.SaveConfig(save_interval=interval),
                         include_collections=collections)
-    elif lib == "tensortap":
+    elif lib.startswith("tensortap"):
         import tensortap.mxnet as tm
 
+        writer = lib.split("-", 1)[1] if "-" in lib else "auto"
         hook = tm.Hook(out_dir=out_dir, save_config=tm.SaveConfig(save_interval=interval),
-                       include_collections=collections)
+                       include_collections=collections, writer=writer)
     if hook is not None:
         hook.register_block(net)
         hook.register_block(loss_fn)
@@ -146,8 +160,8 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
             loss.backward()
             trainer.step(batch)
         mx.nd.waitall()
-        if hooked and lib == "tensortap":
-            hook.flush()
+        if hooked and lib.startswith("tensortap"):
+            _drain(hook)
         wall = (time.perf_counter() - t0) / n * 1e6
         return wall, (time.process_time() - c0 + writer_cpu() - w0) / n * 1e6
 

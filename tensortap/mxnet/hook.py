@@ -24,6 +24,7 @@ The input and output tensors of activation blocks (`nn.Activation('relu'|'sigmoi
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import re
@@ -31,6 +32,9 @@ import sys
 from typing import Any
 
 import mxnet as mx
+import numpy as np
+from mxnet.base import _LIB
+from mxnet.base import check_call as _check_call
 
 from tensortap.collection import ACTIVATION_COLLECTIONS, Collection, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
@@ -53,6 +57,7 @@ _HVD_VARS = ("HOROVOD_RANK", "HOROVOD_SIZE")
 _NDArray = mx.nd.NDArray  # (mx.np.ndarray is one too)
 _Symbol = mx.sym.Symbol
 _pause = mx.autograd.pause
+_NONE: list = []  # (never mutated)
 
 
 def horovod_rank() -> tuple[int, int] | None:
@@ -111,6 +116,29 @@ def activation_type(block: mx.gluon.Block) -> str | None:
     return None
 
 
+class _Read:
+    """A parameter's value or gradient read at saving steps: its shape and dtype are learned once per array
+    (MXNet asks its library for both at every asnumpy())."""
+
+    __slots__ = ("name", "param", "colls", "grad", "array", "shape", "dtype", "size")
+
+    def __init__(self, name: str, param: Any, colls: list[Collection], grad: bool) -> None:
+        self.name, self.param, self.colls, self.grad = name, param, colls, grad
+        self.array: Any = None
+
+    def read(self, arr: Any) -> np.ndarray:
+        """A new numpy copy of `arr` (the parameter's array on its first context, or its gradient's), once
+        MXNet's engine has written it."""
+        if arr is not self.array:  # (first read, or the parameter was initialised again)
+            self.shape, self.dtype = arr.shape, np.dtype(arr.dtype)
+            self.size = int(np.prod(self.shape))
+            self.array = arr
+        out = np.empty(self.shape, self.dtype)
+        _check_call(_LIB.MXNDArraySyncCopyToCPU(arr.handle, ctypes.c_void_p(out.ctypes.data),
+                                                ctypes.c_size_t(self.size)))
+        return out
+
+
 class _Root:
     """A registered model: its forward starts a step."""
 
@@ -154,23 +182,25 @@ class Hook(BaseHook):
         super().__init__(out_dir, *args, rank=rank, world_size=world_size, **kwargs)
         # Made before hvd.init() in a process the launcher gave no rank variables: Horovod's rank is taken at
         # the first step, before anything is written.
-        self._rank_later = not given and rank is None and rank_in_env() is None
-        self._roots: list[_Root] = []
-        self._losses: list[tuple[mx.gluon.Block, Any]] = []  # (loss block, its forward hook's handle)
-        self._registered: set[int] = set()  # ids of every block inside a registered model or loss
-        self._activation_blocks: set[int] = set()
-        self._started = False  # a registered model's forward has started a step
-        self._saving = False  # the current step saves something
-        self._io = False  # ... and some collection that saving may hold block inputs/outputs
+        self._mx_rank_later = not given and rank is None and rank_in_env() is None
+        self._mx_roots: list[_Root] = []
+        self._mx_losses: list[tuple[mx.gluon.Block, Any]] = []  # (loss block, its forward hook's handle)
+        self._mx_registered: set[int] = set()  # ids of every block inside a registered model or loss
+        self._mx_activation_blocks: set[int] = set()
+        self._mx_started = False  # a registered model's forward has started a step
+        self._mx_saving = False  # the current step saves something
+        self._mx_io = False  # ... and some collection that saving may hold block inputs/outputs
         # this step's (name, parameter, collections) to save: weights per model (by id), gradients
-        self._weights: dict[int, list[tuple[str, Any, list[Collection]]]] = {}
-        self._grads: list[tuple[str, Any, list[Collection]]] = []
+        self._mx_weights: dict[int, list[_Read]] = {}
+        self._mx_grads: list[_Read] = _NONE
+        self._mx_plan: tuple | None = None  # see _mx_make_plan
         # (name, copy, collections) of this step's block inputs and outputs: copies made by MXNet's engine (in
         # order with the job's own operations, without waiting for them), read when the step ends
-        self._pending: list[tuple[str, Any, list[Collection]]] = []
-        self._ready: list[tuple[str, Any, list[Collection]]] = []  # (name, numpy value, collections): weights
-        self._io_counts: dict[str, int] = {}
-        self._warned_hybrid = False
+        self._mx_pending: list[tuple[str, Any, list[Collection]]] = []
+        self._mx_ready: list[tuple[str, Any, list[Collection]]] = []  # (name, numpy value, collections): weights
+        self._mx_io_counts: dict[str, int] = {}
+        self._mx_closed = False
+        self._mx_warned_hybrid = False
         singleton.set_hook(self)
 
     def _init_builtin_collections(self) -> None:
@@ -190,25 +220,26 @@ class Hook(BaseHook):
         is saved in `losses` as `<loss.name>_output_0`)."""
         if not isinstance(block, mx.gluon.Block):
             raise InvalidConfiguration(f"register_block takes an mxnet.gluon.Block, not {type(block).__name__}")
-        if self.disabled or self._closed:
+        if self.disabled or self._mx_closed:
             return
         if isinstance(block, mx.gluon.loss.Loss):
             self.register_loss(block)
             return
-        if id(block) in self._registered:
+        if id(block) in self._mx_registered:
             logger.debug("tensortap: %s is already registered (or inside a registered block)", block.name)
             return
         # A registered model inside the new one stops being a root: the new one starts the steps.
         inside = {id(b) for b in _walk(block)}
-        for old in [r for r in self._roots if id(r.block) in inside]:
+        for old in [r for r in self._mx_roots if id(r.block) in inside]:
             old.unhook()
-            self._roots.remove(old)
+            self._mx_roots.remove(old)
         root = _Root(block)
-        root.handles.append(block.register_forward_pre_hook(self._root_pre_hook))
-        root.handles.append(block.register_forward_hook(self._root_hook))
-        self._roots.append(root)
-        self._registered.update(inside)
-        self._note_activations(root.blocks)
+        root.handles.append(block.register_forward_pre_hook(self._mx_root_pre_hook))
+        root.handles.append(block.register_forward_hook(self._mx_root_hook))
+        self._mx_roots.append(root)
+        self._mx_registered.update(inside)
+        self._mx_note_activations(root.blocks)
+        self._mx_config_changed()
 
     register_hook = register_block
 
@@ -216,18 +247,18 @@ class Hook(BaseHook):
         """Hook a loss block: its output is saved in `losses` (and its inputs when a collection asks)."""
         if not isinstance(loss_block, mx.gluon.Block):
             raise InvalidConfiguration(f"register_loss takes an mxnet.gluon.Block, not {type(loss_block).__name__}")
-        if self.disabled or self._closed or any(b is loss_block for b, _h in self._losses):
+        if self.disabled or self._mx_closed or any(b is loss_block for b, _h in self._mx_losses):
             return
-        self._losses.append((loss_block, loss_block.register_forward_hook(self._loss_hook)))
-        self._registered.add(id(loss_block))
+        self._mx_losses.append((loss_block, loss_block.register_forward_hook(self._mx_loss_hook)))
+        self._mx_registered.add(id(loss_block))
 
-    def _note_activations(self, blocks: list[mx.gluon.Block]) -> None:
+    def _mx_note_activations(self, blocks: list[mx.gluon.Block]) -> None:
         """Put the inputs and outputs of activation blocks into the activation collections (by type)."""
         for b in blocks:
             act = activation_type(b)
-            if act is None or id(b) in self._activation_blocks:
+            if act is None or id(b) in self._mx_activation_blocks:
                 continue
-            self._activation_blocks.add(id(b))
+            self._mx_activation_blocks.add(id(b))
             name = re.escape(b.name)
             coll_in, coll_out = ACTIVATION_COLLECTIONS[act]
             self.get_collection(coll_in).include(f"^{name}{INPUT_SUFFIX}\\d+$")
@@ -236,70 +267,99 @@ class Hook(BaseHook):
     # --- steps -------------------------------------------------------------------------------
 
     def on_step_begin(self) -> None:
-        if self._rank_later:
-            self._rank_later = False
-            self._adopt_horovod_rank()
-        self._io_counts.clear()
-        now = self.collections_to_save() if self.active else []
-        self._saving = bool(now)
-        if not self._saving:
-            self._io = False
-            if self._weights:
-                self._weights = {}
-            self._grads = []
+        if self._mx_rank_later:
+            self._mx_rank_later = False
+            self._mx_adopt_horovod_rank()
+        if self._mx_io_counts:
+            self._mx_io_counts.clear()
+        now = self.collections_to_save() if self.active else _NONE
+        if not now:
+            self._mx_saving = self._mx_io = False
+            if self._mx_weights:
+                self._mx_weights = {}
+            self._mx_grads = _NONE
             return
-        self._io = any(c.name not in _NOT_IO for c in now)
-        weights: dict[int, list[tuple[str, Any, list[Collection]]]] = {}
-        grads: list[tuple[str, Any, list[Collection]]] = []
+        self._mx_saving = True
+        plan = self._mx_plan
+        if plan is None or plan[0] is not now:
+            plan = self._mx_plan = self._mx_make_plan(now)
+        _now, self._mx_io, weights, self._mx_grads = plan
+        self._mx_weights = dict(weights)
+        if self._mx_io:
+            for root in self._mx_roots:
+                if not root.io_handles:
+                    root.io_handles = [b.register_forward_hook(self._mx_io_hook) for b in root.blocks[1:]]
+
+    def _mx_make_plan(self, now: list[Collection]) -> tuple:
+        """(now, whether block I/O may be saved, {id(model): weights' reads}, gradients' reads) for steps
+        saving the collections `now` (the base hook hands the same list while the set stays the same)."""
+        io = any(c.name not in _NOT_IO for c in now)
+        weights: dict[int, list[_Read]] = {}
+        grads: list[_Read] = []
         seen: set[str] = set()  # (a parameter shared by two models is saved once)
-        for root in self._roots:
+        for root in self._mx_roots:
             mine = weights[id(root.block)] = []
             for p in root.params():
                 if p.name in seen:
                     continue
                 seen.add(p.name)
+                if getattr(p, "_stype", "default") != "default":
+                    self._warn_once(f"sparse:{p.name}", f"tensortap: {p.name} is stored sparse: not saved")
+                    continue
                 colls = self.collections_for(p.name)
                 if colls:
-                    mine.append((p.name, p, colls))
+                    mine.append(_Read(p.name, p, colls, grad=False))
                 if p.grad_req != "null":
                     gname = GRADIENT_PREFIX + p.name
                     colls = self.collections_for(gname)
                     if colls:
-                        grads.append((gname, p, colls))
-        self._weights, self._grads = weights, grads
-        if self._io:
-            for root in self._roots:
-                if not root.io_handles:
-                    root.io_handles = [b.register_forward_hook(self._io_hook) for b in root.blocks[1:]]
+                        grads.append(_Read(gname, p, colls, grad=True))
+        return now, io, weights, grads
+
+    def _mx_config_changed(self) -> None:
+        self._mx_plan = None
+
+    def get_collection(self, name: str, create: bool = True) -> Collection:
+        self._mx_config_changed()
+        return super().get_collection(name, create)
+
+    def get_collections(self) -> dict[str, Collection]:
+        self._mx_config_changed()
+        return super().get_collections()
+
+    def add_collection(self, collection: Collection) -> None:
+        self._mx_config_changed()
+        super().add_collection(collection)
 
     def on_step_end(self) -> None:
         """Read this step's gradients and copies, and hand them to the writer at once."""
-        grads, pending, items = self._grads, self._pending, self._ready
+        grads, pending, items = self._mx_grads, self._mx_pending, self._mx_ready
         if not grads and not pending and not items:
             return
-        self._grads, self._pending, self._ready = [], [], []
+        self._mx_grads, self._mx_pending, self._mx_ready = _NONE, [], []
         if not self.active:
             return
         try:
-            for name, p, colls in grads:
-                if p._data is None:  # (deferred initialisation: this step's forward did not get that far)
-                    continue
-                items.append((name, p.list_grad()[0].asnumpy(), colls))
+            for r in grads:
+                arrs = r.param._grad
+                if arrs is not None:  # (None: deferred initialisation, this step's forward did not get that far)
+                    items.append((r.name, r.read(arrs[0]), r.colls))
             for name, arr, colls in pending:
                 items.append((name, arr.asnumpy(), colls))
             if items:
-                self.write_tensors(items, copy=False)  # (asnumpy made new arrays)
+                self.write_tensors(items, copy=False)  # (the arrays are new)
         except Exception as e:  # noqa: BLE001 - never break the training job
             self._fail("step end", e)
 
     def on_close(self) -> None:
-        self._saving = self._io = False
-        for root in self._roots:
+        self._mx_closed = True
+        self._mx_saving = self._mx_io = False
+        for root in self._mx_roots:
             root.unhook()
-        for _b, h in self._losses:
+        for _b, h in self._mx_losses:
             h.detach()
 
-    def _adopt_horovod_rank(self) -> None:
+    def _mx_adopt_horovod_rank(self) -> None:
         """Take Horovod's rank and size (hvd.init() ran after this hook was made)."""
         found = horovod_rank()
         if found is None:
@@ -318,59 +378,59 @@ class Hook(BaseHook):
 
     # --- callbacks ---------------------------------------------------------------------------
 
-    def _root_pre_hook(self, block: mx.gluon.Block, inputs: Any) -> None:
-        if self.disabled or self._closed:
+    def _mx_root_pre_hook(self, block: mx.gluon.Block, inputs: Any) -> None:
+        if self.disabled or self._mx_closed:
             return
         try:
-            self._started = True
+            self._mx_started = True
             self.next_step()
         except Exception as e:  # noqa: BLE001 - never break the training job
             self._fail("forward pre-hook", e)
 
-    def _root_hook(self, block: mx.gluon.Block, inputs: Any, outputs: Any) -> None:
-        if not self._saving or self.disabled:
+    def _mx_root_hook(self, block: mx.gluon.Block, inputs: Any, outputs: Any) -> None:
+        if not self._mx_saving or self.disabled:
             return
         try:
-            weights = self._weights.pop(id(block), None)  # (once per step)
+            weights = self._mx_weights.pop(id(block), None)  # (once per step)
             if weights:
                 # The values this forward used: the optimizer's update comes after the backward. Reading them
                 # waits for the previous update only; the engine goes on with this forward meanwhile.
-                self._ready.extend([(name, p.list_data()[0].asnumpy(), colls) for name, p, colls in weights])
-            if self._io and not self._warned_hybrid and getattr(block, "_active", False) and block._children:
-                self._warned_hybrid = True
+                self._mx_ready.extend([(r.name, r.read(r.param._data[0]), r.colls) for r in weights])
+            if self._mx_io and not self._mx_warned_hybrid and getattr(block, "_active", False) and block._children:
+                self._mx_warned_hybrid = True
                 logger.info("tensortap: %s is hybridized: the inputs and outputs of the blocks inside it are not "
                             "visible, only its own", block.name)
-            self._write_io(block.name, inputs, outputs)
+            self._mx_write_io(block.name, inputs, outputs)
         except Exception as e:  # noqa: BLE001
             self._fail("forward hook", e)
 
-    def _io_hook(self, block: mx.gluon.Block, inputs: Any, outputs: Any) -> None:
-        if not self._io or self.disabled:
+    def _mx_io_hook(self, block: mx.gluon.Block, inputs: Any, outputs: Any) -> None:
+        if not self._mx_io or self.disabled:
             return
         try:
-            self._write_io(block.name, inputs, outputs)
+            self._mx_write_io(block.name, inputs, outputs)
         except Exception as e:  # noqa: BLE001
             self._fail("forward hook", e)
 
-    def _loss_hook(self, block: mx.gluon.Block, inputs: Any, outputs: Any) -> None:
-        if self.disabled or self._closed:
+    def _mx_loss_hook(self, block: mx.gluon.Block, inputs: Any, outputs: Any) -> None:
+        if self.disabled or self._mx_closed:
             return
         try:
-            if not self._started:
+            if not self._mx_started:
                 # No model registered (or none ran yet): each call of the loss is a step.
                 self.next_step()
-            if self._saving:
-                self._write_io(block.name, inputs, outputs)
+            if self._mx_saving:
+                self._mx_write_io(block.name, inputs, outputs)
         except Exception as e:  # noqa: BLE001
             self._fail("loss hook", e)
 
-    def _write_io(self, name: str, inputs: Any, outputs: Any) -> None:
+    def _mx_write_io(self, name: str, inputs: Any, outputs: Any) -> None:
         arrays_in: list[Any] = []
         arrays_out: list[Any] = []
         if not (_flat_arrays(inputs, arrays_in) and _flat_arrays(outputs, arrays_out)):
             return
-        pending = self._pending
-        counts = self._io_counts
+        pending = self._mx_pending
+        counts = self._mx_io_counts
         for suffix, arrays in ((INPUT_SUFFIX, arrays_in), (OUTPUT_SUFFIX, arrays_out)):
             key = name + suffix
             i = counts.get(key, 0)

@@ -182,6 +182,30 @@ def test_plain_sequential_with_hybridized_child(tmp_path):
         assert same(t.tensor("dense0_weight").value(s), rec[(s, "dense0_weight")])
 
 
+def test_include_regex_and_a_block_called_twice(tmp_path):
+    """include_regex selects block I/O by name (smdebug's `default` collection); a block that runs twice in a
+    step continues its index (dense0_output_0, dense0_output_1), with each call's own values."""
+    out = str(tmp_path / "run")
+    shared = gluon.nn.Dense(8, in_units=8)
+    net = gluon.nn.HybridSequential()
+    net.add(shared, gluon.nn.Activation("relu"), shared)
+    net.initialize()
+    calls: list = []
+    shared.register_forward_hook(lambda blk, i, o: calls.append((i[0].asnumpy(), o.asnumpy())))
+    hook = tm.Hook(out, save_config=tm.SaveConfig(save_interval=1), include_regex=[r"^dense0_(in|out)put_\d+$"])
+    hook.register_block(net)
+    for k in range(2):
+        calls.clear()
+        net(nd.array(np.random.RandomState(k).randn(4, 8).astype(np.float32)))
+        first, second = list(calls)
+    hook.close()
+    t = tm.create_trial(out)
+    assert set(t.tensor_names()) == {"dense0_input_0", "dense0_input_1", "dense0_output_0", "dense0_output_1"}
+    assert same(t.tensor("dense0_input_0").value(1), first[0]) and same(t.tensor("dense0_output_0").value(1), first[1])
+    assert same(t.tensor("dense0_input_1").value(1), second[0])
+    assert same(t.tensor("dense0_output_1").value(1), second[1])
+
+
 def test_activation_collections_by_block_type(tmp_path):
     """relu/tanh/sigmoid blocks (standalone, or the one a Dense makes for activation=...) fill the activation
     collections by type, whatever their names; their inputs and outputs are bit-identical."""
