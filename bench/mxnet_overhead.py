@@ -3,7 +3,10 @@
 Workload: a Gluon MLP 64->256->256->10 (Dense with activation='relu', batch 64, SGD with momentum), MXNet
 1.9.1 on one CPU thread (OMP_NUM_THREADS=1, MXNET_CPU_WORKER_NTHREADS=1), collections
 weights+biases+gradients+losses (or `--collections`), saved every 1, 10 or 100 steps (`--intervals`), not
-hybridized (`--hybridize` for a hybridized model).
+hybridized (`--hybridize` for a hybridized model). By default the loop never reads a value back, so MXNet's
+engine runs far behind it; `--sync-every N` makes the loop read its loss every N steps (logging, a metric), as
+most jobs do. A hook must wait for the engine once per saving step (the gradients are only known when the
+backward has run): without other reads in the loop that one wait is part of what it costs.
 
 Every measurement is a child process that trains one model in alternating blocks of `--steps` steps (default
 100) with the hook's block hooks switched on and off (the library never notices; its writer keeps running),
@@ -12,7 +15,9 @@ and reports the median over pairs of blocks of hooked/plain step time. Each bloc
 tensortap block also waits until its writer has caught up (its drain()), so work that did not overlap
 training counts against the hook. The driver alternates libraries and intervals over `--rounds` rounds in one
 run and prints the median of the rounds' ratios. The library `none` is the A/A control: both blocks plain,
-the noise floor of the machine.
+the noise floor of the machine. The library `read` is the floor under any MXNet hook: no hook, the hooked
+blocks only read the loss once per saving interval (one wait for MXNet's engine, which a hook saving gradients
+cannot avoid).
 
 Step time on a shared, loaded machine swings by more than the effects measured, so each child also reports
 the CPU-time ratio: CPU seconds of all the training process's threads (MXNet's engine included) plus those of
@@ -28,6 +33,7 @@ It is skipped with a message when absent.
 
     .venv-mxnet/bin/python bench/mxnet_overhead.py [--rounds 3] [--libs none,tensortap,smdebug]
 
+TTBENCH_DRY_RUN=1 makes the tensortap hooks dry runs (everything captured and read, nothing handed to a writer).
 `tensortap` is the default writer (writer="auto": the writer process on x86-64 Linux); `tensortap-thread` and
 `tensortap-process` choose one.
 """
@@ -118,7 +124,8 @@ def _proc_cpu(pid: int) -> float:
         return 0.0
 
 
-def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str], hybridize: bool) -> dict:
+def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str], hybridize: bool,
+          sync_every: int = 0) -> dict:
     import mxnet as mx
     from mxnet import autograd
 
@@ -136,7 +143,8 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
 
         writer = lib.split("-", 1)[1] if "-" in lib else "auto"
         hook = tm.Hook(out_dir=out_dir, save_config=tm.SaveConfig(save_interval=interval),
-                       include_collections=collections, writer=writer)
+                       include_collections=collections, writer=writer,
+                       dry_run=bool(os.environ.get("TTBENCH_DRY_RUN")))
     if hook is not None:
         hook.register_block(net)
         hook.register_block(loss_fn)
@@ -154,11 +162,15 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
             switch.off()
         c0, w0 = time.process_time(), writer_cpu()
         t0 = time.perf_counter()
-        for _ in range(n):
+        for i in range(n):
             with autograd.record():
                 loss = loss_fn(net(x), y)
             loss.backward()
             trainer.step(batch)
+            if sync_every and i % sync_every == 0:
+                loss.asnumpy()  # (the job reads its loss: logging, a metric)
+            if hooked and lib == "read" and i % interval == 0:
+                loss.asnumpy()  # (the floor: one wait for MXNet's engine per saving interval, nothing saved)
         mx.nd.waitall()
         if hooked and lib.startswith("tensortap"):
             _drain(hook)
@@ -169,7 +181,7 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
     run(False, steps)
     ratios, plain_us, hooked_us, cpu_h, cpu_p = [], [], [], 0.0, 0.0
     for _ in range(pairs):
-        h, hc = run(lib != "none", steps)
+        h, hc = run(lib not in ("none",), steps)
         p, pc = run(False, steps)
         ratios.append(h / p)
         plain_us.append(p)
@@ -192,7 +204,8 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
 def _spawn(python: str, lib: str, interval: int, args) -> dict | None:
     cmd = [python, os.path.abspath(__file__), "--child", lib, "--interval", str(interval),
            "--pairs", str(args.pairs * (3 if interval >= 100 else 1)), "--steps", str(args.steps),
-           "--collections", args.collections] + (["--hybridize"] if args.hybridize else [])
+           "--collections", args.collections, "--sync-every", str(args.sync_every)] + (
+        ["--hybridize"] if args.hybridize else [])
     env = dict(os.environ, **THREAD_ENV)
     env.setdefault("PYTHONPATH", os.path.dirname(HERE))  # (tensortap from this checkout if not installed)
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
@@ -211,12 +224,14 @@ def main() -> None:
     ap.add_argument("--libs", default="none,tensortap,smdebug")
     ap.add_argument("--collections", default="weights,biases,gradients,losses")
     ap.add_argument("--hybridize", action="store_true")
+    ap.add_argument("--sync-every", type=int, default=0,
+                    help="the training loop reads its loss (loss.asnumpy()) every N steps; 0: never")
     ap.add_argument("--child")
     ap.add_argument("--interval", type=int)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.interval, args.pairs, args.steps, args.collections.split(","),
-                               args.hybridize)))
+                               args.hybridize, args.sync_every)))
         return
     smd_python = os.environ.get("SMDEBUG_MX_PYTHON", DEFAULT_SMDEBUG_PYTHON)
     libs = args.libs.split(",")
@@ -239,7 +254,8 @@ def main() -> None:
     import numpy
 
     print(f"\nmxnet {mxnet.__version__}, numpy {numpy.__version__}, {args.rounds} rounds, blocks of {args.steps} "
-          f"steps, collections {args.collections}{', hybridized' if args.hybridize else ''}")
+          f"steps, collections {args.collections}{', hybridized' if args.hybridize else ''}"
+          f"{f', the loop reads its loss every {args.sync_every} steps' if args.sync_every else ''}")
     print("| interval | lib | step time ratio | rounds (min-max) | CPU ratio | rounds (min-max) | plain us/step "
           "| hooked us/step |")
     print("|---:|---|---:|---|---:|---|---:|---:|")
