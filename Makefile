@@ -3,20 +3,42 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# smdebug 1.0.34 in its own venv, for the differential test (tests/differential)
+SMD_VENV := .venv-smdebug
+SMD_STAMP := $(SMD_VENV)/.installed
 
-.PHONY: install test demo lint bench clean
+.PHONY: install smdebug-venv test demo lint bench clean chromium
 
-$(STAMP): pyproject.toml setup.py tensortap/_streamcopy.c tensortap/pytorch/_counting.c requirements/test.txt
+$(STAMP): pyproject.toml setup.py tensortap/transport/_streamcopy.c tensortap/pytorch/_counting.c requirements/test.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -r requirements/test.txt
 	$(VPY) -m pip install -q -e .
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) chromium
 
+# The browser tests (tests/ui) drive Debian's chromium; install it when we can (root and apt-get), else
+# those tests skip with a message saying so.
+chromium:
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+		|| echo "make: could not install chromium: the browser tests (tests/ui) will skip"; \
+	else echo "make: no chromium and no root apt-get: the browser tests (tests/ui) will skip"; fi
+
+$(SMD_STAMP): requirements/smdebug.txt
+	test -x $(SMD_VENV)/bin/python || $(PY) -m venv $(SMD_VENV)
+	$(SMD_VENV)/bin/python -m pip install -q -r requirements/smdebug.txt
+	touch $(SMD_STAMP)
+
+smdebug-venv: $(SMD_STAMP)
+
+# The differential test runs against smdebug when its venv could be built, and is skipped (saying why) otherwise.
 test: install
-	$(VPY) -m pytest -n 2 -q tests
+	$(MAKE) smdebug-venv || echo "smdebug 1.0.34 environment could not be built: tests/differential will be skipped"
+	TENSORTAP_SMDEBUG_PYTHON="$$(test -f $(SMD_STAMP) && echo $(CURDIR)/$(SMD_VENV)/bin/python)" \
+		$(VPY) -m pytest -n 2 --dist loadgroup -q tests
 	$(MAKE) test-mxnet
 
 # MXNet 1.9.1 needs numpy<1.24: its tests run in a second environment (tests/mxnet skip in the main one).
@@ -49,4 +71,4 @@ demo: install
 	$(VPY) examples/demo.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(SMD_VENV) build *.egg-info

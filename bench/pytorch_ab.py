@@ -8,7 +8,6 @@ Variants are named in VARIANTS below: each is a function (hook, model, on: bool)
 bench/pytorch_overhead.py to resolve is worth keeping.
 
     .venv/bin/python bench/pytorch_ab.py counter_c --interval 10 --rounds 60
-    .venv/bin/python bench/pytorch_ab.py steady --interval 10 --rounds 60
 """
 
 from __future__ import annotations
@@ -44,18 +43,7 @@ def _counter_c(hook, model, on: bool) -> None:
     hook._roots[0].counter = hook._counting = new
 
 
-def _steady(hook, model, on: bool) -> None:
-    """B: the steady saving cycle (tensortap.pytorch._steady) runs the usual saving steps; A: the general code."""
-    if on:
-        hook.__dict__.pop("_maybe_steady", None)
-        if hook._steady is None and hook._plan_last is not None:
-            hook._maybe_steady(hook._plan_last)
-    else:
-        hook._maybe_steady = lambda plan: None
-        hook._drop_steady()
-
-
-VARIANTS = {"counter_c": _counter_c, "steady": _steady}
+VARIANTS = {"counter_c": _counter_c}
 
 
 def main() -> None:

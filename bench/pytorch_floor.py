@@ -35,7 +35,7 @@ def _floor_hooks(model, loss_fn, interval: int) -> None:
     of the backward pass) the gradients, into one rotating 1 MB slot of a shared-memory buffer."""
     import numpy as np
     import torch
-    from tensortap._streamcopy import gather
+    from tensortap.transport._streamcopy import gather
 
     from tensortap.pytorch import _step_counter
 

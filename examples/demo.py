@@ -1,9 +1,11 @@
 """The tensortap demo (`make demo`): a debugged PyTorch training job, end to end, on this machine.
 
 1. `tensortap run` starts examples/train_saturating.py — plain PyTorch with a real bug (saturated
-   sigmoids, so the gradients vanish) and no tensortap code in it — with three rules watching in real
-   time. VanishingGradient fires and the job is stopped early.
-2. The same script with its bug fixed (--healthy) runs to the end; every rule reports NoIssuesFound.
+   sigmoids, so the gradients vanish and the loss never falls) and no tensortap code in it — with three
+   rules watching in real time. VanishingGradient fires at step 0 and LossNotDecreasing (judging the TRAIN
+   loss) once it has two points 50 steps apart; the first verdict stops the job early.
+2. The same script with its bug fixed (--healthy) runs to the end; every rule judges its data and reports
+   NoIssuesFound.
 3. Where the data is, and how to look at it.
 """
 
@@ -40,8 +42,8 @@ def main() -> int:
 
     print("\n== 2. The same job with the bug fixed ==")
     rc2 = tensortap("run", "--out-dir", healthy, "--save-interval", "10", *RULES, "--stop-on-issue",
-                    "--", sys.executable, script, "--healthy", "--steps", "400")
-    print(f"(exit status {rc2}: 0 means every rule reported NoIssuesFound)")
+                    "--", sys.executable, script, "--healthy", "--steps", "300")
+    print(f"(exit status {rc2}: 0 means every rule judged data and reported NoIssuesFound)")
 
     print("\n== 3. What was saved ==")
     tensortap("ls", broken)

@@ -29,7 +29,8 @@ __all__ = [
 ]
 
 DEFAULT_SAVE_INTERVAL = 500
-ALLOWED_REDUCTIONS: tuple[str, ...] = ("min", "max", "mean", "std", "variance", "sum", "prod", "median")
+#: `nonfinite` is the count of NaN and ±Inf elements (tensortap's; smdebug has no such reduction)
+ALLOWED_REDUCTIONS: tuple[str, ...] = ("min", "max", "mean", "std", "variance", "sum", "prod", "median", "nonfinite")
 ALLOWED_NORMS: tuple[str, ...] = ("l1", "l2")
 SAVE_CONFIG_KEYS: tuple[str, ...] = ("save_interval", "save_steps", "start_step", "end_step")
 _TRUE = ("true", "1", "yes")

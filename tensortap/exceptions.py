@@ -72,9 +72,11 @@ class ShapeUnavailableForStep(TensorTapError):
 
 
 class TensorUnavailable(TensorTapError):
-    def __init__(self, tname: str):
+    def __init__(self, tname: str, similar: Any = ()):
         self.tname = tname
-        super().__init__(f"tensor {tname!r} was not saved by this trial")
+        self.similar = list(similar)
+        hint = f"; saved under a similar name: {', '.join(repr(n) for n in self.similar)}" if self.similar else ""
+        super().__init__(f"tensor {tname!r} was not saved by this trial{hint}")
 
 
 class InvalidWorker(TensorTapError):

@@ -34,6 +34,9 @@ __all__ = [
 ENV_CONFIG_PATH = "TENSORTAP_CONFIG"
 ENV_SMDEBUG_CONFIG_PATH = "SMDEBUG_CONFIG_FILE_PATH"
 DEFAULT_SAGEMAKER_CONFIG_PATH = "/opt/ml/input/config/debughookconfig.json"
+ENV_TRAINING_JOB_NAME = "TRAINING_JOB_NAME"
+ENV_TENSORBOARD_CONFIG_PATH = "TENSORBOARD_CONFIG_FILE_PATH"
+DEFAULT_SAGEMAKER_TENSORBOARD_CONFIG_PATH = "/opt/ml/input/config/tensorboardoutputconfig.json"
 
 _SAVE_KEYS = ("save_interval", "save_steps", "start_step", "end_step")
 _MODE_PREFIXES = {mode.name.lower(): mode for mode in ALLOWED_MODES}
@@ -156,6 +159,26 @@ def _optional_bool(params: Mapping[str, Any], key: str, default: bool, where: st
         raise InvalidConfiguration(f"{where}: {e}") from None
 
 
+def _sagemaker_tensorboard() -> dict[str, Any] | None:
+    """In a SageMaker training job ($TRAINING_JOB_NAME set), TensorBoard is on exactly when SageMaker's
+    TensorBoard config file exists, writing to its LocalPath; the config's own keys are ignored (spec 4.2).
+    None outside SageMaker."""
+    if not os.environ.get(ENV_TRAINING_JOB_NAME):
+        return None
+    path = os.environ.get(ENV_TENSORBOARD_CONFIG_PATH) or DEFAULT_SAGEMAKER_TENSORBOARD_CONFIG_PATH
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except FileNotFoundError:
+        return {"export_tensorboard": False}
+    except (OSError, ValueError) as e:
+        raise InvalidConfiguration(f"SageMaker's TensorBoard config {path!r} is not readable JSON: {e}") from None
+    local = d.get("LocalPath") if isinstance(d, Mapping) else None
+    if not isinstance(local, str) or not local:
+        raise InvalidConfiguration(f"SageMaker's TensorBoard config {path!r} needs 'LocalPath', got {local!r}")
+    return {"export_tensorboard": True, "tensorboard_dir": local}
+
+
 def parse_hook_config(d: Mapping[str, Any], default_save_config: Mapping[str, Any] | None = None) -> HookConfig:
     """Parse a hook config dict in smdebug's format.
 
@@ -190,6 +213,9 @@ def parse_hook_config(d: Mapping[str, Any], default_save_config: Mapping[str, An
     # smdebug reads the TensorBoard keys at the top level; HookParameters wins when both are given.
     tb_params = {k: d[k] for k in ("export_tensorboard", "tensorboard_dir") if k in d}
     tb_params.update({k: hook_params[k] for k in ("export_tensorboard", "tensorboard_dir") if k in hook_params})
+    sagemaker_tb = _sagemaker_tensorboard()
+    if sagemaker_tb is not None:
+        tb_params = sagemaker_tb
     tensorboard_dir = tb_params.get("tensorboard_dir")
     if tensorboard_dir is not None and not isinstance(tensorboard_dir, str):
         raise InvalidConfiguration(f"tensorboard_dir={tensorboard_dir!r} must be a string")

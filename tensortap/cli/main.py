@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -19,8 +20,7 @@ def _summarize(trial: Trial) -> dict[str, Any]:
         modes[m.name] = {"count": len(ms), "first": ms[0] if ms else None, "last": ms[-1] if ms else None}
     tensors = {}
     for name in trial.tensor_names():
-        ts = trial.tensor(name).steps(show_incomplete_steps=True)
-        tensors[name] = {"count": len(ts), "steps": ts}
+        tensors[name] = _step_summary(trial.tensor(name).steps(show_incomplete_steps=True))
     return {
         "path": trial.path,
         "format": type(trial.source).__name__.replace("Source", "").lower(),
@@ -36,34 +36,37 @@ def _summarize(trial: Trial) -> dict[str, Any]:
     }
 
 
-def _compact_steps(steps: list[int]) -> str:
-    """1,2,3,5,7,9 -> '1-3, 5-9/2' style ranges, short for long step lists."""
-    if not steps:
+def _step_summary(steps: list[int]) -> dict[str, Any]:
+    """{count, first, last, interval}: interval is the gap between consecutive steps when they are evenly
+    spaced, else None (and `gaps` gives the smallest and largest gap)."""
+    out: dict[str, Any] = {"count": len(steps), "first": steps[0] if steps else None,
+                           "last": steps[-1] if steps else None, "interval": None}
+    if len(steps) >= 2:
+        gaps = {b - a for a, b in zip(steps, steps[1:], strict=False)}
+        if len(gaps) == 1:
+            out["interval"] = gaps.pop()
+        else:
+            out["gaps"] = [min(gaps), max(gaps)]
+    return out
+
+
+def _steps_text(d: dict[str, Any]) -> str:
+    if not d["count"]:
         return "-"
-    out = []
-    i = 0
-    while i < len(steps):
-        j = i
-        if i + 1 < len(steps):
-            d = steps[i + 1] - steps[i]
-            while j + 1 < len(steps) and steps[j + 1] - steps[j] == d:
-                j += 1
-            if j - i >= 2:
-                out.append(f"{steps[i]}-{steps[j]}" + (f"/{d}" if d != 1 else ""))
-                i = j + 1
-                continue
-        out.append(str(steps[i]))
-        i += 1
-    return ", ".join(out)
+    if d["count"] == 1:
+        return f"step {d['first']}"
+    if d["interval"] is not None:
+        every = f"every {d['interval']}"
+    else:
+        every = f"irregular (gaps {d['gaps'][0]}..{d['gaps'][1]})"
+    return f"{d['first']}..{d['last']}, {every}"
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    import os
 
     from tensortap.trials import create_trial
 
-    if "://" not in args.out_dir and not os.path.isdir(args.out_dir):
-        raise FileNotFoundError(f"{args.out_dir}: no such directory")
+    _check_job_dir(args.out_dir)
     trial = create_trial(args.out_dir)
     info = _summarize(trial)
     if args.json:
@@ -83,8 +86,27 @@ def cmd_ls(args: argparse.Namespace) -> int:
     p("tensors:")
     width = max((len(n) for n in info["tensors"]), default=10)
     for n, d in info["tensors"].items():
-        p(f"  {n:<{width}}  {d['count']:>6} steps  {_compact_steps(d['steps'])}")
+        p(f"  {n:<{width}}  {d['count']:>6} steps  {_steps_text(d)}")
     return 0
+
+
+def _check_job_dir(out_dir: str) -> None:
+    """`out_dir` must hold a job's data (tensortap's or smdebug's); a one-line error otherwise."""
+    import os
+
+    from tensortap.exceptions import InvalidConfiguration
+    from tensortap.format.native import is_native_out_dir
+    from tensortap.format.smdebug import is_smdebug_out_dir
+    from tensortap.storage import open_storage
+
+    if "://" not in out_dir:
+        if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+            raise InvalidConfiguration(f"{out_dir}: not a directory")
+        if not os.path.isdir(out_dir):
+            raise InvalidConfiguration(f"{out_dir}: no such directory")
+    storage = open_storage(out_dir)
+    if not (is_native_out_dir(storage) or is_smdebug_out_dir(storage)):
+        raise InvalidConfiguration(f"{out_dir}: not a job's out_dir (it holds no tensortap or smdebug data)")
 
 
 def _add_rule_args(p: argparse.ArgumentParser) -> None:
@@ -119,6 +141,8 @@ def _spec_from_args(args: argparse.Namespace, command: list[str]) -> Any:
         spec.stop_on_issue = True
     if getattr(args, "grace_period", None) is not None:
         spec.grace_period = args.grace_period
+    if getattr(args, "tensorboard_dir", None):
+        spec.tensorboard_dir = os.path.abspath(args.tensorboard_dir)
     if getattr(args, "config", None):
         merge_job_file(spec, load_job_file(args.config))
     return spec
@@ -144,17 +168,28 @@ def cmd_rules_list(args: argparse.Namespace) -> int:
         )
         print(f"{r['snake_name']:<32} {r['description']}")
         print(f"{'':<32} parameters: {params or '-'}")
+        print(f"{'':<32} reads: {', '.join(r['collections']) or 'the collections you name'}")
     return 0
 
 
 def cmd_rules_run(args: argparse.Namespace) -> int:
-    import os
 
     from tensortap.runner.run import run_rules_offline
 
-    if "://" not in args.out_dir and not os.path.isdir(args.out_dir):
-        raise FileNotFoundError(f"{args.out_dir}: no such directory")
+    _check_job_dir(args.out_dir)
     return run_rules_offline(_spec_from_args(args, []))
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from tensortap.ui.cli import run_ui
+
+    return run_ui(args)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tensortap.ui.cli import run_report
+
+    return run_report(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -176,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stop-on-issue", action="store_true", help="stop training when a rule finds an issue")
     run.add_argument("--grace-period", type=float, help="seconds training may take to stop before it is killed")
     run.add_argument("--config", help="a YAML or JSON job file with the same settings")
+    run.add_argument("--tensorboard-dir", help="also write TensorBoard event files there, live")
     _add_rule_args(run)
     run.set_defaults(func=cmd_run)
 
@@ -188,6 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("out_dir")
     _add_rule_args(rr)
     rr.set_defaults(func=cmd_rules_run)
+
+    from tensortap.ui.cli import add_report_parser, add_ui_parser
+
+    add_ui_parser(sub).set_defaults(func=cmd_ui)
+    add_report_parser(sub).set_defaults(func=cmd_report)
+    from tensortap.tensorboard.cli import add_parser as add_tensorboard_parser
+
+    add_tensorboard_parser(sub)
     return parser
 
 
@@ -203,9 +247,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tensortap.exceptions import TensorTapError
 
     try:
-        return int(args.func(args) or 0)
-    except (TensorTapError, ValueError, FileNotFoundError) as e:
-        print(f"tensortap: error: {e}", file=sys.stderr)
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return rc
+    except BrokenPipeError:
+        # the reader of our output went away (`tensortap ls --json | head`): end quietly
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except (TensorTapError, ValueError, OSError) as e:
+        msg = str(e) if not isinstance(e, OSError) or not e.strerror else f"{e.filename or ''}: {e.strerror}"
+        print(f"tensortap: error: {msg}", file=sys.stderr)
+        if getattr(args, "json", False):
+            print(json.dumps({"error": msg}))
         return 2
 
 

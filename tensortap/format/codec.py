@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any
+from typing import Any, NamedTuple
 
 import google_crc32c
 import numpy as np
 
-from tensortap.exceptions import CorruptData, UnsupportedFormatVersion
+from tensortap.exceptions import UnsupportedFormatVersion
 
 FORMAT_VERSION = 1
 BLOCK_MAGIC = b"TTB1"
@@ -101,13 +101,43 @@ def dtype_from_str(s: str) -> np.dtype:
     return np.dtype(getattr(mld, s))
 
 
+# torch dtypes numpy lacks, stored bit-exact as the ml_dtypes type of the same name (as the PyTorch hook does)
+_TORCH_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
+def _torch_to_numpy(value: Any) -> np.ndarray:
+    """A torch tensor (any device, with or without grad) as a host numpy array with the same bytes;
+    torch is not imported here: a torch tensor means it is loaded already."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(value, torch.Tensor):
+        return np.asarray(value)
+    t = value.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.resolve_conj().resolve_neg().contiguous()
+    name = str(t.dtype).removeprefix("torch.")
+    if name in _TORCH_ML_DTYPES:
+        mld = _ml_dtypes()
+        if mld is None or not hasattr(mld, name):
+            return t.float().numpy()  # without ml_dtypes: float32, a readable approximation
+        same_width = {1: torch.uint8, 2: torch.int16}[t.element_size()]
+        return t.view(same_width).numpy().view(getattr(mld, name))
+    try:
+        return t.numpy()
+    except (TypeError, RuntimeError) as e:
+        raise TypeError(f"cannot store a torch tensor of dtype {t.dtype}: {e}") from None
+
+
 def as_storable(value: Any) -> np.ndarray:
     """`value` as a C-contiguous little-endian numpy array that the format can store.
 
-    Strings (str, bytes, object arrays of str) become numpy unicode/bytes arrays; dicts and other
-    objects are refused (no pickle).
+    Strings (str, bytes, object arrays of str) become numpy unicode/bytes arrays; torch tensors keep their
+    bytes (bfloat16 and float8 as ml_dtypes types); dicts, None and other objects are refused with a
+    TypeError (no pickle).
     """
-    arr = np.asarray(value)
+    arr = _torch_to_numpy(value) if type(value).__module__.startswith("torch") else np.asarray(value)
     if arr.dtype.kind == "O":
         flat = arr.ravel().tolist()
         if all(isinstance(x, str) for x in flat):
@@ -140,39 +170,145 @@ def encode_block(header: dict[str, Any], entries: np.ndarray) -> bytes:
     return BLOCK_HEAD.pack(BLOCK_MAGIC, len(hbytes), len(entries), crc) + hbytes + ebytes
 
 
-class TornBlock(Exception):
-    """The bytes end inside a block: more may arrive."""
+class BlockDamage(NamedTuple):
+    """A damaged stretch of an index: `offset` (from the start of the buffer given to decode_blocks),
+    `length` bytes skipped, why, and the block's JSON header where it could still be parsed (None
+    otherwise): a reader may take the `end` mark from it, nothing else."""
+
+    offset: int
+    length: int
+    reason: str
+    header: dict | None = None
 
 
-def decode_blocks(buf: bytes, base_offset: int, path: str) -> tuple[list[tuple[dict, np.ndarray]], int]:
-    """Complete blocks in `buf` and the number of bytes they used.
+class DecodedBlocks(NamedTuple):
+    blocks: list[tuple[dict, np.ndarray, int]]  # (header, entries, offset in the buffer)
+    used: int  # bytes consumed: complete blocks and damage; a pending tail is left for later
+    damage: list[BlockDamage]
 
-    A block cut short by the end of `buf` (being written, or torn by a crash) ends decoding without
-    error; it is consumed once complete. A block that is complete but fails its checksum raises
-    CorruptData naming `path` and the block's offset.
+
+def _head_at(buf: bytes, pos: int) -> tuple[bytes, int, int, int, int] | None:
+    """(magic, header_len, count, crc, end) of a block head at `pos`; None if the sizes are implausible."""
+    magic, hlen, count, crc = BLOCK_HEAD.unpack_from(buf, pos)
+    if hlen > MAX_HEADER or count > MAX_ENTRIES:
+        return None
+    return magic, hlen, count, crc, pos + BLOCK_HEAD.size + hlen + count * DISK_ENTRY_DTYPE.itemsize
+
+
+def _valid_at(buf: bytes, pos: int) -> bool:
+    """A complete `TTB1` block with a matching checksum starts at `pos`."""
+    if pos + BLOCK_HEAD.size > len(buf):
+        return False
+    h = _head_at(buf, pos)
+    if h is None or h[0] != BLOCK_MAGIC or h[4] > len(buf):
+        return False
+    return google_crc32c.value(buf[pos + BLOCK_HEAD.size : h[4]]) == h[3]
+
+
+def _resync(buf: bytes, start: int) -> tuple[int, bool]:
+    """Where decoding continues after damage found before `start`: (position, is_valid_block).
+
+    The first later `TTB1` that starts a complete block with a matching checksum; else the first later
+    `TTB1` whose block runs past the end of `buf` (it may be a block still being written); else the end
+    of `buf`, less a tail that is a prefix of the magic (the start of a block being written)."""
+    first_open = -1
+    pos = buf.find(BLOCK_MAGIC, start)
+    while pos >= 0:
+        if _valid_at(buf, pos):
+            return pos, True
+        if first_open < 0 and pos + BLOCK_HEAD.size <= len(buf):
+            h = _head_at(buf, pos)
+            if h is not None and h[4] > len(buf):
+                first_open = pos
+        elif first_open < 0 and pos + BLOCK_HEAD.size > len(buf):
+            first_open = pos
+        pos = buf.find(BLOCK_MAGIC, pos + 1)
+    if first_open >= 0:
+        return first_open, False
+    n = len(buf)
+    for k in range(min(len(BLOCK_MAGIC) - 1, n - start), 0, -1):
+        if buf[n - k :] == BLOCK_MAGIC[:k]:
+            return n - k, False
+    return n, False
+
+
+def _salvage_header(buf: bytes, pos: int, hlen: int) -> dict | None:
+    body = buf[pos + BLOCK_HEAD.size : pos + BLOCK_HEAD.size + hlen]
+    if len(body) < hlen:
+        return None
+    try:
+        h = json.loads(body)
+    except ValueError:
+        return None
+    return h if isinstance(h, dict) else None
+
+
+def decode_blocks(buf: bytes, base_offset: int, path: str, final: bool = False) -> DecodedBlocks:
+    """Complete blocks in `buf`, the bytes consumed, and the damage met (see docs/format.md §5.1).
+
+    A damaged block (bad checksum, bad magic, implausible sizes, a header that is not a JSON object)
+    costs that block only: it is reported and decoding resumes at the next valid block. A block cut
+    short by the end of `buf` is pending (being written): decoding stops before it, unless `final`
+    (no more bytes will come: a sealed object, or a chunk its writer has left), where it is damage.
+    A block magic `TTB<n>` with n > 1 that is not a bit-flipped v1 block raises
+    UnsupportedFormatVersion. `path` and `base_offset` only name things in errors.
     """
-    blocks = []
+    blocks: list[tuple[dict, np.ndarray, int]] = []
+    damage: list[BlockDamage] = []
     pos = 0
     n = len(buf)
-    esize = DISK_ENTRY_DTYPE.itemsize
-    while pos + BLOCK_HEAD.size <= n:
-        magic, hlen, count, crc = BLOCK_HEAD.unpack_from(buf, pos)
+
+    def damaged(at: int, reason: str, header: dict | None = None) -> int:
+        nxt, _ = _resync(buf, at + 1)
+        damage.append(BlockDamage(at, nxt - at, reason, header))
+        return nxt
+
+    while pos < n:
+        if pos + BLOCK_HEAD.size > n:
+            if final:
+                damage.append(BlockDamage(pos, n - pos, f"truncated block ({n - pos} bytes of a block head)"))
+                pos = n
+            break
+        h = _head_at(buf, pos)
+        magic = buf[pos : pos + 4]
         if magic != BLOCK_MAGIC:
-            if magic[:2] == b"TT" and magic != BLOCK_MAGIC:
-                raise UnsupportedFormatVersion(f"{path}: index block version {magic!r} is newer than this reader")
-            raise CorruptData(path, base_offset + pos, f"bad block magic {magic!r}")
-        if hlen > MAX_HEADER or count > MAX_ENTRIES:
-            raise CorruptData(path, base_offset + pos, f"implausible block sizes ({hlen}, {count})")
-        end = pos + BLOCK_HEAD.size + hlen + count * esize
+            newer = magic[:3] == b"TTB" and magic[3:4].isdigit() and magic[3:4] > b"1"
+            if newer and not _valid_at(buf[:pos] + BLOCK_MAGIC + buf[pos + 4 :], pos):
+                raise UnsupportedFormatVersion(
+                    f"{path}: index block version {magic!r} at offset {base_offset + pos} is newer than this "
+                    "reader: upgrade tensortap"
+                )
+            pos = damaged(pos, f"bad block magic {magic!r}")
+            continue
+        if h is None:
+            hlen, count = BLOCK_HEAD.unpack_from(buf, pos)[1:3]
+            pos = damaged(pos, f"implausible block sizes (header {hlen} bytes, {count} entries)")
+            continue
+        _, hlen, count, crc, end = h
         if end > n:
-            break  # torn or still being written
+            nxt, valid = _resync(buf, pos + 1)
+            if valid:  # a later block is whole: this one was cut short (a writer never appends after a torn block)
+                damage.append(BlockDamage(pos, nxt - pos, f"truncated block ({n - pos} of {end - pos} bytes "
+                                          "before the next block)"))
+                pos = nxt
+                continue
+            if final:
+                damage.append(BlockDamage(pos, n - pos, f"truncated block ({n - pos} of {end - pos} bytes)",
+                                          _salvage_header(buf, pos, hlen)))
+                pos = n
+            break  # pending: being written, or torn by a crash
         body = buf[pos + BLOCK_HEAD.size : end]
         if google_crc32c.value(body) != crc:
-            if end == n:
-                break  # the tail may still be landing; a complete block re-read later decides
-            raise CorruptData(path, base_offset + pos, "index block checksum mismatch")
-        header = json.loads(body[:hlen])
-        entries = np.frombuffer(body[hlen:], dtype=DISK_ENTRY_DTYPE, count=count)
-        blocks.append((header, entries))
+            pos = damaged(pos, "index block checksum mismatch", _salvage_header(buf, pos, hlen))
+            continue
+        try:
+            header = json.loads(body[:hlen])
+        except ValueError as e:
+            header = e
+        if not isinstance(header, dict):
+            pos = damaged(pos, f"block header is not a JSON object ({header})")
+            continue
+        entries = np.frombuffer(body, dtype=DISK_ENTRY_DTYPE, count=count, offset=hlen)
+        blocks.append((header, entries, pos))
         pos = end
-    return blocks, pos
+    return DecodedBlocks(blocks, pos, damage)

@@ -15,7 +15,7 @@ REDUCTION = 1
 SHAPE = 2
 
 # Reduction codes; ABS_FLAG is or-ed in for abs_ reductions (abs_mean = MEAN | ABS_FLAG).
-REDUCTIONS = ("min", "max", "mean", "std", "variance", "sum", "prod", "median", "l1", "l2")
+REDUCTIONS = ("min", "max", "mean", "std", "variance", "sum", "prod", "median", "l1", "l2", "nonfinite")
 NORMS = ("l1", "l2")
 REDUCTION_CODE = {name: i for i, name in enumerate(REDUCTIONS)}
 ABS_FLAG = 0x80

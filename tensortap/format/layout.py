@@ -16,6 +16,18 @@ def worker_dir(worker: str) -> str:
     return f"{ROOT}/{quote(worker, safe='')}"
 
 
+def claim_key(worker: str) -> str:
+    """The file a hook creates, exclusively, before it writes a worker: a second job given the same out_dir and
+    worker finds it and is refused at construction (docs/format.md §1)."""
+    return f"{worker_dir(worker)}/claim.json"
+
+
+def reserve_key(worker: str) -> str:
+    """Space a local writer sets aside when it starts and frees when the disk fills, so that it can still write
+    the index blocks that make its data readable (docs/format.md §4)."""
+    return f"{worker_dir(worker)}/reserve.bin"
+
+
 def chunk_key(worker: str, seq: int, suffix: str) -> str:
     return f"{worker_dir(worker)}/{seq:08d}{suffix}"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +12,7 @@ import numpy as np
 from tensortap.exceptions import CorruptData
 from tensortap.format import codec, layout
 from tensortap.format.entries import ENTRY_DTYPE, INLINE_CHUNK, SHAPE
-from tensortap.format.source import CollectionInfo, Source
+from tensortap.format.source import CollectionInfo, Damage, Source
 from tensortap.storage.base import Storage
 
 logger = logging.getLogger("tensortap")
@@ -29,14 +30,27 @@ class _Chunk:
     dat_key: str
     read_upto: int = 0  # bytes of the .idx consumed
     sealed: bool = False  # a later chunk of the worker exists and this one was read to its end
+    pending_since: float | None = None  # when the current unread tail (a block being written?) was first seen
+    pending_size: int | None = None  # the file size then
+    damaged_tail: bool = False  # the last thing read from this index was damage
+    damaged_since: float | None = None
+    damaged_size: int | None = None
 
 
 class NativeSource(Source):
     """A job written by tensortap's ChunkWriter."""
 
-    def __init__(self, storage: Storage, range_steps: tuple[int | None, int | None] | None = None):
+    #: seconds an index tail may stay incomplete or damaged before it counts as final (its writer is gone)
+    settle_s: float = 2.0
+
+    def __init__(self, storage: Storage, range_steps: tuple[int | None, int | None] | None = None,
+                 settle_s: float | None = None):
         super().__init__()
         self.storage = storage
+        if settle_s is not None:
+            self.settle_s = settle_s
+        self._damage_seen: set[tuple[str, int]] = set()
+        self._end_seq: dict[str, int] = {}  # worker -> the newest chunk holding its end mark
         self.range_steps = range_steps
         self.passed_mode_step: dict[str, dict[str, int]] = {}
         self.metadata: dict[str, dict[str, Any]] = {}
@@ -73,7 +87,8 @@ class NativeSource(Source):
         list_dirs = getattr(self.storage, "list_dirs", None)
         dirs = list_dirs(layout.ROOT) if list_dirs else [layout.ROOT]
         for d in dirs:
-            new = self.storage.list(d + "/", start_after=self._last_key.get(d))
+            new = [k for k in self.storage.list(d + "/", start_after=self._last_key.get(d))
+                   if layout.parse_chunk_key(k) is not None]  # (chunk keys only: other files sort after them)
             if new:
                 self._last_key[d] = new[-1]
                 keys.extend(new)
@@ -95,6 +110,7 @@ class NativeSource(Source):
     def refresh(self) -> np.ndarray:
         self._discover()
         immutable = not self.storage.supports_append
+        now = time.monotonic()
         out = []
         for cid, c in enumerate(self._chunks):
             if c.sealed:
@@ -107,20 +123,30 @@ class NativeSource(Source):
             else:
                 size = self.storage.size(c.idx_key) or 0
                 buf = self.storage.read_range(c.idx_key, c.read_upto, size - c.read_upto) if size > c.read_upto else b""
+            newest = self._last_seq.get(c.worker, c.seq) <= c.seq
+            # A tail that cannot change any more is decoded to the end: damage there is final.
+            final = immutable or not newest or self._ended_at(c) or (
+                c.pending_since is not None and c.pending_size == size and now - c.pending_since >= self.settle_s)
             if buf:
-                try:
-                    blocks, used = codec.decode_blocks(buf, c.read_upto, path)
-                except CorruptData:
-                    logger.error("tensortap: %s has a corrupt index block; later blocks of it are skipped", path)
-                    c.sealed = True
-                    continue
-                for header, disk in blocks:
-                    out.append(self._ingest(cid, c, header, disk))
-                c.read_upto += used
-                if immutable and used < size:
-                    c.sealed = True
-                    raise CorruptData(path, used, f"index object truncated ({size - used} trailing bytes)")
-            if immutable or (self._last_seq.get(c.worker, c.seq) > c.seq and c.read_upto >= size):
+                used = self._decode_index(cid, c, path, buf, final, out)
+                if used < len(buf) and not final and self._ended_at(c):
+                    # the end mark was in this read: what follows it is final now
+                    used += self._decode_index(cid, c, path, buf[used:], True, out)
+            if c.read_upto < size:
+                if c.pending_size != size:
+                    c.pending_since, c.pending_size = now, size
+            else:
+                c.pending_since = c.pending_size = None
+            if c.damaged_tail and newest and c.read_upto >= size and c.worker not in self.ended_workers:
+                if c.damaged_since is None or c.damaged_size != size:
+                    c.damaged_since, c.damaged_size = now, size
+                elif now - c.damaged_since >= self.settle_s:
+                    # Nothing valid follows damage at the end of the worker's newest index: its writer
+                    # stopped there (crashed mid-block, or its last block, with the end mark, is damaged).
+                    logger.warning("tensortap: %s ends in damage and has not grown for %.1f s: worker %s is "
+                                   "treated as ended", path, self.settle_s, c.worker)
+                    self.ended_workers.add(c.worker)
+            if immutable or (not newest and c.read_upto >= size):
                 c.sealed = True
         if not out:
             return self.empty()
@@ -134,6 +160,43 @@ class NativeSource(Source):
                 keep &= entries["step"] < hi
             entries = entries[keep]
         return entries
+
+    def _decode_index(self, cid: int, c: _Chunk, path: str, buf: bytes, final: bool, out: list) -> int:
+        """Ingest the blocks of `buf` (the bytes of c's index from c.read_upto), report its damage; returns
+        the bytes consumed (c.read_upto has moved past them)."""
+        dec = codec.decode_blocks(buf, c.read_upto, path, final=final)
+        for header, disk, at in dec.blocks:
+            bad = _malformed(header, disk)
+            if bad:
+                self._report(path, c.read_upto + at, f"malformed block: {bad}")
+                continue
+            out.append(self._ingest(cid, c, header, disk))
+            if header.get("end"):
+                self._end_seq[c.worker] = max(self._end_seq.get(c.worker, -1), c.seq)
+        for d in dec.damage:
+            self._report(path, c.read_upto + d.offset, d.reason)
+            if d.header is not None and d.header.get("end") is True:
+                self.ended_workers.add(c.worker)  # the end mark of a damaged last block
+                self._end_seq[c.worker] = max(self._end_seq.get(c.worker, -1), c.seq)
+        if dec.blocks:
+            c.damaged_tail = False
+        if dec.damage and dec.damage[-1].offset + dec.damage[-1].length == dec.used:
+            c.damaged_tail = True
+        c.read_upto += dec.used
+        return dec.used
+
+    def _ended_at(self, c: _Chunk) -> bool:
+        """The worker wrote its end mark in this chunk or a later one: nothing more comes to c's index."""
+        return self._end_seq.get(c.worker, -1) >= c.seq
+
+    def _report(self, path: str, offset: int, reason: str) -> None:
+        """Record damage once (a reader that re-reads a file does not report it again)."""
+        if (path, offset) in self._damage_seen:
+            return
+        self._damage_seen.add((path, offset))
+        self.damage.append(Damage(path, offset, reason))
+        logger.warning("tensortap: corrupt data in %s at offset %d: %s; skipped, the rest stays readable",
+                       path, offset, reason)
 
     def _ingest(self, cid: int, c: _Chunk, header: dict, disk: np.ndarray) -> np.ndarray:
         worker = header.get("worker", c.worker)
@@ -203,7 +266,10 @@ class NativeSource(Source):
             if mm is not None:
                 pieces = [mm[o : o + n] for o, n in zip(offs, lens, strict=True)]
             else:  # object stores: the backend coalesces neighbouring ranges and reads in parallel
-                pieces = self.storage.read_ranges(c.dat_key, list(zip(offs, lens, strict=True)))
+                try:
+                    pieces = self.storage.read_ranges(c.dat_key, list(zip(offs, lens, strict=True)))
+                except FileNotFoundError:
+                    raise CorruptData(path, offs[0], "the data file is missing") from None
             crc = codec.crc32c
             for i, piece, off, n, want in zip(idx.tolist(), pieces, offs, lens, crcs, strict=True):
                 if len(piece) != n:
@@ -272,7 +338,10 @@ class NativeSource(Source):
                                                     entries["crc"].tolist(), strict=True)):
             if n != width:
                 return False
-            got = readinto(keys[cid], off, rows[j])
+            try:
+                got = readinto(keys[cid], off, rows[j])
+            except FileNotFoundError:
+                raise CorruptData(self.storage.describe(keys[cid]), off, "the data file is missing") from None
             if got != n:
                 raise CorruptData(self.storage.describe(keys[cid]), off, f"payload truncated ({got} of {n} bytes)")
             if crc_at(base + j * width, n) != want:
@@ -317,6 +386,37 @@ class NativeSource(Source):
         n = int(e0["length"])
         raw = np.frombuffer(entries["inline"].tobytes(), dtype=np.uint8).reshape(len(entries), -1)
         return np.ascontiguousarray(raw[:, :n]).view(dt).reshape((len(entries), *shape))
+
+
+def _malformed(header: dict, disk: np.ndarray) -> str | None:
+    """Why a checksum-valid block cannot be ingested (a writer bug, or damage the CRC missed), else None."""
+    tables = {k: header.get(k, []) for k in ("names", "dtypes", "shapes")}
+    for k, v in tables.items():
+        if not isinstance(v, list):
+            return f"{k!r} is not a list"
+    if not all(isinstance(x, str) for x in tables["names"] + tables["dtypes"]):
+        return "a name or dtype is not a string"
+    if not all(isinstance(sh, list) and all(isinstance(d, int) and d >= 0 for d in sh) for sh in tables["shapes"]):
+        return "a shape is not a list of non-negative ints"
+    if len(disk):
+        for field, k in (("name", "names"), ("dtype", "dtypes"), ("shape", "shapes")):
+            if int(disk[field].max()) >= len(tables[k]):
+                return f"an entry's {field} id is outside the block's {k} table"
+        if int(disk["mode"].min()) < 1 or int(disk["mode"].max()) > 4 or int(disk["kind"].max()) > 2:
+            return "an entry has an unknown mode or kind"
+    checks = {
+        "worker": lambda v: isinstance(v, str),
+        "num_workers": lambda v: isinstance(v, int) and v >= 1,
+        "metadata": lambda v: isinstance(v, dict),
+        "collections": lambda v: isinstance(v, dict) and isinstance(v.get("collections") or {}, dict) and all(
+            isinstance(d, dict) for d in (v.get("collections") or {}).values()),
+        "passed": lambda v: isinstance(v, dict) and isinstance(v.get("step"), int) and isinstance(
+            v.get("mode_steps", {}), dict) and all(isinstance(x, int) for x in v.get("mode_steps", {}).values()),
+    }
+    for k, ok in checks.items():
+        if k in header and not ok(header[k]):
+            return f"header key {k!r} has a value of the wrong type"
+    return None
 
 
 def _safe_dtype(s: str) -> np.dtype:

@@ -11,11 +11,20 @@ The index does not say a tensor's dtype, and gives its shape only when `save_sha
 
 A shape payload is merged into the RAW entry of the same (tensor, step, worker) (smdebug's bug 10.15 let it
 hide the raw value); a SHAPE entry (chunk INLINE_CHUNK, no payload) is produced only when no raw value was saved.
+An index entry with no event file (`event_file_name` "", as smdebug's own test helpers write for steps that carry
+only metadata) gives a RAW entry with chunk NO_EVENT_FILE: its step and mode count, its value is unavailable.
+
+Steps are complete by smdebug's rule, not tensortap's (docs/format.md, "Step completeness"): a step is complete
+once as many workers as the collection files announce (`num_workers`) have written an index file for it, every
+step up to the newest such step is complete too, and all are once `training_job_end.ts` exists. Workers are
+counted, not matched by name: events written under `algo-1` complete the steps of a job whose collection file
+is `worker_0_collections.json`. `listed_workers()` are the collection files' workers, as smdebug lists them.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import re
 from collections import defaultdict
@@ -23,7 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from tensortap.exceptions import CorruptData, IndexReaderException, UnsupportedFormatVersion
+from tensortap.exceptions import (
+    CorruptData,
+    IndexReaderException,
+    TensorUnavailableForStep,
+    UnsupportedFormatVersion,
+)
 from tensortap.format import _proto
 from tensortap.format.entries import (
     ENTRY_DTYPE,
@@ -60,6 +74,11 @@ UNKNOWN_SHAPE: tuple[int, ...] = (-1,)
 UNKNOWN_SHAPE_ID = 0
 #: passed_step of every worker once the job has ended
 PASSED_ALL_STEPS = int(np.iinfo(np.int64).max)
+#: `chunk` of an entry whose index line names no event file (its value can never be read)
+NO_EVENT_FILE = 0xFFFFFFFE
+#: smdebug's INCOMPLETE_STEP_WAIT_WINDOW: with more incomplete steps than this, the next half are declared complete
+INCOMPLETE_STEP_WAIT_WINDOW_KEY = "SMDEBUG_INCOMPLETE_STEP_WAIT_WINDOW"
+INCOMPLETE_STEP_WAIT_WINDOW_DEFAULT = 1000
 
 _INDEX_KEY = re.compile(r"^index/\d+/(\d+)_(.+)\.json$")
 _COLLECTIONS_KEY = re.compile(r"^collections/[^/]+/(.+)_collections\.json$")
@@ -79,7 +98,12 @@ def index_key_prefix(step: int) -> str:
 
 def is_smdebug_out_dir(storage: Storage) -> bool:
     """True if `storage` holds an smdebug out_dir (it has collections/, index/ or events/ keys)."""
-    return any(storage.list(p) for p in ("collections/", "index/", "events/"))
+    return any(storage.has_keys(p) for p in ("collections/", "index/", "events/"))
+
+
+def has_smdebug_data(storage: Storage) -> bool:
+    """True once an smdebug job has written step data (index/ or events/ keys), not only its collections."""
+    return any(storage.has_keys(p) for p in ("index/", "events/"))
 
 
 def split_reduction_name(tname: str) -> tuple[str, int] | None:
@@ -126,6 +150,14 @@ class SmdebugSource(Source):
         self._last_step: dict[str, int] = {}  # worker -> largest global step of an index file seen
         self._pending: list[np.ndarray] = []  # entries parsed during a refresh that then raised
         self._ended = False
+        #: workers named by the collection files (smdebug's worker_set)
+        self.collection_workers: set[str] = set()
+        #: global step -> names of the workers whose index file of that step held entries (in range_steps)
+        self.step_workers: dict[int, set[str]] = {}
+        #: smdebug's last_complete_step: the newest step written by num_workers workers (or the window's)
+        self.last_complete_step = -1
+        self._counted_with: int | None = None  # num_workers last_complete_step was computed with
+        self._window = int(os.environ.get(INCOMPLETE_STEP_WAIT_WINDOW_KEY, INCOMPLETE_STEP_WAIT_WINDOW_DEFAULT))
 
     @property
     def location(self) -> str:
@@ -162,6 +194,8 @@ class SmdebugSource(Source):
                 continue
             if entries is not None and len(entries):
                 out.append(entries)
+                self._count_worker(int(entries["step"][0]), key)
+        self._update_last_complete_step(bool(keys))
         self._advance_token(ended, keys)
         if ended:
             self._ended = True
@@ -177,6 +211,44 @@ class SmdebugSource(Source):
             more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
             raise IndexReaderException(f"{errors[0]}{more}") from errors[0]
         return result
+
+    # ------------------------------------------------------------------------------------- completeness
+    def _count_worker(self, step: int, key: str) -> None:
+        m = _INDEX_KEY.match(key)
+        worker = deserialize_worker(m.group(2)) if m else key
+        ws = self.step_workers.setdefault(step, set())
+        ws.add(worker)
+        nw = self.num_workers
+        if nw is not None and len(ws) >= nw and step > self.last_complete_step:
+            self.last_complete_step = step
+
+    def _update_last_complete_step(self, listed: bool) -> None:
+        nw = self.num_workers
+        if nw is not None and nw != self._counted_with:
+            # num_workers became known (or grew) after some index files were read: count again
+            done = [g for g, ws in self.step_workers.items() if len(ws) >= nw]
+            self.last_complete_step = max(done, default=-1) if self._counted_with is None else max(
+                self.last_complete_step, max(done, default=-1))
+            self._counted_with = nw
+        # smdebug's window: with more incomplete steps than the window, half of it is declared complete
+        if listed and len(self.step_workers) - (self.last_complete_step + 1) > self._window:
+            self.last_complete_step += self._window // 2
+
+    def complete_upto(self) -> float:
+        if self.training_ended():
+            return float("inf")
+        if self.num_workers is None:
+            return -1
+        return self.last_complete_step
+
+    def training_ended(self) -> bool:
+        return self._ended
+
+    def all_workers_passed(self, step: int, mode_name: str | None) -> bool:
+        return False  # smdebug's rule: only a later complete step makes a missing step unavailable
+
+    def listed_workers(self) -> list[str]:
+        return sorted(self.collection_workers) if self.collection_workers else list(self.workers)
 
     def _advance_token(self, ended: bool, keys: list[str]) -> None:
         """Move the listing start past every step no known worker can still write (spec 10.13, fixed)."""
@@ -229,6 +301,10 @@ class SmdebugSource(Source):
             raise ValueError("neither 'tensor_payload' nor 'shape_payload'")
         tensors = tensors or []
         shapes = shapes or []
+        if len({str(t["tensorname"]) for t in tensors}) < len(tensors):
+            # A name twice in one index file (smdebug writes a save_scalar of an unsaved step into the next saved
+            # step's file, its bug 10.7): the last one is the value, as smdebug's reader keeps it.
+            tensors = list({str(t["tensorname"]): t for t in tensors}.values())
         mode_name = meta["mode"]
         try:
             mode = ModeKeys[mode_name].value
@@ -238,8 +314,8 @@ class SmdebugSource(Source):
         mode_step = step if mode_step is None else int(mode_step)
         chunk = INLINE_CHUNK
         if tensors:
-            parts = str(meta["event_file_name"]).replace("\\", "/").split("/")
-            chunk = self._id("file", posixpath.join(*parts[-3:]))
+            parts = [p for p in str(meta.get("event_file_name") or "").replace("\\", "/").split("/") if p]
+            chunk = self._id("file", posixpath.join(*parts[-3:])) if parts else NO_EVENT_FILE
 
         shape_of: dict[str, int] = {}
         for sp in shapes:
@@ -266,7 +342,7 @@ class SmdebugSource(Source):
             rows_name[i] = self._id("name", base)
             rows_shape[i] = shape_of.get(base, UNKNOWN_SHAPE_ID)
             start, length = int(t["start_idx"]), int(t["length"])
-            if start < 0 or length < FRAMING_BYTES:
+            if chunk != NO_EVENT_FILE and (start < 0 or length < FRAMING_BYTES):
                 raise ValueError(f"bad location start_idx={start} length={length} of {tname!r}")
             rows_off[i] = start
             rows_len[i] = length
@@ -315,7 +391,7 @@ class SmdebugSource(Source):
             except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as e:
                 errors.append(f"{where}: corrupt collections file ({type(e).__name__}: {e})")
                 continue
-            self._id("worker", deserialize_worker(m.group(1)))
+            self.collection_workers.add(deserialize_worker(m.group(1)))
         if errors:
             raise IndexReaderException("; ".join(errors))
 
@@ -339,6 +415,9 @@ class SmdebugSource(Source):
         results: list[np.ndarray | None] = [None] * len(entries)
         by_chunk: dict[int, list[int]] = defaultdict(list)
         for i, e in enumerate(entries):
+            if e["chunk"] == NO_EVENT_FILE:
+                name = self.names[e["name"]]
+                raise TensorUnavailableForStep(name, int(e["mode_step"]), ModeKeys(int(e["mode"])))
             if e["kind"] == SHAPE or e["chunk"] == INLINE_CHUNK:
                 results[i] = np.array(self.shapes[e["shape"]], dtype=np.int64)
             else:

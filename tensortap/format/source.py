@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from tensortap.format.entries import ENTRY_DTYPE
+
+
+class Damage(NamedTuple):
+    """Corrupt stored bytes a reader skipped: the file, the byte offset, and why (docs/format.md §5.1)."""
+
+    path: str
+    offset: int
+    reason: str
 
 
 @dataclass
@@ -20,6 +28,25 @@ class CollectionInfo:
     include_regex: list[str] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)  # the writer's Collection.to_json_dict()
 
+    def include(self, regex: str | list[str]) -> None:
+        """Add a regex (or a list of them) to the collection, as smdebug's Collection.include does."""
+        if isinstance(regex, list | tuple):
+            for r in regex:
+                self.include(r)
+        elif isinstance(regex, str):
+            self.include_regex.append(regex)
+        else:
+            raise TypeError(f"include() takes a str or a list of str, got {type(regex).__name__}")
+
+    def add_tensor_name(self, name: str) -> None:
+        self.tensor_names.add(name)
+
+    def remove_tensor_name(self, name: str) -> None:
+        self.tensor_names.discard(name)
+
+    def has_tensor_name(self, name: str) -> bool:
+        return name in self.tensor_names
+
 
 class Source(ABC):
     """Append-only view of a stored job. Tables only grow; ids into them stay valid forever.
@@ -28,7 +55,7 @@ class Source(ABC):
     point into. `refresh()` returns only entries not returned before, and updates the metadata:
     `collections`, `num_workers` (None if unknown yet), `ended_workers` (workers that closed
     cleanly), and `passed_step[worker]`: the last global step the worker has finished (it will
-    write nothing more for any step <= it).
+    write nothing more for any step <= it). `damage` lists the corrupt places skipped so far (each once).
     """
 
     def __init__(self) -> None:
@@ -40,6 +67,7 @@ class Source(ABC):
         self.num_workers: int | None = None
         self.ended_workers: set[str] = set()
         self.passed_step: dict[str, int] = {}
+        self.damage: list[Damage] = []
 
     @property
     @abstractmethod
@@ -62,6 +90,41 @@ class Source(ABC):
         if self.num_workers is None:
             return False
         return len(self.ended_workers) >= self.num_workers
+
+    def resolved(self) -> Source:
+        """The source to read from now: itself, or (for a job whose format is not known yet) the source of
+        the format its first data turned out to be."""
+        return self
+
+    def listed_workers(self) -> list[str]:
+        """The workers a trial lists (`Trial.workers()`)."""
+        return list(self.workers)
+
+    # Step completeness (docs/format.md, "Step completeness"): tensortap's own rule. A source whose format
+    # has another rule (smdebug out_dirs) overrides both methods.
+    def complete_upto(self) -> float:
+        """Every global step <= this is complete (every worker finished it); -1 if none, inf once ended."""
+        if self.training_ended():
+            return float("inf")
+        nw = self.num_workers
+        if nw is None or len(self.workers) < nw:
+            return -1
+        return min(float("inf") if w in self.ended_workers else self.passed_step.get(w, -1) for w in self.workers)
+
+    def all_workers_passed(self, step: int, mode_name: str | None) -> bool:
+        """Every worker has finished global `step` (mode_name None), or mode step `step` of `mode_name`."""
+        nw = self.num_workers
+        if nw is None or len(self.workers) < nw:
+            return False
+        for w in self.workers:
+            if w in self.ended_workers:
+                continue
+            if mode_name is None:
+                if self.passed_step.get(w, -1) < step:
+                    return False
+            elif getattr(self, "passed_mode_step", {}).get(w, {}).get(mode_name, -1) < step:
+                return False
+        return True
 
     @staticmethod
     def empty() -> np.ndarray:

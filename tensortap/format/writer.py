@@ -7,10 +7,13 @@ drops; "drop" drops at once. Drops are counted (`dropped_records`) and warned ab
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +31,7 @@ from tensortap.format.entries import (
 from tensortap.storage.base import Storage
 
 logger = logging.getLogger("tensortap")
+_MODE_NAME = {1: "TRAIN", 2: "EVAL", 3: "PREDICT", 4: "GLOBAL"}
 
 
 @dataclass
@@ -65,10 +69,12 @@ class RecordBatch:
     each. The caller hands the arrays over: it must not change them afterwards.
     """
 
-    __slots__ = ("names", "arrays", "flat", "step", "mode", "mode_step", "size")
+    __slots__ = ("names", "arrays", "flat", "step", "mode", "mode_step", "size", "reductions")
 
     def __init__(self, names: tuple[str, ...], arrays: list[np.ndarray], flat: np.ndarray | None,
-                 step: int, mode: int, mode_step: int):
+                 step: int, mode: int, mode_step: int, reductions: tuple | None = None):
+        #: per tensor, the (name, abs) reductions the writer computes from it and stores beside it (None: none)
+        self.reductions = reductions
         self.names = names
         self.arrays = arrays
         self.flat = flat
@@ -81,12 +87,69 @@ class RecordBatch:
         return self.size
 
     def records(self) -> list[Record]:
-        return [Record(name=n, step=self.step, mode=self.mode, mode_step=self.mode_step, value=a)
-                for n, a in zip(self.names, self.arrays, strict=True)]
+        reds = self.reductions or ((),) * len(self.names)
+        return [Record(name=n, step=self.step, mode=self.mode, mode_step=self.mode_step, value=a, reductions=r)
+                for n, a, r in zip(self.names, self.arrays, reds, strict=True)]
+
+
+class HostReservation:
+    """A thread writer's `Reservation` (see tensortap.capture.writer): a host buffer the caller copies a batch's
+    bytes into; `commit` hands it to the writer thread as one RecordBatch."""
+
+    __slots__ = ("nbytes", "_writer", "_names", "_dtype", "_shapes", "_flat", "_step", "_mode", "_mode_step", "_done",
+                 "_reductions")
+
+    def __init__(self, writer: ChunkWriter, names: tuple[str, ...], dtype: np.dtype,
+                 shapes: tuple[tuple[int, ...], ...], step: int, mode: int, mode_step: int,
+                 reductions: tuple | None = None):
+        self._reductions = reductions
+        count = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
+        self._flat = np.empty(count, dtype=dtype)
+        self.nbytes = self._flat.nbytes
+        self._writer, self._names, self._dtype, self._shapes = writer, names, dtype, shapes
+        self._step, self._mode, self._mode_step = step, mode, mode_step
+        self._done = False
+
+    def copy_in(self, sources: list[tuple[int, int]], at: int = 0) -> None:
+        from tensortap.transport.copy import gather_into
+
+        if at + sum(n for _a, n in sources) > self.nbytes:
+            raise ValueError("copy_in: the sources do not fit the reservation")
+        gather_into(self._flat.ctypes.data + at, sources)
+
+    def shrink(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...]) -> None:
+        count = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
+        if self._reductions is not None:
+            self._reductions = self._reductions[:len(names)]
+        self._flat = self._flat[:count]
+        self.nbytes = self._flat.nbytes
+        self._names, self._shapes = names, shapes
+
+    def commit(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        flat = self._flat
+        arrays = []
+        off = 0
+        for shape in self._shapes:
+            k = int(np.prod(shape, dtype=np.int64))
+            arrays.append(flat[off:off + k].reshape(shape))
+            off += k
+        self._writer.submit_batch(RecordBatch(self._names, arrays, flat, self._step, self._mode, self._mode_step,
+                                              self._reductions))
+
+    def cancel(self) -> None:
+        self._done = True
 
 
 def compute_reduction(arr: np.ndarray, name: str, abs_: bool) -> np.ndarray:
     """A reduction of `arr` as a 0-d array. Norms are flattened vector norms, for every framework."""
+    if name == "nonfinite":  # NaN and ±Inf elements (0 for integer and boolean tensors)
+        if arr.dtype.kind in "fc" or arr.dtype.kind == "V" or arr.dtype == np.float16:
+            x = arr.astype(np.float32) if arr.dtype.kind == "V" else arr
+            return np.asarray(np.int64(arr.size - np.count_nonzero(np.isfinite(x))))
+        return np.asarray(np.int64(0))
     x = np.abs(arr) if abs_ else arr
     if x.dtype.kind == "b" or x.dtype.kind in "iu" and name in ("mean", "std", "variance", "median", "l2"):
         x = x.astype(np.float64)
@@ -131,6 +194,16 @@ def _write_all(f: Any, buf: Any) -> None:
         if n is None:  # a non-blocking raw stream: nothing written yet
             continue
         view = view[n:]
+
+
+#: errors that mean the storage is full: the writer stops writing payloads and counts every record as dropped
+STORAGE_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+RESERVE_BYTES = 256 << 10  # set aside for the index blocks a writer still writes once the disk is full
+_MAX_MARKS = 4096  # step marks waiting for their records (older ones are superseded by newer ones)
+
+
+def storage_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in STORAGE_FULL_ERRNOS
 
 
 _DIRECT_WRITE = 1 << 16  # payloads at least this large are written straight from their arrays
@@ -186,6 +259,7 @@ class _Tables:
 
 
 _STOP = object()
+_RECORDS = object()  # a queue item of several records handed off together
 
 
 class ChunkWriter:
@@ -211,9 +285,16 @@ class ChunkWriter:
         seal_interval: float = 2.0,
         sealed_chunk_bytes: int = 32 << 20,
         metadata: dict[str, Any] | None = None,
+        tensorboard_dir: str | None = None,
     ):
         if backpressure not in ("block", "drop"):
             raise ValueError(f"backpressure must be 'block' or 'drop', not {backpressure!r}")
+        #: TensorBoard export of every record this writer persists, off the training thread (docs/tensorboard.md)
+        self.exporter = None
+        if tensorboard_dir:
+            from tensortap.tensorboard.export import EventExporter
+
+            self.exporter = EventExporter(tensorboard_dir, worker)
         self.storage = storage
         self.worker = worker
         self.num_workers = num_workers
@@ -241,14 +322,20 @@ class ChunkWriter:
         self.metadata = dict(metadata or {})
         self.close_timeout = 30.0
         self.dropped_records = 0
-        self.written_records = 0
+        self.written_records = 0  # records taken into a block (in memory or written)
+        self.durable_records = 0  # records in index blocks written (what a reader finds)
+        self.full = False  # the storage ran out of space: no more payloads are written
         self.error: BaseException | None = None
 
         self._pending_bytes = 0
         self._submitted = 0  # records accepted by submit()
-        self._encoded = 0  # records the writer thread has taken into a block
-        self._passed_mark: tuple[int, dict[str, Any]] | None = None
+        self._encoded = 0  # records the writer thread has handled (taken into a block, or dropped)
+        # (records submitted before the mark, the mark): every mark, so that a writer lagging behind the
+        # training loop still publishes the newest one whose records it has all written
+        self._marks: deque[tuple[int, dict[str, Any]]] = deque(maxlen=_MAX_MARKS)
         self._published_step = -1
+        self._durable_dat = 0  # bytes of the data file that indexed payloads reach
+        self._reserved = False
         self._room = threading.Condition()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._seq = self._first_free_seq()
@@ -294,10 +381,10 @@ class ChunkWriter:
         """Hand off several records at once (all or none): how many were accepted."""
         if self._closed or self.error is not None:
             return 0
-        if not self._reserve(sum(r.nbytes() for r in records), len(records), len(records)):
+        size = sum(r.nbytes() for r in records)
+        if not self._reserve(size, len(records), len(records)):
             return 0
-        for r in records:
-            self._queue.put(r)
+        self._queue.put(records[0] if len(records) == 1 else (_RECORDS, tuple(records), size))  # one hand-off
         return len(records)
 
     def submit_batch(self, batch: RecordBatch) -> int:
@@ -309,6 +396,25 @@ class ChunkWriter:
             return 0
         self._queue.put(batch)
         return n
+
+    def batch_layout(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
+                     reductions: tuple | None = None) -> Any:
+        return None  # (nothing to prepare: a reservation is a host buffer)
+
+    def reserve_batch(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
+                      step: int, mode: int, mode_step: int, layout: Any = None,
+                      reductions: tuple | None = None) -> HostReservation | bool:
+        """Room for a batch of raw tensors (see tensortap.capture.writer): a host buffer; the records count
+        against `max_pending_bytes` when committed."""
+        if self._closed or self.error is not None:
+            return False
+        return HostReservation(self, names, dtype, shapes, step, mode, mode_step, reductions)
+
+    def mark_steps(self, step: int, train: int, eval_: int, predict: int, global_: int) -> None:
+        """`mark_step_passed` with the mode steps as numbers (-1: none)."""
+        passed = {n: v for n, v in (("TRAIN", train), ("EVAL", eval_), ("PREDICT", predict), ("GLOBAL", global_))
+                  if v >= 0}
+        self.mark_step_passed(step, passed)
 
     def _reserve(self, size: int, items: int, records: int) -> bool:
         with self._room:
@@ -344,7 +450,7 @@ class ChunkWriter:
         Costs one attribute write on the training thread; the writer publishes the mark once every
         record submitted before it is written.
         """
-        self._passed_mark = (self._submitted, {"step": step, "mode_steps": mode_steps})
+        self._marks.append((self._submitted, {"step": step, "mode_steps": mode_steps}))
 
     def set_collections(self, collections_json: dict[str, Any]) -> None:
         self._queue.put(("collections", collections_json))
@@ -392,10 +498,18 @@ class ChunkWriter:
                     with self._room:
                         self._pending_bytes -= size
                         self._room.notify_all()
+                elif isinstance(item, tuple) and item[0] is _RECORDS:
+                    for r in item[1]:
+                        self._encode(r)
+                    size = item[2]
+                    item = None
+                    with self._room:
+                        self._pending_bytes -= size
+                        self._room.notify_all()
                 elif isinstance(item, tuple):
                     what, arg = item
                     if what == "collections":
-                        self._collections = arg
+                        self._take_collections(arg)
                     elif what == "flush":
                         self._flush_events.append(arg)
                         self._write_block()
@@ -411,6 +525,8 @@ class ChunkWriter:
             with self._room:
                 self._room.notify_all()
         finally:
+            if self.exporter is not None:
+                self.exporter.close()
             for ev in self._flush_events:
                 ev.set()
             for f in (self._dat, self._idx) if not self.sealed_mode else ():
@@ -419,6 +535,11 @@ class ChunkWriter:
                         f.close()
                     except OSError:
                         pass
+
+    def _take_collections(self, collections_json: dict[str, Any]) -> None:
+        self._collections = collections_json
+        if self.exporter is not None:
+            self.exporter.set_collections(collections_json)
 
     def _first_free_seq(self) -> int:
         keys = self.storage.list(layout.worker_dir(self.worker) + "/")
@@ -432,9 +553,17 @@ class ChunkWriter:
             self._idx_buf = bytearray()
             self._chunk_started = time.monotonic()
         else:
+            if not self._reserved:
+                self._reserved = True
+                try:
+                    self.storage.write(layout.reserve_key(self.worker), bytes(RESERVE_BYTES))
+                except OSError:
+                    pass  # (already short of space: nothing to set aside)
             self._dat = self.storage.open_append(layout.chunk_key(self.worker, self._seq, layout.DATA_SUFFIX))
             self._idx = self.storage.open_append(layout.chunk_key(self.worker, self._seq, layout.INDEX_SUFFIX))
         self._dat_size = 0
+        self._durable_dat = 0
+        self._idx_size = 0
         self._first_block = True
 
     def _add_payload(self, buf: bytes | np.ndarray) -> tuple[int, int, int, bytes]:
@@ -501,6 +630,19 @@ class ChunkWriter:
         return tmpl
 
     def _encode_batch(self, b: RecordBatch) -> None:
+        if self.full:
+            self.dropped_records += len(b.arrays)
+            self._encoded += 1
+            return
+        try:
+            self._encode_batch_rows(b)
+        except OSError as e:
+            if not storage_full(e):
+                raise
+            self._storage_full(e, len(b.arrays))
+            self._encoded += 1
+
+    def _encode_batch_rows(self, b: RecordBatch) -> None:
         if self._dat is None:
             self._open_chunk()
         arrays = b.arrays
@@ -556,10 +698,34 @@ class ChunkWriter:
             self._row_parts.append(np.array(self._rows, dtype=codec.DISK_ENTRY_DTYPE))
             self._rows.clear()
         self._row_parts.append(rows)
+        reds = b.reductions
+        if reds is not None:
+            for name, arr, wanted in zip(b.names, arrays, reds, strict=True):
+                if wanted:
+                    self._add_reductions(name, arr, b.mode, b.step, b.mode_step, wanted, {})
+        if self.exporter is not None:
+            mode = _MODE_NAME[b.mode]
+            for i, (name, arr) in enumerate(zip(b.names, arrays, strict=True)):
+                self.exporter.add(name, b.step, mode, b.mode_step, arr, self._last_reductions.get(name)
+                                  if reds is not None and reds[i] else None)
+        self._last_reductions = {}
         self.written_records += len(arrays)
         self._encoded += 1
 
     def _encode(self, r: Record) -> None:
+        if self.full:
+            self.dropped_records += 1
+            self._encoded += 1
+            return
+        try:
+            self._encode_rows(r)
+        except OSError as e:
+            if not storage_full(e):
+                raise
+            self._storage_full(e, 1)
+            self._encoded += 1
+
+    def _encode_rows(self, r: Record) -> None:
         if self._dat is None:
             self._open_chunk()
         t = self._tables
@@ -577,24 +743,13 @@ class ChunkWriter:
                  off, len(buf), crc, inl)
             )
             wrote_any = True
-        reductions = dict(r.reduction_values)
-        if value is not None and value.size > 0:
-            for red in r.reductions:
-                if red not in reductions:
-                    try:
-                        reductions[red] = compute_reduction(value, *red)
-                    except (TypeError, ValueError) as e:
-                        logger.debug("tensortap: reduction %s of %s skipped: %s", red, r.name, e)
-        for (red_name, abs_), rv in reductions.items():
-            rv = codec.as_storable(rv)
-            buf = rv.tobytes()
-            flags, off, crc, inl = self._add_payload(buf)
-            dtype_id = t._id(t.dtypes, codec.dtype_to_str(rv.dtype))
-            self._rows.append(
-                (name_id, r.mode, REDUCTION, reduction_code(red_name, abs_), flags, dtype_id, shape_id,
-                 r.step, r.mode_step, off, len(buf), crc, inl)
-            )
-            wrote_any = True
+        reductions = self._add_reductions(r.name, value, r.mode, r.step, r.mode_step, r.reductions,
+                                          r.reduction_values, shape)
+        wrote_any = wrote_any or bool(reductions)
+        if self.exporter is not None:
+            self._last_reductions = {}
+            self.exporter.add(r.name, r.step, _MODE_NAME[r.mode], r.mode_step, value,
+                              {("abs_" if a else "") + n: v for (n, a), v in reductions.items()})
         if r.save_shape and not wrote_any:
             dtype_id = t._id(t.dtypes, codec.dtype_to_str(value.dtype) if value is not None else "|V0")
             self._rows.append(
@@ -603,10 +758,98 @@ class ChunkWriter:
         self.written_records += 1
         self._encoded += 1
 
+    _last_reductions: dict[str, dict[str, Any]] = {}  # of the batch being encoded, for the TensorBoard export
+
+    def _add_reductions(self, name: str, value: np.ndarray | None, mode: int, step: int, mode_step: int,
+                        wanted: tuple, given: dict, shape: tuple[int, ...] | None = None) -> dict:
+        """Index entries for the reductions `wanted` of `value` (computed here) and those `given`; returns them."""
+        t = self._tables
+        reductions = dict(given)
+        if value is not None and value.size > 0:
+            for red in wanted:
+                if red not in reductions:
+                    try:
+                        reductions[red] = compute_reduction(value, *red)
+                    except (TypeError, ValueError) as e:
+                        logger.debug("tensortap: reduction %s of %s skipped: %s", red, name, e)
+        if not reductions:
+            return reductions
+        name_id = t._id(t.names, name)
+        shape_id = t._id(t.shapes, tuple(value.shape) if value is not None else tuple(shape or ()))
+        for (red_name, abs_), rv in reductions.items():
+            rv = codec.as_storable(rv)
+            buf = rv.tobytes()
+            flags, off, crc, inl = self._add_payload(buf)
+            dtype_id = t._id(t.dtypes, codec.dtype_to_str(rv.dtype))
+            self._rows.append(
+                (name_id, mode, REDUCTION, reduction_code(red_name, abs_), flags, dtype_id, shape_id,
+                 step, mode_step, off, len(buf), crc, inl)
+            )
+        if self.exporter is not None:
+            if not self._last_reductions:
+                self._last_reductions = {}
+            self._last_reductions[name] = {("abs_" if a else "") + n: v for (n, a), v in reductions.items()}
+        return reductions
+
     def _write_block(self, end: bool = False) -> None:
+        try:
+            self._write_block_now(end)
+        except OSError as e:
+            if not storage_full(e):
+                raise
+            if not self.full:
+                self._storage_full(e, 0)
+                try:
+                    self._write_block_now(end)  # (the marks and the end, in the space set aside)
+                except OSError as e2:
+                    if not storage_full(e2):
+                        raise
+            for ev in self._flush_events:
+                ev.set()
+            self._flush_events.clear()
+
+    def _storage_full(self, e: OSError, failed: int) -> None:
+        """The storage is full: forget the block being built (its payloads are cut off the data file), free the
+        space set aside, and from now on count every record as dropped. `failed`: records of the hand-off
+        being encoded when it happened (not yet counted as written)."""
+        lost = self.written_records - self.durable_records + failed
+        self.written_records = self.durable_records
+        self.dropped_records += lost
+        self.full = True
+        self._forget_block()
+        if not self.sealed_mode and self._dat is not None:
+            try:
+                self._truncate_data(self._durable_dat)
+            except OSError:
+                pass
+        self._dat_size = self._durable_dat
+        try:
+            self.storage.delete(layout.reserve_key(self.worker))
+        except OSError:
+            pass
+        logger.warning("tensortap: no space left for the data of %s in %s (%s): %d records not yet indexed are "
+                       "dropped, and every later one is dropped and counted (dropped_records). What was saved "
+                       "before stays readable. Training continues.", self.worker, self.storage.url,
+                       os.strerror(e.errno or errno.ENOSPC), lost)
+
+    def _forget_block(self) -> None:
+        self._rows.clear()
+        self._row_parts = []
+        self._pend = bytearray()
+        self._tables = _Tables()
+        self._templates = {}
+
+    def _truncate_data(self, size: int) -> None:
+        self._dat.flush()
+        os.truncate(self._dat.name, size)
+
+    def _write_block_now(self, end: bool = False) -> None:
         flushing = bool(self._flush_events)
-        mark = self._passed_mark  # read once: the training thread may replace it at any time
-        if mark is not None and mark[0] <= self._encoded and mark[1]["step"] > self._published_step:
+        marks = self._marks
+        mark = None
+        while marks and marks[0][0] <= self._encoded:  # the newest mark whose records are all handled
+            mark = marks.popleft()
+        if mark is not None and mark[1]["step"] > self._published_step:
             self._passed = mark[1]
             self._published_step = mark[1]["step"]
         if not self._rows and not self._row_parts and self._passed is None and self._collections is None and not end:
@@ -648,9 +891,19 @@ class ChunkWriter:
             if self._pend:
                 self._write_pending()
             self._dat.flush()
-            self._idx.write(block)  # one append
-            self._idx.flush()
+            start = self._idx_size
+            try:
+                _write_all(self._idx, block)  # one append (a short write is continued)
+            except OSError:
+                self._idx.flush()
+                os.truncate(self._idx.name, start)  # no torn block before the ones written later
+                raise
+            self._idx_size = start + len(block)
         self._first_block = False
+        self.durable_records = self.written_records
+        self._durable_dat = self._dat_size
+        if self.exporter is not None:
+            self.exporter.flush()
         self._rows.clear()
         self._row_parts = []
         self._block_bytes = 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import contextvars
+import json
 import logging
 import os
 import platform
@@ -42,23 +43,87 @@ logger = logging.getLogger("tensortap")
 DISABLE_ENV = "TENSORTAP_DISABLE"
 INCLUDE_WORKERS = ("one", "all")
 WRITERS = ("auto", "thread", "process")
+#: seconds between looks for a stop request at step boundaries (one stat of a local file: ~2 µs), and between
+#: polls of an object store's (one HEAD, on a background thread); they bound the stop's share of the latency
+#: from a rule's verdict to training stopped
+STOP_CHECK_INTERVAL = 0.05
+STOP_POLL_INTERVAL = 0.5
 _NOTHING: list = []  # collections_to_save() when nothing saves (never mutated)
 _MODE_NAMES = {m: m.name for m in ModeKeys}  # Enum.name is a slow property, and this runs every step
 
 
 def default_writer(out_dir: str) -> str:
     """What writer="auto" means for `out_dir`: TENSORTAP_WRITER if set, else "process" for a local out_dir
-    on x86-64 Linux (shared memory, O_DIRECT; its ring protocol relies on x86's store ordering), else
-    "thread" (other platforms, object stores)."""
+    on Linux where the ring's counters are ordered (C release/acquire atomics built, or x86-64; see
+    docs/transport.md), else "thread" (other platforms, object stores)."""
     env = os.environ.get("TENSORTAP_WRITER", "").strip().lower()
     if env in ("thread", "process"):
         return env
     if env not in ("", "auto"):
         raise InvalidConfiguration(f"TENSORTAP_WRITER={env!r}: allowed are 'auto', 'thread' and 'process'")
-    if (sys.platform.startswith("linux") and platform.machine().lower() in ("x86_64", "amd64")
-            and not is_remote(out_dir)):
+    if sys.platform.startswith("linux") and not is_remote(out_dir) and _ring_is_ordered():
         return "process"
     return "thread"
+
+
+def _ring_is_ordered() -> bool:
+    from tensortap.transport.copy import ORDERED
+
+    return ORDERED
+
+
+_SYSTEM_DIRS = ("/proc", "/sys", "/dev")
+#: what weights, biases and gradients save by default beside their raw values (curves without configuration)
+DEFAULT_STATISTICS = ReductionConfig(reductions=["min", "max", "mean", "nonfinite"], norms=["l2"],
+                                     save_raw_tensor=True)
+
+
+def check_out_dir(out_dir: Any) -> str:
+    """`out_dir` as a string, or InvalidConfiguration naming what is wrong with it: not a path, a NUL in it, a
+    system folder, an existing file, or a path under a file. (Whether it can be written is found when the hook
+    claims it.)"""
+    if isinstance(out_dir, os.PathLike):
+        out_dir = os.fspath(out_dir)
+    if not isinstance(out_dir, str) or not out_dir.strip():
+        raise InvalidConfiguration(f"out_dir={out_dir!r}: give a local directory or an s3://bucket/prefix")
+    if "\0" in out_dir:
+        raise InvalidConfiguration(f"out_dir={out_dir!r} contains a NUL character")
+    if is_remote(out_dir):
+        return out_dir
+    path = os.path.abspath(os.path.expanduser(out_dir))
+    if any(path == d or path.startswith(d + "/") for d in _SYSTEM_DIRS):
+        raise InvalidConfiguration(f"out_dir={out_dir!r} is inside a system folder ({path}): give a directory "
+                                   "for the job's data")
+    probe = path
+    while probe and not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if os.path.exists(probe) and not os.path.isdir(probe):
+        where = "is a file" if probe == path else f"is under a file ({probe})"
+        raise InvalidConfiguration(f"out_dir={out_dir!r} {where}: give a directory for the job's data")
+    return out_dir
+
+
+def _tensorboard_dir(out_dir: str, export: bool, tensorboard_dir: Any) -> str | None:
+    """The local folder of a hook's TensorBoard export: `tensorboard_dir`, else `<out_dir>/tensorboard` when
+    `export` (event files are written locally; an s3:// job exports to a local folder or is converted later)."""
+    if tensorboard_dir is None or tensorboard_dir == "":
+        if not export:
+            return None
+        if is_remote(out_dir):
+            raise InvalidConfiguration(f"export_tensorboard=True with out_dir={out_dir!r}: TensorBoard files are "
+                                       "written locally; give tensorboard_dir= a local folder, or convert the job "
+                                       "later with `tensortap tensorboard`")
+        return os.path.abspath(os.path.join(os.path.expanduser(out_dir), "tensorboard"))
+    if not isinstance(tensorboard_dir, str | os.PathLike):
+        raise InvalidConfiguration(f"tensorboard_dir={tensorboard_dir!r} must be a local folder")
+    tensorboard_dir = os.fspath(tensorboard_dir)
+    if is_remote(tensorboard_dir):
+        raise InvalidConfiguration(f"tensorboard_dir={tensorboard_dir!r}: TensorBoard files are written locally; "
+                                   "give a local folder (convert an s3:// job with `tensortap tensorboard`)")
+    return os.path.abspath(os.path.expanduser(tensorboard_dir))
 
 
 def disabled_by_env() -> bool:
@@ -96,6 +161,9 @@ class Hook:
     builtin_collections: tuple[str, ...] = (CollectionKeys.ALL, CollectionKeys.DEFAULT, CollectionKeys.SCALARS)
     #: saved when include_collections is None
     default_include_collections: tuple[str, ...] = (CollectionKeys.DEFAULT, CollectionKeys.SCALARS)
+    #: collections that get cheap per-step statistics beside their raw values unless the user chose reductions
+    #: (`DEFAULT_STATISTICS`, computed by the writer off the training thread); framework hooks name theirs
+    statistics_collections: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -133,9 +201,11 @@ class Hook:
             include_collections = list(dict.fromkeys([*base, *(runner_cfg.include_collections or [])]))
             if save_config is None:
                 save_config = runner_cfg.save_config
-        if out_dir is None or not str(out_dir).strip():
-            raise InvalidConfiguration(f"out_dir={out_dir!r}: give a local directory or an s3://bucket/prefix")
-        self.out_dir = str(out_dir)
+            runner_kw = runner_cfg.hook_kwargs()
+            if runner_kw.get("tensorboard_dir") and not tensorboard_dir:
+                tensorboard_dir = runner_kw["tensorboard_dir"]
+            export_tensorboard = bool(export_tensorboard or runner_kw.get("export_tensorboard", False))
+        self.out_dir = check_out_dir(out_dir)
         for flag_name, flag in (("dry_run", dry_run), ("save_all", save_all),
                                 ("export_tensorboard", export_tensorboard)):
             if not isinstance(flag, bool):
@@ -146,8 +216,27 @@ class Hook:
             raise InvalidConfiguration(
                 f"reduction_config={reduction_config!r} must be a tensortap.ReductionConfig or None"
             )
+        if include_regex is not None and not isinstance(include_regex, str) and not (
+                isinstance(include_regex, Iterable) and all(isinstance(r, str) for r in include_regex)):
+            raise InvalidConfiguration(f"include_regex={include_regex!r} must be a regex or a list of regexes")
+        if include_collections is not None and (isinstance(include_collections, str | bytes)
+                                                or not isinstance(include_collections, Iterable)):
+            raise InvalidConfiguration(f"include_collections={include_collections!r} must be a list of collection "
+                                       "names or Collections")
+        if worker is not None and (not isinstance(worker, str) or not worker.strip() or "\0" in worker):
+            raise InvalidConfiguration(f"worker={worker!r} must be a non-empty name (a string)")
+        for int_name, int_value in (("rank", rank), ("world_size", world_size)):
+            if int_value is not None and (isinstance(int_value, bool) or not isinstance(int_value, int)):
+                raise InvalidConfiguration(f"{int_name}={int_value!r} must be a whole number")
+        if world_size is not None and world_size < 1:
+            raise InvalidConfiguration(f"world_size={world_size!r} must be at least 1")
+        if tensorboard_dir is not None and not isinstance(tensorboard_dir, str | os.PathLike):
+            raise InvalidConfiguration(f"tensorboard_dir={tensorboard_dir!r} must be a local folder")
         if not (isinstance(flush_interval, int | float) and flush_interval > 0):
             raise InvalidConfiguration(f"flush_interval={flush_interval!r} must be a positive number of seconds")
+        for size_name, size in (("chunk_bytes", chunk_bytes), ("max_pending_bytes", max_pending_bytes)):
+            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+                raise InvalidConfiguration(f"{size_name}={size!r} must be a positive whole number of bytes")
         if backpressure not in ("block", "drop"):
             raise InvalidConfiguration(f"backpressure={backpressure!r}: allowed are 'block' and 'drop'")
         if writer not in WRITERS:
@@ -161,13 +250,18 @@ class Hook:
         self.include_workers = include_workers
         self.export_tensorboard = export_tensorboard
         self.tensorboard_dir = tensorboard_dir
-        if export_tensorboard or tensorboard_dir:
-            logger.warning("tensortap: TensorBoard export is not available yet; the option is ignored")
+        #: where the writer exports TensorBoard event files (docs/tensorboard.md); None: no export
+        self._tb_dir = _tensorboard_dir(self.out_dir, export_tensorboard, tensorboard_dir)
 
         self.collection_manager = CollectionManager()
         for name in self.builtin_collections:
             self.collection_manager.get(name)
         self._init_builtin_collections()
+        if reduction_config is None:
+            for name in self.statistics_collections:
+                c = self.collection_manager.get(name)
+                if c.reduction_config is None:
+                    c.reduction_config = DEFAULT_STATISTICS
         if include_regex:
             regexes = [include_regex] if isinstance(include_regex, str) else list(include_regex)
             self.collection_manager.get(CollectionKeys.DEFAULT).include(regexes)
@@ -229,25 +323,36 @@ class Hook:
         self._merged_cfg: dict[int, tuple[Any, Any, SaveConfig]] = {}  # id(collection) -> merged save config
         self._schedules: dict[ModeKeys, list[tuple[Collection, SaveConfigMode]]] = {}  # see _mode_schedule
         self._collections_dirty = True
-        # Stop requests (tensortap.rules.actions.stop): every rank watches, writing or not.
+        # Stop requests (tensortap.format.control): every rank watches, writing or not.
         self._stop_watch = not disabled_by_env()
         self._stop_request: dict | None = None
         self._next_stop_check = 0.0
         self._remote = is_remote(self.out_dir)
         self._stop_thread: threading.Thread | None = None
-        if not self.disabled and self.writes and not self.dry_run:
+        self._dropped_here = 0  # values refused before they reached the writer (too large)
+        if not self.disabled and self.writes and not self.dry_run and not self._claim_later:
             self._check_out_dir()
         # applied at the first step, once a framework subclass has finished its own set-up
         self._pending_collection_configs = runner_cfg.collection_configs if runner_cfg is not None else None
         # Nothing lost: a job that forgets close() still gets its data flushed and its end marked.
         atexit.register(_close_at_exit, weakref.ref(self))
+        if self.active and not self.dry_run and not self._claim_later:
+            # The writer starts now, beside the job's own start-up, not at the first saving step: the first
+            # steps reach readers (and rules watching them) as soon as they are flushed.
+            with self.guard("start of the writer"):
+                self._get_writer()
 
     # --- construction helpers ---------------------------------------------------------------
 
     def _init_builtin_collections(self) -> None:
         """Set the regexes of the built-in collections (framework hooks override)."""
 
+    #: a framework hook that learns its worker's name only at the first step claims the out_dir then
+    _claim_later = False
+
     def _check_out_dir(self) -> None:
+        """Claim this worker's folder in out_dir for this job, atomically (docs/format.md §1): a second job
+        given the same out_dir and worker gets a clear error here instead of interleaving its data."""
         storage = open_storage(self.out_dir)
         for key in storage.list(layout.worker_dir(self.worker) + "/"):
             if key.endswith(layout.INDEX_SUFFIX):
@@ -255,6 +360,16 @@ class Hook:
                     f"out_dir {self.out_dir!r} already holds data of {self.worker}: "
                     "use a new out_dir for every training job"
                 )
+        claim = json.dumps({"pid": os.getpid(), "host": platform.node(), "time": time.time()}).encode()
+        try:
+            claimed = storage.create_exclusive(layout.claim_key(self.worker), claim)
+        except OSError as e:
+            raise InvalidConfiguration(f"out_dir {self.out_dir!r} cannot be written: {e}") from None
+        if not claimed:
+            raise InvalidConfiguration(
+                f"out_dir {self.out_dir!r} is already used by another job writing {self.worker} "
+                f"({storage.describe(layout.claim_key(self.worker))}): use a new out_dir for every training job"
+            )
         self._storage = storage
 
     @classmethod
@@ -527,12 +642,12 @@ class Hook:
         return step
 
     def _check_stop_request(self) -> None:
-        """One stat per second at most (local); object stores are polled by a background thread."""
+        """One stat per STOP_CHECK_INTERVAL at most (local); object stores are polled by a background thread."""
         now = time.monotonic()
         if self._stop_request is None and now < self._next_stop_check:
             return
-        self._next_stop_check = now + 1.0
-        from tensortap.rules.actions.stop import StopSignal, stop_requested
+        self._next_stop_check = now + STOP_CHECK_INTERVAL
+        from tensortap.format.control import StopSignal, stop_requested
 
         if self._stop_request is None and not self._remote:
             try:
@@ -549,14 +664,14 @@ class Hook:
             StopSignal(self.out_dir).stop(self, req)  # closes the hook, raises TrainingStopped
 
     def _poll_stop(self) -> None:
-        from tensortap.rules.actions.stop import stop_requested
+        from tensortap.format.control import stop_requested
 
         while not self._closed and self._stop_request is None:
             try:
                 self._stop_request = stop_requested(self.out_dir, min_interval=0)
             except Exception:  # noqa: BLE001 - the store may be unreachable for a while
                 pass
-            time.sleep(1.0)
+            time.sleep(STOP_POLL_INTERVAL)
 
     def end_step(self) -> None:
         """Finish the current step: readers learn that no more data comes for it."""
@@ -602,11 +717,15 @@ class Hook:
         if self._writer is None:
             if self._storage is None:
                 self._storage = open_storage(self.out_dir)
-            kw = dict(num_workers=self.num_workers,
+            kw = dict(num_workers=self.num_workers, tensorboard_dir=self._tb_dir,
                       metadata={"rank": self.rank, "world_size": self.world_size, "hook": type(self).__name__},
                       **self._writer_opts)
+            if self.writer_kind == "process" and not _ring_is_ordered():
+                logger.warning("tensortap: writer='process' needs ordered shared counters (the C helper, or an "
+                               "x86-64 CPU); writing from a thread instead")
+                self.writer_kind = "thread"
             if self.writer_kind == "process":
-                from tensortap.format.process_writer import ProcessChunkWriter
+                from tensortap.transport.process_writer import ProcessChunkWriter
 
                 try:
                     self._writer = ProcessChunkWriter(self._storage, self.worker, **kw)
@@ -704,6 +823,8 @@ class Hook:
         names = [collections_to_write] if isinstance(collections_to_write, str) else list(collections_to_write)
         if not self.active:
             return
+        if self._too_large(tensor_name, tensor_value):
+            return
         with self.guard("save_tensor"):
             self._ensure_step()
             colls = []
@@ -723,6 +844,19 @@ class Hook:
                     return
                 self.write_tensor(tensor_name, value, colls)
 
+    def _too_large(self, name: str, value: Any) -> bool:
+        """A value larger than the writer may hold (max_pending_bytes) is dropped before anything copies it
+        (a broadcast view's copy could take all the memory): counted in dropped_records, warned once."""
+        nbytes = getattr(value, "nbytes", None)
+        limit = self._writer_opts["max_pending_bytes"]
+        if isinstance(nbytes, int) and nbytes > limit:
+            self._dropped_here += 1
+            self._warn_once("too-large", f"tensortap: {name!r} not saved: {nbytes} bytes is more than "
+                                         f"max_pending_bytes={limit}; such values are dropped and counted "
+                                         "(dropped_records)")
+            return True
+        return False
+
     def save_scalar(self, name: str, value: Any, timestamp: float | None = None) -> None:
         """Save a scalar as `scalar/<name>` at the current step, whatever the save config."""
         if not isinstance(name, str) or not name:
@@ -731,8 +865,8 @@ class Hook:
             size = np.size(value)
         except Exception:  # noqa: BLE001
             size = -1
-        if size != 1:
-            raise InvalidConfiguration(f"save_scalar({name!r}, ...) needs a single value, got {value!r}")
+        if size != 1 or value is None or np.asarray(value).dtype.kind not in "biufc":
+            raise InvalidConfiguration(f"save_scalar({name!r}, ...) needs a single number, got {value!r}")
         if not self.active:
             return
         with self.guard("save_scalar"):
@@ -771,8 +905,9 @@ class Hook:
                 w.close()
                 if w.error is not None:
                     raise w.error
-                if w.dropped_records:
-                    logger.warning("tensortap: %d records were dropped under backpressure", w.dropped_records)
+                if self.dropped_records:
+                    logger.warning("tensortap: %d records of %s were not saved (counted in dropped_records; the "
+                                   "cause was logged when it began)", self.dropped_records, self.worker)
             elif self._writer is not None:
                 self._writer.close()
         self._closed = True
@@ -788,7 +923,8 @@ class Hook:
 
     @property
     def dropped_records(self) -> int:
-        return self._writer.dropped_records if self._writer is not None else 0
+        """Records handed to tensortap and not saved (storage full or too slow, writer process gone, too large)."""
+        return self._dropped_here + (self._writer.dropped_records if self._writer is not None else 0)
 
     def has_default_hook_configuration(self) -> bool:
         return set(self.include_collections) == set(self.default_include_collections)

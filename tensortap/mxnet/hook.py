@@ -179,10 +179,11 @@ class Hook(BaseHook):
             found = horovod_rank()
             if found is not None:
                 rank, world_size = found
-        super().__init__(out_dir, *args, rank=rank, world_size=world_size, **kwargs)
         # Made before hvd.init() in a process the launcher gave no rank variables: Horovod's rank is taken at
-        # the first step, before anything is written.
-        self._mx_rank_later = not given and rank is None and rank_in_env() is None
+        # the first step, and the worker's folder in out_dir claimed then (the base hook's _claim_later), before
+        # anything is written.
+        self._mx_rank_later = self._claim_later = not given and rank is None and rank_in_env() is None
+        super().__init__(out_dir, *args, rank=rank, world_size=world_size, **kwargs)
         self._mx_roots: list[_Root] = []
         self._mx_losses: list[tuple[mx.gluon.Block, Any]] = []  # (loss block, its forward hook's handle)
         self._mx_registered: set[int] = set()  # ids of every block inside a registered model or loss
@@ -270,6 +271,11 @@ class Hook(BaseHook):
         if self._mx_rank_later:
             self._mx_rank_later = False
             self._mx_adopt_horovod_rank()
+            if self.writes and not self.disabled and not self.dry_run:
+                try:
+                    self._check_out_dir()  # (what the constructor does when it knows the worker)
+                except InvalidConfiguration as e:  # another job's data: this hook writes nothing, training goes on
+                    self._fail("first step", e)
         if self._mx_io_counts:
             self._mx_io_counts.clear()
         now = self.collections_to_save() if self.active else _NONE

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tensortap._copy import gather_into
+from tensortap.transport.copy import gather_into
 
 # torch dtypes numpy lacks, stored through ml_dtypes when it is installed (else upcast to float32).
 _ML_DTYPE_NAMES = {

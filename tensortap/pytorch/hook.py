@@ -8,8 +8,7 @@ module is named by its class), losses `<LossClass>_output_0`. Optimizer state is
 Steps known to save nothing cost one truth test in C per forward of the root module, made without a module
 hook (see `_step_counter`); per-module forward hooks and per-parameter gradient hooks are only installed for
 steps that save them. With the writer process, a saving step hands its weights, gradients and loss over in
-one message of shared memory (see `_StepLayout`); once such steps repeat, a steady cycle runs them in fewer,
-shorter calls and hands anything unusual back to this code (see `_steady`).
+one message of shared memory (see `_StepLayout`).
 """
 
 from __future__ import annotations
@@ -27,19 +26,17 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from tensortap import modes as _modes
-from tensortap.collection import Collection, CollectionKeys
+from tensortap.collection import ACTIVATION_COLLECTIONS, Collection, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.format.writer import RecordBatch
 from tensortap.hooks.base import Hook as BaseHook
 from tensortap.hooks.base import rank_in_env
 from tensortap.pytorch import _step_counter, singleton
-from tensortap.pytorch._steady import SteadyCycle
 from tensortap.pytorch._step_counter import CountingHooks
 from tensortap.pytorch._tensors import (
     BufferPool,
     HostBatch,
     capturable,
-    gather_into,
     host_numpy,
     iter_tensors,
     numpy_dtype,
@@ -58,6 +55,8 @@ _PARAM_COLLECTIONS = frozenset({K.WEIGHTS, K.BIASES, K.GRADIENTS})
 # Collections that need no per-module forward hooks (losses come from registered loss modules).
 _NOT_IO = frozenset({K.WEIGHTS, K.BIASES, K.GRADIENTS, K.LOSSES, K.SCALARS, K.OPTIMIZER_VARIABLES})
 _NO_STATE_KEYS = frozenset({"params"})
+#: the module types of each activation collection (functional calls such as F.relu are not modules: not found)
+_ACTIVATION_TYPES = {"relu": (nn.ReLU, nn.ReLU6), "sigmoid": (nn.Sigmoid,), "tanh": (nn.Tanh,)}
 _INF = float("inf")
 _MAX_SKIP = 1 << 62
 _STRIDED = torch.strided
@@ -97,6 +96,12 @@ def _detect_rank() -> tuple[int | None, int | None]:
         except Exception:  # noqa: BLE001 - an odd Horovod build must not stop the job
             pass
     return None, None
+
+
+def _pad(reductions: tuple | None, n: int) -> tuple:
+    """Per-tensor reductions for `n` tensors: `reductions`, then none for the rest."""
+    reductions = reductions or ()
+    return reductions + ((),) * (n - len(reductions))
 
 
 def _no_distributed() -> bool:
@@ -156,6 +161,7 @@ class _StepLayout:
     tail_names: tuple[str, ...]  # gradients' and small tensors' (a loss)
     tail_shapes: tuple[tuple[int, ...], ...]
     weight_bytes: int  # where the tail starts in the payload
+    reductions: tuple | None = None  # per tensor, what the writer computes from it (None: nothing)
     writer: Any = None  # the writer of `writer_layout`, its batch_layout() of names and shapes
     writer_layout: Any = None
 
@@ -163,10 +169,11 @@ class _StepLayout:
 @dataclass
 class _Spec:
     """A fixed list of tensors saved together at every saving step: their names, and whether they are
-    saved raw only (then they go to the writer as one batch)."""
+    saved raw (with, per tensor, the reductions the writer computes: then they go to the writer as one batch)."""
 
     names: tuple[str, ...]
     raw_only: bool
+    reductions: tuple | None = None  # per tensor, (name, abs) pairs; None: none at all
     shapes: tuple[tuple[int, ...], ...] | None = None  # as last handed to a writer process
     dtype: torch.dtype | None = None  # ... and their dtype, as torch's and numpy's
     np_dtype: Any = None
@@ -178,22 +185,23 @@ class Hook(BaseHook):
 
     builtin_collections = (
         K.ALL, K.DEFAULT, K.SCALARS, K.WEIGHTS, K.BIASES, K.GRADIENTS, K.LOSSES, K.INPUTS, K.OUTPUTS,
-        K.OPTIMIZER_VARIABLES,
+        K.OPTIMIZER_VARIABLES, *(c for pair in ACTIVATION_COLLECTIONS.values() for c in pair),
     )
+    statistics_collections = (K.WEIGHTS, K.BIASES, K.GRADIENTS)
     default_include_collections = (K.LOSSES, K.SCALARS)
     _counting: CountingHooks | None  # the only root's step counter, when it may skip ahead (see the base hook)
-    _steady: SteadyCycle | None = None  # runs the saving steps while they stay alike (see _maybe_steady)
 
     def __init__(self, out_dir: str, *args: Any, rank: int | None = None, world_size: int | None = None,
                  **kwargs: Any):
         given = rank is not None or world_size is not None
         if not given:
             rank, world_size = _detect_rank()
-        super().__init__(out_dir, *args, rank=rank, world_size=world_size, **kwargs)
         # Made before the process group, with no rank given or in the environment (e.g. a process started
         # by torch.multiprocessing.spawn that calls init_process_group itself): the group's rank is taken
-        # at the first step if the group exists by then (see _prepare), before anything is written.
-        self._rank_later = not given and rank is None and rank_in_env() is None
+        # at the first step if the group exists by then (see _prepare), and the worker's folder is claimed
+        # then, before anything is written.
+        self._rank_later = self._claim_later = not given and rank is None and rank_in_env() is None
+        super().__init__(out_dir, *args, rank=rank, world_size=world_size, **kwargs)
         self._roots: list[_Root] = []
         self._module_ids: set[int] = set()  # every module inside a registered root
         self._param_names: dict[int, str] = {}
@@ -245,6 +253,11 @@ class Hook(BaseHook):
         if self._rank_later:
             self._rank_later = False
             self._adopt_group_rank()
+            if self.writes and not self.disabled and not self.dry_run:
+                try:
+                    self._check_out_dir()  # (what the constructor does when it knows the worker)
+                except InvalidConfiguration as e:  # another job's data: this hook writes nothing, training goes on
+                    self._fail("first step", e)
         super()._prepare()
 
     def _adopt_group_rank(self) -> None:
@@ -253,7 +266,6 @@ class Hook(BaseHook):
         if rank is None or world_size is None or self._writer is not None:
             return
         named = self.worker == f"worker_{self.rank}"  # (else a name the caller chose)
-        renamed = named and rank != self.rank
         self.rank, self.world_size = rank, world_size
         if named:
             self.worker = f"worker_{rank}"
@@ -261,11 +273,6 @@ class Hook(BaseHook):
         self.collection_manager.set_num_workers(self.num_workers)
         self._collections_dirty = True
         self.writes = self.include_workers == "all" or rank == 0
-        if renamed and self.writes and not self.disabled and not self.dry_run:
-            try:
-                self._check_out_dir()  # (what the constructor checked for the old name)
-            except InvalidConfiguration as e:  # an earlier job's data: this hook writes nothing, training goes on
-                self._fail("first step", e)
 
     def _init_builtin_collections(self) -> None:
         get = self.collection_manager.get
@@ -323,6 +330,7 @@ class Hook(BaseHook):
         elif not compiled:
             for n, m in inner.named_modules():
                 io_hooks.append((m, functools.partial(self._io_hook, n if n else root_name), _hook_id()))
+                self._note_activation(n if n else root_name, m)
         root = _Root(module, root_name, params, io_hooks, compiled)
         if not compiled:
             root.counter = _step_counter.install(module, functools.partial(self._root_pre_hook, module, ()))
@@ -342,6 +350,16 @@ class Hook(BaseHook):
         if compiled:
             logger.info("tensortap: %s is compiled: inputs/outputs of its submodules are not captured", root_name)
 
+    def _note_activation(self, name: str, module: nn.Module) -> None:
+        """A ReLU / sigmoid / tanh module's input and output go into the activation collections (found by the
+        module's type, whatever its name), saved when such a collection is included."""
+        for kind, types in _ACTIVATION_TYPES.items():
+            if isinstance(module, types):
+                inputs, outputs = ACTIVATION_COLLECTIONS[kind]
+                self.collection_manager.get(inputs).add_tensor_name(f"{name}{INPUT_SUFFIX}0")
+                self.collection_manager.get(outputs).add_tensor_name(f"{name}{OUTPUT_SUFFIX}0")
+                return
+
     register_block = register_module
     register_hook = register_module
 
@@ -355,7 +373,6 @@ class Hook(BaseHook):
         if any(m is loss_module for m, _fn, _k in self._losses):
             return
         self._losses.append((loss_module, functools.partial(self._loss_hook, name), _hook_id()))
-        self._drop_steady()
         self._remove_plan_handles()  # the next saving step installs its hook
 
     def _hook_loss_now(self, loss_module: nn.Module) -> None:
@@ -611,7 +628,7 @@ class Hook(BaseHook):
                             i += 1
                         else:
                             res = self._step_res
-                            gather_into(self._writer.ring_address + res.offset + layout.weight_bytes, sources)
+                            res.copy_in(sources, layout.weight_bytes)
                             self._pending_grads = {}
                             self._grad_res = res
                             self._grad_off = layout.weight_bytes
@@ -681,15 +698,18 @@ class Hook(BaseHook):
             if res is self._step_res:
                 self._split_step_res()  # (the weights in it stay)
             else:
-                self._writer.cancel(res)
+                res.cancel()
 
     def _learn_step_layout(self, plan: _Plan, tail_names: tuple[str, ...]) -> None:
         """After the weights and the gradients of a step went to the writer in two messages: one next time."""
         ws, gs = plan.weight_spec, plan.grad_spec
         if (plan.step_layout is None and self._defer_small and ws is not None and ws.sources is not None
                 and ws.shapes is not None and gs is not None and ws.dtype is gs.dtype and ws.np_dtype is not None):
+            reds = None
+            if ws.reductions is not None or gs.reductions is not None:
+                reds = _pad(ws.reductions, len(ws.names)) + _pad(gs.reductions, len(tail_names))
             plan.step_layout = _StepLayout(ws.names + tail_names, ws.shapes + gs.shapes, tail_names, gs.shapes,
-                                           sum(n for _a, n in ws.sources))
+                                           sum(n for _a, n in ws.sources), reds)
 
     def _split_step_res(self, send: bool = True) -> None:
         """The step's message goes out with the weights alone (its gradients did not come, or not as its
@@ -697,14 +717,13 @@ class Hook(BaseHook):
         res, self._step_res = self._step_res, None
         if res is None or res is self._grad_res:
             return
-        w = self._writer
         plan = self._step_plan
         if not send or plan is None or plan.weight_spec is None:
-            w.cancel(res)
+            res.cancel()
             return
         ws = plan.weight_spec
-        w.shrink(res, ws.names, ws.np_dtype, ws.shapes)
-        w.commit(res)
+        res.shrink(ws.names, ws.np_dtype, ws.shapes, ws.reductions)
+        res.commit()
 
     def _expand_grad_batch(self) -> None:
         """Turn a pending batch of every gradient into per-name pending gradients."""
@@ -751,7 +770,7 @@ class Hook(BaseHook):
             plan = self._step_plan = self._plan_last  # (_plan_for's first test, inline)
         else:
             plan = self._step_plan = self._plan_for(now)
-        self._defer_small = self.writer_kind == "process" and not self.dry_run
+        self._defer_small = not self.dry_run
         if plan.weights:
             self._save_params(plan)
         if plan.grads:
@@ -824,69 +843,13 @@ class Hook(BaseHook):
             self._grad_res = self._step_res = None
             self._small = []
             self._small_in_res = self._grad_off = 0
-            self._writer.commit(res)
-            if self._steady is None and self._step_plan is not None:
-                try:
-                    self._maybe_steady(self._step_plan)
-                except Exception as e:  # noqa: BLE001 - never break training
-                    self._fail("step end", e)
+            res.commit()
         else:
             self._hand_off_grads()
         self._saving = False
         self._step_plan = None
 
-    def _maybe_steady(self, plan: _Plan) -> None:
-        """After a saving step that sent its weights, gradients and loss in one message: a steady cycle runs
-        the next saving steps of this plan if nothing in them needs the general code (see _steady)."""
-        uniform = self._uniform.get(self.mode)
-        if (uniform is None or not SteadyCycle.usable(uniform[0]) or len(self._roots) != 1 or self._counting is None
-                or self.mode in _NO_GRAD_MODES):
-            return  # (e.g. saving every step: no steady cycle, and this test is all it costs)
-        root = self._roots[0]
-        counter = root.counter
-        layout = plan.step_layout
-        spec = plan.weight_spec
-        w = self._writer
-        if (counter is not self._counting or counter.tick is None or root.compiled or "_root_pre_hook" in vars(self)
-                or plan.io or plan.some_odd or not plan.weights or not plan.grads or layout is None
-                or layout.writer is not w or layout.writer_layout is None or spec is None or spec.sources is None
-                or plan.param_ptrs is None or not hasattr(w, "reserve_step") or self._plan_last is not plan
-                or self._plan_key is None
-                or self._plan_key[0] is not uniform[1] or self.dry_run or not self._defer_small
-                or self._force_async_copies):
-            return
-        loss = None
-        if len(layout.tail_names) - len(plan.grad_list) == 1 and len(self._losses) == 1:
-            m, _fn, key = self._losses[0]
-            name = m._get_name()
-            fast = self._io_fast.get(name)  # (learned by _io_hook: the loss's output alone is saved)
-            if fast is None or len(fast) != 6 or fast[0] != self._for_gen or fast[4] != layout.tail_names[-1]:
-                return
-            loss = (name, m._forward_hooks, key, fast)
-        elif len(layout.tail_names) != len(plan.grad_list) or self._losses:
-            return
-        cycle = self._steady = SteadyCycle(self, plan, loss, root.module._forward_hooks, self._grad_hook_id,
-                                           _distributed, _KEEP_HANDLES, _SMALL)
-        counter.tick = cycle.tick
-        if self._handles_plan is plan:  # (the plan's hooks stay installed over the quiet steps: its own now)
-            for d, key, fn in cycle.hook_entries:
-                d[key] = fn
-
-    def _drop_steady(self) -> None:
-        """The general code runs every saving step again (collections, losses or modules changed)."""
-        cycle, self._steady = self._steady, None
-        if cycle is None:
-            return
-        if cycle.counter.tick == cycle.tick:
-            cycle.counter.tick = functools.partial(self._root_pre_hook, cycle.module, ())
-        general = {key: fn for _m, fn, key in self._losses}
-        general[self._grad_hook_id] = self._grad_root_hook
-        for d, key, fn in cycle.hook_entries:
-            if d.get(key) == fn:  # (installed for the plan: the general hook in its place)
-                d[key] = general[key]
-
     def on_close(self) -> None:
-        self._drop_steady()
         self._disarm()
         self._counting = None
         for root in self._roots:
@@ -916,7 +879,6 @@ class Hook(BaseHook):
         return best
 
     def _config_changed(self) -> None:
-        self._drop_steady()
         self._disarm()
         self._plans.clear()
         self._plan_key = None
@@ -988,20 +950,21 @@ class Hook(BaseHook):
                 # one message for the weights and, at the end of the backward pass, the gradients
                 w = self._writer
                 if layout.writer is not w:
-                    layout.writer_layout = w.batch_layout(layout.names, spec.np_dtype, layout.shapes)
+                    layout.writer_layout = w.batch_layout(layout.names, spec.np_dtype, layout.shapes,
+                                                          layout.reductions)
                     layout.writer = w
                 mode = self.mode
                 res = w.reserve_batch(layout.names, spec.np_dtype, layout.shapes, self._step, mode._value_,
-                                      self._mode_steps[mode], layout.writer_layout)
+                                      self._mode_steps[mode], layout.writer_layout, layout.reductions)
                 if res is not None:
                     if res:
-                        gather_into(w.ring_address + res.offset, spec.sources)
+                        res.copy_in(spec.sources)
                         self._step_res = res
                     return
             res = self._ring_batch(views, spec, reuse=True)  # (what _stage_or_write tries first, inline)
             if res is not None:
                 if res:
-                    self._writer.commit(res)
+                    res.commit()
                 return
             self._stage_or_write(views, plan.weight_items, spec)
         else:
@@ -1010,11 +973,14 @@ class Hook(BaseHook):
 
     def _spec(self, items: list[tuple[str, list[Collection]]]) -> _Spec:
         raw_only = True
+        reductions = []
         for name, colls in items:
-            save_raw, reds, _shape = self._plan(name, colls)
-            raw_only = raw_only and save_raw and not reds
+            save_raw, reds, save_shape = self._plan(name, colls)
+            raw_only = raw_only and save_raw and not save_shape
+            reductions.append(reds)
             self._note_membership(name, colls)  # once per plan, not per step
-        return _Spec(tuple(name for name, _c in items), raw_only)
+        return _Spec(tuple(name for name, _c in items), raw_only,
+                     tuple(reductions) if any(reductions) else None)
 
     def _stage_or_write(self, tensors: list[torch.Tensor], items: list[tuple[str, list[Collection]]],
                         spec: _Spec | None = None, reuse: bool = False) -> None:
@@ -1024,7 +990,7 @@ class Hook(BaseHook):
             res = self._ring_batch(tensors, spec, reuse=reuse)
             if res is not None:
                 if res:
-                    self._writer.commit(res)
+                    res.commit()
                 return
         batch = HostBatch(tensors, self._force_async_copies, self._pool)
         if self._force_async_copies or any(t.device.type != "cpu" for t in tensors):
@@ -1044,9 +1010,6 @@ class Hook(BaseHook):
         w = self._writer
         if w is None:
             w = self._get_writer()
-        reserve = getattr(w, "reserve_batch", None)
-        if reserve is None:
-            return None
         shapes = spec.shapes
         sources = spec.sources if reuse else None
         if sources is None:
@@ -1068,11 +1031,14 @@ class Hook(BaseHook):
             if spec.np_dtype is None:
                 return None
             mode = self.mode
-            res = reserve(names or spec.names, spec.np_dtype, shapes, self._step, mode._value_,
-                          self._mode_steps[mode])
+            reds = spec.reductions
+            if names is not None and reds is not None:
+                reds = _pad(reds, len(names))  # (the small tensors after them: raw only)
+            res = w.reserve_batch(names or spec.names, spec.np_dtype, shapes, self._step, mode._value_,
+                                  self._mode_steps[mode], reductions=reds)
             if not res:
                 return res
-        gather_into(w.ring_address + res.offset + at, sources)
+        res.copy_in(sources, at)
         return res
 
     def flush(self, timeout: float | None = 30.0) -> None:
@@ -1098,10 +1064,10 @@ class Hook(BaseHook):
         plan = self._step_plan
         if res is not None:
             if active:
-                self._writer.commit(res)
+                res.commit()
                 small = small[in_res:]
             else:
-                self._writer.cancel(res)
+                res.cancel()
         if not active or not self.writes:
             return
         if small:
@@ -1138,7 +1104,7 @@ class Hook(BaseHook):
         if res is None:
             return False
         if res:
-            self._writer.commit(res)
+            res.commit()
         return True
 
     def _write_batch(self, batch: HostBatch, items: list[tuple[str, list[Collection]]], spec: _Spec | None) -> None:
@@ -1152,7 +1118,8 @@ class Hook(BaseHook):
             return
         mode = self.mode
         self._get_writer().submit_batch(
-            RecordBatch(spec.names, arrays, batch.flat(), self.step, mode.value, self.mode_steps[mode])
+            RecordBatch(spec.names, arrays, batch.flat(), self.step, mode.value, self.mode_steps[mode],
+                        spec.reductions)
         )
 
     def _write_io(self, prefix: str, suffix: str, obj: Any) -> None:
@@ -1273,6 +1240,8 @@ class Hook(BaseHook):
                     collections_to_write: str | list[str] = CollectionKeys.DEFAULT) -> None:
         """Save a tensor (torch or numpy) at the current step in the named collections."""
         if isinstance(tensor_value, torch.Tensor) and self.active:
+            if self._too_large(tensor_name, tensor_value):
+                return
             with self.guard("save_tensor"):
                 t = tensor_value.detach()
                 if t.device.type != "cpu":

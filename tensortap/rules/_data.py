@@ -263,6 +263,10 @@ class TrialData:
                 return _py(t.reduction_value(step, stat.reduction[0], abs=stat.reduction[1]))
             except TensorUnavailableForStep:
                 pass
+        if stat.window == 1:  # no history needed: one read, not a scan of the tensor's steps
+            if stat.mode is not None and stat.mode != _modes.GLOBAL and self.mode_of(step) != stat.mode.value:
+                raise TensorUnavailableForStep(name, step, _modes.GLOBAL)
+            return _py(_apply_list(stat.fn, [t.value(step)], 1)[-1])
         steps = np.asarray(t.steps(), dtype=np.int64)
         steps = steps[steps <= step]
         steps = steps[self._mode_mask(steps, stat.mode)]

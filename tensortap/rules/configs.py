@@ -196,16 +196,19 @@ def class_imbalance(labels_regex: str = ".*labels", predictions_regex: str = ".*
         dict(params, labels_regex=labels_regex, predictions_regex=predictions_regex))
 
 
-def check_input_images(regex: str = ".*hybridsequential0_input_0", save_interval: int = DEFAULT_SAVE_INTERVAL,
+def check_input_images(regex: Any = ".*hybridsequential0_input_0", save_interval: int = DEFAULT_SAVE_INTERVAL,
                        **params: Any) -> RuleConfig:
-    """`input_image` of `regex`."""
-    return RuleConfig("CheckInputImages", (CollectionSpec(
-        "input_image", tuple(as_regex_list(regex, "regex", "CheckInputImages")), _iv(save_interval)),),
-        dict(params, regex=regex))
+    """`input_image` of `regex` (the default: the model's input in MXNet, PyTorch and Keras naming)."""
+    from tensortap.rules.builtin.check_input_images import input_regex
+
+    regex_list = input_regex(regex)
+    return RuleConfig("CheckInputImages", (CollectionSpec("input_image", tuple(regex_list), _iv(save_interval)),),
+                      dict(params, regex=regex))
 
 
 def dead_relu(tensor_regex: Any = None, save_interval: int = DEFAULT_SAVE_INTERVAL, **params: Any) -> RuleConfig:
-    """`relu_output` of `tensor_regex` (default `.*relu_output`)."""
+    """`relu_output` (framework hooks fill it with the outputs of their ReLU layers, by layer type), with
+    `tensor_regex` (default `.*relu_output`, smdebug's) added."""
     regex = as_regex_list(tensor_regex, "tensor_regex", "DeadRelu") or [".*relu_output"]
     return RuleConfig("DeadRelu", (CollectionSpec("relu_output", tuple(regex), _iv(save_interval)),),
                       dict(params, tensor_regex=tensor_regex))
@@ -250,16 +253,15 @@ def poor_weight_initialization(activation_inputs_regex: Any = ".*relu_input",
 
 def saturated_activation(collection_names: Any = None, tensor_regex: Any = ".*tanh_input|.*sigmoid_input",
                          save_interval: int = DEFAULT_SAVE_INTERVAL, **params: Any) -> RuleConfig:
-    """The given collections, or `tanh_input` / `sigmoid_input` (a collection `saturated_activation` for a
-    custom regex)."""
+    """The given collections, plus `tanh_input` / `sigmoid_input` (filled by layer type; a collection
+    `saturated_activation` for a custom regex)."""
     iv = _iv(save_interval)
     names = as_str_list(collection_names, "collection_names", "SaturatedActivation")
     regex = as_regex_list(tensor_regex, "tensor_regex", "SaturatedActivation")
     specs = [CollectionSpec(n, (), iv) for n in names]
-    if regex == [".*tanh_input|.*sigmoid_input"]:
-        specs += [CollectionSpec("tanh_input", (".*tanh_input",), iv),
-                  CollectionSpec("sigmoid_input", (".*sigmoid_input",), iv)]
-    elif regex:
+    specs += [CollectionSpec("tanh_input", (".*tanh_input",), iv),
+              CollectionSpec("sigmoid_input", (".*sigmoid_input",), iv)]
+    if regex and regex != [".*tanh_input|.*sigmoid_input"]:
         specs.append(CollectionSpec("saturated_activation", tuple(regex), iv))
     return RuleConfig("SaturatedActivation", tuple(specs),
                       dict(params, collection_names=collection_names, tensor_regex=tensor_regex))
@@ -267,8 +269,11 @@ def saturated_activation(collection_names: Any = None, tensor_regex: Any = ".*ta
 
 def nlp_sequence_ratio(tensor_regex: Any = ".*embedding0_input_0", save_interval: int = DEFAULT_SAVE_INTERVAL,
                        **params: Any) -> RuleConfig:
-    """`input_sequence` of `tensor_regex`."""
-    regex = as_regex_list(tensor_regex, "tensor_regex", "NLPSequenceRatio")
+    """`input_sequence` of `tensor_regex` (the default: the embedding's input in MXNet, PyTorch and Keras
+    naming)."""
+    from tensortap.rules.builtin.nlp_sequence_ratio import sequence_regex
+
+    regex = sequence_regex(tensor_regex)
     return RuleConfig("NLPSequenceRatio", (CollectionSpec("input_sequence", tuple(regex), _iv(save_interval)),),
                       dict(params, tensor_regex=tensor_regex))
 

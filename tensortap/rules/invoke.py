@@ -10,11 +10,12 @@ from typing import Any
 from tensortap.exceptions import (
     NoMoreData,
     RuleEvaluationConditionMet,
+    StepNotYetAvailable,
     StepUnavailable,
     TensorUnavailable,
     TensorUnavailableForStep,
 )
-from tensortap.rules.report import RuleReport
+from tensortap.rules.report import NO_DATA, RuleReport
 from tensortap.rules.rule import Rule
 
 __all__ = ["invoke_rule"]
@@ -61,9 +62,12 @@ def invoke_rule(
     Differences from smdebug, all opt-in or invisible: with `stop_at_job_end`, a finished job ends the loop
     cleanly instead of raising NoMoreData; `timeout` bounds each wait for a step (StepNotYetAvailable);
     unsaved steps are skipped in one jump instead of one exception each; the report (also `rule_obj.report`)
-    is returned and, with `report_path` (a file or a directory), written as JSON.
+    is returned and, with `report_path` (a file or a directory), written as JSON (`report.to_json()`;
+    `report.to_dict()` is plain JSON data). `report.status` is IssuesFound, NoIssuesFound, or NoData when the
+    rule evaluated no data point (`report.no_data_message()` says what it looked for and what the job has).
     """
     step = int(start_step or 0)
+    waiting = False
     rule_obj.wait_timeout = timeout
     nxt = _NextStep(rule_obj.base_trial)
     report = rule_obj.report
@@ -97,12 +101,36 @@ def invoke_rule(
                 reason = "training job ended (NoMoreData raised)"
                 raise
             step += 1
+    except StepNotYetAvailable:
+        waiting = True  # the caller may resume at e.step: the evaluation has not ended
+        raise
     except BaseException as e:
         if not report.finished and not isinstance(e, RuleEvaluationConditionMet | NoMoreData):
             reason = f"interrupted: {type(e).__name__}"
         raise
     finally:
-        report.finish(reason)
-        if report_path is not None:
+        if not waiting:
+            _finish(rule_obj, reason, report_path)
+        elif report_path is not None:
             report.write(report_path)
     return report
+
+
+def _finish(rule_obj: Rule, reason: str, report_path: str | None) -> None:
+    """End of an evaluation: the rule's last word, action failure counts, the NoData detail, the report."""
+    report = rule_obj.report
+    try:
+        rule_obj.on_finish()
+    except Exception as e:  # noqa: BLE001 - a failing summary must not hide the real outcome
+        logger.warning("%s: on_finish failed: %s", rule_obj.rule_name, e)
+    for line in rule_obj.actions.report_failures():
+        report.warn(line)
+    no_data = None
+    if report.status == NO_DATA:
+        try:
+            no_data = rule_obj.no_data_detail()
+        except Exception as e:  # noqa: BLE001 - the description must not hide the real outcome
+            logger.debug("%s: no_data_detail failed: %s", rule_obj.rule_name, e)
+    report.finish(reason, no_data)
+    if report_path is not None:
+        report.write(report_path)

@@ -11,7 +11,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Violation", "Verdict", "RuleReport", "jsonable"]
+__all__ = ["Violation", "Verdict", "RuleReport", "jsonable", "ISSUES_FOUND", "NO_ISSUES_FOUND", "NO_DATA"]
+
+#: the verdict of a rule's report: SageMaker's statuses plus NoData (the rule evaluated no data point, so it
+#: can say nothing about the job; it is never reported as NoIssuesFound)
+ISSUES_FOUND = "IssuesFound"
+NO_ISSUES_FOUND = "NoIssuesFound"
+NO_DATA = "NoData"
 
 #: at most this many fired steps and violations per firing step are kept in a report
 MAX_FIRED_STEPS = 1000
@@ -93,6 +99,14 @@ class RuleReport:
         self.updated_at = self.started_at
         self.finished = False
         self.end_reason: str | None = None
+        #: what the rule looked for ({"collections": [...], "regex": [...]}) and which tensors matched
+        self.looked_for: dict[str, list[str]] = {"collections": [], "regex": []}
+        self.matched: list[str] = []
+        #: with status NoData: what was looked for, what matched, and what the job has
+        self.no_data: dict[str, Any] | None = None
+        #: judgements made, for rules whose evaluated steps are not all judgements (a loss rule that reads a
+        #: loss at every step but compares only some); None for the others. 0 means NoData.
+        self.judged: int | None = None
 
     # --- recording ----------------------------------------------------------------------------
 
@@ -118,9 +132,20 @@ class RuleReport:
         if message not in self.warnings:
             self.warnings.append(message)
 
-    def finish(self, reason: str) -> None:
+    def looking_for(self, collections: Any = (), regex: Any = (), matched: Any = ()) -> None:
+        """Note the collections / regexes the rule asked for and the tensor names they matched."""
+        for key, items in (("collections", collections), ("regex", regex)):
+            have = self.looked_for[key]
+            for x in items:
+                if x not in have:
+                    have.append(str(x))
+        if matched and not set(matched) <= set(self.matched):
+            self.matched = sorted(set(self.matched).union(matched))
+
+    def finish(self, reason: str, no_data: dict[str, Any] | None = None) -> None:
         self.finished = True
         self.end_reason = reason
+        self.no_data = no_data if self.status == NO_DATA else None
         self.updated_at = time.time()
 
     # --- output -------------------------------------------------------------------------------
@@ -129,12 +154,53 @@ class RuleReport:
     def triggered(self) -> bool:
         return self.violations > 0
 
+    @property
+    def status(self) -> str:
+        """IssuesFound if the rule fired; NoData if it evaluated no data point (or made no judgement, for
+        rules that count them); else NoIssuesFound."""
+        if self.violations:
+            return ISSUES_FOUND
+        if self.steps_evaluated == 0 or self.judged == 0:
+            return NO_DATA
+        return NO_ISSUES_FOUND
+
+    def no_data_message(self) -> str:
+        """One line saying what the rule looked for and what the job has (empty unless status is NoData)."""
+        if self.status != NO_DATA:
+            return ""
+        d = self.no_data or {}
+        looked = d.get("looked_for") or self.looked_for
+        parts = []
+        if looked.get("collections"):
+            parts.append(f"collections {looked['collections']}")
+        if looked.get("regex"):
+            parts.append(f"regexes {looked['regex']}")
+        what = " and ".join(parts) or "its data"
+        matched = d.get("matched", self.matched)
+        if matched:
+            msg = (f"no data: {what} matched {len(matched)} tensor(s) ({', '.join(matched[:5])}) but the rule "
+                   f"could judge none of their values")
+        else:
+            msg = f"no data: {what} matched no tensor"
+        if d.get("needs"):
+            msg += f"; the rule needs {d['needs']}"
+        if "job_steps" in d:
+            names = d.get("job_tensors") or []
+            more = d.get("job_tensor_count", len(names)) - len(names)
+            shown = ", ".join(names) + (f", ... ({more} more)" if more > 0 else "")
+            msg += (f"; the job has {d['job_steps']} saved step(s), collections {d.get('job_collections', [])}"
+                    f" and tensors [{shown}]")
+        return msg
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict: rule, parameters, trial, steps_evaluated, datapoints, violations (firing steps),
-        triggered, first_fired_step, fired_steps, first_violations / last_violations (tensor, step, value,
-        condition), warnings, timestamps."""
+        """JSON-ready dict: rule, status (IssuesFound / NoIssuesFound / NoData), parameters, trial,
+        steps_evaluated, datapoints, violations (firing steps), triggered, first_fired_step, fired_steps,
+        first_violations / last_violations (tensor, step, value, condition), warnings, looked_for / matched
+        (collections and regexes asked for, tensors they matched), no_data and message (with status NoData:
+        what was looked for and what the job has), timestamps."""
         return {
             "rule": self.rule_name,
+            "status": self.status,
             "parameters": jsonable(self.parameters),
             "trial": self.trial,
             "other_trials": self.other_trials,
@@ -142,6 +208,7 @@ class RuleReport:
             "first_step_evaluated": self.first_step_evaluated,
             "last_step_evaluated": self.last_step_evaluated,
             "datapoints": self.datapoints,
+            "judged": self.judged,
             "violations": self.violations,
             "triggered": self.triggered,
             "first_fired_step": self.first_fired_step,
@@ -149,6 +216,10 @@ class RuleReport:
             "first_violations": [v.to_dict() for v in self.first_violations],
             "last_violations": [v.to_dict() for v in self.last_violations],
             "warnings": list(self.warnings),
+            "looked_for": {k: list(v) for k, v in self.looked_for.items()},
+            "matched": list(self.matched[:100]),
+            "no_data": jsonable(self.no_data) if self.status == NO_DATA else None,
+            "message": self.no_data_message(),
             "finished": self.finished,
             "end_reason": self.end_reason,
             "started_at": self.started_at,
@@ -188,5 +259,6 @@ class RuleReport:
         return d
 
     def __repr__(self) -> str:
-        return (f"<RuleReport {self.rule_name} evaluated={self.steps_evaluated} violations={self.violations} "
+        return (f"<RuleReport {self.rule_name} {self.status} evaluated={self.steps_evaluated} "
+                f"violations={self.violations} "
                 f"first_fired_step={self.first_fired_step}>")

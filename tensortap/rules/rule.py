@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
+from tensortap import modes
 from tensortap.analysis.utils import no_refresh
 from tensortap.exceptions import (
     InvalidConfiguration,
     RuleEvaluationConditionMet,
+    StepNotYetAvailable,
     StepUnavailable,
     TensorUnavailable,
     TensorUnavailableForStep,
@@ -64,6 +67,8 @@ class Rule:
     #: whether a step at which the rule examined no value (no datapoint) counts as evaluated in the report;
     #: built-in rules say False, so steps without their tensors are not counted
     count_empty_steps: ClassVar[bool] = True
+    #: what the rule needs beyond matching tensors, said when it saw no data (e.g. "EVAL steps after TRAIN steps")
+    needs: ClassVar[str] = ""
 
     def __init__(
         self,
@@ -87,6 +92,9 @@ class Rule:
                                  other_trials=[str(t.path) for t in self.other_trials])
         #: seconds invoke() waits for a step before StepNotYetAvailable (None: forever)
         self.wait_timeout: float | None = None
+        #: seconds between looks for a step that is not there yet (None: the trial's backoff, up to 0.5 s);
+        #: a real-time rule sets it small, so a verdict follows the data within that much
+        self.wait_poll_interval: float | None = None
         self._violations: list[Violation] = []
         self._datapoints = 0
 
@@ -99,6 +107,9 @@ class Rule:
         """Evaluate the rule at global `step`; a truthy value (or Verdict(fired=True)) means the condition is met."""
         raise NotImplementedError
 
+    def on_finish(self) -> None:
+        """Called once when invoke_rule ends, before the report is finished (e.g. to add warnings)."""
+
     # --- evaluation -------------------------------------------------------------------------
 
     @property
@@ -106,8 +117,25 @@ class Rule:
         return self._actions
 
     def _wait_for_step(self, step: int) -> None:
-        if self.base_trial.has_passed_step(step) != StepState.AVAILABLE:
-            self.base_trial.wait_for_steps([step], timeout=self.wait_timeout)
+        t = self.base_trial
+        state = t.has_passed_step(step)
+        if state == StepState.AVAILABLE:
+            return
+        if self.wait_poll_interval is None or state == StepState.UNAVAILABLE:
+            t.wait_for_steps([step], timeout=self.wait_timeout)  # raises StepUnavailable / NoMoreData as due
+            return
+        deadline = None if self.wait_timeout is None else time.monotonic() + self.wait_timeout
+        while True:
+            t.refresh_data()
+            state = t.has_passed_step(step)
+            if state == StepState.AVAILABLE:
+                return
+            if state == StepState.UNAVAILABLE:
+                t.wait_for_steps([step], timeout=0)
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise StepNotYetAvailable(step, modes.GLOBAL)
+            time.sleep(self.wait_poll_interval)
 
     def invoke(self, step: int) -> None:
         """Wait for `step`, evaluate, record; when the condition is met run the actions and raise
@@ -171,8 +199,38 @@ class Rule:
 
     def select(self, collections: Iterable[str] = (), regex: Iterable[str] = (), trial: Any = None,
                all_if_empty: bool = False) -> list[str]:
-        """Tensor names in any of `collections` or matching any of `regex`."""
-        return self.data(trial).names(collections, regex, all_if_empty=all_if_empty)
+        """Tensor names in any of `collections` or matching any of `regex` (noted in the report's
+        `looked_for` / `matched`, which say what a rule that saw no data was looking for)."""
+        collections, regex = tuple(collections), tuple(regex)
+        names = self.data(trial).names(collections, regex, all_if_empty=all_if_empty)
+        noted = self.__dict__.setdefault("_noted", {})
+        key = (collections, regex)
+        if noted.get(key) is not names:  # the cache hands out the same list until the names change
+            noted[key] = names
+            self.report.looking_for(collections, regex, names)
+        return names
+
+    def no_data_detail(self) -> dict[str, Any]:
+        """What the rule looked for, what matched, and what the job has: the report's `no_data` entry when
+        the rule evaluated no data point."""
+        t = self.base_trial
+        try:
+            t.refresh_data()
+        except Exception:  # noqa: BLE001 - a description must not fail the rule
+            pass
+        names = list(t.tensor_names())
+        looked_for = {k: list(v) for k, v in self.report.looked_for.items()}
+        if not any(looked_for.values()):  # it never got to look (no step came): say what it would have read
+            looked_for = self._declared_data()
+        return {
+            "needs": self.needs,
+            "looked_for": looked_for,
+            "matched": list(self.report.matched[:100]),
+            "job_steps": len(t.steps(show_incomplete_steps=True)),
+            "job_collections": sorted(c for c in t.collections() if t.tensor_names(collection=c)),
+            "job_tensors": names[:20],
+            "job_tensor_count": len(names),
+        }
 
     def stat(self, name: str, step: int, stat: Stat, trial: Any = None) -> Any:
         """`stat` of tensor `name` at `step`, or None if there is no value (or not enough history)."""
@@ -192,6 +250,28 @@ class Rule:
             return None
         self._datapoints += 1
         return v
+
+    def _declared_data(self) -> dict[str, list[str]]:
+        """The collections and regexes a built-in rule's config (tensortap.rules.configs) says it reads."""
+        from tensortap.rules.builtin import RULES
+
+        out: dict[str, list[str]] = {"collections": [], "regex": []}
+        if RULES.get(type(self).__name__) is not type(self):
+            return out
+        from tensortap.rules.configs import config_for
+
+        params = {k: v for k, v in self.report.parameters.items() if v is not None}
+        try:
+            cfg = config_for(type(self), **params)
+        except Exception:  # noqa: BLE001 - parameters the config does not take: the defaults still say what
+            try:
+                cfg = config_for(type(self))
+            except Exception:  # noqa: BLE001
+                return out
+        for c in cfg.collections:
+            out["collections"].append(c.name)
+            out["regex"].extend(r for r in c.include_regex if r not in out["regex"])
+        return out
 
     # --- introspection ----------------------------------------------------------------------
 

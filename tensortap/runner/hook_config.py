@@ -46,6 +46,9 @@ def build_hook_config(spec: JobSpec) -> dict[str, Any]:
     hook_params: dict[str, str] = {"include_workers": spec.include_workers}
     if spec.save_interval is not None:
         hook_params["save_interval"] = str(spec.save_interval)
+    if spec.tensorboard_dir:
+        hook_params["export_tensorboard"] = "true"
+        hook_params["tensorboard_dir"] = spec.tensorboard_dir
     return {
         "LocalPath": spec.out_dir,
         "HookParameters": hook_params,

@@ -20,7 +20,14 @@ from tensortap.runner.spec import JobSpec, RuleSpec
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(__file__), "bootstrap")
 KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL
+RULES_READY_WAIT = 60.0  # seconds training waits for the rule processes to be ready
 RULES_SETTLE = 120.0  # seconds rules may take to finish after training ended
+
+#: exit statuses of `tensortap run` / `tensortap rules run`, most serious first
+EXIT_FAILED = 2  # training failed, a rule errored, the run was interrupted, or the command line was wrong
+EXIT_ISSUES = 1  # a rule found an issue
+EXIT_NO_DATA = 3  # no rule found an issue, but some rule saw no data (NoData): not a clean bill of health
+EXIT_CLEAR = 0  # every rule evaluated data and found no issue
 
 
 @dataclass
@@ -53,12 +60,77 @@ def validate(spec: JobSpec) -> None:
         raise InvalidConfiguration("--out-dir is required (a local directory or s3://bucket/prefix)")
     if spec.include_workers not in ("one", "all"):
         raise InvalidConfiguration(f"include_workers={spec.include_workers!r}: allowed are 'one' and 'all'")
+    local = "://" not in spec.out_dir
+    if local:
+        check_local_out_dir(spec.out_dir, create=False)
     storage = open_storage(spec.out_dir)
     if storage.list("tensortap/") or storage.list("rules/"):
         raise InvalidConfiguration(f"--out-dir {spec.out_dir!r} already holds a job: use a new directory")
-    trial = create_trial(spec.out_dir)
-    for r in spec.rules:
-        build_rule(r, trial)  # parses the parameters: errors name the rule, parameter and value
+    check_collections(spec)
+    with tempfile.TemporaryDirectory() as empty:
+        # A local out_dir the job has not created yet: check the rules against an empty job (nothing is
+        # created before validation passes).
+        missing = storage.supports_append and not os.path.isdir(storage.url)
+        trial = create_trial(empty if missing else spec.out_dir)
+        for r in spec.rules:
+            build_rule(r, trial)  # parses the parameters: errors name the rule, parameter and value
+    if local:
+        check_local_out_dir(spec.out_dir, create=True)  # last: a refused job leaves no directory behind
+
+
+def _is_job_dir(p: str) -> bool:
+    """`p` holds a job's data: tensortap's store (a worker folder with an index file under tensortap/; a folder
+    merely named tensortap, such as this package's source, is not one), or an smdebug out_dir (events/ beside
+    collections/ or index/)."""
+    j = os.path.join
+    if os.path.isdir(j(p, "events")) and (os.path.isdir(j(p, "collections")) or os.path.isdir(j(p, "index"))):
+        return True
+    root = j(p, "tensortap")
+    try:
+        workers = [j(root, w) for w in os.listdir(root)] if os.path.isdir(root) else []
+        return any(os.path.isdir(w) and any(f.endswith(".idx") for f in os.listdir(w)) for w in workers)
+    except OSError:
+        return False
+
+
+def check_local_out_dir(out_dir: str, create: bool = True) -> None:
+    """A local out_dir must be a directory we can create and write (tried with `create`), and not lie inside
+    another job's data."""
+    p = os.path.abspath(out_dir)
+    if os.path.exists(p) and not os.path.isdir(p):
+        raise InvalidConfiguration(f"--out-dir {out_dir!r} is a file, not a directory")
+    anc = os.path.dirname(p)
+    while anc != os.path.dirname(anc):
+        if os.path.exists(anc) and not os.path.isdir(anc):
+            raise InvalidConfiguration(f"--out-dir {out_dir!r}: {anc!r} is a file, not a directory")
+        if _is_job_dir(anc):
+            raise InvalidConfiguration(f"--out-dir {out_dir!r} lies inside the data of another job ({anc}): "
+                                       f"choose a directory outside it")
+        anc = os.path.dirname(anc)
+    if not create:
+        return
+    try:
+        os.makedirs(p, exist_ok=True)
+        probe = os.path.join(p, f".tensortap-write-test-{os.getpid()}")
+        with open(probe, "wb") as f:
+            f.write(b"x")
+        os.remove(probe)
+    except OSError as e:
+        raise InvalidConfiguration(f"--out-dir {out_dir!r} is not writable: {e.strerror or e}") from None
+
+
+def check_collections(spec: JobSpec) -> None:
+    """Every --collection is a built-in collection, one a rule of the job reads, or defined by include_regex."""
+    from tensortap.collection import CollectionKeys
+    from tensortap.runner.hook_config import rule_collections
+
+    known = {v for k, v in vars(CollectionKeys).items() if k.isupper() and isinstance(v, str)}
+    known |= set(rule_collections(spec))
+    for name, params in spec.collections.items():
+        if name not in known and not params.get("include_regex"):
+            raise InvalidConfiguration(
+                f"--collection {name!r}: no such collection; built-in ones are {', '.join(sorted(known))}; "
+                f"define a new one with --collection {name}:include_regex=REGEX")
 
 
 def _rich_console() -> Any | None:
@@ -77,7 +149,8 @@ def _table(rules: list[RuleProc], training: str) -> Any:
     t = Table(title=f"tensortap rules — training: {training}", expand=False)
     for col in ("rule", "status", "last step", "first step fired", "message"):
         t.add_column(col)
-    colours = {st.ISSUES_FOUND: "red", st.NO_ISSUES_FOUND: "green", st.ERROR: "magenta", st.IN_PROGRESS: "cyan"}
+    colours = {st.ISSUES_FOUND: "red", st.NO_ISSUES_FOUND: "green", st.ERROR: "magenta", st.IN_PROGRESS: "cyan",
+               st.NO_DATA: "yellow"}
     def cell(v: Any) -> str:
         return "-" if v is None else str(v)
 
@@ -101,6 +174,7 @@ class Runner:
         self.interrupted = False
         self.console = None if spec.json_output else _rich_console()
         self.tmp = tempfile.mkdtemp(prefix="tensortap-run-")
+        self.offline = False
 
     # --- output ---------------------------------------------------------------------------------
 
@@ -132,19 +206,49 @@ class Runner:
         return env
 
     def start(self, offline: bool = False) -> None:
-        from tensortap.runner.hook_config import build_hook_config
-
+        """Start the rule processes, wait until each is ready (imports done, rule built, watching the
+        out_dir), then start training: a problem at the first step is judged as soon as it is written."""
+        self.offline = offline
         if offline:
             self.training_exit = 0
-        else:
-            config_path = os.path.join(self.tmp, "hook_config.json")
-            with open(config_path, "w", encoding="utf-8") as f:
-                json.dump(build_hook_config(self.spec), f, indent=2)
-            self.training = subprocess.Popen(
-                self.spec.command, env=self._child_env(config_path), stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
-            )
-            threading.Thread(target=self._pump, args=(self.training.stdout,), daemon=True).start()
+        self._start_rules(offline)
+        if not offline:
+            self._wait_rules_ready()
+            self._start_training()
+
+    def _start_training(self) -> None:
+        from tensortap.runner.hook_config import build_hook_config
+
+        config_path = os.path.join(self.tmp, "hook_config.json")
+        with open(config_path, "w", encoding="utf-8") as f:
+            json.dump(build_hook_config(self.spec), f, indent=2)
+        self.training = subprocess.Popen(
+            self.spec.command, env=self._child_env(config_path), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
+        )
+        threading.Thread(target=self._pump, args=(self.training.stdout,), daemon=True).start()
+
+    def _wait_rules_ready(self) -> None:
+        from tensortap.storage import open_storage
+
+        storage = open_storage(self.spec.out_dir)
+        deadline = time.monotonic() + RULES_READY_WAIT
+        waiting = list(self.rules)
+        while waiting and time.monotonic() < deadline:
+            still = []
+            for r in waiting:
+                s = st.read_status(storage, r.label)
+                if r.proc is not None and r.proc.poll() is None and not (s and (s.get("ready") or
+                                                                                s.get("status") in st.FINAL)):
+                    still.append(r)
+            waiting = still
+            if waiting:
+                time.sleep(0.02)
+        if waiting:
+            self.say(f"[tensortap] rules not ready after {RULES_READY_WAIT:g} s: "
+                     f"{', '.join(r.label for r in waiting)}; starting training anyway")
+
+    def _start_rules(self, offline: bool) -> None:
         for r in self.rules:
             job = {"out_dir": self.spec.out_dir, "label": r.label, "rule": r.spec.to_json(),
                    "stop_on_issue": self.spec.stop_on_issue, "offline": offline}
@@ -174,7 +278,7 @@ class Runner:
         for r in self.rules:
             if r.status.get("status") in st.FINAL and r.proc is not None and r.proc.poll() is not None:
                 continue
-            s = st.read_status(storage, r.label)
+            s = st.read_status(storage, r.label, self.offline)
             if s is not None:
                 before = r.status.get("status")
                 r.status = s
@@ -208,10 +312,11 @@ class Runner:
                 if fired and self.spec.stop_on_issue and self.training_exit is None:
                     if self.stop_requested_at is None:
                         self.stop_requested_at = time.monotonic()
-                        self.stopped_by = fired[0].label
                         self._ensure_stop_request(fired[0])
-                        self.say(f"[tensortap] {fired[0].label} found an issue at step "
-                                 f"{fired[0].status.get('first_step')}: stopping training")
+                        self.stopped_by = self._stop_requester() or fired[0].label
+                        first = next((r for r in fired if r.label == self.stopped_by), fired[0])
+                        self.say(f"[tensortap] {first.label} found an issue at step "
+                                 f"{first.status.get('first_step')}: stopping training")
                     elif time.monotonic() - self.stop_requested_at > self.spec.grace_period:
                         self.say(f"[tensortap] training did not stop within {self.spec.grace_period:g} s: terminating")
                         self._terminate(self.training)
@@ -247,32 +352,51 @@ class Runner:
     def _ensure_stop_request(self, rule: RuleProc) -> None:
         """With --stop-on-issue the rule's own StopTraining action writes the request; write it here too in
         case the rule is a user rule built without actions."""
-        from tensortap.rules.actions.stop import request_stop, stop_requested
+        from tensortap.format.control import request_stop, stop_requested
 
         if stop_requested(self.spec.out_dir, min_interval=0) is None:
             request_stop(self.spec.out_dir, rule=rule.label, step=rule.status.get("first_step"),
                          reason=str(rule.status.get("message", "")), report=rule.status.get("report"))
 
+    def _stop_requester(self) -> str | None:
+        """The label of the rule whose stop request the job honoured (the first one written), if any."""
+        if self.training is None:
+            return None
+        from tensortap.rules.actions.stop import stop_requested
+        from tensortap.rules.builtin import snake_name
+
+        try:
+            req = stop_requested(self.spec.out_dir, min_interval=0)
+        except Exception:  # noqa: BLE001 - the summary falls back to the first rule seen firing
+            return None
+        if not req or not req.get("rule"):
+            return None
+        name = snake_name(str(req["rule"]))
+        return next((r.label for r in self.rules if r.label == req["rule"] or snake_name(r.spec.name) == name),
+                    str(req["rule"]))
+
     # --- result ---------------------------------------------------------------------------------
 
     def result(self) -> tuple[int, dict[str, Any]]:
-        from tensortap.rules.actions.stop import STOP_EXIT_CODE
+        from tensortap.format.control import STOP_EXIT_CODE
 
         rules = [{"name": r.label, "status": r.status.get("status", st.ERROR), "first_step": r.status.get("first_step"),
                   "message": r.status.get("message", "")} for r in self.rules]
         code = self.training_exit if self.training_exit is not None else -1
-        stopped_by = self.stopped_by
+        stopped_by = self._stop_requester() or self.stopped_by
         if stopped_by is None and code == STOP_EXIT_CODE:
             stopped_by = next((r["name"] for r in rules if r["status"] == st.ISSUES_FOUND), "stop request")
         if self.interrupted:
             stopped_by = "interrupt"
         training_failed = code != 0 and not (stopped_by and stopped_by != "interrupt")
         if self.interrupted or training_failed or any(r["status"] in (st.ERROR, st.STOPPED) for r in rules):
-            exit_status = 2
+            exit_status = EXIT_FAILED
         elif any(r["status"] == st.ISSUES_FOUND for r in rules):
-            exit_status = 1
+            exit_status = EXIT_ISSUES
+        elif any(r["status"] == st.NO_DATA for r in rules):
+            exit_status = EXIT_NO_DATA
         else:
-            exit_status = 0
+            exit_status = EXIT_CLEAR
         return exit_status, {"rules": rules, "training": {"exit_code": code, "stopped_by": stopped_by}}
 
 
@@ -287,7 +411,8 @@ def _report(runner: Runner, spec: JobSpec, doc: dict[str, Any], offline: bool = 
     for r in doc["rules"]:
         runner.say(f"[tensortap] {r['name']}: {r['status']}"
                    + (f" (first at step {r['first_step']})" if r["first_step"] is not None else "")
-                   + (f": {r['message']}" if r["status"] in (st.ISSUES_FOUND, st.ERROR) and r["message"] else ""))
+                   + (f": {r['message']}" if r["status"] in (st.ISSUES_FOUND, st.ERROR, st.NO_DATA) and r["message"]
+                      else ""))
     runner.say(f"[tensortap] data: {spec.out_dir}   inspect: tensortap ls {spec.out_dir}")
 
 

@@ -49,6 +49,7 @@ class JobSpec:
     grace_period: float = 30.0
     include_workers: str = "all"
     json_output: bool = False
+    tensorboard_dir: str | None = None  # live TensorBoard export there (the hook's export_tensorboard)
 
 
 def parse_params(text: str, what: str) -> dict[str, str]:
@@ -171,6 +172,8 @@ def merge_job_file(spec: JobSpec, data: dict[str, Any]) -> None:
         spec.grace_period = float(data["grace_period"])
     if "include_workers" in data:
         spec.include_workers = str(data["include_workers"])
+    if data.get("tensorboard_dir") and spec.tensorboard_dir is None:
+        spec.tensorboard_dir = os.path.abspath(str(data["tensorboard_dir"]))
     if not spec.command and data.get("command"):
         cmd = data["command"]
         spec.command = cmd.split() if isinstance(cmd, str) else [str(c) for c in cmd]

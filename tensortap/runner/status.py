@@ -1,7 +1,8 @@
 """Rule statuses as files beside the job's data: `OUT_DIR/rules/<rule>/status.json`.
 
-Statuses follow SageMaker's: InProgress → IssuesFound / NoIssuesFound / Error (plus Stopped when the
-run was interrupted). Other tools (the dashboard, a notebook) read them while the job runs.
+Statuses follow SageMaker's: InProgress → IssuesFound / NoIssuesFound / Error, plus NoData (the rule
+evaluated no data point: it says nothing about the job, so it is never NoIssuesFound) and Stopped (the run
+was interrupted). Other tools (the dashboard, a notebook) read them while the job runs.
 """
 
 from __future__ import annotations
@@ -15,24 +16,35 @@ ISSUES_FOUND = "IssuesFound"
 NO_ISSUES_FOUND = "NoIssuesFound"
 ERROR = "Error"
 STOPPED = "Stopped"
-FINAL = (ISSUES_FOUND, NO_ISSUES_FOUND, ERROR, STOPPED)
+NO_DATA = "NoData"
+FINAL = (ISSUES_FOUND, NO_ISSUES_FOUND, NO_DATA, ERROR, STOPPED)
 
 TRAINING_KEY = "tensortap/control/training.json"
 
 
-def status_key(label: str) -> str:
-    return f"rules/{label}/status.json"
+def rule_dir(label: str, offline: bool = False) -> str:
+    """Where a rule's status.json and report.json go: `rules/<label>/` for the rules of a live run,
+    `rules/<label>/offline/` for `tensortap rules run` (beside the live ones, never over them)."""
+    return f"rules/{label}/offline/" if offline else f"rules/{label}/"
 
 
-def write_status(storage: Any, label: str, **fields: Any) -> dict[str, Any]:
+def status_key(label: str, offline: bool = False) -> str:
+    return rule_dir(label, offline) + "status.json"
+
+
+def report_key(label: str, offline: bool = False) -> str:
+    return rule_dir(label, offline) + "report.json"
+
+
+def write_status(storage: Any, label: str, offline: bool = False, **fields: Any) -> dict[str, Any]:
     body = {"name": label, "updated_at": time.time(), **fields}
-    storage.write(status_key(label), json.dumps(body, default=str, allow_nan=False).encode())
+    storage.write(status_key(label, offline), json.dumps(body, default=str, allow_nan=False).encode())
     return body
 
 
-def read_status(storage: Any, label: str) -> dict[str, Any] | None:
+def read_status(storage: Any, label: str, offline: bool = False) -> dict[str, Any] | None:
     try:
-        return json.loads(storage.read(status_key(label)))
+        return json.loads(storage.read(status_key(label, offline)))
     except (FileNotFoundError, ValueError):
         return None
 

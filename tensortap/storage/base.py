@@ -53,9 +53,18 @@ class Storage(ABC):
     def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
         """Keys under `prefix` (recursive), sorted, only those > `start_after` when given."""
 
+    def has_keys(self, prefix: str) -> bool:
+        """True if any key lies under `prefix`; backends answer without listing them all."""
+        return bool(self.list(prefix))
+
     @abstractmethod
     def write(self, key: str, data: bytes) -> None:
         """Create or replace an object; readers see the old or the new content, never a mix."""
+
+    @abstractmethod
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        """Create `key` with `data` only if it does not exist yet, atomically (of two callers racing, exactly one
+        gets True); False if it exists."""
 
     def open_append(self, key: str) -> BinaryIO:
         """A binary handle appending to `key` (created if missing). Only where `supports_append`."""

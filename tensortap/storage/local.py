@@ -86,6 +86,15 @@ class LocalStorage(Storage):
             keys = [k for k in keys if k > start_after]
         return keys
 
+    def has_keys(self, prefix: str) -> bool:
+        base = self._path(prefix.rstrip("/")) if prefix else self.root
+        if not os.path.isdir(base):
+            return False
+        for _dirpath, _dirs, files in os.walk(base):
+            if any(not f.endswith(".partial") for f in files):
+                return True
+        return False
+
     def write(self, key: str, data: bytes) -> None:
         path = self._path(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -100,6 +109,19 @@ class LocalStorage(Storage):
             except OSError:
                 pass
             raise
+
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        return True
 
     def open_append(self, key: str) -> BinaryIO:
         path = self._path(key)

@@ -236,6 +236,16 @@ class S3Storage(Storage):
         keys.sort()
         return keys
 
+    def has_keys(self, prefix: str) -> bool:
+        """One LIST of at most one key."""
+        try:
+            resp = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self._key(prefix), MaxKeys=1)
+        except Exception as e:
+            if getattr(e, "response", {}).get("Error", {}).get("Code") == "NoSuchBucket":
+                return False
+            raise
+        return bool(resp.get("Contents"))
+
     def list_dirs(self, prefix: str) -> list[str]:
         """Immediate sub-folders of `prefix` (one LIST with a delimiter)."""
         p = self._key(prefix.rstrip("/") + "/")
@@ -279,6 +289,18 @@ class S3Storage(Storage):
             )
         else:
             self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        """A conditional put (If-None-Match: *): the store refuses it with 412 if the key exists."""
+        self.ensure_bucket()
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
+        except Exception as e:  # noqa: BLE001 - botocore's ClientError, without importing botocore here
+            code = str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
+            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                return False
+            raise
+        return True
 
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))

@@ -6,9 +6,46 @@ import os
 
 from tensortap.trials.state import StepState
 from tensortap.trials.tensor import Tensor
-from tensortap.trials.trial import Trial
+from tensortap.trials.trial import LocalTrial, S3Trial, Trial
 
-__all__ = ["create_trial", "Trial", "Tensor", "StepState"]
+__all__ = ["create_trial", "Trial", "LocalTrial", "S3Trial", "Tensor", "StepState"]
+
+#: top-level entries a job's out_dir may hold before its hook has written anything: what tensortap's
+#: runner writes beside the job (rule statuses) and its control files
+_NOT_STARTED_OK = ("rules", "tensortap")
+#: top-level entries of the stores a trial reads (tensortap's own, smdebug's)
+_STORE_ENTRIES = ("tensortap", "index", "events", "collections")
+
+
+def _check_out_dir(storage: object, path: str) -> None:
+    """Refuse a local path that cannot be a job's out_dir: missing, a file, or a folder of other things."""
+    from tensortap.exceptions import InvalidConfiguration
+    from tensortap.storage import LocalStorage
+
+    if not isinstance(storage, LocalStorage):
+        return  # an object-store prefix with no objects is a job that has not written yet
+    root = storage.root
+    if not os.path.exists(root):
+        raise InvalidConfiguration(
+            f"create_trial: {path!r} does not exist; expected the out_dir of a training job (a directory, "
+            "or s3://bucket/prefix). For a job that has not started yet, create the directory first."
+        )
+    if not os.path.isdir(root):
+        raise InvalidConfiguration(
+            f"create_trial: {path!r} is a file; expected the out_dir of a training job (a directory)"
+        )
+    try:
+        entries = os.listdir(root)
+    except OSError as e:
+        raise InvalidConfiguration(f"create_trial: {path!r} cannot be read: {e}") from None
+    if any(e in _STORE_ENTRIES for e in entries) or all(e in _NOT_STARTED_OK for e in entries):
+        return
+    shown = ", ".join(sorted(entries)[:5]) + (", ..." if len(entries) > 5 else "")
+    raise InvalidConfiguration(
+        f"create_trial: {path!r} holds no training job data (it has {shown}); expected a tensortap "
+        "out_dir (a tensortap/ folder) or an smdebug out_dir (index/, events/, collections/), or an empty "
+        "directory for a job that has not started yet"
+    )
 
 
 def create_trial(
@@ -20,14 +57,26 @@ def create_trial(
     **kwargs: object,
 ) -> Trial:
     """A Trial over the job saved at `path` (local dir or s3://...): tensortap's own store or an
-    smdebug out_dir, detected automatically. `range_steps=(begin, end)` keeps global steps in [begin, end)."""
+    smdebug out_dir, detected from the first data written (until then the trial keeps looking).
+    `range_steps=(begin, end)` keeps global steps in [begin, end). Returns an S3Trial for s3:// URLs,
+    else a LocalTrial (both are Trials).
+
+    `path` must be an existing directory (or an s3:// prefix). An empty one (or one holding only what
+    tensortap's runner writes beside a job: `rules/`) is a job that has not started yet: the trial shows
+    no steps and `wait_for_steps` waits for them (docs/format.md §5.2). A missing path, a plain file or a
+    directory of other things raises InvalidConfiguration naming the path."""
     from tensortap.exceptions import InvalidConfiguration
-    from tensortap.format.native import NativeSource, is_native_out_dir
     from tensortap.storage import open_storage
 
     if not isinstance(path, str | os.PathLike) or not str(path).strip():
         raise InvalidConfiguration(f"path={path!r} must be a directory or s3:// URL")
     path = str(path).strip()
+    if name is not None and not isinstance(name, str):
+        raise InvalidConfiguration(f"create_trial: name={name!r} must be a str or None")
+    if isinstance(refresh_interval, bool) or not isinstance(refresh_interval, int | float) or not (
+            0 <= refresh_interval < float("inf")):
+        raise InvalidConfiguration(
+            f"create_trial: refresh_interval={refresh_interval!r} must be a non-negative number of seconds")
     for k in kwargs:
         if k not in ("parallel", "check", "index_mode", "cache", "profiler", "output_dir"):
             raise InvalidConfiguration(f"create_trial() got an unknown argument {k!r}")
@@ -42,17 +91,12 @@ def create_trial(
                 f"range_steps={range_steps!r} must be (begin, end) of non-negative ints or None with begin < end"
             )
         range_steps = tuple(range_steps)
-    storage = open_storage(path)
+    try:
+        storage = open_storage(path)
+    except ValueError as e:
+        raise InvalidConfiguration(f"create_trial: path={path!r}: {e}") from None
+    _check_out_dir(storage, path)
     if name is None:
         name = os.path.basename(path.rstrip("/")) or path
-    if is_native_out_dir(storage):
-        source = NativeSource(storage, range_steps)
-    else:
-        from tensortap.format.smdebug import SmdebugSource, is_smdebug_out_dir
-
-        if is_smdebug_out_dir(storage):
-            source = SmdebugSource(storage, range_steps)
-        else:
-            # Nothing written yet: assume a tensortap job that is about to start.
-            source = NativeSource(storage, range_steps)
-    return Trial(source, name, range_steps, refresh_interval=refresh_interval)
+    cls = S3Trial if path.startswith("s3://") else LocalTrial
+    return cls.from_storage(storage, name, range_steps, refresh_interval=refresh_interval)

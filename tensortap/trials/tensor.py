@@ -15,8 +15,9 @@ from tensortap.exceptions import (
     StepUnavailable,
     TensorUnavailableForStep,
 )
-from tensortap.format.entries import NO_REDUCTION, RAW, REDUCTION, reduction_code, reduction_name
+from tensortap.format.entries import NO_REDUCTION, RAW, REDUCTION, reduction_name
 from tensortap.modes import ModeKeys
+from tensortap.trials import args as _args
 from tensortap.trials.state import StepState
 
 if TYPE_CHECKING:
@@ -144,18 +145,25 @@ class Tensor:
 
     def prev_steps(self, step: int, n: int | None = None, mode: ModeKeys | str = _modes.GLOBAL) -> list[int]:
         """Complete steps <= `step`, the last `n` of them."""
+        step = _args.step(step)
+        if n is not None:
+            n = _args.step(n, "n")
         s = [x for x in self.steps(mode) if x <= step]
         return s if n is None else s[-n:] if n > 0 else []
 
     def workers(self, step_num: int, mode: ModeKeys | str = _modes.GLOBAL) -> list[str]:
+        """Workers that saved this tensor at the step; TensorUnavailableForStep if none did (as smdebug)."""
         from tensortap.trials.trial import natural_key
 
         mode = _modes.parse_mode(mode)
+        step_num = _args.step(step_num, "step_num")
         g = self._global(step_num, mode)
-        if g is None:
-            return []
-        e = self._load()
-        ids = np.unique(e["worker"][e["step"] == g])
+        ids = np.empty(0)
+        if g is not None:
+            e = self._load()
+            ids = np.unique(e["worker"][e["step"] == g])
+        if not len(ids):
+            raise TensorUnavailableForStep(self.name, step_num, mode)
         return sorted((self.trial.source.workers[int(i)] for i in ids), key=natural_key)
 
     # --- values -----------------------------------------------------------------------------
@@ -163,6 +171,7 @@ class Tensor:
     def value(self, step_num: int, mode: ModeKeys | str = _modes.GLOBAL, worker: str | None = None) -> np.ndarray:
         """The raw value saved at `step_num` of `mode` (by `worker`, default the first worker)."""
         mode = _modes.parse_mode(mode)
+        step_num, worker = _args.step(step_num, "step_num"), _args.worker(worker)
         row = self._locate(_RAW_KEY, step_num, mode, worker)
         return self.trial.source.read_values(row.reshape(1))[0]
 
@@ -197,7 +206,7 @@ class Tensor:
         share a shape and dtype, else a list. The bulk path: each chunk is read once."""
         mode = _modes.parse_mode(mode)
         self._refresh_if_stale()
-        part = self._series(_RAW_KEY, mode, worker)
+        part = self._series(_RAW_KEY, mode, _args.worker(worker))
         steps = part["step" if mode == _modes.GLOBAL else "mode_step"]
         src = self.trial.source
         fast = getattr(src, "read_stacked", None)
@@ -227,7 +236,8 @@ class Tensor:
     ) -> Any:
         """The saved reduction, else computed from the saved raw value, else TensorUnavailableForStep."""
         mode = _modes.parse_mode(mode)
-        code = reduction_code(reduction_name, abs)
+        step_num, worker = _args.step(step_num, "step_num"), _args.worker(worker)
+        code = _args.reduction(reduction_name, abs)
         key = (REDUCTION, code)
         g = self._global(step_num, mode)
         if g is not None:
@@ -249,6 +259,7 @@ class Tensor:
     ) -> dict[tuple[str, bool], Any]:
         """{(name, abs): value} of the reductions saved at this step."""
         mode = _modes.parse_mode(mode)
+        step_num, worker = _args.step(step_num, "step_num"), _args.worker(worker)
         g = self._global(step_num, mode)
         out: dict[tuple[str, bool], Any] = {}
         if g is None:
@@ -269,7 +280,7 @@ class Tensor:
         """{step: value} of one saved reduction over every complete step (bulk)."""
         mode = _modes.parse_mode(mode)
         self._refresh_if_stale()
-        part = self._series((REDUCTION, reduction_code(reduction_name, abs)), mode, worker)
+        part = self._series((REDUCTION, _args.reduction(reduction_name, abs)), mode, _args.worker(worker))
         steps = part["step" if mode == _modes.GLOBAL else "mode_step"].tolist()
         src = self.trial.source
         fast = getattr(src, "read_stacked_inline", None)
@@ -282,6 +293,7 @@ class Tensor:
     def shape(self, step_num: int, mode: ModeKeys | str = _modes.GLOBAL, worker: str | None = None) -> tuple:
         """The saved shape (from the value, a reduction or a shape record), else ShapeUnavailableForStep."""
         mode = _modes.parse_mode(mode)
+        step_num, worker = _args.step(step_num, "step_num"), _args.worker(worker)
         g = self._global(step_num, mode)
         if g is not None:
             e = self._load()

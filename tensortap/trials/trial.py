@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import re
 import time
 from collections.abc import Iterable
@@ -13,6 +14,7 @@ import numpy as np
 
 from tensortap import modes as _modes
 from tensortap.exceptions import (
+    InvalidConfiguration,
     NoMoreData,
     StepNotYetAvailable,
     StepUnavailable,
@@ -21,6 +23,7 @@ from tensortap.exceptions import (
 from tensortap.format.entries import ENTRY_DTYPE, REDUCTION, reduction_name
 from tensortap.format.source import CollectionInfo, Source
 from tensortap.modes import ModeKeys
+from tensortap.trials import args as _args
 from tensortap.trials.state import StepState
 from tensortap.trials.tensor import Tensor
 
@@ -66,10 +69,23 @@ class Trial:
         self._sorted_steps: list[int] = []
         self.refresh_data()
 
+    @classmethod
+    def from_storage(
+        cls, storage: Any, name: str, range_steps: tuple[int | None, int | None] | None = None, *,
+        refresh_interval: float = 0.05,
+    ) -> Trial:
+        """A trial of this class over an opened Storage, its format detected (what create_trial uses)."""
+        from tensortap.trials.pending import open_source
+
+        trial = cls.__new__(cls)
+        Trial.__init__(trial, open_source(storage, range_steps), name, range_steps, refresh_interval)
+        return trial
+
     # --- refresh ----------------------------------------------------------------------------
 
     def refresh_data(self) -> None:
         """Read what the job wrote since the last refresh."""
+        self.source = self.source.resolved()
         new = self.source.refresh()
         self._last_refresh = time.monotonic()
         if len(new):
@@ -138,23 +154,21 @@ class Trial:
         self._assumed_ended = True
 
     @property
+    def damage(self) -> list:
+        """Corrupt places skipped while reading the index so far, each once: `Damage(path, offset, reason)`
+        (docs/format.md §5.1). Corrupt payloads are not listed: reading one raises CorruptData."""
+        return list(getattr(self.source, "damage", []))
+
+    @property
     def num_workers(self) -> int | None:
         return self.source.num_workers
 
-    def _worker_done_with(self, worker: str, step: int) -> bool:
-        return worker in self.source.ended_workers or self.source.passed_step.get(worker, -1) >= step
-
     def complete_upto(self) -> float:
-        """Every global step <= this is complete (every worker finished it); -1 if none, inf once ended."""
-        if self.loaded_all_steps:
+        """Every global step <= this is complete; -1 if none, inf once ended. The rule is the format's
+        (docs/format.md, "Step completeness")."""
+        if self._assumed_ended:
             return float("inf")
-        nw = self.source.num_workers
-        workers = self.source.workers
-        if nw is None or len(workers) < nw:
-            return -1
-        return min(
-            float("inf") if w in self.source.ended_workers else self.source.passed_step.get(w, -1) for w in workers
-        )
+        return self.source.complete_upto()
 
     def is_step_complete(self, global_step: int) -> bool:
         """Every worker has finished `global_step`: its data is all there."""
@@ -200,12 +214,14 @@ class Trial:
         return self.mode_modestep(global_step)[1]
 
     def mode_modestep(self, global_step: int) -> tuple[ModeKeys | None, int | None]:
+        global_step = _args.step(global_step, "global_step")
         if global_step not in self._global_to_mode:
             self.maybe_refresh()
         return self._global_to_mode.get(global_step, (None, None))
 
     def global_step(self, mode: ModeKeys | str, mode_step: int) -> int | None:
         mode = _modes.parse_mode(mode)
+        mode_step = _args.step(mode_step, "mode_step")
         g = self._to_global(mode_step, mode)
         if g is None:
             self.maybe_refresh()
@@ -214,10 +230,11 @@ class Trial:
 
     def workers(self) -> list[str]:
         self.maybe_refresh()
-        return sorted(self.source.workers, key=natural_key)
+        return sorted(self.source.listed_workers(), key=natural_key)
 
     def workers_for_step(self, global_step: int) -> list[str]:
         """Workers that saved anything at `global_step`."""
+        global_step = _args.step(global_step, "global_step")
         self._consolidate()
         ids = np.unique(self._all["worker"][self._all["step"] == global_step])
         return sorted((self.source.workers[int(i)] for i in ids), key=natural_key)
@@ -240,8 +257,13 @@ class Trial:
         """Sorted names of saved tensors, optionally those saved at `step` of `mode`, matching `regex`
         (one or a list, re.search) or in `collection`."""
         if regex is not None and collection is not None:
-            raise ValueError("give either regex or collection, not both")
+            raise InvalidConfiguration("give either regex or collection, not both")
         mode = _modes.parse_mode(mode)
+        if step is not None:
+            step = _args.step(step)
+        pats = _args.regexes(regex) if regex is not None else None
+        if collection is not None and not isinstance(collection, str | CollectionInfo):
+            raise InvalidConfiguration(f"collection={collection!r} must be a collection name or a CollectionInfo")
         self.maybe_refresh()
         names = self._all_names()
         if step is not None:
@@ -251,8 +273,7 @@ class Trial:
             self._consolidate()
             sel = self._all["name"][self._all["step"] == g]
             names = [self.source.names[i] for i in np.unique(sel)]
-        if regex is not None:
-            pats = [re.compile(r) for r in ([regex] if isinstance(regex, str) else list(regex))]
+        if pats is not None:
             names = [n for n in names if any(p.search(n) for p in pats)]
         if collection is not None:
             coll = self.collection(collection) if isinstance(collection, str) else collection
@@ -261,6 +282,7 @@ class Trial:
         return sorted(names)
 
     def has_tensor(self, name: str) -> bool:
+        _args.name(name)
         if name not in self._name_ids or self._name_ids[name] not in self._groups:
             self.maybe_refresh()
             self._consolidate()
@@ -269,7 +291,9 @@ class Trial:
 
     def tensor(self, name: str) -> Tensor:
         if not self.has_tensor(name):
-            raise TensorUnavailable(name)
+            # e.g. save_scalar("loss") is stored as "scalar/loss": name the saved tensor in the error
+            similar = [n for n in self._all_names() if n.endswith("/" + name)][:5]
+            raise TensorUnavailable(name, similar)
         t = self._tensors.get(name)
         if t is None:
             t = self._tensors[name] = Tensor(name, self)
@@ -280,9 +304,12 @@ class Trial:
         return dict(self.source.collections)
 
     def collection(self, name: str) -> CollectionInfo:
+        """The collection `name`; a new empty one (kept by the trial) if the job saved none of that name, as
+        smdebug does: fill it with `.include(regex)` / `.add_tensor_name(name)` and query it."""
+        _args.name(name)
         colls = self.collections()
         if name not in colls:
-            raise KeyError(f"no collection {name!r} in this trial; it has {sorted(colls)}")
+            colls[name] = self.source.collections[name] = CollectionInfo(name=name)
         return colls[name]
 
     # --- waiting ----------------------------------------------------------------------------
@@ -290,32 +317,28 @@ class Trial:
     def has_passed_step(self, step: int, mode: ModeKeys | str = _modes.GLOBAL) -> StepState:
         """Whether `step` of `mode` is AVAILABLE, will never be (UNAVAILABLE), or may come (NOT_YET_AVAILABLE)."""
         mode = _modes.parse_mode(mode)
+        step = _args.step(step)
         self.maybe_refresh()
         g = self._to_global(step, mode)
         if g is not None:
             return StepState.AVAILABLE if self.is_step_complete(g) else StepState.NOT_YET_AVAILABLE
         if self.loaded_all_steps:
             return StepState.UNAVAILABLE
-        if self._all_workers_passed(step, mode):
+        # A later saved step of this mode is complete: this one will never come.
+        later = self._next_saved(step, mode)
+        if later is not None and self.is_step_complete(later):
+            return StepState.UNAVAILABLE
+        if self.source.all_workers_passed(step, None if mode == _modes.GLOBAL else mode.name):
             return StepState.UNAVAILABLE
         return StepState.NOT_YET_AVAILABLE
 
-    def _all_workers_passed(self, step: int, mode: ModeKeys) -> bool:
-        nw = self.source.num_workers
-        workers = self.source.workers
-        if nw is None or len(workers) < nw:
-            return False
-        for w in workers:
-            if w in self.source.ended_workers:
-                continue
-            if mode == _modes.GLOBAL:
-                if self.source.passed_step.get(w, -1) < step:
-                    return False
-            else:
-                pm = getattr(self.source, "passed_mode_step", {}).get(w, {})
-                if pm.get(mode.name, -1) < step:
-                    return False
-        return True
+    def _next_saved(self, step: int, mode: ModeKeys) -> int | None:
+        """The global step of the first saved step of `mode` after `step`, None if there is none."""
+        if mode == _modes.GLOBAL:
+            i = bisect.bisect_right(self._sorted_steps, step)
+            return self._sorted_steps[i] if i < len(self._sorted_steps) else None
+        later = [g for s, g in self._mode_to_global.get(mode, {}).items() if s > step]
+        return min(later) if later else None
 
     def wait_for_steps(
         self, required_steps: Iterable[int], mode: ModeKeys | str = _modes.GLOBAL, timeout: float | None = None
@@ -323,9 +346,11 @@ class Trial:
         """Block until every step is available. Raises StepUnavailable for a step that will never come,
         NoMoreData past the end of a finished job, StepNotYetAvailable when `timeout` seconds pass."""
         mode = _modes.parse_mode(mode)
+        required = _args.steps(required_steps)
+        timeout = _args.timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.02
-        for step in sorted(required_steps):
+        for step in sorted(required):
             while True:
                 self.refresh_data()
                 state = self.has_passed_step(step, mode)
@@ -367,6 +392,8 @@ class Trial:
         mode = _modes.parse_mode(mode)
         if names is None:
             names = self.tensor_names(regex=regex, collection=collection)
+        elif isinstance(names, str) or not isinstance(names, Iterable) or not all(isinstance(n, str) for n in names):
+            raise InvalidConfiguration(f"names={names!r} must be a list of tensor names")
         rows: dict[str, list] = {k: [] for k in ("tensor", "worker", "step", "mode", "mode_step", "reduction",
                                                  "value")}
         for name in names:
@@ -394,6 +421,58 @@ class Trial:
                 rows["value"] += [np.asarray(v).reshape(-1)[0].item() for v in vals]
         return pd.DataFrame(rows)
 
-    def __repr__(self) -> str:
-        return f"<Trial {self.name!r} path={self.path!r} steps={len(self._sorted_steps)} workers={self.workers()}>"
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: a short HTML summary (tensortap.ui.summary)."""
+        from tensortap.ui.summary import trial_html
 
+        return trial_html(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} {self.name!r} path={self.path!r} steps={len(self._sorted_steps)} "
+            f"workers={self.workers()}>"
+        )
+
+
+class LocalTrial(Trial):
+    """A trial over a local directory (smdebug's `LocalTrial`, same constructor)."""
+
+    def __init__(
+        self,
+        name: str,
+        dirname: str,
+        range_steps: tuple[int | None, int | None] | None = None,
+        parallel: bool = True,
+        check: bool = False,
+        index_mode: bool = True,
+        cache: bool = False,
+        *,
+        refresh_interval: float = 0.05,
+    ):
+        from tensortap.storage import LocalStorage
+        from tensortap.trials.pending import open_source
+
+        storage = LocalStorage(os.path.expanduser(str(dirname)))
+        super().__init__(open_source(storage, range_steps), name, range_steps, refresh_interval)
+
+
+class S3Trial(Trial):
+    """A trial over s3://bucket/prefix (smdebug's `S3Trial`, same constructor)."""
+
+    def __init__(
+        self,
+        name: str,
+        bucket_name: str,
+        prefix_name: str,
+        range_steps: tuple[int | None, int | None] | None = None,
+        check: bool = False,
+        index_mode: bool = True,
+        cache: bool = False,
+        *,
+        refresh_interval: float = 0.05,
+    ):
+        from tensortap.storage import open_storage
+        from tensortap.trials.pending import open_source
+
+        storage = open_storage(f"s3://{bucket_name}/{str(prefix_name).strip('/')}")
+        Trial.__init__(self, open_source(storage, range_steps), name, range_steps, refresh_interval)

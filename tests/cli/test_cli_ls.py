@@ -34,8 +34,8 @@ def test_ls_json_on_native_job(tmp_path):
     assert info["workers"] == ["worker_0"] and info["ended"]
     assert info["steps"] == {"count": 6, "first": 0, "last": 5}
     assert info["modes"]["TRAIN"]["count"] == 4 and info["modes"]["EVAL"]["count"] == 2
-    assert info["tensors"]["w"]["steps"] == [0, 2, 4]
-    assert info["tensors"]["scalar/loss"]["count"] == 6
+    assert info["tensors"]["w"] == {"count": 3, "first": 0, "last": 4, "interval": 2}
+    assert info["tensors"]["scalar/loss"] == {"count": 6, "first": 0, "last": 5, "interval": 1}
     assert info["collections"]["scalars"] == ["scalar/loss"]
 
 
@@ -45,3 +45,48 @@ def test_ls_text_on_smdebug_job_and_error_on_missing_dir(tmp_path):
     assert "smdebug format" in r.stdout and "Sequential_0.weight" in r.stdout and "TRAIN" in r.stdout
     r = _tensortap("ls", str(tmp_path / "missing"))
     assert r.returncode == 2 and "no such directory" in r.stderr
+
+
+def test_ls_refuses_what_is_not_a_job(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("not a job")
+    (tmp_path / "file").write_text("x")
+    for d in ("empty", "other"):
+        r = _tensortap("ls", str(tmp_path / d))
+        assert r.returncode == 2 and "not a job's out_dir" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert r.stdout == ""
+    r = _tensortap("ls", str(tmp_path / "file"))
+    assert r.returncode == 2 and "not a directory" in r.stderr and "no such" not in r.stderr
+    r = _tensortap("ls", str(tmp_path / "file"), "--json")
+    assert r.returncode == 2 and json.loads(r.stdout) == {"error": f"{tmp_path / 'file'}: not a directory"}
+
+
+def _long_job(out):
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_steps=[0, 1, 2, 5, 6, 9, 10, 20, 21, 30, 33, 40, 41, 50,
+                                                              55, 60, 61, 70, 77, 80, 81, 90]))
+    for _ in range(100):
+        hook.next_step()
+        for i in range(800):
+            hook.save_tensor(f"layer{i}/weight", np.ones(4))
+    hook.close()
+
+
+def test_ls_summarises_step_lists(tmp_path):
+    _long_job(str(tmp_path))
+    r = _tensortap("ls", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if "layer7/weight" in ln)
+    assert line.split() == ["layer7/weight", "22", "steps", "0..90,", "irregular", "(gaps", "1..10)"]
+    info = json.loads(_tensortap("ls", str(tmp_path), "--json").stdout)
+    assert info["tensors"]["layer7/weight"] == {"count": 22, "first": 0, "last": 90, "interval": None,
+                                                "gaps": [1, 10]}
+
+
+def test_ls_into_a_closed_pipe_ends_quietly(tmp_path):
+    _long_job(str(tmp_path))
+    exe = shutil.which("tensortap", path=os.path.dirname(sys.executable)) or "tensortap"
+    r = subprocess.run(f"'{exe}' ls --json '{tmp_path}' | head -n 2", shell=True, capture_output=True,
+                       text=True, timeout=60)
+    assert len(r.stdout.splitlines()) == 2
+    assert r.stderr == ""

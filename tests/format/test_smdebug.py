@@ -83,6 +83,11 @@ def test_every_event_listed_and_bit_exact(job):
     src = source(fixture(job))
     entries = src.refresh()
     rows, values = expected(job)
+    # A name written twice into one step's file (smdebug's save_scalar of an unsaved step, its bug 10.7): the
+    # last record is the value, as smdebug's reader keeps it.
+    last = {(r["event_file"], r["name"]): r for r in sorted(rows, key=lambda r: r["offset"])}
+    assert len(last) < len(rows) if job == "pytorch_job" else len(last) == len(rows)
+    rows = list(last.values())
     located = entries[entries["kind"] != SHAPE]
     assert len(located) == len(rows)
     by_loc = {(r["event_file"], r["offset"]): r for r in rows}

@@ -5,8 +5,6 @@ training keeps the rule quiet, having seen data."""
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 import pytest
 
@@ -18,21 +16,6 @@ from mxnet import autograd, gluon, nd  # noqa: E402
 import tensortap.mxnet as tm  # noqa: E402
 from tensortap.rules import configs, invoke_rule  # noqa: E402
 from tensortap.rules.builtin import CheckInputImages, DeadRelu, SaturatedActivation  # noqa: E402
-
-
-def _rules_read_activation_collections() -> bool:
-    """Whether DeadRelu and SaturatedActivation look into the activation collections by default (the rules
-    helper's change; until it is merged they only match names, and relu0_output_0 matches no default regex)."""
-    from tensortap.rules.builtin import dead_relu, saturated_activation
-
-    src = inspect.getsource(dead_relu) + inspect.getsource(saturated_activation)
-    return "RELU_OUTPUT" in src and "TANH_INPUT" in src
-
-
-# TODO(merge): drop this marker once the rules helper's change is in main (the condition is then False).
-RULE_DEFAULTS = pytest.mark.xfail(
-    not _rules_read_activation_collections(), strict=True,
-    reason="rule defaults: rules helper (the activation rules do not read the activation collections yet)")
 
 
 @pytest.fixture(autouse=True)
@@ -117,8 +100,8 @@ def test_dead_relu_standalone_activation_explicit_regex(tmp_path):
     assert quiet(run(DeadRelu(healthy, tensor_regex=r"^relu\d+_output_0$")))
 
 
-@RULE_DEFAULTS
 def test_dead_relu_standalone_activation_defaults(tmp_path):
+    """relu0_output_0 matches no name regex of the rule's: it finds the tensors through relu_output."""
     cfg = configs.dead_relu(save_interval=1)
     assert fired(run(DeadRelu(train(str(tmp_path / "dead"), net_of("relu", True, -20.0), [cfg]))))
     assert quiet(run(DeadRelu(train(str(tmp_path / "ok"), net_of("relu", True, None), [cfg]))))
@@ -146,7 +129,6 @@ def test_saturated_activation_standalone_explicit_collections(tmp_path):
     assert quiet(run(SaturatedActivation(healthy, **explicit)))
 
 
-@RULE_DEFAULTS
 def test_saturated_activation_standalone_defaults(tmp_path):
     cfg = configs.saturated_activation(save_interval=1)
     assert fired(run(SaturatedActivation(train(str(tmp_path / "bad"), net_of("tanh", True, 40.0), [cfg]))))

@@ -15,7 +15,6 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 import tensortap.pytorch as tp  # noqa: E402
-from tensortap.pytorch import _tensors  # noqa: E402
 from tensortap.pytorch import hook as hook_module  # noqa: E402
 
 TRAIN, EVAL, PREDICT = tp.modes.TRAIN, tp.modes.EVAL, tp.modes.PREDICT
@@ -543,8 +542,11 @@ def test_injected_failure_disables_hook_and_training_continues(tmp_path, monkeyp
     hook.register_module(model)
     hook.register_loss(loss_fn)
     calls = {"n": 0}
-    # the copy of saved tensors: into pooled host buffers (thread) or into the writer's ring (process)
-    owner, attr = (_tensors.HostBatch, "arrays") if writer == "thread" else (hook_module, "gather_into")
+    # the copy of saved tensors into what the writer reserved: a host buffer (thread) or its ring (process)
+    from tensortap.format.writer import HostReservation
+    from tensortap.transport.process_writer import Reservation
+
+    owner, attr = (HostReservation if writer == "thread" else Reservation), "copy_in"
     real = getattr(owner, attr)
 
     def failing(*args):
@@ -573,7 +575,6 @@ def test_failure_inside_backward_does_not_break_backward(tmp_path, monkeypatch):
     def boom(t):
         raise ValueError("injected in the autograd callback")
 
-    import tensortap.pytorch.hook as hook_module
 
     monkeypatch.setattr(hook_module, "ring_sources", boom)  # runs in the end-of-backward callback
     rec: list = []

@@ -67,6 +67,24 @@ def test_failing_actions_are_logged_not_raised(vanishing, http_server, free_port
     assert rep.violations == 3
     assert bad_status.failures == refused.failures == failing_cmd.failures == 3
     assert "exited with status 4" in caplog.text
+    # each failing action: one line at its first failure, one summary with the count when the rule ends
+    lines = [r.getMessage() for r in caplog.records]
+    for name in ("webhook", "command"):
+        first = [m for m in lines if f"action {name} of rule VanishingGradient failed" in m]
+        summary = [m for m in lines if f"action {name} failed 3 of 3 time(s)" in m]
+        assert len(first) == {"webhook": 2, "command": 1}[name] and len(summary) == len(first), lines
+    assert sum("failed 3 of 3 time(s)" in w for w in rep.warnings) == 3
+
+
+def test_offline_stop_training_writes_nothing_into_a_finished_job(vanishing):
+    import os
+
+    from tensortap.rules.actions import StopTraining
+
+    stop = StopTraining()
+    rep = invoke_rule(VanishingGradient(vanishing, actions=[stop]), stop_at_job_end=True)
+    assert rep.violations == 3 and stop.skipped == 3 and stop.failures == 0 and stop.location is None
+    assert not os.path.exists(os.path.join(vanishing.path, "tensortap", "control", "stop.json"))
 
 
 def test_email_through_a_local_smtp_server(vanishing, free_port, monkeypatch):

@@ -1,6 +1,7 @@
 """Rule base class, RequiredTensors and invoke_rule: smdebug's semantics and the fixed bugs."""
 
 import json
+import os
 import threading
 import time
 
@@ -155,6 +156,7 @@ def test_live_job_and_timeout(tmp_path):
         hook.close()
 
     th = threading.Thread(target=train)
+    os.makedirs(out, exist_ok=True)  # a job that has not started yet: an empty out_dir (docs/format.md §5.2)
     trial = tt.create_trial(out)
     th.start()
     rule = AboveThreshold(trial, threshold=11)
@@ -212,6 +214,7 @@ def test_builtin_rules_live_match_offline(tmp_path):
             time.sleep(0.015)
         hook.close()
 
+    os.makedirs(out, exist_ok=True)  # a job that has not started yet: an empty out_dir (docs/format.md §5.2)
     live = [VanishingGradient(tt.create_trial(out)), UnchangedTensor(tt.create_trial(out), collection_names="weights")]
     reps = [None, None]
 

@@ -1,5 +1,6 @@
 """StopTraining: the stop-request protocol, and a real training process stopped by a rule."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -79,6 +80,7 @@ def test_a_rule_stops_a_real_training_process(tmp_path):
     out = str(tmp_path / "job")
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
+    os.makedirs(out)  # a job that has not started yet: an empty out_dir (docs/format.md §5.2)
     proc = subprocess.Popen([sys.executable, str(script), out], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:

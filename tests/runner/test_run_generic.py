@@ -159,3 +159,6 @@ def test_job_file_and_offline_rules_run(tmp_path, train_py):
     r3 = tensortap("rules", "list", "--json")
     names = {x["snake_name"] for x in json.loads(r3.stdout)}
     assert {"vanishing_gradient", "dead_relu", "loss_not_decreasing"} <= names and len(names) == 20
+    reads = {x["snake_name"]: x["collections"] for x in json.loads(r3.stdout)}
+    assert reads["dead_relu"] == ["relu_output"] and reads["saturated_activation"] == ["tanh_input", "sigmoid_input"]
+    assert reads["all_zero"] == []

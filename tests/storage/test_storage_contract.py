@@ -47,6 +47,15 @@ def test_list_sorted_recursive_and_start_after(storage):
     assert storage.list("x/") == ["x/2", "x/sub/3"]
 
 
+def test_has_keys(storage):
+    assert not storage.has_keys("p/")
+    storage.write("p/q/r.json", b"{}")
+    assert storage.has_keys("p/") and storage.has_keys("p/q/") and not storage.has_keys("p/z/")
+    assert not storage.has_keys("pp/")  # a prefix is a folder here: p/ is not pp/
+    storage.delete("p/q/r.json")
+    assert not storage.has_keys("p/")
+
+
 def test_open_storage_picks_backend_by_scheme(tmp_path):
     assert isinstance(open_storage(str(tmp_path)), LocalStorage)
     assert isinstance(open_storage(f"file://{tmp_path}"), LocalStorage)

@@ -9,9 +9,22 @@ from typing import Any
 
 from tensortap.exceptions import InvalidConfiguration
 
-__all__ = ["Action", "Actions"]
+__all__ = ["Action", "Actions", "positive_seconds"]
 
 logger = logging.getLogger("tensortap.rules.actions")
+
+
+def positive_seconds(owner: str, name: str, value: Any) -> float:
+    """`value` as a positive, finite number of seconds; InvalidConfiguration naming it otherwise."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if isinstance(value, str):
+        try:
+            value, ok = float(value), True  # JSON action strings may give numbers as strings
+        except ValueError:
+            ok = False
+    if not ok or not 0 < float(value) < float("inf"):
+        raise InvalidConfiguration(f"{owner}: {name}={value!r} must be a positive number of seconds")
+    return float(value)
 
 
 class Action:
@@ -38,7 +51,9 @@ class Action:
         raise NotImplementedError
 
     def __call__(self, report: dict[str, Any]) -> bool:
-        """Run the action; failures are logged and counted, never raised. True if it ran without error."""
+        """Run the action; failures are counted, never raised. The first failure is logged at once; later
+        ones are only counted (`failures_summary()` says how many, once, when the rule ends). True if it ran
+        without error."""
         if self.max_calls is not None and self.calls >= self.max_calls:
             return False
         self.calls += 1
@@ -48,8 +63,17 @@ class Action:
         except Exception as e:  # noqa: BLE001 - by design: an action never breaks the rule
             self.failures += 1
             self.last_error = e
-            logger.error("tensortap: action %s of rule %s failed: %s", self.name, report.get("rule"), e)
+            if self.failures == 1:
+                logger.error("tensortap: action %s of rule %s failed: %s (further failures are counted and "
+                             "reported when the rule ends)", self.name, report.get("rule"), e)
             return False
+
+    def failures_summary(self) -> str:
+        """One line: how often the action failed and its last error ("" if it never failed)."""
+        if not self.failures:
+            return ""
+        return (f"action {self.name} failed {self.failures} of {self.calls} time(s); last error: "
+                f"{self.last_error}")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"
@@ -74,7 +98,7 @@ class Actions:
             a = action_from_dict(actions, self.rule_name)
             if a is not None:
                 self.actions.append(a)
-        elif isinstance(actions, Iterable):
+        elif isinstance(actions, Iterable) and not isinstance(actions, bytes | bytearray):
             for a in actions:
                 self.add(a)
         else:
@@ -87,6 +111,17 @@ class Actions:
     def invoke(self, report: dict[str, Any]) -> None:
         for a in self.actions:
             a(report)
+
+    def report_failures(self) -> list[str]:
+        """Log, once, how often each action failed when it failed more than once; returns the summaries."""
+        out = []
+        for a in self.actions:
+            line = a.failures_summary()
+            if line:
+                out.append(line)
+                if a.failures > 1:
+                    logger.error("tensortap: rule %s: %s", self.rule_name, line)
+        return out
 
     def __len__(self) -> int:
         return len(self.actions)

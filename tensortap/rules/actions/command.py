@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tensortap.exceptions import InvalidConfiguration
-from tensortap.rules.actions.base import Action
+from tensortap.rules.actions.base import Action, positive_seconds
 
 __all__ = ["Command"]
 
@@ -30,9 +30,11 @@ class Command(Action):
                 raise InvalidConfiguration("Command: command must not be empty")
         elif not (isinstance(command, Sequence) and command and all(isinstance(c, str) for c in command)):
             raise InvalidConfiguration(f"Command: command={command!r} must be a string or a list of strings")
+        if not isinstance(shell, bool):
+            raise InvalidConfiguration(f"Command: shell={shell!r} must be True or False")
         self.command = command
-        self.timeout = float(timeout)
-        self.shell = bool(shell)
+        self.timeout = positive_seconds("Command", "timeout", timeout)
+        self.shell = shell
         self.last_result: subprocess.CompletedProcess | None = None
 
     def run(self, report: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ from email.message import EmailMessage
 from typing import Any
 
 from tensortap.exceptions import InvalidConfiguration
-from tensortap.rules.actions.base import Action
+from tensortap.rules.actions.base import Action, positive_seconds
 
 __all__ = ["Email"]
 
@@ -42,6 +42,12 @@ class Email(Action):
                  security: str | None = None, timeout: float = 10.0, subject: str | None = None,
                  max_calls: int | None = None):
         super().__init__(max_calls)
+        if not (isinstance(to, str) or (isinstance(to, list | tuple) and all(isinstance(a, str) for a in to))):
+            raise InvalidConfiguration(f"Email: to={to!r} must be an e-mail address or a list of them")
+        for k, v in (("host", host), ("username", username), ("password", password), ("sender", sender),
+                     ("security", security), ("subject", subject)):
+            if v is not None and not isinstance(v, str):
+                raise InvalidConfiguration(f"Email: {k}={v!r} must be a string")
         rcpt = [a.strip() for a in (to.split(",") if isinstance(to, str) else list(to)) if a and a.strip()]
         if not rcpt or not all("@" in a for a in rcpt):
             raise InvalidConfiguration(f"Email: to={to!r} must be one or more e-mail addresses")
@@ -53,12 +59,14 @@ class Email(Action):
         port = port if port is not None else os.environ.get(ENV["port"])
         try:
             self.port = int(port) if port is not None else (465 if self.security == "ssl" else 25)
-        except ValueError:
+        except (ValueError, TypeError):
             raise InvalidConfiguration(f"Email: port={port!r} must be an integer") from None
+        if isinstance(port, bool) or not 0 < self.port < 65536:
+            raise InvalidConfiguration(f"Email: port={port!r} must be a TCP port (1-65535)")
         self.username = username if username is not None else os.environ.get(ENV["username"])
         self.password = password if password is not None else os.environ.get(ENV["password"])
         self.sender = sender or os.environ.get(ENV["sender"]) or f"tensortap@{self.host}"
-        self.timeout = float(timeout)
+        self.timeout = positive_seconds("Email", "timeout", timeout)
         self.subject = subject
 
     def message(self, report: dict[str, Any]) -> EmailMessage:

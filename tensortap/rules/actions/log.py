@@ -24,6 +24,10 @@ class Log(Action):
             if not isinstance(lv, int):
                 raise InvalidConfiguration(f"Log: level={level!r} is not a logging level")
             level = lv
+        if not isinstance(level, int) or isinstance(level, bool):
+            raise InvalidConfiguration(f"Log: level={level!r} must be a logging level (an int or a name)")
+        if not isinstance(logger_name, str):
+            raise InvalidConfiguration(f"Log: logger_name={logger_name!r} must be a string")
         self.level = level
         self.logger = logging.getLogger(logger_name)
 

@@ -7,7 +7,7 @@ import urllib.request
 from typing import Any
 
 from tensortap.exceptions import InvalidConfiguration
-from tensortap.rules.actions.base import Action
+from tensortap.rules.actions.base import Action, positive_seconds
 
 __all__ = ["Webhook"]
 
@@ -22,9 +22,12 @@ class Webhook(Action):
         super().__init__(max_calls)
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise InvalidConfiguration(f"Webhook: url={url!r} must be an http:// or https:// URL")
+        if headers is not None and not (isinstance(headers, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in headers.items())):
+            raise InvalidConfiguration(f"Webhook: headers={headers!r} must be a dict of str to str")
         self.url = url
         self.headers = dict(headers or {})
-        self.timeout = float(timeout)
+        self.timeout = positive_seconds("Webhook", "timeout", timeout)
         self.last_status: int | None = None
 
     def run(self, report: dict[str, Any]) -> None:

@@ -103,13 +103,21 @@ def get_rule(name: str) -> type[Rule]:
 
 
 def describe_rules() -> list[dict[str, Any]]:
-    """[{name, snake_name, description, parameters: [{name, default, required}]}] of every built-in rule."""
+    """[{name, snake_name, description, parameters: [{name, default, required}], collections}] of every
+    built-in rule; `collections` are those its default configuration reads (tensortap.rules.configs; empty
+    where the user must name them, e.g. AllZero)."""
+    from tensortap.rules.configs import config_for
+
     out = []
     for cls in BUILTIN_RULES:
+        try:
+            colls = config_for(cls).collection_names
+        except InvalidConfiguration:
+            colls = []
         params = []
         for pname, default in cls.parameters():
             required = default is inspect.Parameter.empty
             params.append({"name": pname, "default": None if required else default, "required": required})
         out.append({"name": cls.__name__, "snake_name": snake_name(cls), "description": cls.description,
-                    "parameters": params})
+                    "parameters": params, "collections": colls})
     return out

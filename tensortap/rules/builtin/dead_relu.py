@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tensortap.collection import CollectionKeys
 from tensortap.rules._data import Stat
 from tensortap.rules.builtin._stats import unit_inactive_pct
 from tensortap.rules.params import as_float, as_regex_list
@@ -11,12 +12,16 @@ from tensortap.rules.rule import Rule
 
 __all__ = ["DeadRelu"]
 
+RELU_OUTPUT = CollectionKeys.RELU_OUTPUT
+
 
 class DeadRelu(Rule):
-    """Fires at a step where, in a ReLU output tensor (matching `tensor_regex`, default `.*relu_output`), more
-    than `threshold_layer` percent of the units are dead: active (output > 0) for less than
+    """Fires at a step where, in a ReLU output tensor, more than `threshold_layer` percent of the units are
+    dead: active (output > 0) for less than
     `threshold_inactivity` percent of the batch. Axis 0 of an output with 2+ axes is the batch; every other
-    element is a unit."""
+    element is a unit. Tensors: by default the `relu_output` collection (framework hooks put the outputs of
+    their ReLU layers there, found by the layer's type) and, as a fallback, names matching `.*relu_output`
+    (smdebug's default); with `tensor_regex`, the names matching it."""
 
     description = "ReLUs die: too many units of a layer are (almost) never active."
     count_empty_steps = False
@@ -26,16 +31,18 @@ class DeadRelu(Rule):
         super().__init__(base_trial, action_str, actions=actions)
         n = self.rule_name
         self.tensor_regex = as_regex_list(tensor_regex, "tensor_regex", n) or [".*relu_output"]
+        self.collection_names = [] if tensor_regex else [RELU_OUTPUT]
         self.threshold_inactivity = as_float(threshold_inactivity, "threshold_inactivity", n, minimum=0.0,
                                              maximum=100.0)
         self.threshold_layer = as_float(threshold_layer, "threshold_layer", n, minimum=0.0, maximum=100.0)
-        self.set_parameters(tensor_regex=self.tensor_regex, threshold_inactivity=self.threshold_inactivity,
+        self.set_parameters(tensor_regex=self.tensor_regex, collection_names=self.collection_names,
+                            threshold_inactivity=self.threshold_inactivity,
                             threshold_layer=self.threshold_layer)
         self._stat = Stat(f"dead_pct:{self.threshold_inactivity!r}",
                           unit_inactive_pct(lambda x: x > 0, self.threshold_inactivity))
 
     def invoke_at_step(self, step: int) -> bool:
-        for name in self.select(regex=self.tensor_regex):
+        for name in self.select(self.collection_names, self.tensor_regex):
             pct = self.stat(name, step, self._stat)
             if pct is not None and pct == pct and pct > self.threshold_layer:
                 self.violation(step, f"{pct:.3g}% of the units are dead (> {self.threshold_layer:g}%)", name, pct)

@@ -11,7 +11,19 @@ from tensortap.rules._data import Stat
 from tensortap.rules.params import as_float_list, as_int_list, as_regex_list
 from tensortap.rules.rule import Rule
 
-__all__ = ["NLPSequenceRatio"]
+__all__ = ["NLPSequenceRatio", "DEFAULT_SEQUENCE_REGEX", "sequence_regex"]
+
+#: the input of the embedding layer in each framework's naming: MXNet (smdebug's default), PyTorch (a module
+#: whose attribute path names an embedding: `embedding_input_0`, `encoder.embed_tokens_input_0`) and Keras
+#: (`embedding/inputs`)
+DEFAULT_SEQUENCE_REGEX = (r".*embedding0_input_0", r"(^|\.)[A-Za-z0-9_]*embed[A-Za-z0-9_]*_input_0$",
+                          r"(^|/)embedding[^/]*/inputs$")
+
+
+def sequence_regex(regex: Any) -> list[str]:
+    """The regexes `regex` means: smdebug's default (or none) stands for DEFAULT_SEQUENCE_REGEX."""
+    out = as_regex_list(regex, "tensor_regex", "NLPSequenceRatio")
+    return list(DEFAULT_SEQUENCE_REGEX) if out in ([], [DEFAULT_SEQUENCE_REGEX[0]]) else out
 
 
 def _pct_of(token: int):  # type: ignore[no-untyped-def]
@@ -26,7 +38,9 @@ def _pct_of(token: int):  # type: ignore[no-untyped-def]
 
 
 class NLPSequenceRatio(Rule):
-    """Fires at a step where, in an input sequence tensor (matching `tensor_regex`), the percentage of
+    """Fires at a step where, in an input sequence tensor (the `input_sequence` collection and names matching
+    `tensor_regex`; smdebug's default regex, MXNet's name, stands for DEFAULT_SEQUENCE_REGEX: the
+    embedding's input as MXNet, PyTorch and Keras jobs name it), the percentage of
     elements equal to token_values[i] exceeds token_thresholds_percent[i] (e.g. too much padding).
     Both are comma lists of equal length; a single threshold applies to every token."""
 
@@ -37,7 +51,7 @@ class NLPSequenceRatio(Rule):
                  token_thresholds_percent: Any = "50", *, action_str: str = "", actions: Any = None):
         super().__init__(base_trial, action_str, actions=actions)
         n = self.rule_name
-        self.tensor_regex = as_regex_list(tensor_regex, "tensor_regex", n)
+        self.tensor_regex = sequence_regex(tensor_regex)
         self.token_values = as_int_list(token_values, "token_values", n)
         self.token_thresholds_percent = as_float_list(token_thresholds_percent, "token_thresholds_percent", n)
         if not self.token_values:
@@ -52,7 +66,7 @@ class NLPSequenceRatio(Rule):
         self._stats = [Stat(f"token_pct:{t}", _pct_of(t)) for t in self.token_values]
 
     def invoke_at_step(self, step: int) -> bool:
-        for name in self.select(regex=self.tensor_regex):
+        for name in self.select(["input_sequence"], self.tensor_regex):
             for tok, thr, st in zip(self.token_values, self.token_thresholds_percent, self._stats, strict=True):
                 pct = self.stat(name, step, st)
                 if pct is not None and pct == pct and pct > thr:

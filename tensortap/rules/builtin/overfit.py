@@ -27,6 +27,7 @@ class Overfit(Rule):
 
     description = "The model overfits: validation loss exceeds training loss by more than ratio_threshold."
     count_empty_steps = False
+    needs = "losses at EVAL steps that follow TRAIN steps (from start_step on)"
 
     def __init__(self, base_trial: Any, tensor_regex: Any = None, start_step: int | str = 0, patience: int | str = 1,
                  ratio_threshold: float | str = 0.1, *, action_str: str = "", actions: Any = None):
@@ -41,6 +42,7 @@ class Overfit(Rule):
         # per tensor: [train values of the latest train phase, eval values of the current eval phase,
         #              mode of the previous value, consecutive exceedances]
         self._st: dict[str, list[Any]] = {}
+        self.report.judged = 0
 
     def invoke_at_step(self, step: int) -> bool:
         mode = self.data().mode_of(step)
@@ -63,6 +65,7 @@ class Overfit(Rule):
             st[2] = mode
             if mode != _modes.EVAL.value or step < self.start_step or not st[0]:
                 continue
+            self.report.judged += 1
             tr, va = float(np.mean(st[0])), float(np.mean(st[1]))
             ratio = (va - tr) / abs(tr) if tr != 0 else float("inf") if va > tr else 0.0
             st[3] = st[3] + 1 if ratio > self.ratio_threshold else 0

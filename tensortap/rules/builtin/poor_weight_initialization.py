@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from tensortap.collection import CollectionKeys
 from tensortap.rules.builtin._stats import MEAN
 from tensortap.rules.params import as_float, as_int, as_regex_list
 from tensortap.rules.rule import Rule
@@ -15,7 +16,8 @@ __all__ = ["PoorWeightInitialization"]
 
 class PoorWeightInitialization(Rule):
     """Judges the first `steps` saved steps of the job; fires at one of them if
-    * the activation inputs (tensors matching `activation_inputs_regex`, one per layer) have variances whose
+    * the activation inputs (tensors matching `activation_inputs_regex`, one per layer; with the default
+      regex also the `relu_input` collection, which framework hooks fill by layer type) have variances whose
       max / min across layers exceeds `threshold`; or
     * the gradients (all values of the `gradients` collection at the step, pooled) have a spread between their
       5th and 95th percentiles below `distribution_range` (inferred: pooled over the step's gradients, since
@@ -32,6 +34,7 @@ class PoorWeightInitialization(Rule):
         super().__init__(base_trial, action_str, actions=actions)
         n = self.rule_name
         self.activation_inputs_regex = as_regex_list(activation_inputs_regex, "activation_inputs_regex", n)
+        self._act_colls = [CollectionKeys.RELU_INPUT] if self.activation_inputs_regex == [".*relu_input"] else []
         self.threshold = as_float(threshold, "threshold", n, minimum=1.0)
         self.distribution_range = as_float(distribution_range, "distribution_range", n, minimum=0.0)
         self.patience = as_int(patience, "patience", n, minimum=1)
@@ -39,6 +42,7 @@ class PoorWeightInitialization(Rule):
         self.set_parameters(activation_inputs_regex=self.activation_inputs_regex, threshold=self.threshold,
                             distribution_range=self.distribution_range, patience=self.patience, steps=self.steps)
         self._first: list[int] = []
+        self._saw_activations = False
         self._loss: dict[str, list[float]] = {}
 
     def _in_first_steps(self, step: int) -> bool:
@@ -52,9 +56,10 @@ class PoorWeightInitialization(Rule):
         # 1. activation-input variance across layers
         if self.activation_inputs_regex:
             var = {}
-            for name in self.select(regex=self.activation_inputs_regex):
+            for name in self.select(self._act_colls, self.activation_inputs_regex):
                 x = self.raw(name, step)  # only the first steps are judged: no whole-series statistic
                 if x is not None and np.size(x):
+                    self._saw_activations = True
                     v = float(np.var(np.asarray(x), dtype=np.float64))
                     if v == v:
                         var[name] = v
@@ -91,3 +96,9 @@ class PoorWeightInitialization(Rule):
                     self.violation(step, f"loss has not decreased below {st[0]:.4g} for {int(st[1])} steps "
                                    f"(patience {self.patience})", name, v)
         return bool(self._violations)
+
+    def on_finish(self) -> None:
+        if self.activation_inputs_regex and not self._saw_activations and self.report.steps_evaluated:
+            colls = f"the {self._act_colls[0]} collection or " if self._act_colls else ""
+            self.report.warn(f"no activation inputs ({colls}names matching {self.activation_inputs_regex}) were "
+                             f"saved: the layer-variance check judged nothing; only gradients and losses were judged")

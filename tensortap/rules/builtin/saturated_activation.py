@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from tensortap.collection import CollectionKeys
 from tensortap.rules._data import Stat
 from tensortap.rules.builtin._stats import unit_inactive_pct
 from tensortap.rules.params import as_float, as_float_pair, as_regex_list, as_str_list
@@ -13,11 +14,16 @@ from tensortap.rules.rule import Rule
 
 __all__ = ["SaturatedActivation"]
 
+TANH_INPUT, SIGMOID_INPUT = CollectionKeys.TANH_INPUT, CollectionKeys.SIGMOID_INPUT
+
 
 class SaturatedActivation(Rule):
     """Fires at a step where more than `threshold_layer` percent of the units of a tanh or sigmoid layer are
-    saturated. Tensors: the inputs of the activations (`collection_names` / `tensor_regex`); a name containing
-    "tanh" is judged against `threshold_tanh`, one containing "sigmoid" against `threshold_sigmoid`. A unit is
+    saturated. Tensors: the inputs of the activations: the `tanh_input` and `sigmoid_input` collections (framework
+    hooks put the inputs of their tanh / sigmoid layers there, found by the layer's type), plus
+    `collection_names` and names matching `tensor_regex` (smdebug's default `.*tanh_input|.*sigmoid_input`). A
+    tensor of `tanh_input` is judged against `threshold_tanh`, one of `sigmoid_input` against
+    `threshold_sigmoid`; any other by its name ("tanh" or "sigmoid" in it). A unit is
     saturated when its input lies inside the (low, high) range for less than `threshold_inactivity` percent of
     the batch (axis 0 of an input with 2+ axes)."""
 
@@ -50,11 +56,15 @@ class SaturatedActivation(Rule):
                     unit_inactive_pct(lambda x: (x >= lo) & (x <= hi) & ~np.isnan(x), self.threshold_inactivity))
 
     def invoke_at_step(self, step: int) -> bool:
-        for name in self.select(self.collection_names, self.tensor_regex):
+        tanh = set(self.select([TANH_INPUT]))
+        sigmoid = set(self.select([SIGMOID_INPUT]))
+        for name in sorted(set(self.select(self.collection_names, self.tensor_regex)) | tanh | sigmoid):
             low = name.lower()
-            kind = "tanh" if "tanh" in low else "sigmoid" if "sigmoid" in low else None
+            kind = ("tanh" if name in tanh else "sigmoid" if name in sigmoid
+                    else "tanh" if "tanh" in low else "sigmoid" if "sigmoid" in low else None)
             if kind is None:
-                self.report.warn(f"{name}: neither tanh nor sigmoid in the name; not judged")
+                self.report.warn(f"{name}: in neither tanh_input nor sigmoid_input, and neither tanh nor sigmoid in "
+                                 f"the name; not judged")
                 continue
             pct = self.stat(name, step, self._stats[kind])
             if pct is not None and pct == pct and pct > self.threshold_layer:

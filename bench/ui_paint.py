@@ -1,0 +1,243 @@
+"""Dashboard speed and report size (issue #25).
+
+Writes a job of STEPS steps × 100 tensors with the generic hook (a loss and an accuracy every step,
+49 weights and 49 gradients of 16 float32 each, raw, every step: 1,000,000 saved values at 10,000 steps),
+starts `tensortap ui` on it in its own process, and opens the page in headless Chromium (Debian's, driven
+by Playwright) ROUNDS times: the first complete paint is the page's performance.now() when every figure
+of the first view is drawn (0 = navigation start). Also the paint of the layers and heatmap tabs, the
+server's resident memory, and the size of `tensortap report` for a 1,000-step job of the same shape.
+
+    .venv/bin/python bench/ui_paint.py [--steps 10000] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import tensortap as tt
+from tensortap import modes
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "_out", "ui")
+CHROMIUM = "/usr/bin/chromium"
+
+
+def write_job(out: str, steps: int, layers: int = 49) -> float:
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1),
+                   include_collections=["weights", "gradients", "losses", "metrics"],
+                   reduction_config=tt.ReductionConfig(save_raw_tensor=True))
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((layers, 16)).astype(np.float32)
+    for step in range(steps):
+        hook.set_mode(modes.TRAIN)
+        hook.next_step()
+        g = rng.standard_normal((layers, 16)).astype(np.float32) * np.float32(0.999 ** step)
+        if step == steps // 2:
+            g[3] *= 1e4  # one exploding step: the envelope must keep it
+        w -= 0.01 * g
+        hook.save_tensor("loss", np.float32(1.0 / (1 + step / 100) + 0.01 * rng.random()), "losses")
+        hook.save_tensor("accuracy", np.float32(1 - 1.0 / (1 + step / 100)), "metrics")
+        for i in range(layers):
+            hook.save_tensor(f"weights/layer{i}", w[i], "weights")
+            hook.save_tensor(f"gradients/layer{i}", g[i], "gradients")
+    hook.close()
+    return time.perf_counter() - t0
+
+
+def plotly_only_page() -> tuple[str, object]:
+    """A page that loads plotly.js (the same file, served the same way) and nothing else: the floor of
+    any page drawn with it. Returns (url, stop)."""
+    import http.server
+    import threading
+
+    from tensortap.ui.server import plotly_js
+
+    js = plotly_js().encode()
+    html = (b"<!doctype html><html><head><script src='/plotly.min.js'></script></head><body>"
+            b"<script>window.ttLoadedAt = performance.now()</script></body></html>")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            body, kind = (js, "application/javascript") if self.path.endswith(".js") else (html, "text/html")
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{srv.server_port}/", lambda: (srv.shutdown(), srv.server_close())
+
+
+def rss_kb(pid: int) -> tuple[int, int]:
+    vals = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                vals[line.split(":")[0]] = int(line.split()[1])
+    return vals["VmRSS"], vals["VmHWM"]
+
+
+def wait(page, expr: str, timeout: float = 60) -> object:
+    end = time.monotonic() + timeout
+    while True:
+        v = page.evaluate(expr)
+        if v:
+            return v
+        if time.monotonic() > end:
+            raise TimeoutError(expr)
+        time.sleep(0.01)
+
+
+def measure(out: str, rounds: int) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    exe = os.path.join(os.path.dirname(sys.executable), "tensortap")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([exe, "ui", out, "--port", "0"], stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    start_s = time.perf_counter() - t0
+    url = line.split(" at ", 1)[1].split()[0]
+    res = {"server_start_s": start_s, "rss_start_mb": rss_kb(proc.pid)[0] / 1024, "paint_ms": [], "tabs": {}}
+    try:
+        with sync_playwright() as p:
+            b = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu",
+                                                                  "--disable-background-networking"])
+            floor_url, floor_stop = plotly_only_page()
+            res["floor_ms"] = []
+            for _ in range(rounds):  # cold: a fresh browser profile each time (plotly.js not cached)
+                for target, key, flag in ((url, "paint_ms", "window.ttPaintedAt"),
+                                          (floor_url, "floor_ms", "window.ttLoadedAt")):
+                    ctx = b.new_context(viewport={"width": 1280, "height": 900})
+                    page = ctx.new_page()
+                    page.goto(target)
+                    res[key].append(wait(page, flag))
+                    ctx.close()
+            floor_stop()
+            ctx = b.new_context(viewport={"width": 1280, "height": 900})
+            page = ctx.new_page()
+            res["warm_ms"] = []
+            for _ in range(rounds):  # warm: the same profile reloads (plotly.js cached and compiled)
+                page.goto(url)
+                res["warm_ms"].append(wait(page, "window.ttPaintedAt"))
+            for tab in ("layers", "heatmap", "distribution"):
+                n = page.evaluate("window.ttRenders")
+                t = time.perf_counter()
+                page.click(f"nav button[data-view={tab}]")
+                wait(page, f"window.ttRenders > {n}")
+                res["tabs"][tab] = (time.perf_counter() - t) * 1000
+            res["json_kb"] = page.evaluate(
+                "performance.getEntriesByType('resource').filter(e => e.name.includes('/api/view/overview'))"
+                ".map(e => e.encodedBodySize / 1024)")
+            ctx.close()
+            b.close()
+        res["rss_end_mb"], res["hwm_mb"] = (x / 1024 for x in rss_kb(proc.pid))
+    finally:
+        proc.terminate()
+        proc.wait()
+    return res
+
+
+def live_latency(rounds: int) -> list[float]:
+    """Seconds from a live job's flush of a new step to the open page drawing it (no reload)."""
+    from playwright.sync_api import sync_playwright
+
+    from tensortap.ui.server import Server
+
+    out = os.path.join(OUT, "live")
+    shutil.rmtree(out, ignore_errors=True)
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1))
+    step = [0]
+
+    def one_step() -> None:
+        hook.set_mode(modes.TRAIN)
+        hook.next_step()
+        hook.save_scalar("loss", 1.0 / (step[0] + 1))
+        step[0] += 1
+
+    for _ in range(5):
+        one_step()
+    hook.next_step()  # the last step is complete once the job moved past it
+    hook.flush()
+    server = Server([out], port=0).start()
+    lat = []
+    last = "Math.max(...document.querySelector('div.figure').data[0].x)"
+    try:
+        with sync_playwright() as p:
+            b = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+            page = b.new_page()
+            page.goto(server.url)
+            wait(page, "window.ttPaintedAt")
+            for _ in range(rounds):
+                want = page.evaluate(last) + 2
+                one_step()
+                hook.next_step()
+                hook.flush()
+                t = time.perf_counter()
+                wait(page, f"{last} >= {want}")
+                lat.append(time.perf_counter() - t)
+                time.sleep(0.3)
+            b.close()
+    finally:
+        server.stop()
+        hook.close()
+    return lat
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=10000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--report-steps", type=int, default=1000)
+    ap.add_argument("--reuse", action="store_true", help="keep jobs written by an earlier run")
+    args = ap.parse_args()
+    job = os.path.join(OUT, f"job_{args.steps}")
+    print(f"writing {args.steps} steps x 100 tensors ...", flush=True)
+    if not (args.reuse and os.path.isdir(job)):
+        print(f"  written in {write_job(job, args.steps):.1f} s", flush=True)
+    res = measure(job, args.rounds)
+    pm = res["paint_ms"]
+    print(f"server start (opens the trial) {res['server_start_s']:.2f} s, RSS {res['rss_start_mb']:.0f} MB")
+    wm, fm = res["warm_ms"], res["floor_ms"]
+    print(f"first complete paint (overview), {len(pm)} cold page loads (fresh profile): median "
+          f"{statistics.median(pm):.0f} ms, min {min(pm):.0f}, max {max(pm):.0f} ms  {[round(x) for x in pm]}")
+    print(f"  plotly.js alone (alternated with the above, same conditions): median {statistics.median(fm):.0f} ms  "
+          f"{[round(x) for x in fm]}; dashboard - plotly.js alone, median of pairs: "
+          f"{statistics.median([a - b for a, b in zip(pm, fm, strict=True)]):+.0f} ms")
+    print(f"  warm reloads (same profile): median {statistics.median(wm):.0f} ms, max {max(wm):.0f} ms; "
+          f"overview JSON {res['json_kb'][-1]:.0f} KB")
+    print(f"  load average during the run: {os.getloadavg()[0]:.1f}")
+    print("tab switches (click to drawn): " + ", ".join(f"{k} {v:.0f} ms" for k, v in res["tabs"].items()))
+    print(f"server RSS after: {res['rss_end_mb']:.0f} MB (peak {res['hwm_mb']:.0f} MB)")
+
+    lat = live_latency(args.rounds)
+    print(f"live job: a new step drawn {statistics.median(lat):.2f} s (median), {max(lat):.2f} s (max) after "
+          f"its flush, {len(lat)} steps, no reload")
+
+    from tensortap.ui.report import write_report
+
+    rjob = os.path.join(OUT, f"job_{args.report_steps}")
+    if not (args.reuse and os.path.isdir(rjob)):
+        write_job(rjob, args.report_steps)
+    t = time.perf_counter()
+    size = write_report([rjob], os.path.join(OUT, "report.html"))
+    print(f"report of a {args.report_steps}-step job x 100 tensors: {size / 1e6:.2f} MB "
+          f"(written in {time.perf_counter() - t:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,347 @@
+"""EventExporter: the TensorBoard event files of one worker, fed record by record by a writer.
+
+The layout and tags are specified in docs/tensorboard.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+
+from tensortap.collection import NON_HISTOGRAM_COLLECTIONS, CollectionKeys
+from tensortap.exceptions import InvalidConfiguration
+from tensortap.tensorboard.events import EventFile, encode_histogram, event_record, histogram_value, scalar_value
+from tensortap.tensorboard.histogram import Histogram, make_histogram
+
+logger = logging.getLogger("tensortap")
+
+MODES = ("TRAIN", "EVAL", "PREDICT", "GLOBAL")
+_TAG_RE = re.compile(r"[^-/\w\.]")
+#: histograms of tensors whose collections are not known yet wait at most this many bytes for them
+MAX_PENDING_BYTES = 64 << 20
+#: collections that name every tensor (save_all) or the leftovers: a histogram tag prefers any other
+_CATCH_ALL = (CollectionKeys.ALL, CollectionKeys.DEFAULT)
+
+
+def clean_tag(tag: str) -> str:
+    """smdebug's tag cleaning: characters other than word, '-', '/', '.' become '_'; no leading '/'."""
+    return _TAG_RE.sub("_", tag).lstrip("/")
+
+
+def run_dir(logdir: str, worker: str, mode: str) -> str:
+    """`<logdir>/<worker>/<mode in lower case>`: one TensorBoard run per worker and mode."""
+    return os.path.join(logdir, quote(worker, safe=""), mode.lower())
+
+
+class _Coll:
+    __slots__ = ("name", "tensor_names", "regexes", "save_histogram")
+
+    def __init__(self, name: str, d: Mapping[str, Any]):
+        self.name = name
+        names = d.get("tensor_names") or []
+        self.tensor_names = set(names) if isinstance(names, list | tuple | set) else set()
+        regex = d.get("include_regex") or []  # smdebug writes False for "none" (spec 4.1)
+        if isinstance(regex, str):
+            regex = [regex]
+        self.regexes = []
+        for r in regex if isinstance(regex, list | tuple) else []:
+            try:
+                self.regexes.append(re.compile(r))
+            except (re.error, TypeError):
+                logger.warning("tensortap tensorboard: collection %r has an invalid regex %r; ignored", name, r)
+        h = d.get("save_histogram", True)  # smdebug's Collection.from_dict default
+        self.save_histogram = h if isinstance(h, bool) else str(h).lower() == "true"
+        if name in NON_HISTOGRAM_COLLECTIONS:
+            self.save_histogram = False
+
+    def matches(self, tensor: str) -> bool:
+        return any(r.search(tensor) for r in self.regexes)
+
+
+class EventExporter:
+    """Writes the TensorBoard event files of one worker of a job, from the records its writer persists.
+
+    API (the writer, a thread or a separate writer process, calls these in the order it persists):
+
+    - ``EventExporter(logdir: str, worker: str)``: only strings, so a writer process can build it from JSON.
+      Files go to ``<logdir>/<worker>/<mode>/events.out.tfevents.<seconds>.<host>.<pid>.<n>``, mode in
+      lower case (``train``, ``eval``, ``predict``, ``global``): one TensorBoard run per worker and mode, with
+      the same tags in every mode, so TRAIN and EVAL curves sit side by side. Each file is created at the
+      first record of its mode and appended to until ``close()``; files grow with data, not with steps.
+    - ``set_collections(collections_json: dict)``: the smdebug-format collections dict the hook hands its
+      writer (``{"collections": {name: {"tensor_names", "include_regex", "save_histogram", ...}}, ...}``);
+      call it whenever the hook sends a new one.
+    - ``add(name: str, step: int, mode: str, mode_step: int, value: numpy.ndarray | None,
+      reductions: dict[str, float], collections: Iterable[str] | None = None)``: one saved tensor. ``step``
+      is the global step (the x axis of every chart), ``mode`` one of "TRAIN", "EVAL", "PREDICT", "GLOBAL",
+      ``value`` the raw host array (None when only reductions were saved), ``reductions`` the saved
+      reductions keyed by name ("mean", "l2", "abs_max", ...), ``collections`` the names of the collections
+      the tensor is saved for, when the caller knows them (else they are found in the collections dict).
+      The exporter reads ``value`` during the call only and keeps no reference to it.
+    - ``flush()``: called with the store's flush; afterwards TensorBoard sees everything added so far
+      (except histograms of tensors whose collections are not known yet, see below).
+    - ``close()``: flushes and closes the files. Idempotent.
+
+    What one ``add`` writes (one Event at ``step``; tags cleaned as smdebug does):
+
+    - ``<name>`` scalar: when ``value`` holds exactly one number (save_scalar's ``scalar/<name>``, losses,
+      metrics, any other one-element tensor). NaN and inf are written as they are.
+    - ``<name>/<reduction>`` scalars: each saved reduction.
+    - ``<collection>/<name>`` histogram: when ``value`` has two or more numbers and a collection the tensor
+      is saved for has save_histogram (smdebug's rule: not for losses, metrics and the other scalar
+      collections; not for bool, complex, string or empty tensors), of the finite values only, with
+      TensorFlow's default buckets (see tensortap.tensorboard.histogram). The collection is the first by
+      name, ``all`` and ``default`` last.
+    - ``nonfinite/<name>`` scalar: beside every histogram, the number of NaN/inf values it left out.
+
+    When ``collections`` is not given and the collections dict does not list the tensor yet (a hook sends
+    it at the end of each step in which a tensor was first saved), the histogram is computed at once and
+    waits for the next ``set_collections`` (at most MAX_PENDING_BYTES), which decides by ``tensor_names``,
+    then by ``include_regex``; a tensor no collection names gets ``default/<name>``.
+
+    Never raises into the writer: an error is logged once and counted in ``errors``; after it the exporter
+    turns itself off (``disabled``) and counts in ``skipped`` every record it did not write (those it skips
+    from then on, and histograms that were still waiting).
+    """
+
+    def __init__(self, logdir: str, worker: str):
+        if not isinstance(logdir, str) or not logdir.strip():
+            raise InvalidConfiguration(f"logdir={logdir!r} must be a non-empty directory path")
+        if "://" in logdir:
+            raise InvalidConfiguration(f"logdir={logdir!r}: TensorBoard export writes to a local directory")
+        if not isinstance(worker, str) or not worker:
+            raise InvalidConfiguration(f"worker={worker!r} must be a non-empty string")
+        self.logdir = os.path.expanduser(logdir)
+        self.worker = worker
+        self._files: dict[str, EventFile] = {}
+        self._colls: list[_Coll] = []
+        self._hist_coll: dict[str, str | None] = {}  # tensor -> collection of its histogram (None: none)
+        # (name, mode, step, wall_time, encoded HistogramProto, nonfinite count) waiting for collections
+        self._pending: list[tuple[str, str, int, float, bytes, int]] = []
+        self._pending_bytes = 0
+        self._closed = False
+        self.errors = 0
+        self.skipped = 0
+        self.records = 0  # add() calls that wrote or queued their data
+        self.disabled = False
+
+    # --- collections ------------------------------------------------------------------------
+
+    def set_collections(self, collections_json: Mapping[str, Any]) -> None:
+        """Take a new collections dict; decide the histograms that waited for it."""
+        if self.disabled:
+            return
+        try:
+            colls = collections_json.get("collections", collections_json) if collections_json else {}
+            self._colls = [_Coll(n, d) for n, d in sorted(colls.items()) if isinstance(d, Mapping)]
+            self._resolve_pending(final=True)
+        except Exception as e:  # noqa: BLE001 - never raise into the writer
+            self._fail("set_collections", e)
+
+    def _pick(self, names: Iterable[str]) -> str | None:
+        """The histogram collection among `names` (collections the tensor is saved for), None if none."""
+        by_name = {c.name: c for c in self._colls}
+        cands = []
+        for n in names:
+            c = by_name.get(n)
+            if c is not None:
+                if c.save_histogram:
+                    cands.append(n)
+            elif n not in NON_HISTOGRAM_COLLECTIONS:
+                cands.append(n)  # a collection the dict does not describe yet: smdebug's default, histogram on
+        if not cands:
+            return None
+        return sorted(cands, key=lambda n: (n in _CATCH_ALL, n))[0]
+
+    def _lookup(self, name: str, final: bool) -> tuple[bool, str | None]:
+        """(known, histogram collection) of tensor `name` from the collections dict; with `final`, a
+        tensor no `tensor_names` lists is decided by the regexes and then by the default."""
+        if name in self._hist_coll:
+            return True, self._hist_coll[name]
+        members = [c.name for c in self._colls if name in c.tensor_names]
+        if not members and final:
+            members = [c.name for c in self._colls if c.matches(name)] or [CollectionKeys.DEFAULT]
+        if not members:
+            return False, None
+        coll = self._pick(members)
+        self._hist_coll[name] = coll
+        return True, coll
+
+    # --- records ----------------------------------------------------------------------------
+
+    def add(
+        self,
+        name: str,
+        step: int,
+        mode: str,
+        mode_step: int,
+        value: np.ndarray | None,
+        reductions: Mapping[str, float] | None = None,
+        collections: Iterable[str] | None = None,
+    ) -> None:
+        """Export one saved tensor (see the class docstring)."""
+        if self.disabled or self._closed:
+            self.skipped += 1
+            return
+        try:
+            self._add(name, int(step), _mode_name(mode), value, reductions or {}, collections)
+            self.records += 1
+        except Exception as e:  # noqa: BLE001 - never raise into the writer
+            self._fail("add", e)
+            self.skipped += 1
+
+    def _add(
+        self, name: str, step: int, mode: str, value: np.ndarray | None, reductions: Mapping[str, float],
+        collections: Iterable[str] | None,
+    ) -> None:
+        now = time.time()
+        values: list[bytes] = []
+        arr = None
+        if value is not None:
+            arr = np.asarray(value)
+            if arr.size == 1:
+                x = _real(arr)
+                if x is not None:
+                    values.append(scalar_value(clean_tag(name), x))
+        for red, v in reductions.items():
+            x = _real(v)
+            if x is not None:  # (a complex tensor's reductions are complex: no scalar for them)
+                values.append(scalar_value(clean_tag(f"{name}/{red}"), x))
+        if arr is not None and arr.size > 1:
+            if collections is not None:
+                known, coll = True, self._hist_coll.get(name) or self._pick(collections)
+                self._hist_coll.setdefault(name, coll)
+            else:
+                known, coll = self._lookup(name, final=False)
+            if not known or coll is not None:
+                hist = make_histogram(arr)
+                if hist is not None:
+                    if known:
+                        values.extend(_histogram_values(coll, name, hist))
+                    else:
+                        self._queue(name, mode, step, now, hist)
+        if values:
+            self._file(mode).write(event_record(step, values, now))
+
+    def _queue(self, name: str, mode: str, step: int, wall_time: float, hist: Histogram) -> None:
+        histo = _encode(hist) if hist.num else b""
+        self._pending.append((name, mode, step, wall_time, histo, hist.nonfinite))
+        self._pending_bytes += len(histo) + 64
+        if self._pending_bytes > MAX_PENDING_BYTES:
+            self._resolve_pending(final=True)
+
+    def _resolve_pending(self, final: bool) -> None:
+        if not self._pending:
+            return
+        keep = []
+        for item in self._pending:
+            name, mode, step, wall_time, histo, nonfinite = item
+            known, coll = self._lookup(name, final)
+            if not known:
+                keep.append(item)
+                continue
+            if coll is None:
+                continue
+            values = [histogram_value(clean_tag(f"{coll}/{name}"), histo)] if histo else []
+            values.append(scalar_value(clean_tag(f"nonfinite/{name}"), nonfinite))
+            self._file(mode).write(event_record(step, values, wall_time))
+        self._pending = keep
+        self._pending_bytes = sum(len(p[4]) + 64 for p in keep)
+
+    def _file(self, mode: str) -> EventFile:
+        f = self._files.get(mode)
+        if f is None:
+            f = self._files[mode] = EventFile(run_dir(self.logdir, self.worker, mode))
+        return f
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def paths(self) -> list[str]:
+        """The event files written so far."""
+        return [f.path for f in self._files.values()]
+
+    def flush(self) -> None:
+        """Make everything added so far readable (histograms still waiting for their collections aside)."""
+        if self.disabled:
+            return
+        try:
+            for f in self._files.values():
+                f.flush()
+        except Exception as e:  # noqa: BLE001
+            self._fail("flush", e)
+
+    def close(self) -> None:
+        """Write what still waits (decided without more collections), flush and close. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if not self.disabled:
+                self._resolve_pending(final=True)
+                self.flush()
+        except Exception as e:  # noqa: BLE001
+            self._fail("close", e)
+        finally:
+            self._closed = True
+            for f in self._files.values():
+                try:
+                    f.close()
+                except OSError:
+                    pass
+
+    def _fail(self, where: str, exc: BaseException) -> None:
+        self.errors += 1
+        if not self.disabled:
+            self.disabled = True
+            self.skipped += len(self._pending)
+            self._pending = []
+            logger.error("tensortap: TensorBoard export of %s to %s failed in %s (%s: %s); it is off from now on, "
+                         "the saved data is not affected", self.worker, self.logdir, where, type(exc).__name__, exc)
+
+    def __enter__(self) -> EventExporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<EventExporter {self.worker!r} -> {self.logdir!r} records={self.records} errors={self.errors}>"
+
+
+def _mode_name(mode: Any) -> str:
+    m = getattr(mode, "name", mode)
+    if isinstance(m, str) and m.upper() in MODES:
+        return m.upper()
+    raise ValueError(f"mode={mode!r}: allowed are {', '.join(MODES)}")
+
+
+def _real(v: Any) -> float | None:
+    """The one real number `v` holds (bool, int, float, ml_dtypes floats), else None."""
+    a = np.asarray(v)
+    if a.size != 1:
+        return None
+    if a.dtype.kind not in "biuf":
+        if a.dtype.kind != "V" or a.dtype.itemsize > 2:  # ml_dtypes floats are kind "V"
+            return None
+        try:
+            a = a.astype(np.float32)
+        except (TypeError, ValueError):
+            return None
+    return float(a.reshape(-1)[0])
+
+
+def _encode(h: Histogram) -> bytes:
+    return encode_histogram(h.min, h.max, h.num, h.sum, h.sum_squares, h.bucket_limit, h.bucket)
+
+
+def _histogram_values(coll: str, name: str, hist: Histogram) -> list[bytes]:
+    out = [histogram_value(clean_tag(f"{coll}/{name}"), _encode(hist))] if hist.num else []
+    out.append(scalar_value(clean_tag(f"nonfinite/{name}"), hist.nonfinite))
+    return out

@@ -1,0 +1,197 @@
+/* Gather copies with non-temporal (streaming) stores, for handing tensors to the writer process.
+ *
+ * Why by hand: numpy, torch and memcpy copy through the cache. A training step that saves its weights
+ * and gradients copies ~700 KB into the shared-memory ring, which evicts the step's own working set
+ * from the core's L2: measured on the MLP benchmark, torch.cat into the ring added 174 us per step,
+ * memcpy 101 us, these streaming stores 65 us. No library offers a streaming copy.
+ *
+ * gather(dst_address, [(src_address, nbytes), ...]) copies the sources back to back to dst. The caller
+ * guarantees the addresses are valid, contiguous and do not overlap. The ring's shared counters are read and
+ * written with the atomics below (see docs/transport.md).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+static void stream_copy(char *d, const char *s, size_t n)
+{
+#if defined(__SSE2__)
+    size_t head = (size_t)((16 - ((uintptr_t)d & 15)) & 15);
+    if (head > n)
+        head = n;
+    memcpy(d, s, head);
+    d += head;
+    s += head;
+    n -= head;
+    size_t blocks = n / 64;
+    for (size_t i = 0; i < blocks; i++) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(s));
+        __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
+        __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
+        _mm_stream_si128((__m128i *)(d), a);
+        _mm_stream_si128((__m128i *)(d + 16), b);
+        _mm_stream_si128((__m128i *)(d + 32), c);
+        _mm_stream_si128((__m128i *)(d + 48), e);
+        d += 64;
+        s += 64;
+    }
+    memcpy(d, s, n - blocks * 64);
+#else
+    memcpy(d, s, n);
+#endif
+}
+
+#define RELEASE_GIL_BYTES (1 << 20)
+
+/* addr: n pairs (source address, byte count), copied back to back to d */
+static void copy_all(char *d, const uint64_t *addr, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        stream_copy(d, (const char *)(uintptr_t)addr[2 * i], (size_t)addr[2 * i + 1]);
+        d += addr[2 * i + 1];
+    }
+#if defined(__SSE2__)
+    _mm_sfence(); /* streaming stores are weakly ordered: publish them before the caller's next store */
+#endif
+}
+
+/* The (address, nbytes) pairs of `sources` into a new array (PyMem_Free it); NULL with an exception set */
+static uint64_t *parse_sources(PyObject *sources, Py_ssize_t *n_out, uint64_t *total_out)
+{
+    PyObject *seq = PySequence_Fast(sources, "sources must be a sequence of (address, nbytes)");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    uint64_t *addr = PyMem_Malloc(sizeof(uint64_t) * 2 * (size_t)(n > 0 ? n : 1));
+    if (addr == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    uint64_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long a, k;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "KK:sources", &a, &k)) {
+            PyMem_Free(addr);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        addr[2 * i] = a;
+        addr[2 * i + 1] = k;
+        total += k;
+    }
+    Py_DECREF(seq);
+    *n_out = n;
+    *total_out = total;
+    return addr;
+}
+
+static void copy_sources(char *d, const uint64_t *addr, Py_ssize_t n, uint64_t total)
+{
+    if (total >= RELEASE_GIL_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        copy_all(d, addr, n);
+        Py_END_ALLOW_THREADS
+    } else {
+        copy_all(d, addr, n);
+    }
+}
+
+static PyObject *gather(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long dst;
+    PyObject *sources;
+    if (!PyArg_ParseTuple(args, "KO:gather", &dst, &sources))
+        return NULL;
+    Py_ssize_t n;
+    uint64_t total;
+    uint64_t *addr = parse_sources(sources, &n, &total);
+    if (addr == NULL)
+        return NULL;
+    copy_sources((char *)(uintptr_t)dst, addr, n, total);
+    PyMem_Free(addr);
+    return PyLong_FromUnsignedLongLong(total);
+}
+
+/* The ring's shared counters (head, tail, the step mark's seqlock) are int64 slots written by one process and
+ * read by the other. store_release(addr, value) / load_acquire(addr) make every write before a release visible
+ * to a reader whose acquire sees it, on any CPU (x86-64's stores are ordered anyway; aarch64's are not).
+ * put_mark(addr, seq, fields...) writes a seqlock-protected record: seq+1 (odd: being written), the fields, seq+2,
+ * with release ordering; get_mark(addr, n) reads one, or None while it is being written. */
+static PyObject *store_release(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long addr;
+    long long value;
+    if (!PyArg_ParseTuple(args, "KL:store_release", &addr, &value))
+        return NULL;
+    __atomic_store_n((int64_t *)(uintptr_t)addr, (int64_t)value, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+static PyObject *load_acquire(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long addr;
+    if (!PyArg_ParseTuple(args, "K:load_acquire", &addr))
+        return NULL;
+    return PyLong_FromLongLong((long long)__atomic_load_n((int64_t *)(uintptr_t)addr, __ATOMIC_ACQUIRE));
+}
+
+#define MARK_FIELDS 6
+
+static PyObject *put_mark(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long addr;
+    long long seq, f[MARK_FIELDS];
+    if (!PyArg_ParseTuple(args, "KLLLLLLL:put_mark", &addr, &seq, &f[0], &f[1], &f[2], &f[3], &f[4], &f[5]))
+        return NULL;
+    int64_t *slot = (int64_t *)(uintptr_t)addr;
+    __atomic_store_n(&slot[0], (int64_t)(seq + 1), __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    for (int i = 0; i < MARK_FIELDS; i++)
+        __atomic_store_n(&slot[1 + i], (int64_t)f[i], __ATOMIC_RELAXED);
+    __atomic_store_n(&slot[0], (int64_t)(seq + 2), __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+static PyObject *get_mark(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long addr;
+    if (!PyArg_ParseTuple(args, "K:get_mark", &addr))
+        return NULL;
+    int64_t *slot = (int64_t *)(uintptr_t)addr;
+    int64_t f[MARK_FIELDS];
+    int64_t s1 = __atomic_load_n(&slot[0], __ATOMIC_ACQUIRE);
+    if (s1 & 1)
+        Py_RETURN_NONE;
+    for (int i = 0; i < MARK_FIELDS; i++)
+        f[i] = __atomic_load_n(&slot[1 + i], __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&slot[0], __ATOMIC_RELAXED) != s1)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(LLLLLLL)", (long long)s1, (long long)f[0], (long long)f[1], (long long)f[2],
+                         (long long)f[3], (long long)f[4], (long long)f[5]);
+}
+
+static PyMethodDef methods[] = {
+    {"gather", gather, METH_VARARGS,
+     "gather(dst_address, [(src_address, nbytes), ...]) -> bytes copied, with streaming stores"},
+    {"store_release", store_release, METH_VARARGS, "store_release(address, value): an int64 store, release"},
+    {"load_acquire", load_acquire, METH_VARARGS, "load_acquire(address) -> int64, acquire"},
+    {"put_mark", put_mark, METH_VARARGS, "put_mark(address, seq, 6 int64 fields): a seqlock-protected write"},
+    {"get_mark", get_mark, METH_VARARGS, "get_mark(address) -> (seq, 6 fields) or None while being written"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_streamcopy", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__streamcopy(void) { return PyModule_Create(&module); }

@@ -1,0 +1,276 @@
+"""The jobs a dashboard or report shows: one Trial each (the only reader of tensor data), the kinds of
+tensors it holds, and the statuses and reports of the rules that watch it."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from tensortap.trials import Trial, create_trial
+from tensortap.ui.series import is_scalar
+
+#: statuses a rule can show; "NoData" is a rule that finished without seeing any data
+RULE_STATUSES = ("InProgress", "IssuesFound", "NoIssuesFound", "NoData", "Error", "Stopped")
+
+#: bytes of per-step statistics a Job keeps for the tensors drawn last (the layers page and the heatmap draw
+#: the same ones); the least recently drawn go first
+STATS_CACHE_BYTES = 64 << 20
+#: a live job's statistics are extended step by step up to this many new steps, recomputed beyond
+INCREMENTAL_STEPS = 200
+
+_XGB_NON_SCALAR = re.compile(
+    r"^(feature_importance|average_shap|full_shap|hyperparameters|trees)/|^(labels|predictions)$")
+_METRIC_COLLECTIONS = ("losses", "metrics", "sm_metrics", "scalars")
+_PARAM_COLLECTIONS = ("weights", "biases")
+_GRAD_PREFIX = re.compile(r"^gradients?/")
+_WEIGHT_PREFIX = re.compile(r"^weights?/")
+
+
+@dataclass
+class Kinds:
+    """Tensor names of one trial by what a view draws of them."""
+
+    scalars: list[str] = field(default_factory=list)
+    weights: list[str] = field(default_factory=list)
+    gradients: list[str] = field(default_factory=list)
+    others: list[str] = field(default_factory=list)  # non-scalar tensors that are neither
+    xgboost: dict[str, Any] = field(default_factory=dict)
+
+
+def layer_of(name: str) -> str:
+    """The layer (parameter) a weight or gradient tensor belongs to: `gradient/Net_fc1.weight` and
+    `Net_fc1.weight` are both `Net_fc1.weight`; Keras' `gradients/denseGrad` is `dense`."""
+    if _GRAD_PREFIX.match(name):
+        base = _GRAD_PREFIX.sub("", name)
+        return base[: -len("Grad")] if base.endswith("Grad") else base
+    return _WEIGHT_PREFIX.sub("", name)
+
+
+def classify(trial: Trial) -> Kinds:
+    names = trial.tensor_names()
+    colls = trial.collections()
+
+    def members(cname: str) -> set[str]:
+        return set(trial.tensor_names(collection=cname)) if cname in colls else set()
+
+    metric = set().union(*(members(c) for c in _METRIC_COLLECTIONS))
+    params = set().union(*(members(c) for c in _PARAM_COLLECTIONS))
+    grads = members("gradients") | {n for n in names if _GRAD_PREFIX.match(n)}
+    k = Kinds()
+    xgb_fi: dict[str, list[str]] = {}
+    xgb_shap: list[str] = []
+    for n in names:
+        if n.startswith("feature_importance/"):
+            parts = n.split("/", 2)
+            if len(parts) == 3:
+                xgb_fi.setdefault(parts[1], []).append(n)
+            continue
+        if n.startswith("average_shap/"):
+            if not n.endswith("/bias"):
+                xgb_shap.append(n)
+            continue
+        if _XGB_NON_SCALAR.match(n):
+            continue
+        if n in grads:
+            k.gradients.append(n)
+        elif n in params:
+            k.weights.append(n)
+        elif n in metric or is_scalar(trial, n):
+            k.scalars.append(n)
+        else:
+            k.others.append(n)
+    if xgb_fi or xgb_shap or "labels" in names or "predictions" in names:
+        k.xgboost = {
+            "feature_importance": {t: sorted(v) for t, v in sorted(xgb_fi.items())},
+            "average_shap": sorted(xgb_shap),
+            "labels": "labels" in names,
+            "predictions": "predictions" in names,
+        }
+    return k
+
+
+class Job:
+    """One job on show: its Trial, opened once and refreshed as the job grows, behind a lock (one request
+    at a time reads it)."""
+
+    def __init__(self, index: int, path: str, name: str | None = None, trial: Trial | None = None):
+        self.index = index
+        self.path = path
+        self.trial = trial if trial is not None else create_trial(path, name=name)
+        self.name = self.trial.name
+        self.lock = threading.RLock()
+        self._kinds: Kinds | None = None
+        self._kinds_generation = -1
+        self._stats: OrderedDict[tuple[str, str | None], tuple[int, dict]] = OrderedDict()
+
+    @classmethod
+    def of_trial(cls, trial: Trial, index: int = 0) -> Job:
+        """A Job over a trial opened elsewhere (a notebook's)."""
+        return cls(index, str(trial.path), trial.name, trial)
+
+    def refresh(self) -> None:
+        with self.lock:
+            if not self.trial.loaded_all_steps:
+                self.trial.refresh_data()
+
+    @property
+    def kinds(self) -> Kinds:
+        with self.lock:
+            if self._kinds is None or self._kinds_generation != self.trial.generation:
+                self._kinds = classify(self.trial)
+                self._kinds_generation = self.trial.generation
+            return self._kinds
+
+    def stats(self, name: str, worker: str | None = None) -> dict[str, tuple[Any, Any]]:
+        """{stat: (steps, values)} of tensor `name`'s L2 norm, min, max and non-finite count at every saved
+        step (series.stat_series), kept (up to STATS_CACHE_BYTES) and extended as the job grows."""
+        from tensortap.ui.series import stat_series
+
+        with self.lock:
+            key = (name, worker)
+            hit = self._stats.pop(key, None)
+            tensor = self.trial.tensor(name)
+            if hit is not None and hit[0] == self.trial.generation:
+                got = hit[1]
+            else:
+                got = (self._extended(tensor, hit[1], worker) if hit is not None else None) or \
+                    stat_series(tensor, ("l2", "min", "max", "nonfinite"), worker=worker)
+            self._stats[key] = (self.trial.generation, got)
+            size = sum(a.nbytes + b.nbytes for entry in self._stats.values() for a, b in entry[1].values())
+            while len(self._stats) > 1 and size > STATS_CACHE_BYTES:
+                _, (_, old) = self._stats.popitem(last=False)
+                size -= sum(a.nbytes + b.nbytes for a, b in old.values())
+            return got
+
+    @staticmethod
+    def _extended(tensor: Any, old: dict[str, tuple[Any, Any]], worker: str | None) -> dict | None:
+        """`old` statistics with the steps saved since (a live job: each new step's value is read once),
+        or None when a full recomputation is due (no old steps, or many new ones)."""
+        import numpy as np
+
+        from tensortap.ui.series import stats_at
+
+        last = max((int(st[-1]) for st, _ in old.values() if len(st)), default=None)
+        if last is None:
+            return None
+        new = [s for s in tensor.steps() if s > last]
+        if len(new) > INCREMENTAL_STEPS:
+            return None
+        rows = [(s, stats_at(tensor, s, worker)) for s in new]
+        out = {}
+        for k, (st, v) in old.items():
+            add = [(s, r[k]) for s, r in rows if k in r]
+            out[k] = (np.concatenate([st, np.array([a for a, _ in add], dtype=st.dtype)]),
+                      np.concatenate([v, np.array([b for _, b in add], dtype=np.float64)]))
+        return out
+
+    def rules(self) -> list[dict[str, Any]]:
+        """Every rule of the job (see rules_of)."""
+        storage = getattr(self.trial.source, "storage", None)
+        if storage is None:
+            from tensortap.storage import open_storage
+
+            storage = open_storage(self.path)
+        return self.rules_of(storage)
+
+    @staticmethod
+    def rules_of(storage: Any) -> list[dict[str, Any]]:
+        """Every rule of a job: {name, status, message, fired_steps, explanations, parameters, ...} from
+        rules/<rule>/status.json and report.json, as `tensortap run` and `tensortap rules run` write them."""
+        labels = sorted({k.split("/")[1] for k in storage.list("rules/") if k.count("/") >= 2})
+        out = []
+        for label in labels:
+            status = _read_json(storage, f"rules/{label}/status.json") or {}
+            report = _read_json(storage, f"rules/{label}/report.json") or status.get("report") or {}
+            out.append(rule_summary(label, status, report))
+        return out
+
+    def signature(self) -> dict[str, Any]:
+        """What changes when the job or its rules move on: the dashboard polls this."""
+        with self.lock:
+            steps = self.trial.steps(show_incomplete_steps=True)
+            return {
+                "generation": self.trial.generation,
+                "last_step": steps[-1] if steps else None,
+                "ended": self.trial.loaded_all_steps,
+                "rules": [(r["name"], r["status"], r.get("updated_at")) for r in self.rules()],
+            }
+
+
+def _read_json(storage: Any, key: str) -> dict[str, Any] | None:
+    try:
+        d = json.loads(storage.read(key))
+    except (FileNotFoundError, ValueError, OSError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def rule_summary(label: str, status: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    """One rule's status with its firing steps and explanations. A rule that ended without data says
+    NoData, never NoIssuesFound."""
+    s = status.get("status") or ("IssuesFound" if report.get("triggered") else
+                                 "NoIssuesFound" if report.get("finished") else "InProgress")
+    if s == "NoIssuesFound" and report and not report.get("datapoints") and not report.get("steps_evaluated"):
+        s = "NoData"
+    if s not in RULE_STATUSES:
+        s = "Error"
+    fired = [int(x) for x in report.get("fired_steps") or []]
+    if not fired and status.get("first_step") is not None and s == "IssuesFound":
+        fired = [int(status["first_step"])]
+    explanations: dict[int, list[str]] = {}
+    for v in (report.get("first_violations") or []) + (report.get("last_violations") or []):
+        if not isinstance(v, dict) or v.get("step") is None:
+            continue
+        text = str(v.get("condition", ""))
+        if v.get("tensor"):
+            text = f"{v['tensor']}: {text}"
+        lst = explanations.setdefault(int(v["step"]), [])
+        if text not in lst:
+            lst.append(text)
+    return {
+        "name": label,
+        "rule": status.get("rule") or report.get("rule") or label,
+        "status": s,
+        "message": str(status.get("message") or ""),
+        "fired_steps": fired,
+        "explanations": {str(k): v[:5] for k, v in explanations.items()},
+        "parameters": status.get("params") or report.get("parameters") or {},
+        "steps_evaluated": report.get("steps_evaluated"),
+        "last_step": status.get("last_step", report.get("last_step_evaluated")),
+        "warnings": report.get("warnings") or [],
+        "error": str(status.get("traceback") or "")[-2000:] if s == "Error" else "",
+        "updated_at": status.get("updated_at") or report.get("updated_at"),
+    }
+
+
+class JobSet:
+    """The jobs given on the command line, addressed only by their index (a URL cannot name a path)."""
+
+    def __init__(self, paths: list[str]):
+        if not paths:
+            raise ValueError("give at least one OUT_DIR")
+        names = _unique_names(paths)
+        self.jobs = [Job(i, p, n) for i, (p, n) in enumerate(zip(paths, names, strict=True))]
+
+    def get(self, ref: Any) -> Job:
+        """The job at index `ref` (an int or a decimal string); KeyError for anything else."""
+        s = str(ref)
+        if not s.isdigit() or int(s) >= len(self.jobs):
+            raise KeyError(f"job {ref!r}: allowed are 0..{len(self.jobs) - 1}")
+        return self.jobs[int(s)]
+
+    def select(self, refs: list[str] | None) -> list[Job]:
+        if not refs:
+            return list(self.jobs)
+        return [self.get(r) for r in refs]
+
+
+def _unique_names(paths: list[str]) -> list[str]:
+    import os
+
+    base = [os.path.basename(p.rstrip("/")) or p for p in paths]
+    return [b if base.count(b) == 1 else f"{b} ({i})" for i, b in enumerate(base)]

@@ -1,0 +1,237 @@
+"""Series for drawing: statistics of a tensor over steps, read through the trial API, and a min/max
+envelope that shortens long series without hiding a spike.
+
+Everything returned here is plain JSON data: non-finite values become None (a gap), and their steps are
+reported separately so that a view can mark them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from tensortap import modes as _modes
+from tensortap.trials import Tensor, Trial
+
+#: a drawn series keeps at most this many points; longer ones become a min/max envelope
+MAX_POINTS = 2000
+
+#: statistics a view may ask for; `nonfinite` is the count of NaN/inf elements
+STATS = ("l2", "min", "max", "mean", "nonfinite")
+
+
+def envelope(steps: np.ndarray, values: np.ndarray, max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) shortened to at most `max_points` by keeping, in each of max_points/2 equal runs of
+    points, the minimum and the maximum (in step order). Every local extreme survives: a spike stays drawn.
+    Non-finite values are kept as they are (they are the interesting ones) when a run holds one."""
+    steps = np.asarray(steps)
+    values = np.asarray(values, dtype=np.float64)
+    n = len(values)
+    if n <= max_points:
+        return steps, values
+    buckets = max(1, max_points // 2)
+    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
+    keep: list[int] = []
+    finite = np.isfinite(values)
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        if b <= a:
+            continue
+        seg = values[a:b]
+        fin = finite[a:b]
+        if not fin.all():  # a NaN or inf in this run: keep it, and the run's finite extremes
+            bad = a + int(np.flatnonzero(~fin)[0])
+            idx = [bad]
+            if fin.any():
+                fs = np.where(fin, seg, np.nan)
+                idx += [a + int(np.nanargmin(fs)), a + int(np.nanargmax(fs))]
+        else:
+            idx = [a + int(np.argmin(seg)), a + int(np.argmax(seg))]
+        keep.extend(sorted(set(idx)))
+    k = np.asarray(keep, dtype=np.int64)
+    return steps[k], values[k]
+
+
+#: significant digits of a drawn value (a plot cannot show more; the JSON stays short)
+DIGITS = 7
+
+
+def to_json_values(values: np.ndarray) -> list[float | None]:
+    """Floats for JSON, to DIGITS significant digits: NaN and +-inf become None (drawn as a gap)."""
+    fmt = f"%.{DIGITS}g"
+    return [float(fmt % v) if math.isfinite(v) else None for v in np.asarray(values, dtype=np.float64).tolist()]
+
+
+def series_json(steps: np.ndarray, values: np.ndarray, max_points: int = MAX_POINTS) -> dict[str, Any]:
+    """{x, y, n, downsampled, nonfinite_steps} of one series, enveloped to `max_points`."""
+    steps = np.asarray(steps)
+    values = np.asarray(values, dtype=np.float64)
+    bad = steps[~np.isfinite(values)]
+    xs, ys = envelope(steps, values, max_points)
+    return {
+        "x": [int(s) for s in xs.tolist()],
+        "y": to_json_values(ys),
+        "n": int(len(values)),
+        "downsampled": bool(len(xs) < len(values)),
+        "nonfinite_steps": [int(s) for s in bad[:100].tolist()],
+    }
+
+
+def scalar_series(
+    tensor: Tensor, mode: Any = _modes.GLOBAL, worker: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of a scalar tensor (its raw value, or the mean of a small one)."""
+    steps, vals = tensor.stacked(mode, worker)
+    if isinstance(vals, list):
+        vals = np.array([float(np.mean(np.asarray(v, dtype=np.float64))) if np.size(v) else np.nan for v in vals])
+    vals = np.asarray(vals)
+    if vals.ndim > 1:
+        vals = vals.reshape(len(vals), -1).astype(np.float64).mean(axis=1)
+    return np.asarray(steps), vals.astype(np.float64).reshape(-1) if len(steps) else np.empty(0)
+
+
+def _from_reduction(tensor: Tensor, name: str, mode: Any, worker: str | None) -> tuple[np.ndarray, np.ndarray] | None:
+    r = tensor.reductions(name, mode=mode, worker=worker)
+    if not r:
+        return None
+    steps = np.fromiter(r.keys(), dtype=np.int64, count=len(r))
+    vals = np.array([float(v) for v in r.values()], dtype=np.float64)
+    return steps, vals
+
+
+def stat_series(
+    tensor: Tensor, stats: tuple[str, ...] = ("l2", "min", "max", "nonfinite"), mode: Any = _modes.GLOBAL,
+    worker: str | None = None,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{stat: (steps, values)} for each asked statistic: from the saved reduction when there is one, else
+    computed from the saved raw values (read only then). A statistic with neither is absent."""
+    for s in stats:
+        if s not in STATS:
+            raise ValueError(f"unknown statistic {s!r}: allowed are {', '.join(STATS)}")
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    need_raw = []
+    for s in stats:
+        got = None if s == "nonfinite" else _from_reduction(tensor, s, mode, worker)
+        if got is not None:
+            out[s] = got
+        else:
+            need_raw.append(s)
+    if need_raw:
+        steps, vals = tensor.stacked(mode, worker)
+        if len(steps):
+            if isinstance(vals, list):
+                rows = [np.asarray(v, dtype=np.float64).reshape(-1) for v in vals]
+            else:
+                arr = np.asarray(vals)
+                rows = None
+                flat = arr.reshape(len(arr), -1)
+                if flat.dtype.kind not in "fiub":
+                    flat = flat.astype(np.float64)
+            for s in need_raw:
+                if rows is not None:
+                    res = np.array([_row_stat(r, s) for r in rows], dtype=np.float64)
+                else:
+                    res = _matrix_stat(flat, s)
+                out[s] = (np.asarray(steps), res)
+        elif "nonfinite" in need_raw:
+            # no raw values: a non-finite saved reduction still tells that the tensor held one
+            for s in ("l2", "min", "max", "mean"):
+                if s in out:
+                    st, v = out[s]
+                    out["nonfinite"] = (st, (~np.isfinite(v)).astype(np.float64))
+                    break
+    return out
+
+
+def stats_at(tensor: Tensor, step: int, worker: str | None = None) -> dict[str, float]:
+    """The statistics of one global step, as stat_series computes them for every step: saved reductions
+    where there are, else from the raw value (read once); {} when the step has neither."""
+    out: dict[str, float] = {}
+    try:
+        saved = tensor.reduction_values(step, worker=worker)
+    except Exception:  # noqa: BLE001 - this worker saved nothing at this step
+        return out
+    for s in ("l2", "min", "max", "mean"):
+        if (s, False) in saved:
+            out[s] = float(np.asarray(saved[(s, False)], dtype=np.float64).reshape(-1)[0])
+    try:
+        raw = np.asarray(tensor.value(step, worker=worker))
+    except Exception:  # noqa: BLE001 - only reductions at this step
+        raw = None
+    if raw is not None:
+        flat = raw.reshape(1, -1)
+        if flat.dtype.kind not in "fiub":
+            flat = flat.astype(np.float64)
+        for s in ("l2", "min", "max", "nonfinite"):
+            if s not in out:
+                out[s] = float(_matrix_stat(flat, s)[0])
+    elif out:
+        out["nonfinite"] = float(not all(math.isfinite(v) for v in out.values()))
+    return out
+
+
+def _matrix_stat(flat: np.ndarray, s: str) -> np.ndarray:
+    if flat.shape[1] == 0:
+        return np.full(len(flat), np.nan)
+    with np.errstate(all="ignore"):
+        if s == "nonfinite":
+            if flat.dtype.kind in "iub":
+                return np.zeros(len(flat))
+            return (~np.isfinite(flat)).sum(axis=1).astype(np.float64)
+        f = flat.astype(np.float64, copy=False)
+        if s == "l2":
+            return np.sqrt(np.einsum("ij,ij->i", f, f))
+        if s == "min":
+            return f.min(axis=1)
+        if s == "max":
+            return f.max(axis=1)
+        return f.mean(axis=1)
+
+
+def _row_stat(r: np.ndarray, s: str) -> float:
+    return float(_matrix_stat(r.reshape(1, -1), s)[0])
+
+
+def quantile_bands(
+    tensor: Tensor, mode: Any = _modes.GLOBAL, max_steps: int = 200,
+    qs: tuple[float, ...] = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0),
+) -> dict[str, Any]:
+    """Quantiles of a tensor's raw values at up to `max_steps` of its steps (evenly spread, always the
+    first and last): {steps, quantiles: {q: [..]}}. Reads the raw value of those steps only."""
+    steps = tensor.steps(mode)
+    if len(steps) > max_steps:
+        idx = np.unique(np.linspace(0, len(steps) - 1, max_steps).round().astype(int))
+        steps = [steps[i] for i in idx]
+    rows: dict[float, list[float | None]] = {q: [] for q in qs}
+    kept = []
+    for s in steps:
+        try:
+            v = np.asarray(tensor.value(s, mode), dtype=np.float64).reshape(-1)
+        except Exception:  # noqa: BLE001 - a step with only reductions: no distribution to draw
+            continue
+        v = v[np.isfinite(v)]
+        kept.append(int(s))
+        if v.size == 0:
+            for q in qs:
+                rows[q].append(None)
+            continue
+        for q, x in zip(qs, np.quantile(v, qs).tolist(), strict=True):
+            rows[q].append(float(x))
+    return {"steps": kept, "quantiles": {str(q): rows[q] for q in qs}}
+
+
+def is_scalar(trial: Trial, name: str) -> bool:
+    """Whether the tensor's saved values are scalars (shape () or (1,)) at its first step."""
+    t = trial.tensor(name)
+    steps = t.steps(show_incomplete_steps=True)
+    if not steps:
+        return False
+    try:
+        shp = t.shape(steps[0])
+    except Exception:  # noqa: BLE001 - no shape saved: judge by the value
+        try:
+            shp = np.shape(t.value(steps[0]))
+        except Exception:  # noqa: BLE001
+            return False
+    return int(np.prod(shp)) == 1 if shp is not None else False

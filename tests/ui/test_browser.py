@@ -1,0 +1,310 @@
+"""The dashboard and the report in real headless Chromium: a PyTorch job whose rule fired, a live job, a
+hostile tensor name, and the report opened from disk. Screenshots of each view are kept as artefacts
+(tests/_artifacts/ui/, or $TENSORTAP_TEST_ARTIFACTS)."""
+
+from __future__ import annotations
+
+import html
+import os
+
+import numpy as np
+import pytest
+
+import tensortap as tt
+from tensortap import modes
+
+pytest.importorskip("flask")
+pytest.importorskip("plotly")
+
+from tensortap.ui.server import Server  # noqa: E402
+
+VIEWS = ("layers", "heatmap", "distribution", "rules")
+
+
+@pytest.fixture
+def hostile_job(tmp_path, ui) -> str:
+    out = str(tmp_path / "hostile")
+    ui.write_scalar_job(out, steps=40)
+    return out
+
+
+def _figures(page, ui) -> dict[str, dict]:
+    return {f["fig"]: f for f in page.js(ui.FIGURES_JS)}
+
+
+def _trace0(page, fig: str) -> dict:
+    """The first trace of figure `fig`, as plotly holds it."""
+    return page.page.evaluate("f => document.querySelector('div.figure[data-fig=\"' + f + '\"]').data[0]", fig)
+
+
+def _open(page, url: str) -> None:
+    outside: list[str] = []
+    origin = url.split("/", 3)[:3]
+
+    def check(route):
+        u = route.request.url
+        if not (u.startswith("/".join(origin)) or u.startswith("data:") or u.startswith("file:")):
+            outside.append(u)
+            return route.abort()
+        return route.continue_()
+
+    page.ctx.route("**/*", check)
+    page.outside = outside
+    page.page.goto(url)
+    page.wait("window.ttPaintedAt")
+
+
+def _show(page, view: str) -> None:
+    n = page.js("window.ttRenders")
+    page.page.click(f"nav button[data-view={view}]")
+    page.wait(f"document.getElementById('view').dataset.view === '{view}' && window.ttRenders > {n}")
+
+
+def test_dashboard_of_a_pytorch_job_whose_rule_fired(page, pytorch_job, hostile_job, ui):
+    trial = tt.create_trial(pytorch_job)
+    fired = ui.fired_steps(pytorch_job)
+    # the rule fired where the sigmoids saturated: train step ui.SATURATE_AT (or the next saved one)
+    saved_train = [s for s in trial.steps(modes.TRAIN) if s >= ui.SATURATE_AT]
+    assert fired == [trial.global_step(modes.TRAIN, saved_train[0])] and fired[0] > 0
+
+    server = Server([pytorch_job, hostile_job], port=0).start()
+    try:
+        _open(page, server.url)
+        page.screenshot("dashboard-overview.png")
+        figs = _figures(page, ui)
+        assert set(figs) == {"scalars-TRAIN", "scalars-EVAL"}
+        train = figs["scalars-TRAIN"]["traces"]
+        by_name = {html.unescape(t["name"]): t for t in train}  # figure text is sent escaped
+        loss = by_name["CrossEntropyLoss_output_0 · pytorch_job"]
+        t = trial.tensor("CrossEntropyLoss_output_0")
+        assert loss["x"] == [trial.global_step(modes.TRAIN, s) for s in t.steps(modes.TRAIN)]
+        assert loss["y"] == pytest.approx([float(v) for v in t.values(modes.TRAIN).values()], rel=1e-6)
+        # one curve per (job, scalar), plus the rule's marker
+        assert sorted(by_name) == sorted(["CrossEntropyLoss_output_0 · pytorch_job", "loss · hostile",
+                                          f"{ui.HOSTILE} · hostile", "rule: vanishing_gradient (pytorch_job)"])
+        marker = by_name["rule: vanishing_gradient (pytorch_job)"]
+        assert marker["x"] == fired and marker["meta"] == {"rule": "vanishing_gradient"}
+        assert len(figs["scalars-EVAL"]["traces"]) == 1  # the eval loss of the PyTorch job
+        # the hostile name is shown as text, and ran nothing
+        assert any(ui.HOSTILE in s for s in figs["scalars-TRAIN"]["svgText"])
+        assert page.js("window.__pwned") is None
+        # the rule table: status and the rule's own explanation
+        rows = page.js("Array.from(document.querySelectorAll('table.tt tr')).map(r => "
+                       "Array.from(r.children).map(c => c.textContent))")
+        assert rows[0][:3] == ["job", "rule", "status"]
+        assert rows[1][:4] == ["pytorch_job", "vanishing_gradient", "IssuesFound", str(fired[0])]
+        assert "mean(|gradient|)" in rows[1][4] and "< threshold 1e-07" in rows[1][4]
+
+        grads = trial.tensor_names(collection="gradients")
+        weights = trial.tensor_names(collection="weights")
+        expected_traces = {
+            # per layer: L2 norm of weight and gradient, min and max of each
+            "layers": lambda f: len(f["layers-norms@0"]["traces"]) == len(grads) + len(weights)
+            and len(f["layers-minmax@0"]["traces"]) == 2 * (len(grads) + len(weights))
+            and len(f["layers-norms@1"]["traces"]) == 4,
+            "heatmap": lambda f: len(f["heatmap@0"]["traces"]) == 1 and len(f["heatmap@1"]["traces"]) == 1,
+            "distribution": lambda f: len(f["distribution@0"]["traces"]) == 7,
+            "rules": lambda f: f == {},
+        }
+        for view in VIEWS:
+            _show(page, view)
+            page.screenshot(f"dashboard-{view}.png")
+            figs = _figures(page, ui)
+            assert expected_traces[view]({k: v for k, v in figs.items()}), (view, list(figs))
+        # the heatmap's rows are the PyTorch job's gradients; the first layer's norm collapses at the firing step
+        _show(page, "heatmap")
+        hm = _trace0(page, "heatmap@0")
+        assert hm["meta"]["tensors"][0] == "gradient/Sequential_0.bias" and len(hm["y"]) == len(grads)
+        col = hm["x"].index(fired[0])
+        assert hm["z"][0][col] < -7 < hm["z"][0][0]
+        # a choice redraws the view with another tensor, and a reload keeps view and choice (URL fragment)
+        _show(page, "distribution")
+        n = page.js("window.ttRenders")
+        page.page.select_option("select[data-param=tensor] >> nth=0", "Sequential_2.weight")
+        page.wait(f"window.ttRenders > {n}")
+        title = "document.querySelector('div.figure').layout.title.text"
+        assert page.js(title) == "Distribution of Sequential_2.weight over steps"
+        page.page.reload()
+        page.wait("window.ttPaintedAt")
+        assert page.js("document.getElementById('view').dataset.view") == "distribution"
+        assert page.js(title) == "Distribution of Sequential_2.weight over steps"
+        assert page.errors == [] and page.outside == []
+    finally:
+        server.stop()
+
+
+def test_a_live_jobs_new_steps_appear_without_reload(page, tmp_path):
+    out = str(tmp_path / "live")
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1))
+
+    def steps(a: int, b: int) -> None:
+        for s in range(a, b):
+            hook.set_mode(modes.TRAIN)
+            hook.next_step()
+            hook.save_scalar("loss", 1.0 / (s + 1))
+        hook.next_step()  # step b - 1 is complete once the job has moved past it
+        hook.flush()
+
+    steps(0, 5)
+    trial = tt.create_trial(out)
+    assert trial.steps(modes.TRAIN)[-1] == 4
+    server = Server([out], port=0).start()
+    try:
+        _open(page, server.url)
+        last = "Math.max(...document.querySelector('div.figure[data-fig=scalars-TRAIN]').data[0].x)"
+        assert page.js(last) == 4
+        page.page.evaluate("window.__reloaded = 'no'")
+        steps(6, 9)
+        page.wait(f"{last} >= 8", timeout=30)
+        page.screenshot("dashboard-live.png")
+        assert page.js("window.__reloaded") == "no"  # the same page, redrawn in place
+        assert page.errors == []
+    finally:
+        server.stop()
+        hook.close()
+
+
+def test_report_opened_from_disk_renders_the_same(page, pytorch_job, hostile_job, tmp_path, ui):
+    from tensortap.ui.report import write_report
+
+    report = str(tmp_path / "report.html")
+    size = write_report([pytorch_job, hostile_job], report)
+    assert size < 4_000_000  # plotly.js is ~2 MB of it, compressed
+    with open(report, encoding="utf-8") as f:
+        text = f.read()
+    assert "<script src" not in text and "<link rel=\"stylesheet\"" not in text
+    _open(page, "file://" + report)
+    page.screenshot("report.png")
+    for view in ("rules", "overview", "heatmap", "layers", "distribution"):
+        page.page.locator(f"section[data-view={view}]").screenshot(
+            path=os.path.join(ui.artifacts_dir(), f"report-section-{view}.png"))
+    sections = page.js("Array.from(document.querySelectorAll('section')).map(s => s.dataset.view)")
+    assert sections[:2] == ["rules", "overview"]  # the rule summary on top
+    figs = page.js(ui.FIGURES_JS)
+    train = next(f for f in figs if f["fig"] == "scalars-TRAIN")
+    by_name = {html.unescape(t["name"]): t for t in train["traces"]}
+    assert by_name["rule: vanishing_gradient (pytorch_job)"]["x"] == ui.fired_steps(pytorch_job)
+    assert any(ui.HOSTILE in s for s in train["svgText"]) and page.js("window.__pwned") is None
+
+    # the same curves as the dashboard draws
+    server = Server([pytorch_job, hostile_job], port=0).start()
+    try:
+        live = type(page)(page.page.context.browser)
+        try:
+            _open(live, server.url)
+            live_train = next(f for f in live.js(ui.FIGURES_JS) if f["fig"] == "scalars-TRAIN")
+            assert [(t["name"], t["x"], t["y"]) for t in live_train["traces"]] == \
+                   [(t["name"], t["x"], t["y"]) for t in train["traces"]]
+        finally:
+            live.close()
+    finally:
+        server.stop()
+    kinds = {f["fig"] for f in figs}
+    assert {"heatmap@0", "layers-norms@0", "layers-minmax@0", "distribution@0", "heatmap@1"} <= kinds
+    assert page.errors == [] and page.outside == []
+
+
+def test_report_shows_xgboost_and_workers_views(page, tmp_path, ui):
+    from tensortap.ui.report import write_report
+
+    xgb = str(tmp_path / "xgb")
+    hook = tt.Hook(xgb, save_config=tt.SaveConfig(save_interval=1))
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 3, 90).astype(np.float32)
+    for rnd in range(12):
+        hook.next_step()
+        hook.save_tensor("train-mlogloss", np.float32(1.0 / (rnd + 1)), "metrics")  # names as smdebug's
+        hook.save_tensor("validation-mlogloss", np.float32(1.2 / (rnd + 1)), "metrics")
+        for f, w in (("f0", 0.5), ("f1", 0.3), ("f2", 0.2)):
+            hook.save_tensor(f"feature_importance/gain/{f}", np.float32(w), "feature_importance")
+            hook.save_tensor(f"average_shap/{f}", np.float32(w * rnd), "average_shap")
+        hook.save_tensor("labels", labels, "labels")
+        hook.save_tensor("predictions", np.where(rng.random(90) < 0.8, labels, (labels + 1) % 3), "predictions")
+    hook.close()
+    dist = str(tmp_path / "two_workers")
+    ui.write_scalar_job(dist, steps=20, hostile=False, workers=3)  # worker_2 diverges
+    report = str(tmp_path / "report.html")
+    write_report([xgb, dist], report)
+    _open(page, "file://" + report)
+    page.screenshot("report-xgboost-workers.png")
+    for view in ("workers", "xgboost"):
+        page.page.locator(f"section[data-view={view}]").screenshot(
+            path=os.path.join(ui.artifacts_dir(), f"report-section-{view}.png"))
+    figs = {f["fig"]: f for f in page.js(ui.FIGURES_JS)}
+    assert {"xgb-metrics", "xgb-fi-gain", "xgb-labels", "xgb-confusion", "xgb-shap", "workers-1",
+            "workers-dev-1"} <= set(figs)
+    assert len(figs["xgb-metrics"]["traces"]) == 2 and len(figs["xgb-fi-gain"]["traces"]) == 3
+    conf = _trace0(page, "xgb-confusion")["z"]
+    assert sum(map(sum, conf)) == 90
+    dev = _trace0(page, "workers-dev-1")
+    assert dev["x"] == ["worker_0", "worker_1", "worker_2"]
+    assert dev["y"] == pytest.approx([0, 0, 4])  # |5/(s+1) - 1/(s+1)| / (1/(s+1))
+    assert dev["marker"]["color"] == ["#1f77b4", "#1f77b4", "#d62728"]  # the diverging rank stands out
+    assert len(figs["workers-1"]["traces"]) == 3
+    assert page.errors == []
+
+
+def test_dashboard_serves_only_the_jobs_it_was_given(tmp_path, ui):
+    import urllib.error
+    import urllib.request
+
+    out = str(tmp_path / "job")
+    ui.write_scalar_job(out, steps=5, hostile=False)
+    server = Server([out], port=0).start()
+    try:
+        assert server.url.startswith("http://127.0.0.1:")
+        for bad in ("job=1", "job=..%2F..%2Fetc", "job=%2Ftmp", "job=-1"):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(server.url + "api/view/overview?" + bad)
+            assert e.value.code == 404 and b"allowed are 0..0" in e.value.read()
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(server.url + "static/..%2F..%2Fserver.py")
+        assert e.value.code == 404
+        ok = urllib.request.urlopen(server.url + "api/view/overview?job=0")
+        assert ok.headers["Content-Security-Policy"].startswith("default-src 'self'")
+    finally:
+        server.stop()
+
+
+def test_the_report_command_writes_one_file(tmp_path, capsys, ui):
+    from tensortap.cli.main import main
+
+    out = str(tmp_path / "job")
+    ui.write_scalar_job(out, steps=5, hostile=False)
+    assert main(["report", out, "-o", str(tmp_path / "r.html")]) == 0
+    assert os.path.getsize(tmp_path / "r.html") > 1_000_000
+    assert main(["report", str(tmp_path / "missing"), "-o", str(tmp_path / "x.html")]) == 2
+    assert "missing: no such directory" in capsys.readouterr().err
+
+
+def test_ui_command_prints_its_url_and_serves(tmp_path, ui):
+    import subprocess
+    import sys
+    import urllib.request
+
+    out = str(tmp_path / "job")
+    ui.write_scalar_job(out, steps=5, hostile=False)
+    exe = os.path.join(os.path.dirname(sys.executable), "tensortap")
+    proc = subprocess.Popen([exe, "ui", out, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "http://127.0.0.1:" in line, line
+        url = line.split(" at ", 1)[1].split()[0]
+        body = urllib.request.urlopen(url + "api/jobs", timeout=30).read()
+        assert b'"name":"job"' in body
+        port = int(url.rsplit(":", 1)[1].strip("/"))
+        busy = subprocess.run([exe, "ui", out, "--port", str(port)], capture_output=True, text=True, timeout=60)
+        assert busy.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in busy.stderr
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    # another address only on request, with a warning (127.0.0.2: still loopback, but not the default)
+    proc = subprocess.Popen([exe, "ui", out, "--port", "0", "--host", "127.0.0.2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert "http://127.0.0.2:" in proc.stdout.readline()
+        assert "warning: listening on 127.0.0.2" in proc.stderr.readline()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

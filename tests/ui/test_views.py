@@ -1,0 +1,277 @@
+"""The dashboard's data, without a browser: the min/max envelope, rule statuses, views of native, smdebug
+and S3 jobs, escaping, and what importing costs."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tensortap as tt
+from tensortap.ui.jobs import JobSet, rule_summary
+from tensortap.ui.series import envelope, series_json
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "smdebug")
+
+pytest.importorskip("flask")
+
+
+def _figures(blocks):
+    return {b["id"]: b["figure"] for b in blocks if b["type"] == "figure"}
+
+
+def test_envelope_keeps_every_spike_and_non_finite_value():
+    rng = np.random.default_rng(0)
+    steps = np.arange(100_000)
+    vals = rng.standard_normal(100_000)
+    vals[31_337] = 1e6
+    vals[77_777] = -1e6
+    vals[50_001] = np.nan
+    xs, ys = envelope(steps, vals, max_points=1000)
+    assert len(xs) <= 1002 and np.all(np.diff(xs) > 0)
+    assert 31_337 in xs and 77_777 in xs and 50_001 in xs
+    assert np.nanmax(ys) == 1e6 and np.nanmin(ys) == -1e6
+    # every run keeps its own extremes: the envelope's upper line never falls below a run's max
+    edges = np.linspace(0, len(vals), 501).astype(int)
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        seg = vals[a:b]
+        inside = ys[(xs >= a) & (xs < b)]
+        assert np.nanmax(inside) == np.nanmax(seg) and np.nanmin(inside) == np.nanmin(seg)
+    s = series_json(steps, vals, max_points=1000)
+    assert s["downsampled"] and s["n"] == 100_000 and s["nonfinite_steps"] == [50_001]
+    assert None in s["y"]  # NaN drawn as a gap
+    short = series_json(np.arange(5), np.arange(5.0))
+    assert short["x"] == [0, 1, 2, 3, 4] and not short["downsampled"]
+
+
+def test_rule_statuses():
+    fired = rule_summary("vg", {"status": "IssuesFound", "rule": "vanishing_gradient", "first_step": 7},
+                         {"fired_steps": [7, 9], "datapoints": 3, "first_violations": [
+                             {"step": 7, "tensor": "gradient/<b>", "condition": "mean < 1e-7"}]})
+    assert fired["status"] == "IssuesFound" and fired["fired_steps"] == [7, 9]
+    assert fired["explanations"] == {"7": ["gradient/<b>: mean < 1e-7"]}
+    # a rule that ended without seeing data never says NoIssuesFound
+    assert rule_summary("r", {"status": "NoIssuesFound"}, {"datapoints": 0, "steps_evaluated": 0})["status"] \
+        == "NoData"
+    assert rule_summary("r", {"status": "NoIssuesFound"}, {"datapoints": 5, "steps_evaluated": 2})["status"] \
+        == "NoIssuesFound"
+    err = rule_summary("r", {"status": "Error", "message": "boom", "traceback": "Traceback ..."}, {})
+    assert err["status"] == "Error" and err["error"] == "Traceback ..."
+    assert rule_summary("r", {}, {})["status"] == "InProgress"
+    assert rule_summary("r", {"status": "<img>"}, {})["status"] == "Error"  # unknown: not shown as given
+
+
+def test_jobs_are_named_only_by_index(tmp_path):
+    hook = tt.Hook(str(tmp_path / "a"), save_config=tt.SaveConfig(save_interval=1))
+    hook.next_step()
+    hook.save_scalar("loss", 1.0)
+    hook.close()
+    jobs = JobSet([str(tmp_path / "a")])
+    assert jobs.get("0").path == str(tmp_path / "a")
+    for bad in ("1", "-1", "../a", str(tmp_path / "a"), "0x0", " 0", ""):
+        with pytest.raises(KeyError, match="allowed are 0..0"):
+            jobs.get(bad)
+    with pytest.raises(ValueError, match="at least one OUT_DIR"):
+        JobSet([])
+
+
+def test_views_of_an_smdebug_pytorch_job():
+    from tensortap.ui.views import render_view
+
+    jobs = JobSet([os.path.join(FIXTURES, "pytorch_job")])
+    trial = jobs.jobs[0].trial
+    figs = _figures(render_view(jobs, "overview", {}))
+    assert figs, "no curves"
+    loss_names = trial.tensor_names(collection="losses")
+    drawn = {t["meta"]["tensor"] for f in figs.values() for t in f["data"] if t.get("meta", {}).get("tensor")}
+    assert set(loss_names) <= drawn
+    layers = _figures(render_view(jobs, "layers", {}))
+    norms = layers["layers-norms"]["data"]
+    grads = trial.tensor_names(collection="gradients")
+    assert {t["meta"]["tensor"] for t in norms} >= set(grads)
+    # a norm computed from the saved raw values, bit for bit what numpy says
+    g = grads[0]
+    tr = next(t for t in norms if t["meta"]["tensor"] == g)
+    step = tr["x"][0]
+    assert tr["y"][0] == pytest.approx(float(np.linalg.norm(trial.tensor(g).value(step).astype(np.float64))),
+                                       rel=1e-6)
+    heat = _figures(render_view(jobs, "heatmap", {}))["heatmap"]["data"][0]
+    assert len(heat["z"]) == len(grads) and sorted(heat["meta"]["tensors"]) == sorted(grads)
+
+
+def test_workers_side_by_side_for_an_smdebug_distributed_job():
+    from tensortap.ui.views import available_views, render_view
+
+    jobs = JobSet([os.path.join(FIXTURES, "two_workers")])
+    assert "workers" in [v["name"] for v in available_views(jobs)]
+    blocks = render_view(jobs, "workers", {})
+    figs = _figures(blocks)
+    assert [t["name"] for t in figs["workers-0"]["data"]] == jobs.jobs[0].trial.workers()
+
+
+def test_views_of_a_job_on_s3(s3_url):
+    from tensortap.ui.report import build_report
+    from tensortap.ui.views import render_view
+
+    hook = tt.Hook(s3_url, save_config=tt.SaveConfig(save_interval=1),
+                   reduction_config=tt.ReductionConfig(norms=["l2"], reductions=["min", "max"]))
+    for step in range(6):
+        hook.next_step()
+        hook.save_tensor("gradients/w", np.full((3, 3), 2.0 ** -step, np.float32), "gradients")
+        hook.save_scalar("loss", 1.0 / (step + 1))
+    hook.close()
+    jobs = JobSet([s3_url])
+    figs = _figures(render_view(jobs, "overview", {}))
+    assert figs["scalars-GLOBAL"]["data"][0]["y"] == pytest.approx([1 / (s + 1) for s in range(6)])
+    # norms from the saved reductions: no raw value was saved
+    heat = _figures(render_view(jobs, "heatmap", {}))["heatmap"]["data"][0]
+    assert heat["z"][0] == pytest.approx([np.log10(3 * 2.0 ** -s) for s in range(6)], rel=1e-5)
+    html = build_report([s3_url])
+    packed = re.search(r'id="tt-report-data">([^<]*)</script>', html).group(1)
+    doc = json.loads(gzip.decompress(base64.b64decode(packed)))
+    assert [s["name"] for s in doc["sections"]][:2] == ["rules", "overview"]
+    assert _figures(doc["sections"][1]["blocks"]) == figs
+
+
+def test_names_from_the_job_reach_figures_escaped(tmp_path):
+    from tensortap.ui.server import to_json
+    from tensortap.ui.views import render_view
+
+    out = str(tmp_path / "job")
+    hostile = "<script>alert(1)</script>"
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1),
+                   reduction_config=tt.ReductionConfig(save_raw_tensor=True))
+    for step in range(3):
+        hook.next_step()
+        hook.save_scalar(hostile, float(step))
+        hook.save_tensor(f"gradients/{hostile}", np.ones(4, np.float32), "gradients")
+    hook.close()
+    jobs = JobSet([out])
+    for view in ("overview", "layers", "heatmap", "distribution"):
+        blocks = render_view(jobs, view, {})
+        figures = [b["figure"] for b in blocks if b["type"] == "figure"]
+        # what plotly draws: every field but `meta` (data for scripts, which plotly never renders here)
+        text = to_json([{**f, "data": [{k: v for k, v in t.items() if k != "meta"} for t in f["data"]]}
+                        for f in figures])
+        assert figures and "<script" not in text and "&lt;script&gt;" in text, view
+
+
+def test_importing_the_ui_imports_no_web_stack():
+    code = ("import sys, tensortap, tensortap.ui, tensortap.plot, tensortap.cli.main;"
+            "tensortap.cli.main.build_parser();"
+            "print([m for m in ('flask', 'plotly', 'werkzeug') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
+
+
+def test_trial_html_summary_escapes_names(tmp_path):
+    out = str(tmp_path / "job")
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1))
+    for _ in range(3):
+        hook.next_step()
+        hook.save_scalar("<b>loss</b>", 1.0)
+    hook.close()
+    os.makedirs(os.path.join(out, "rules", "r1"))
+    with open(os.path.join(out, "rules", "r1", "status.json"), "w") as f:
+        json.dump({"status": "IssuesFound", "first_step": 1}, f)
+    html = tt.create_trial(out)._repr_html_()
+    assert "&lt;b&gt;loss&lt;/b&gt;" in html and "<b>loss" not in html
+    assert "r1: <b>IssuesFound</b> at step 1" in html and "steps</th><td style=\"text-align:left\">3" in html
+
+
+def test_layers_count_non_finite_values_and_keep_a_spike(tmp_path):
+    from tensortap.ui.views import render_view
+
+    out = str(tmp_path / "job")
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1),
+                   reduction_config=tt.ReductionConfig(save_raw_tensor=True))
+    for step in range(3000):
+        hook.next_step()
+        g = np.full(4, 1e-3, np.float32)
+        if step == 1234:
+            g[0] = 1e3  # one exploding step
+        if step == 2000:
+            g[:2] = [np.nan, np.inf]
+        hook.save_tensor("gradients/fc", g, "gradients")
+        hook.save_tensor("weights/fc", np.ones(4, np.float32), "weights")
+    hook.close()
+    jobs = JobSet([out])
+    figs = _figures(render_view(jobs, "layers", {}))
+    nf = next(t for t in figs["layers-nonfinite"]["data"] if t["meta"]["tensor"] == "gradients/fc")
+    assert dict(zip(nf["x"], nf["y"], strict=True))[2000] == 2
+    assert sum(y for y in nf["y"] if y) == 2
+    norm = next(t for t in figs["layers-norms"]["data"] if t["meta"]["tensor"] == "gradients/fc")
+    assert len(norm["x"]) <= 402 and 1234 in norm["x"]  # enveloped, the spike kept
+    assert max(y for y in norm["y"] if y is not None) == pytest.approx(1e3, rel=1e-6)
+    heat = _figures(render_view(jobs, "heatmap", {}))["heatmap"]["data"][0]
+    assert max(z for z in heat["z"][0] if z is not None) == pytest.approx(3.0, abs=1e-6)  # log10(1e3)
+
+
+def test_rule_marker_sits_on_the_loss_curve_at_the_firing_step(tmp_path):
+    from tensortap.runner.status import write_status
+    from tensortap.storage import open_storage
+    from tensortap.ui.views import render_view
+
+    out = str(tmp_path / "job")
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1))
+    for step in range(10):
+        hook.next_step()
+        hook.save_scalar("acc", float("nan") if step == 3 else step / 10)
+        hook.save_scalar("loss", 1.0 / (step + 1))
+    hook.close()
+    storage = open_storage(out)
+    report = {"rule": "LossNotDecreasing", "fired_steps": [5], "datapoints": 6, "steps_evaluated": 6,
+              "first_violations": [{"step": 5, "tensor": "scalar/loss", "condition": "loss <did not> decrease"}]}
+    storage.write("rules/loss_not_decreasing/report.json", json.dumps(report).encode())
+    write_status(storage, "loss_not_decreasing", status="IssuesFound", first_step=5, message="fired at step 5")
+    figs = _figures(render_view(JobSet([out]), "overview", {}))
+    traces = figs["scalars-GLOBAL"]["data"]
+    marker = next(t for t in traces if t.get("meta", {}).get("rule") == "loss_not_decreasing")
+    assert marker["x"] == [5] and marker["y"] == [pytest.approx(1 / 6)]
+    assert marker["text"] == ["loss_not_decreasing fired at step 5<br>scalar/loss: loss &lt;did not&gt; decrease"]
+    acc = next(t for t in traces if t.get("meta", {}).get("tensor") == "scalar/acc")
+    assert acc["y"][3] is None  # NaN: a gap, and a marker of its step
+    nonfinite = next(t for t in traces if t["name"].startswith("non-finite"))
+    assert nonfinite["x"] == [3]
+
+
+@pytest.mark.parametrize("raw", [True, False])
+def test_a_live_jobs_statistics_grow_step_by_step_as_if_read_at_once(tmp_path, raw):
+    from tensortap.ui.jobs import Job
+    from tensortap.ui.series import stat_series
+
+    out = str(tmp_path / "live")
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1), reduction_config=tt.ReductionConfig(
+        save_raw_tensor=raw, norms=[] if raw else ["l2"], reductions=[] if raw else ["min", "max"]))
+    rng = np.random.default_rng(0)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            hook.next_step()
+            g = rng.standard_normal(6).astype(np.float32)
+            if rng.random() < 0.2:
+                g[1] = np.nan
+            hook.save_tensor("gradients/fc", g, "gradients")
+        hook.next_step()  # the steps so far are complete
+        hook.flush()
+
+    steps(30)
+    job = Job(0, out)
+    first = job.stats("gradients/fc")
+    assert len(first["l2"][0]) == 30
+    steps(7)
+    job.refresh()
+    grown = job.stats("gradients/fc")  # the 30 old steps kept, 7 read
+    fresh = stat_series(tt.create_trial(out).tensor("gradients/fc"), ("l2", "min", "max", "nonfinite"))
+    hook.close()
+    assert sorted(grown) == sorted(fresh)
+    for k in fresh:
+        assert grown[k][0].tolist() == fresh[k][0].tolist() and len(fresh[k][0]) == 37, k
+        np.testing.assert_array_equal(grown[k][1], fresh[k][1], err_msg=k)
