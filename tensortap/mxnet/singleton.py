@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tensortap.hooks.singleton import CurrentHook
 
-_current = CurrentHook("tensortap.mxnet.hook:Hook")
+_current = CurrentHook("tensortap.mxnet.hook:Hook", "tensortap.mxnet.Hook")
 set_hook = _current.set_hook
 del_hook = _current.del_hook
 get_hook = _current.get_hook

@@ -14,6 +14,7 @@ logger = logging.getLogger("tensortap")
 #: framework module → "module:function" called with the imported module
 ATTACHERS = {
     "torch": "tensortap.pytorch.auto:attach",
+    "keras": "tensortap.tensorflow.auto:attach",
     "xgboost": "tensortap.xgboost.auto:attach",
 }
 

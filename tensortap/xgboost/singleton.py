@@ -6,7 +6,7 @@ from typing import Any
 
 from tensortap.hooks.singleton import CurrentHook
 
-_current = CurrentHook("tensortap.xgboost.hook:Hook")
+_current = CurrentHook("tensortap.xgboost.hook:Hook", "tensortap.xgboost.Hook")
 set_hook = _current.set_hook
 del_hook = _current.del_hook
 get_hook = _current.get_hook

@@ -1,0 +1,111 @@
+"""KerasHook: a `keras.callbacks.Callback` that captures a Keras 3 job (TensorFlow or PyTorch backend).
+
+This module imports Keras; `tensortap.tensorflow` imports it only when `KerasHook` is first used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from tensortap import modes as _modes
+from tensortap.tensorflow.hook import KerasHookBase
+
+_TRAIN, _EVAL, _PREDICT = _modes.TRAIN, _modes.EVAL, _modes.PREDICT
+
+
+class KerasHook(KerasHookBase, keras.callbacks.Callback):
+    """Captures weights, gradients (with `wrap_optimizer`), losses, metrics, model inputs/labels/predictions
+    and layer inputs/outputs of `model.fit` / `evaluate` / `predict`; pass it in `callbacks=[hook]`.
+
+    Same keyword arguments as `tensortap.Hook` (out_dir, save_config, include_collections, ...).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        keras.callbacks.Callback.__init__(self)
+        KerasHookBase.__init__(self, *args, **kwargs)
+
+    # Keras keeps the model in `_model` (Callback.model reads it).
+    def set_model(self, model: Any) -> None:
+        keras.callbacks.Callback.set_model(self, model)
+        self.register_model(model)
+
+    def _mode_begin(self, mode: Any) -> None:
+        if self.active:
+            with self.guard("begin"):
+                self.register_model(self._model)
+                if self.mode is not mode:
+                    self.set_mode(mode)
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        self._mode_begin(_modes.TRAIN)
+
+    def on_test_begin(self, logs: Any = None) -> None:
+        self._outer_mode = self.mode
+        self._mode_begin(_modes.EVAL)
+
+    def on_predict_begin(self, logs: Any = None) -> None:
+        self._mode_begin(_modes.PREDICT)
+
+    # The batch callbacks run at every step: try/except instead of guard() (no generator per step).
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        if not self.disabled and self.writes and not self._closed:
+            try:
+                self._begin_batch(_TRAIN, batch)
+            except Exception as e:  # noqa: BLE001 - never break training
+                self._fail("on_train_batch_begin", e)
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if not self.disabled and self.writes and not self._closed:
+            try:
+                self._end_batch(_TRAIN, batch, logs)
+            except Exception as e:  # noqa: BLE001
+                self._fail("on_train_batch_end", e)
+
+    def on_test_batch_begin(self, batch: int, logs: Any = None) -> None:
+        if not self.disabled and self.writes and not self._closed:
+            try:
+                self._begin_batch(_EVAL, batch)
+            except Exception as e:  # noqa: BLE001
+                self._fail("on_test_batch_begin", e)
+
+    def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
+        if not self.disabled and self.writes and not self._closed:
+            try:
+                self._end_batch(_EVAL, batch, logs)
+            except Exception as e:  # noqa: BLE001
+                self._fail("on_test_batch_end", e)
+
+    def on_predict_batch_begin(self, batch: int, logs: Any = None) -> None:
+        if not self.disabled and self.writes and not self._closed:
+            try:
+                self._begin_batch(_PREDICT, batch)
+            except Exception as e:  # noqa: BLE001
+                self._fail("on_predict_batch_begin", e)
+
+    def on_predict_batch_end(self, batch: int, logs: Any = None) -> None:
+        if not self.disabled and self.writes and not self._closed:
+            try:
+                self._end_batch(_PREDICT, batch, logs)
+            except Exception as e:  # noqa: BLE001
+                self._fail("on_predict_batch_end", e)
+
+    def on_test_end(self, logs: Any = None) -> None:
+        if self.active:
+            with self.guard("on_test_end"):
+                self.end_step()
+                outer = getattr(self, "_outer_mode", None)
+                if outer is _modes.TRAIN:  # evaluation inside fit: back to training
+                    self.set_mode(outer)
+
+    def on_predict_end(self, logs: Any = None) -> None:
+        if self.active:
+            with self.guard("on_predict_end"):
+                self.end_step()
+
+    def on_train_end(self, logs: Any = None) -> None:
+        if self.active:
+            with self.guard("on_train_end"):
+                self.end_step()
+                self.flush()
