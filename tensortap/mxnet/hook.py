@@ -1,0 +1,450 @@
+"""The MXNet Gluon hook: captures weights, gradients, losses and block inputs/outputs of a Gluon job.
+
+Names follow smdebug's MXNet naming: parameters `param.name` (e.g. `dense0_weight`), gradients
+`gradient/<param.name>`, block I/O `<block.name>_input_<i>` / `<block.name>_output_<i>` (inputs and outputs
+flattened; the index continues when a block runs again in the same step), losses `<loss.name>_output_0`.
+
+When things are read (each value is the one the step computed with or produced):
+- a registered block's forward pre-hook starts a step (one step per forward of a registered model);
+- weights are read in the model's forward hook: the values this step's forward used (smdebug saved them at
+  the next step's start, after the optimizer's update); reading them waits for the previous update only;
+- block inputs and outputs (losses too), as the blocks return them, are copied by MXNet's engine in the
+  forward hooks, in order with the job's own operations and without waiting for them;
+- gradients are read when the step ends (the next forward, `set_mode`, `close`): the ones this step's backward
+  left in the parameters' gradient buffers (with grad_req="add", zeroing them before the next forward loses
+  them). Then the copies are read and everything goes to the writer in one hand-off; steps that save
+  nothing cost a few microseconds.
+A hybridized block runs as one graph: its inner blocks' hooks do not fire, so only its own inputs and
+outputs (and all weights and gradients) are captured.
+
+The input and output tensors of activation blocks (`nn.Activation('relu'|'sigmoid'|'tanh')`, also the one a
+`Dense`/`Conv` makes for `activation=...`) are members of the activation collections (`relu_input`,
+`relu_output`, ...), found by the block's type.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import re
+import sys
+from typing import Any
+
+import mxnet as mx
+import numpy as np
+from mxnet.base import _LIB
+from mxnet.base import check_call as _check_call
+
+from tensortap.collection import ACTIVATION_COLLECTIONS, Collection, CollectionKeys
+from tensortap.exceptions import InvalidConfiguration
+from tensortap.hooks.base import Hook as BaseHook
+from tensortap.hooks.base import rank_in_env
+from tensortap.mxnet import singleton
+
+logger = logging.getLogger("tensortap")
+
+INPUT_SUFFIX = "_input_"
+OUTPUT_SUFFIX = "_output_"
+GRADIENT_PREFIX = "gradient/"
+
+K = CollectionKeys
+_ACTIVATION_KEYS = tuple(k for pair in ACTIVATION_COLLECTIONS.values() for k in pair)
+# Collections that need no forward hooks on the blocks inside a model: filled from parameters, by the user, or
+# (losses) from registered loss blocks.
+_NOT_IO = frozenset({K.WEIGHTS, K.BIASES, K.GRADIENTS, K.LOSSES, K.SCALARS, K.OPTIMIZER_VARIABLES})
+_HVD_VARS = ("HOROVOD_RANK", "HOROVOD_SIZE")
+_NDArray = mx.nd.NDArray  # (mx.np.ndarray is one too)
+_Symbol = mx.sym.Symbol
+_pause = mx.autograd.pause
+_NONE: list = []  # (never mutated)
+
+
+def horovod_rank() -> tuple[int, int] | None:
+    """(rank, size) from Horovod: `horovod.mxnet` if the job imported and initialised it, else the variables
+    horovodrun gives every process (HOROVOD_RANK, HOROVOD_SIZE); None without either."""
+    hvd = sys.modules.get("horovod.mxnet")
+    if hvd is not None:
+        try:
+            size = hvd.size()  # (raises ValueError before hvd.init())
+            if size:
+                return int(hvd.rank()), int(size)
+        except Exception:  # noqa: BLE001 - Horovod not initialised yet, or an odd build: try the environment
+            pass
+    r, w = _HVD_VARS
+    if r in os.environ and w in os.environ:
+        try:
+            return int(os.environ[r]), int(os.environ[w])
+        except ValueError:
+            logger.warning("tensortap: %s=%r / %s=%r are not integers; ignored", r, os.environ[r], w, os.environ[w])
+    return None
+
+
+def _flat_arrays(value: Any, out: list[Any]) -> bool:
+    """Append the NDArrays (legacy or mx.np) in a block's inputs or outputs to `out`, nested lists and tuples
+    flattened in order; False if there is a Symbol among them (a call that builds a graph, e.g. for deferred
+    shape inference, computes nothing)."""
+    if isinstance(value, list | tuple):
+        return all(_flat_arrays(v, out) for v in value)
+    if isinstance(value, _NDArray):
+        out.append(value)
+    elif isinstance(value, _Symbol):
+        return False
+    return True
+
+
+def _walk(block: mx.gluon.Block) -> list[mx.gluon.Block]:
+    """`block` and every block inside it, each once, parents first."""
+    seen: set[int] = set()
+    out: list[mx.gluon.Block] = []
+    stack = [block]
+    while stack:
+        b = stack.pop()
+        if id(b) in seen:
+            continue
+        seen.add(id(b))
+        out.append(b)
+        stack.extend(reversed(list(b._children.values())))
+    return out
+
+
+def activation_type(block: mx.gluon.Block) -> str | None:
+    """"relu", "sigmoid" or "tanh" for an activation block of that type (by class, not by name), else None."""
+    if isinstance(block, mx.gluon.nn.Activation):
+        act = getattr(block, "_act_type", None)
+        return act if act in ACTIVATION_COLLECTIONS else None
+    return None
+
+
+class _Read:
+    """A parameter's value or gradient read at saving steps: its shape and dtype are learned once per array
+    (MXNet asks its library for both at every asnumpy())."""
+
+    __slots__ = ("name", "param", "colls", "grad", "array", "shape", "dtype", "size")
+
+    def __init__(self, name: str, param: Any, colls: list[Collection], grad: bool) -> None:
+        self.name, self.param, self.colls, self.grad = name, param, colls, grad
+        self.array: Any = None
+
+    def read(self, arr: Any) -> np.ndarray:
+        """A new numpy copy of `arr` (the parameter's array on its first context, or its gradient's), once
+        MXNet's engine has written it."""
+        if arr is not self.array:  # (first read, or the parameter was initialised again)
+            self.shape, self.dtype = arr.shape, np.dtype(arr.dtype)
+            self.size = int(np.prod(self.shape))
+            self.array = arr
+        out = np.empty(self.shape, self.dtype)
+        _check_call(_LIB.MXNDArraySyncCopyToCPU(arr.handle, ctypes.c_void_p(out.ctypes.data),
+                                                ctypes.c_size_t(self.size)))
+        return out
+
+
+class _Root:
+    """A registered model: its forward starts a step."""
+
+    def __init__(self, block: mx.gluon.Block) -> None:
+        self.block = block
+        self.blocks = _walk(block)
+        self.handles: list[Any] = []  # forward pre-hook and forward hook on the block itself
+        self.io_handles: list[Any] = []  # forward hooks on the blocks inside, once I/O is wanted
+        self._params: list[Any] | None = None
+
+    def params(self) -> list[Any]:
+        """The block's parameters (as at its first saving step: a block's parameters are fixed when it is
+        built; their values may be initialised later)."""
+        if self._params is None:
+            self._params = list(self.block.collect_params().values())
+        return self._params
+
+    def unhook(self) -> None:
+        for h in self.handles + self.io_handles:
+            h.detach()
+        self.handles.clear()
+        self.io_handles.clear()
+
+
+class Hook(BaseHook):
+    """Captures an MXNet Gluon training job; `register_block(net)` and `register_block(loss_fn)` hook it up."""
+
+    builtin_collections = (
+        K.ALL, K.DEFAULT, K.SCALARS, K.WEIGHTS, K.BIASES, K.GRADIENTS, K.LOSSES, K.INPUTS, K.OUTPUTS,
+        *_ACTIVATION_KEYS,
+    )
+    default_include_collections = (K.LOSSES, K.SCALARS)
+
+    def __init__(self, out_dir: str, *args: Any, rank: int | None = None, world_size: int | None = None,
+                 **kwargs: Any):
+        given = rank is not None or world_size is not None
+        if not given:
+            found = horovod_rank()
+            if found is not None:
+                rank, world_size = found
+        # Made before hvd.init() in a process the launcher gave no rank variables: Horovod's rank is taken at
+        # the first step, and the worker's folder in out_dir claimed then (the base hook's _claim_later), before
+        # anything is written.
+        self._mx_rank_later = self._claim_later = not given and rank is None and rank_in_env() is None
+        super().__init__(out_dir, *args, rank=rank, world_size=world_size, **kwargs)
+        self._mx_roots: list[_Root] = []
+        self._mx_losses: list[tuple[mx.gluon.Block, Any]] = []  # (loss block, its forward hook's handle)
+        self._mx_registered: set[int] = set()  # ids of every block inside a registered model or loss
+        self._mx_activation_blocks: set[int] = set()
+        self._mx_started = False  # a registered model's forward has started a step
+        self._mx_saving = False  # the current step saves something
+        self._mx_io = False  # ... and some collection that saving may hold block inputs/outputs
+        # this step's (name, parameter, collections) to save: weights per model (by id), gradients
+        self._mx_weights: dict[int, list[_Read]] = {}
+        self._mx_grads: list[_Read] = _NONE
+        self._mx_plan: tuple | None = None  # see _mx_make_plan
+        # (name, copy, collections) of this step's block inputs and outputs: copies made by MXNet's engine (in
+        # order with the job's own operations, without waiting for them), read when the step ends
+        self._mx_pending: list[tuple[str, Any, list[Collection]]] = []
+        self._mx_ready: list[tuple[str, Any, list[Collection]]] = []  # (name, numpy value, collections): weights
+        self._mx_io_counts: dict[str, int] = {}
+        self._mx_closed = False
+        self._mx_warned_hybrid = False
+        singleton.set_hook(self)
+
+    def _init_builtin_collections(self) -> None:
+        get = self.collection_manager.get
+        get(K.WEIGHTS).include("^(?!gradient).*weight")
+        get(K.BIASES).include("^(?!gradient).*bias")
+        get(K.GRADIENTS).include("^gradient")
+        get(K.LOSSES).include(".*loss._(?!input).*output")
+        get(K.INPUTS).include(r"_input_\d+$")
+        get(K.OUTPUTS).include(r"_output_\d+$")
+
+    # --- registration ------------------------------------------------------------------------
+
+    def register_block(self, block: mx.gluon.Block) -> None:
+        """Hook a Gluon block: a model (its forward starts a step; its parameters, their gradients and the
+        inputs/outputs of the blocks inside it become capturable) or a loss (`gluon.loss.Loss`: its output
+        is saved in `losses` as `<loss.name>_output_0`)."""
+        if not isinstance(block, mx.gluon.Block):
+            raise InvalidConfiguration(f"register_block takes an mxnet.gluon.Block, not {type(block).__name__}")
+        if self.disabled or self._mx_closed:
+            return
+        if isinstance(block, mx.gluon.loss.Loss):
+            self.register_loss(block)
+            return
+        if id(block) in self._mx_registered:
+            logger.debug("tensortap: %s is already registered (or inside a registered block)", block.name)
+            return
+        # A registered model inside the new one stops being a root: the new one starts the steps.
+        inside = {id(b) for b in _walk(block)}
+        for old in [r for r in self._mx_roots if id(r.block) in inside]:
+            old.unhook()
+            self._mx_roots.remove(old)
+        root = _Root(block)
+        root.handles.append(block.register_forward_pre_hook(self._mx_root_pre_hook))
+        root.handles.append(block.register_forward_hook(self._mx_root_hook))
+        self._mx_roots.append(root)
+        self._mx_registered.update(inside)
+        self._mx_note_activations(root.blocks)
+        self._mx_config_changed()
+
+    register_hook = register_block
+
+    def register_loss(self, loss_block: mx.gluon.Block) -> None:
+        """Hook a loss block: its output is saved in `losses` (and its inputs when a collection asks)."""
+        if not isinstance(loss_block, mx.gluon.Block):
+            raise InvalidConfiguration(f"register_loss takes an mxnet.gluon.Block, not {type(loss_block).__name__}")
+        if self.disabled or self._mx_closed or any(b is loss_block for b, _h in self._mx_losses):
+            return
+        self._mx_losses.append((loss_block, loss_block.register_forward_hook(self._mx_loss_hook)))
+        self._mx_registered.add(id(loss_block))
+
+    def _mx_note_activations(self, blocks: list[mx.gluon.Block]) -> None:
+        """Put the inputs and outputs of activation blocks into the activation collections (by type)."""
+        for b in blocks:
+            act = activation_type(b)
+            if act is None or id(b) in self._mx_activation_blocks:
+                continue
+            self._mx_activation_blocks.add(id(b))
+            name = re.escape(b.name)
+            coll_in, coll_out = ACTIVATION_COLLECTIONS[act]
+            self.get_collection(coll_in).include(f"^{name}{INPUT_SUFFIX}\\d+$")
+            self.get_collection(coll_out).include(f"^{name}{OUTPUT_SUFFIX}\\d+$")
+
+    # --- steps -------------------------------------------------------------------------------
+
+    def on_step_begin(self) -> None:
+        if self._mx_rank_later:
+            self._mx_rank_later = False
+            self._mx_adopt_horovod_rank()
+            if self.writes and not self.disabled and not self.dry_run:
+                try:
+                    self._check_out_dir()  # (what the constructor does when it knows the worker)
+                except InvalidConfiguration as e:  # another job's data: this hook writes nothing, training goes on
+                    self._fail("first step", e)
+        if self._mx_io_counts:
+            self._mx_io_counts.clear()
+        now = self.collections_to_save() if self.active else _NONE
+        if not now:
+            self._mx_saving = self._mx_io = False
+            if self._mx_weights:
+                self._mx_weights = {}
+            self._mx_grads = _NONE
+            return
+        self._mx_saving = True
+        plan = self._mx_plan
+        if plan is None or plan[0] is not now:
+            plan = self._mx_plan = self._mx_make_plan(now)
+        _now, self._mx_io, weights, self._mx_grads = plan
+        self._mx_weights = dict(weights)
+        if self._mx_io:
+            for root in self._mx_roots:
+                if not root.io_handles:
+                    root.io_handles = [b.register_forward_hook(self._mx_io_hook) for b in root.blocks[1:]]
+
+    def _mx_make_plan(self, now: list[Collection]) -> tuple:
+        """(now, whether block I/O may be saved, {id(model): weights' reads}, gradients' reads) for steps
+        saving the collections `now` (the base hook hands the same list while the set stays the same)."""
+        io = any(c.name not in _NOT_IO for c in now)
+        weights: dict[int, list[_Read]] = {}
+        grads: list[_Read] = []
+        seen: set[str] = set()  # (a parameter shared by two models is saved once)
+        for root in self._mx_roots:
+            mine = weights[id(root.block)] = []
+            for p in root.params():
+                if p.name in seen:
+                    continue
+                seen.add(p.name)
+                if getattr(p, "_stype", "default") != "default":
+                    self._warn_once(f"sparse:{p.name}", f"tensortap: {p.name} is stored sparse: not saved")
+                    continue
+                colls = self.collections_for(p.name)
+                if colls:
+                    mine.append(_Read(p.name, p, colls, grad=False))
+                if p.grad_req != "null":
+                    gname = GRADIENT_PREFIX + p.name
+                    colls = self.collections_for(gname)
+                    if colls:
+                        grads.append(_Read(gname, p, colls, grad=True))
+        return now, io, weights, grads
+
+    def _mx_config_changed(self) -> None:
+        self._mx_plan = None
+
+    def get_collection(self, name: str, create: bool = True) -> Collection:
+        self._mx_config_changed()
+        return super().get_collection(name, create)
+
+    def get_collections(self) -> dict[str, Collection]:
+        self._mx_config_changed()
+        return super().get_collections()
+
+    def add_collection(self, collection: Collection) -> None:
+        self._mx_config_changed()
+        super().add_collection(collection)
+
+    def on_step_end(self) -> None:
+        """Read this step's gradients and copies, and hand them to the writer at once."""
+        grads, pending, items = self._mx_grads, self._mx_pending, self._mx_ready
+        if not grads and not pending and not items:
+            return
+        self._mx_grads, self._mx_pending, self._mx_ready = _NONE, [], []
+        if not self.active:
+            return
+        try:
+            for r in grads:
+                arrs = r.param._grad
+                if arrs is not None:  # (None: deferred initialisation, this step's forward did not get that far)
+                    items.append((r.name, r.read(arrs[0]), r.colls))
+            for name, arr, colls in pending:
+                items.append((name, arr.asnumpy(), colls))
+            if items:
+                self.write_tensors(items, copy=False)  # (the arrays are new)
+        except Exception as e:  # noqa: BLE001 - never break the training job
+            self._fail("step end", e)
+
+    def on_close(self) -> None:
+        self._mx_closed = True
+        self._mx_saving = self._mx_io = False
+        for root in self._mx_roots:
+            root.unhook()
+        for _b, h in self._mx_losses:
+            h.detach()
+
+    def _mx_adopt_horovod_rank(self) -> None:
+        """Take Horovod's rank and size (hvd.init() ran after this hook was made)."""
+        found = horovod_rank()
+        if found is None:
+            return
+        rank, world_size = found
+        if not 0 <= rank < max(world_size, 1):
+            self._warn_once("hvd-rank", f"tensortap: Horovod's rank {rank} is not in [0, {world_size}); ignored")
+            return
+        named = self.worker == f"worker_{self.rank}"  # (else a name the caller chose)
+        self.rank, self.world_size = rank, world_size
+        if named:
+            self.worker = f"worker_{rank}"
+        self.num_workers = world_size if self.include_workers == "all" else 1
+        self.collection_manager.set_num_workers(self.num_workers)
+        self.writes = self.include_workers == "all" or rank == 0
+
+    # --- callbacks ---------------------------------------------------------------------------
+
+    def _mx_root_pre_hook(self, block: mx.gluon.Block, inputs: Any) -> None:
+        if self.disabled or self._mx_closed:
+            return
+        try:
+            self._mx_started = True
+            self.next_step()
+        except Exception as e:  # noqa: BLE001 - never break the training job
+            self._fail("forward pre-hook", e)
+
+    def _mx_root_hook(self, block: mx.gluon.Block, inputs: Any, outputs: Any) -> None:
+        if not self._mx_saving or self.disabled:
+            return
+        try:
+            weights = self._mx_weights.pop(id(block), None)  # (once per step)
+            if weights:
+                # The values this forward used: the optimizer's update comes after the backward. Reading them
+                # waits for the previous update only; the engine goes on with this forward meanwhile.
+                self._mx_ready.extend([(r.name, r.read(r.param._data[0]), r.colls) for r in weights])
+            if self._mx_io and not self._mx_warned_hybrid and getattr(block, "_active", False) and block._children:
+                self._mx_warned_hybrid = True
+                logger.info("tensortap: %s is hybridized: the inputs and outputs of the blocks inside it are not "
+                            "visible, only its own", block.name)
+            self._mx_write_io(block.name, inputs, outputs)
+        except Exception as e:  # noqa: BLE001
+            self._fail("forward hook", e)
+
+    def _mx_io_hook(self, block: mx.gluon.Block, inputs: Any, outputs: Any) -> None:
+        if not self._mx_io or self.disabled:
+            return
+        try:
+            self._mx_write_io(block.name, inputs, outputs)
+        except Exception as e:  # noqa: BLE001
+            self._fail("forward hook", e)
+
+    def _mx_loss_hook(self, block: mx.gluon.Block, inputs: Any, outputs: Any) -> None:
+        if self.disabled or self._mx_closed:
+            return
+        try:
+            if not self._mx_started:
+                # No model registered (or none ran yet): each call of the loss is a step.
+                self.next_step()
+            if self._mx_saving:
+                self._mx_write_io(block.name, inputs, outputs)
+        except Exception as e:  # noqa: BLE001
+            self._fail("loss hook", e)
+
+    def _mx_write_io(self, name: str, inputs: Any, outputs: Any) -> None:
+        arrays_in: list[Any] = []
+        arrays_out: list[Any] = []
+        if not (_flat_arrays(inputs, arrays_in) and _flat_arrays(outputs, arrays_out)):
+            return
+        pending = self._mx_pending
+        counts = self._mx_io_counts
+        for suffix, arrays in ((INPUT_SUFFIX, arrays_in), (OUTPUT_SUFFIX, arrays_out)):
+            key = name + suffix
+            i = counts.get(key, 0)
+            for arr in arrays:
+                tname = f"{key}{i}"
+                i += 1
+                colls = self.collections_for(tname)
+                if colls:
+                    with _pause():
+                        pending.append((tname, arr.copy(), colls))
+            counts[key] = i
