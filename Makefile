@@ -35,11 +35,12 @@ $(SMD_STAMP): requirements/smdebug.txt
 smdebug-venv: $(SMD_STAMP)
 
 # The differential test runs against smdebug when its venv could be built, and is skipped (saying why) otherwise.
+# The MXNet tests run first in their own environment; the whole suite's summary is the last line.
 test: install
+	$(MAKE) test-mxnet
 	$(MAKE) smdebug-venv || echo "smdebug 1.0.34 environment could not be built: tests/differential will be skipped"
 	TENSORTAP_SMDEBUG_PYTHON="$$(test -f $(SMD_STAMP) && echo $(CURDIR)/$(SMD_VENV)/bin/python)" \
 		$(VPY) -m pytest -n 2 --dist loadgroup -q tests
-	$(MAKE) test-mxnet
 
 # MXNet 1.9.1 needs numpy<1.24: its tests run in a second environment (tests/mxnet skip in the main one).
 MXVENV := .venv-mxnet
