@@ -22,6 +22,9 @@ through shared memory) side by side.
 
     .venv/bin/python bench/pytorch_overhead.py [--rounds 3] [--models mlp,cnn] [--libs tensortap,smdebug]
     .venv/bin/python bench/pytorch_overhead.py --models mlp --libs none,tensortap --writer thread,process
+    .venv/bin/python bench/pytorch_overhead.py --models mlp --libs tensortap,tensortap-tb --intervals 10
+
+`tensortap-tb` is the default hook with `export_tensorboard=True` (issue #24: the export costs the step nothing).
 """
 
 from __future__ import annotations
@@ -165,9 +168,10 @@ def child(lib: str, interval: str, model_name: str, pairs: int, steps: int) -> d
     elif lib != "none":
         import tensortap.pytorch as tp
 
-        writer = lib.split("-", 1)[1] if "-" in lib else "auto"
+        export = lib == "tensortap-tb"  # the same hook exporting TensorBoard event files (written by the writer)
+        writer = lib.split("-", 1)[1] if "-" in lib and not export else "auto"
         hook = tp.Hook(out_dir=out_dir, save_config=tp.SaveConfig(**cfg_kwargs), include_collections=COLLECTIONS,
-                       writer=writer)
+                       writer=writer, export_tensorboard=export)
     if hook is not None:
         hook.register_module(model)
         hook.register_loss(loss_fn)
@@ -291,7 +295,7 @@ def main() -> None:
         print(f"smdebug venv not found at {smdebug_python}: skipping smdebug (set SMDEBUG_PYTHON)")
         libs.remove("smdebug")
     pythons = {"tensortap": sys.executable, "tensortap-thread": sys.executable,
-               "tensortap-process": sys.executable, "smdebug": smdebug_python,
+               "tensortap-process": sys.executable, "tensortap-tb": sys.executable, "smdebug": smdebug_python,
                "none": sys.executable}
     configs = [(m, lib, iv) for m in args.models.split(",") for iv in args.intervals.split(",") for lib in libs]
     results: dict[tuple[str, str, str], list[dict]] = {c: [] for c in configs}
