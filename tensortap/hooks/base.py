@@ -73,9 +73,6 @@ def _ring_is_ordered() -> bool:
 
 
 _SYSTEM_DIRS = ("/proc", "/sys", "/dev")
-#: what weights, biases and gradients save by default beside their raw values (curves without configuration)
-DEFAULT_STATISTICS = ReductionConfig(reductions=["min", "max", "mean", "nonfinite"], norms=["l2"],
-                                     save_raw_tensor=True)
 
 
 def check_out_dir(out_dir: Any) -> str:
@@ -176,9 +173,6 @@ class Hook:
     builtin_collections: tuple[str, ...] = (CollectionKeys.ALL, CollectionKeys.DEFAULT, CollectionKeys.SCALARS)
     #: saved when include_collections is None
     default_include_collections: tuple[str, ...] = (CollectionKeys.DEFAULT, CollectionKeys.SCALARS)
-    #: collections that get cheap per-step statistics beside their raw values unless the user chose reductions
-    #: (`DEFAULT_STATISTICS`, computed by the writer off the training thread); framework hooks name theirs
-    statistics_collections: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -275,11 +269,6 @@ class Hook:
         for name in self.builtin_collections:
             self.collection_manager.get(name)
         self._init_builtin_collections()
-        if reduction_config is None:
-            for name in self.statistics_collections:
-                c = self.collection_manager.get(name)
-                if c.reduction_config is None:
-                    c.reduction_config = DEFAULT_STATISTICS
         if include_regex:
             regexes = [include_regex] if isinstance(include_regex, str) else list(include_regex)
             self.collection_manager.get(CollectionKeys.DEFAULT).include(regexes)

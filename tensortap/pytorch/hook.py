@@ -187,7 +187,6 @@ class Hook(BaseHook):
         K.ALL, K.DEFAULT, K.SCALARS, K.WEIGHTS, K.BIASES, K.GRADIENTS, K.LOSSES, K.INPUTS, K.OUTPUTS,
         K.OPTIMIZER_VARIABLES, *(c for pair in ACTIVATION_COLLECTIONS.values() for c in pair),
     )
-    statistics_collections = (K.WEIGHTS, K.BIASES, K.GRADIENTS)
     default_include_collections = (K.LOSSES, K.SCALARS)
     _counting: CountingHooks | None  # the only root's step counter, when it may skip ahead (see the base hook)
 

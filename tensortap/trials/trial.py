@@ -386,7 +386,9 @@ class Trial:
         reductions: bool = True,
     ) -> Any:
         """A long-form pandas DataFrame (tensor, worker, step, mode, mode_step, reduction, value) of every
-        scalar tensor and saved reduction. Needs pandas (tensortap[pandas])."""
+        scalar tensor and saved reduction; for a tensor saved raw with no reduction at a step, its statistics
+        (l2, min, max, mean, nonfinite) computed from the raw value, so weights and gradients have curves
+        without any configuration at capture time. Needs pandas (tensortap[pandas])."""
         import pandas as pd
 
         mode = _modes.parse_mode(mode)
@@ -419,7 +421,39 @@ class Trial:
                     for k, r in zip(part["kind"], part["reduction"], strict=True)
                 ]
                 rows["value"] += [np.asarray(v).reshape(-1)[0].item() for v in vals]
+            if reductions:
+                self._statistics_rows(name, e, rows)
         return pd.DataFrame(rows)
+
+    def _statistics_rows(self, name: str, e: np.ndarray, rows: dict[str, list]) -> None:
+        """Rows of computed statistics for raw, non-scalar values at steps where no reduction was saved."""
+        from tensortap.format.writer import compute_reduction
+
+        if not len(e):
+            return
+        kinds = e["kind"]
+        reduced = {(w, st, m) for w, st, m in zip(e["worker"][kinds == REDUCTION].tolist(),
+                                                   e["step"][kinds == REDUCTION].tolist(),
+                                                   e["mode"][kinds == REDUCTION].tolist(), strict=True)}
+        raw = e[kinds == 0]
+        keep = [self.source.shapes[sh] not in ((), (1,)) and (w, st, m) not in reduced
+                for sh, w, st, m in zip(raw["shape"].tolist(), raw["worker"].tolist(), raw["step"].tolist(),
+                                        raw["mode"].tolist(), strict=True)]
+        raw = raw[np.asarray(keep, dtype=bool)] if len(raw) else raw
+        if not len(raw):
+            return
+        for entry, value in zip(raw, self.source.read_values(raw), strict=True):
+            value = np.asarray(value)
+            if value.dtype.kind not in "biufV" or value.size == 0:
+                continue
+            for red in _STATISTICS:
+                rows["tensor"].append(name)
+                rows["worker"].append(self.source.workers[int(entry["worker"])])
+                rows["step"].append(int(entry["step"]))
+                rows["mode"].append(ModeKeys(int(entry["mode"])).name)
+                rows["mode_step"].append(int(entry["mode_step"]))
+                rows["reduction"].append(red)
+                rows["value"].append(compute_reduction(value, red, False).item())
 
     def _repr_html_(self) -> str:
         """Jupyter's rich display: a short HTML summary (tensortap.ui.summary)."""
@@ -432,6 +466,10 @@ class Trial:
             f"<{type(self).__name__} {self.name!r} path={self.path!r} steps={len(self._sorted_steps)} "
             f"workers={self.workers()}>"
         )
+
+
+#: what to_dataframe() computes for a tensor saved raw without reductions
+_STATISTICS = ("l2", "min", "max", "mean", "nonfinite")
 
 
 class LocalTrial(Trial):

@@ -45,3 +45,21 @@ def test_computed_from_a_raw_value_when_not_saved(tmp_path):
 def test_unknown_reduction_names_nonfinite_among_the_allowed():
     with pytest.raises(InvalidConfiguration, match="nonfinite"):
         tt.ReductionConfig(reductions=["nan_count"])
+
+
+def test_to_dataframe_computes_statistics_of_raw_values_saved_without_reductions(tmp_path):
+    import tensortap as tt
+
+    out = str(tmp_path / "run")
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1))
+    values = [np.array([[s, -2.0], [np.inf, 4.0]], dtype=np.float32) for s in range(3)]
+    for v in values:
+        hook.next_step()
+        hook.save_tensor("gradient/w", v, "gradients")
+    hook.close()
+    df = tt.create_trial(out).to_dataframe(collection="gradients")
+    assert sorted(set(df["reduction"])) == ["l2", "max", "mean", "min", "nonfinite"]
+    got = {(r.step, r.reduction): r.value for r in df.itertuples()}
+    for s, v in enumerate(values):
+        assert got[(s, "min")] == -2.0 and got[(s, "max")] == np.inf and got[(s, "nonfinite")] == 1
+        assert got[(s, "mean")] == np.float32(np.mean(v))
