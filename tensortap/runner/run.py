@@ -203,6 +203,7 @@ class Runner:
         env["TENSORTAP_AUTO"] = "1"
         if self.spec.rules:  # rules watch live: the hook makes its data visible sooner (docs/format.md §4)
             env.setdefault("TENSORTAP_FLUSH_INTERVAL", "0.1")
+            env.setdefault("TENSORTAP_STOP_CHECK_INTERVAL", "0.05")
         env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *filter(None, [env.get("PYTHONPATH")])])
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
