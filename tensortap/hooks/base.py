@@ -463,20 +463,25 @@ class Hook:
         self._save_step = None
         self._for_now = _NOTHING
 
-    def get_collection(self, name: str, create: bool = True) -> Collection:
+    def _collections_changed(self) -> None:
+        """The caller may change collections or their configs (framework hooks extend this to drop their own
+        plans)."""
         self._invalidate_caches()
+
+    def get_collection(self, name: str, create: bool = True) -> Collection:
+        self._collections_changed()
         self._collections_dirty = True
         return self.collection_manager.get(name, create=create)
 
     def get_collections(self) -> dict[str, Collection]:
-        self._invalidate_caches()
+        self._collections_changed()
         return self.collection_manager.get_collections()
 
     def add_collection(self, collection: Collection) -> None:
         if not isinstance(collection, Collection):
             raise InvalidConfiguration(f"add_collection takes a tensortap.Collection, not {type(collection).__name__}")
         self.collection_manager.add(collection)
-        self._invalidate_caches()
+        self._collections_changed()
         self._collections_dirty = True
 
     def _prepare(self) -> None:

@@ -325,17 +325,9 @@ class Hook(BaseHook):
     def _mx_config_changed(self) -> None:
         self._mx_plan = None
 
-    def get_collection(self, name: str, create: bool = True) -> Collection:
+    def _collections_changed(self) -> None:
         self._mx_config_changed()
-        return super().get_collection(name, create)
-
-    def get_collections(self) -> dict[str, Collection]:
-        self._mx_config_changed()
-        return super().get_collections()
-
-    def add_collection(self, collection: Collection) -> None:
-        self._mx_config_changed()
-        super().add_collection(collection)
+        super()._collections_changed()
 
     def on_step_end(self) -> None:
         """Read this step's gradients and copies, and hand them to the writer at once."""

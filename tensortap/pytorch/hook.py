@@ -286,19 +286,8 @@ class Hook(BaseHook):
     def _programmatic_collections(self) -> set[str]:
         return set(self.builtin_collections)
 
-    # --- collection changes invalidate the per-save-set plans ------------------------------
-
-    def get_collection(self, name: str, create: bool = True) -> Collection:
-        self._config_changed()
-        return super().get_collection(name, create)
-
-    def get_collections(self) -> dict[str, Collection]:
-        self._config_changed()
-        return super().get_collections()
-
-    def add_collection(self, collection: Collection) -> None:
-        self._config_changed()
-        super().add_collection(collection)
+    def _collections_changed(self) -> None:
+        self._config_changed()  # (the per-save-set plans too; it invalidates the base's caches)
 
     # --- registration ------------------------------------------------------------------------
 

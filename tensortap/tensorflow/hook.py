@@ -353,9 +353,9 @@ class KerasHookBase(Hook):
     def _any_wanted(self, names: Iterable[str]) -> bool:
         return any(self._wanted(n) for n in names)
 
-    def get_collection(self, name: str, create: bool = True) -> Collection:
+    def _collections_changed(self) -> None:
         self._wanted_cache = {}
-        return super().get_collection(name, create)
+        super()._collections_changed()
 
     # --- model registration -------------------------------------------------------------------
 
