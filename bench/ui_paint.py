@@ -54,15 +54,20 @@ def write_job(out: str, steps: int, layers: int = 49) -> float:
     return time.perf_counter() - t0
 
 
-def plotly_only_page() -> tuple[str, object]:
-    """A page that loads plotly.js (the same file, served the same way) and nothing else: the floor of
-    any page drawn with it. Returns (url, stop)."""
+def plotly_only_page(full: bool = False) -> tuple[str, object]:
+    """A page that loads plotly.js (the dashboard's bundle, served the same way; `full`: the plotly
+    package's full bundle instead) and nothing else: the floor of any page drawn with it. Returns (url, stop)."""
     import http.server
     import threading
 
-    from tensortap.ui.server import plotly_js
+    if full:
+        from plotly.offline import get_plotlyjs
 
-    js = plotly_js().encode()
+        js = get_plotlyjs().encode()
+    else:
+        from tensortap.ui.server import plotly_js
+
+        js = plotly_js().encode()
     html = (b"<!doctype html><html><head><script src='/plotly.min.js'></script></head><body>"
             b"<script>window.ttLoadedAt = performance.now()</script></body></html>")
 
@@ -81,6 +86,24 @@ def plotly_only_page() -> tuple[str, object]:
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{srv.server_port}/", lambda: (srv.shutdown(), srv.server_close())
+
+
+#: where a cold load's time went: when plotly.js arrived and had run, the first view's JSON was parsed,
+#: its figures drawn (ms since navigation start), and how many figures and points were drawn
+MARKS_JS = """() => {
+  const m = {};
+  for (const e of performance.getEntriesByType('mark')) m[e.name] = e.startTime;
+  for (const e of performance.getEntriesByType('resource')) {
+    if (e.name.includes('/static/plotly')) m['plotly-fetched'] = e.responseEnd;
+    if (e.name.includes('/api/view/')) { m['view-fetched'] = e.responseEnd; m['view-kb'] = e.encodedBodySize / 1024; }
+  }
+  const nav = performance.getEntriesByType('navigation')[0];
+  m['dom-content-loaded'] = nav.domContentLoadedEventStart;
+  const figs = document.querySelectorAll('div.figure');
+  m['figures'] = figs.length;
+  m['points'] = [...figs].reduce((a, f) => a + (f.data || []).reduce((b, t) => b + (t.x ? t.x.length : 0), 0), 0);
+  return m;
+}"""
 
 
 def rss_kb(pid: int) -> tuple[int, int]:
@@ -112,22 +135,28 @@ def measure(out: str, rounds: int) -> dict:
     line = proc.stdout.readline()
     start_s = time.perf_counter() - t0
     url = line.split(" at ", 1)[1].split()[0]
-    res = {"server_start_s": start_s, "rss_start_mb": rss_kb(proc.pid)[0] / 1024, "paint_ms": [], "tabs": {}}
+    res = {"server_start_s": start_s, "rss_start_mb": rss_kb(proc.pid)[0] / 1024, "paint_ms": [], "tabs": {},
+           "marks": []}
     try:
         with sync_playwright() as p:
             b = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu",
                                                                   "--disable-background-networking"])
             floor_url, floor_stop = plotly_only_page()
-            res["floor_ms"] = []
+            full_url, full_stop = plotly_only_page(full=True)
+            res["floor_ms"], res["full_ms"] = [], []
             for _ in range(rounds):  # cold: a fresh browser profile each time (plotly.js not cached)
                 for target, key, flag in ((url, "paint_ms", "window.ttPaintedAt"),
-                                          (floor_url, "floor_ms", "window.ttLoadedAt")):
+                                          (floor_url, "floor_ms", "window.ttLoadedAt"),
+                                          (full_url, "full_ms", "window.ttLoadedAt")):
                     ctx = b.new_context(viewport={"width": 1280, "height": 900})
                     page = ctx.new_page()
                     page.goto(target)
                     res[key].append(wait(page, flag))
+                    if key == "paint_ms":
+                        res["marks"].append(page.evaluate(MARKS_JS))
                     ctx.close()
             floor_stop()
+            full_stop()
             ctx = b.new_context(viewport={"width": 1280, "height": 900})
             page = ctx.new_page()
             res["warm_ms"] = []
@@ -218,6 +247,14 @@ def main() -> None:
     print(f"  plotly.js alone (alternated with the above, same conditions): median {statistics.median(fm):.0f} ms  "
           f"{[round(x) for x in fm]}; dashboard - plotly.js alone, median of pairs: "
           f"{statistics.median([a - b for a, b in zip(pm, fm, strict=True)]):+.0f} ms")
+    fl = res["full_ms"]
+    print(f"  the plotly package's full plotly.js alone (alternated too): median {statistics.median(fl):.0f} ms  "
+          f"{[round(x) for x in fl]}")
+    keys = ["plotly-fetched", "tt-plotly-ready", "dom-content-loaded", "view-fetched", "tt-view-data", "tt-painted"]
+    print("  cold load timeline, median ms since navigation start: " + ", ".join(
+        f"{k} {statistics.median([m[k] for m in res['marks'] if k in m]):.0f}" for k in keys
+        if any(k in m for m in res["marks"])) + f"; {res['marks'][-1]['figures']} figures, "
+        f"{res['marks'][-1]['points']} points drawn, view JSON {res['marks'][-1].get('view-kb', 0):.0f} KB")
     print(f"  warm reloads (same profile): median {statistics.median(wm):.0f} ms, max {max(wm):.0f} ms; "
           f"overview JSON {res['json_kb'][-1]:.0f} KB")
     print(f"  load average during the run: {os.getloadavg()[0]:.1f}")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import html
 import os
 
-import numpy as np
 import pytest
 
 import tensortap as tt
@@ -208,19 +207,7 @@ def test_report_shows_xgboost_and_workers_views(page, tmp_path, ui):
     from tensortap.ui.report import write_report
 
     xgb = str(tmp_path / "xgb")
-    hook = tt.Hook(xgb, save_config=tt.SaveConfig(save_interval=1))
-    rng = np.random.default_rng(1)
-    labels = rng.integers(0, 3, 90).astype(np.float32)
-    for rnd in range(12):
-        hook.next_step()
-        hook.save_tensor("train-mlogloss", np.float32(1.0 / (rnd + 1)), "metrics")  # names as smdebug's
-        hook.save_tensor("validation-mlogloss", np.float32(1.2 / (rnd + 1)), "metrics")
-        for f, w in (("f0", 0.5), ("f1", 0.3), ("f2", 0.2)):
-            hook.save_tensor(f"feature_importance/gain/{f}", np.float32(w), "feature_importance")
-            hook.save_tensor(f"average_shap/{f}", np.float32(w * rnd), "average_shap")
-        hook.save_tensor("labels", labels, "labels")
-        hook.save_tensor("predictions", np.where(rng.random(90) < 0.8, labels, (labels + 1) % 3), "predictions")
-    hook.close()
+    ui.write_xgboost_job(xgb)
     dist = str(tmp_path / "two_workers")
     ui.write_scalar_job(dist, steps=20, hostile=False, workers=3)  # worker_2 diverges
     report = str(tmp_path / "report.html")
@@ -272,7 +259,16 @@ def test_the_report_command_writes_one_file(tmp_path, capsys, ui):
     out = str(tmp_path / "job")
     ui.write_scalar_job(out, steps=5, hostile=False)
     assert main(["report", out, "-o", str(tmp_path / "r.html")]) == 0
-    assert os.path.getsize(tmp_path / "r.html") > 1_000_000
+    import base64
+    import gzip
+    import re
+
+    from tensortap.ui.server import plotly_js
+
+    text = (tmp_path / "r.html").read_text(encoding="utf-8")
+    packed = re.search(r'<script type="application/gzip-base64" id="tt-plotly">([^<]*)</script>', text)
+    assert gzip.decompress(base64.b64decode(packed.group(1))).decode("utf-8") == plotly_js()  # inlined, whole
+    assert "<script src=" not in text and "https://" not in text  # nothing fetched
     assert main(["report", str(tmp_path / "missing"), "-o", str(tmp_path / "x.html")]) == 2
     assert "missing: no such directory" in capsys.readouterr().err
 

@@ -122,9 +122,16 @@
     history.replaceState(null, "", "#" + q.toString());
   }
 
+  // performance marks, read by bench/ui_paint.py: tt-plotly-ready (plotly.js ran), tt-view-data (the first
+  // view's JSON parsed), tt-painted (its figures drawn)
+  function mark(name) {
+    if (window.performance && performance.mark) performance.mark(name);
+  }
+
   function markPainted() {
     if (!window.ttPaintedAt) {
       window.ttPaintedAt = performance.now();
+      mark("tt-painted");
       document.body.dataset.painted = "1";
     }
     window.ttRenders = (window.ttRenders || 0) + 1;
@@ -241,11 +248,15 @@
   var early = null;
   if (me && me.dataset.mode === "live") {
     var first = fromHash();
-    early = { jobs: getJSON("/api/jobs"), view: getJSON(viewPath(first.view, first.params)), first: first };
+    early = { jobs: getJSON("/api/jobs"), view: getJSON(viewPath(first.view, first.params)).then(function (b) {
+      mark("tt-view-data");
+      return b;
+    }), first: first };
     [early.jobs, early.view].forEach(function (p) { p.catch(function () { /* shown later */ }); });
   }
 
   function start() {
+    mark("tt-plotly-ready");
     if (typeof window.ttReportData === "string") runReport(JSON.parse(window.ttReportData));
     else runLive(early);
   }
