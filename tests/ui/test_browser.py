@@ -82,7 +82,7 @@ def test_dashboard_of_a_pytorch_job_whose_rule_fired(page, pytorch_job, hostile_
         assert sorted(by_name) == sorted(["CrossEntropyLoss_output_0 · pytorch_job", "loss · hostile",
                                           f"{ui.HOSTILE} · hostile", "rule: vanishing_gradient (pytorch_job)"])
         marker = by_name["rule: vanishing_gradient (pytorch_job)"]
-        assert marker["x"] == fired and marker["meta"] == {"rule": "vanishing_gradient"}
+        assert marker["x"] == fired and marker["meta"] == {"rule": "vanishing_gradient", "run": "live"}
         assert len(figs["scalars-EVAL"]["traces"]) == 1  # the eval loss of the PyTorch job
         # the hostile name is shown as text, and ran nothing
         assert any(ui.HOSTILE in s for s in figs["scalars-TRAIN"]["svgText"])
@@ -161,6 +161,67 @@ def test_a_live_jobs_new_steps_appear_without_reload(page, tmp_path):
     finally:
         server.stop()
         hook.close()
+
+
+def test_offline_rule_statuses_show_like_live_ones(page, pytorch_job, tmp_path, ui):
+    """`tensortap rules run` writes under rules/<rule>/offline/: the dashboard shows each offline run's status
+    beside the live run's, a marker where it fired, and a status that changes without a reload."""
+    import shutil
+    import subprocess
+    import sys
+
+    from tensortap.runner import status as st
+    from tensortap.storage import open_storage
+
+    out = str(tmp_path / "job")
+    shutil.copytree(pytorch_job, out)
+    exe = os.path.join(os.path.dirname(sys.executable), "tensortap")
+    proc = subprocess.run([exe, "rules", "run", out, "--rule", "vanishing_gradient", "--rule", "exploding_tensor",
+                           "--rule", "dead_relu"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # 1: a rule found an issue
+    fired = ui.fired_steps(out)
+    assert ui.fired_steps(out, "vanishing_gradient/offline") == fired
+    # a run still going and one that failed: written by the rule worker's own status writer (a real offline run
+    # on a saved job ends within a second, and no built-in rule fails on demand)
+    storage = open_storage(out)
+    st.write_status(storage, "weight_update_ratio", True, rule="weight_update_ratio", status=st.IN_PROGRESS,
+                    last_step=10, message="")
+    st.write_status(storage, "unchanged_tensor", True, rule="unchanged_tensor", status=st.ERROR,
+                    message="ValueError: <b>bad</b>", traceback="Traceback ...")
+    rows_js = ("Array.from(document.querySelectorAll('table.tt tr')).slice(1).map(r => "
+               "[...r.children].map(c => c.textContent))")
+    server = Server([out], port=0).start()
+    try:
+        _open(page, server.url)
+        page.screenshot("dashboard-offline-rules.png")
+        head = page.js("[...document.querySelectorAll('table.tt th')].map(c => c.textContent)")
+        assert head[:3] == ["rule", "run", "status"]  # one job: no job column
+        rows = {(r[0], r[1]): r for r in page.js(rows_js)}
+        assert {k: r[2] for k, r in rows.items()} == {
+            ("vanishing_gradient", "live"): "IssuesFound", ("vanishing_gradient", "offline"): "IssuesFound",
+            ("exploding_tensor", "offline"): "NoIssuesFound", ("dead_relu", "offline"): "no data",
+            ("weight_update_ratio", "offline"): "InProgress", ("unchanged_tensor", "offline"): "Error"}
+        assert rows[("vanishing_gradient", "offline")][3] == str(fired[0])
+        assert "matched no tensor" in rows[("dead_relu", "offline")][4]  # the rule's own explanation
+        assert rows[("unchanged_tensor", "offline")][4] == "ValueError: <b>bad</b>"  # shown as text
+        classes = page.js("[...document.querySelectorAll('td.status')].map(c => c.className)")
+        assert {"status status-NoData", "status status-Error", "status status-InProgress"} <= set(classes)
+        markers = {t["name"]: t for t in _figures(page, ui)["scalars-TRAIN"]["traces"] if t["name"].startswith("rule:")}
+        assert set(markers) == {"rule: vanishing_gradient", "rule: vanishing_gradient [offline]"}
+        assert markers["rule: vanishing_gradient [offline]"]["x"] == fired
+        assert markers["rule: vanishing_gradient [offline]"]["meta"] == {"rule": "vanishing_gradient",
+                                                                          "run": "offline"}
+        # the run in progress finds an issue: its row and a marker appear without a reload
+        page.page.evaluate("window.__reloaded = 'no'")
+        st.write_status(storage, "weight_update_ratio", True, rule="weight_update_ratio", status=st.ISSUES_FOUND,
+                        first_step=fired[0], last_step=fired[0], message="weight_update_ratio fired")
+        page.wait("[...document.querySelector('div.figure[data-fig=scalars-TRAIN]').data]"
+                  ".some(t => t.name === 'rule: weight_update_ratio [offline]')", timeout=60)
+        assert {(r[0], r[1]): r[2] for r in page.js(rows_js)}[("weight_update_ratio", "offline")] == "IssuesFound"
+        assert page.js("window.__reloaded") == "no"
+        assert page.errors == [] and page.outside == []
+    finally:
+        server.stop()
 
 
 def test_report_opened_from_disk_renders_the_same(page, pytorch_job, hostile_job, tmp_path, ui):

@@ -69,6 +69,20 @@
     return b.value;
   }
 
+  // A long cell (a rule's explanation that lists every tensor of the job) shows its start; a click shows
+  // the rest after it (so the cell's text is the whole text, in order).
+  var LONG_CELL = 240;
+  function longText(text) {
+    var cut = text.lastIndexOf(" ", 160);
+    if (cut < 80) cut = 160;
+    var d = el("details", "long");
+    var s = el("summary", null, text.slice(0, cut));
+    s.appendChild(el("span", "more", " … (more)"));
+    d.appendChild(s);
+    d.appendChild(el("span", null, text.slice(cut)));
+    return d;
+  }
+
   function renderTable(b) {
     var t = el("table", "tt");
     t.dataset.table = b.id || "";
@@ -82,6 +96,9 @@
         var td;
         if (c === b.status_column) {
           td = el("td", "status status-" + String(v).replace(/[^A-Za-z]/g, ""), STATUS_LABEL[v] || v);
+        } else if (String(v).length > LONG_CELL) {
+          td = el("td");
+          td.appendChild(longText(String(v)));
         } else {
           td = el("td", null, v);
         }
