@@ -78,7 +78,10 @@ def plotly_only_page(full: bool = False) -> tuple[str, object]:
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the page was closed before its favicon or script arrived
 
         def log_message(self, *args: object) -> None:
             pass

@@ -229,7 +229,7 @@ def test_report_opened_from_disk_renders_the_same(page, pytorch_job, hostile_job
 
     report = str(tmp_path / "report.html")
     size = write_report([pytorch_job, hostile_job], report)
-    assert size < 4_000_000  # plotly.js is ~2 MB of it, compressed
+    assert size < 1_500_000  # plotly.js is 0.66 MB of it, compressed
     with open(report, encoding="utf-8") as f:
         text = f.read()
     assert "<script src" not in text and "<link rel=\"stylesheet\"" not in text
