@@ -171,7 +171,13 @@ def measure(out: str, rounds: int) -> dict:
                 t = time.perf_counter()
                 page.click(f"nav button[data-view={tab}]")
                 wait(page, f"window.ttRenders > {n}")
-                res["tabs"][tab] = (time.perf_counter() - t) * 1000
+                total = (time.perf_counter() - t) * 1000
+                # the view's request: from sent to its last byte (the server reading the job), and its size
+                req, kb = page.evaluate(
+                    "v => { const e = performance.getEntriesByType('resource').filter(e => "
+                    "e.name.includes('/api/view/' + v)).pop(); return [e.responseEnd - e.startTime, "
+                    "e.encodedBodySize / 1024]; }", tab)
+                res["tabs"][tab] = (total, req, kb)
             res["json_kb"] = page.evaluate(
                 "performance.getEntriesByType('resource').filter(e => e.name.includes('/api/view/overview'))"
                 ".map(e => e.encodedBodySize / 1024)")
@@ -261,7 +267,8 @@ def main() -> None:
     print(f"  warm reloads (same profile): median {statistics.median(wm):.0f} ms, max {max(wm):.0f} ms; "
           f"overview JSON {res['json_kb'][-1]:.0f} KB")
     print(f"  load average during the run: {os.getloadavg()[0]:.1f}")
-    print("tab switches (click to drawn): " + ", ".join(f"{k} {v:.0f} ms" for k, v in res["tabs"].items()))
+    print("tab switches, click to drawn (of which the view's request; its JSON): " + ", ".join(
+        f"{k} {t:.0f} ms ({r:.0f} ms; {kb:.0f} KB)" for k, (t, r, kb) in res["tabs"].items()))
     print(f"server RSS after: {res['rss_end_mb']:.0f} MB (peak {res['hwm_mb']:.0f} MB)")
 
     lat = live_latency(args.rounds)
