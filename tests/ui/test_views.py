@@ -181,9 +181,16 @@ def test_trial_html_summary_escapes_names(tmp_path):
     os.makedirs(os.path.join(out, "rules", "r1"))
     with open(os.path.join(out, "rules", "r1", "status.json"), "w") as f:
         json.dump({"status": "IssuesFound", "first_step": 1}, f)
+    from tensortap.runner import status as st
+    from tensortap.storage import open_storage
+
+    st.write_status(open_storage(out), "r2", True, status=st.NO_DATA)  # as `tensortap rules run` writes it
+    with open(os.path.join(out, "rules", "r1", "status.json.partial"), "w") as f:
+        f.write("{")  # not a rule's file: no rule named after it
     html = tt.create_trial(out)._repr_html_()
     assert "&lt;b&gt;loss&lt;/b&gt;" in html and "<b>loss" not in html
-    assert "r1: <b>IssuesFound</b> at step 1" in html and "steps</th><td style=\"text-align:left\">3" in html
+    assert "r1: <b>IssuesFound</b> at step 1<br>r2 (offline): <b>no data</b>" in html
+    assert "steps</th><td style=\"text-align:left\">3" in html
 
 
 def test_layers_count_non_finite_values_and_keep_a_spike(tmp_path):
