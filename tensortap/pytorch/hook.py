@@ -35,7 +35,6 @@ from tensortap.hooks.base import rank_in_env
 from tensortap.pytorch import _step_counter, singleton
 from tensortap.pytorch._step_counter import CountingHooks
 from tensortap.pytorch._tensors import (
-    BufferPool,
     HostBatch,
     capturable,
     host_numpy,
@@ -62,17 +61,15 @@ _INF = float("inf")
 _MAX_SKIP = 1 << 62
 _STRIDED = torch.strided
 _SMALL = 4096  # elements: a lone tensor this small is copied directly
-# Module hooks of a saving plan stay installed over a quiet gap of at most this many steps (measured on
-# the MLP benchmark: keeping them saves 18-36 us per step at every 2-6 steps and costs 9-14 us per step
-# at every 10, where the calls they cost on the quiet steps outweigh removing and installing them).
+# Module hooks of a saving plan stay installed over a quiet gap of at most this many steps (longer gaps: the
+# calls they cost on quiet steps outweigh removing and installing them again).
 _KEEP_HANDLES = 8
 _NO_GRAD_MODES = (_modes.EVAL, _modes.PREDICT)  # modes whose steps save no gradients
 
 
 def _hook_id() -> int:
-    """A key for a hook put straight into a module's hook dict: reserved among torch's hook handles' ids
-    (putting it there and taking it out again is a dict store and a pop, where a handle costs ~9 us per
-    saving step in context)."""
+    """A key for a hook put straight into a module's hook dict (no handle object per saving step), reserved
+    among torch's hook handles' ids."""
     return RemovableHandle(OrderedDict()).id
 
 
@@ -202,7 +199,6 @@ class Hook(BaseHook):
         self._io_skip: dict[tuple[str, int, int], tuple[int, Any]] = {}  # see _write_io
         self._step_plan: _Plan | None = None  # of the current saving step
         self._staged: list[tuple[HostBatch, list[tuple[str, list[Collection]]], BatchSpec | None]] = []
-        self._pool = BufferPool()
         #: testing aid: copy CPU tensors through the asynchronous (accelerator) path
         self._force_async_copies = False
         singleton.set_hook(self)
@@ -464,7 +460,7 @@ class Hook(BaseHook):
             if plan is not None and plan.grad_list:
                 grads = []
                 usual = True
-                for p, _n, _c in plan.grad_list:  # (capturable(), inline: this runs in every saving step)
+                for p, _n, _c in plan.grad_list:  # (what capturable() tests)
                     g = p.grad
                     if g is None or g.layout is not _STRIDED or g.is_meta or g.is_nested:
                         usual = False
@@ -486,7 +482,7 @@ class Hook(BaseHook):
                     if extra:
                         tensors = grads[:]
                         extra_names = []
-                        for n, t, _c in extra:  # (loops: no generator per step)
+                        for n, t, _c in extra:
                             tensors.append(t)
                             extra_names.append(n)
                         names = names + tuple(extra_names)
@@ -498,7 +494,7 @@ class Hook(BaseHook):
                         self._grad_res = res or None
                         return
                     self._cancel_grad_res()
-                    self._grad_batch = HostBatch(grads, self._force_async_copies, self._pool)
+                    self._grad_batch = HostBatch(grads, self._force_async_copies)
                     return
             self._cancel_grad_res()
             self._expand_grad_batch()
@@ -510,7 +506,7 @@ class Hook(BaseHook):
                     items.append((name, colls))
                     tensors.append(g)
             if tensors:
-                arrays = HostBatch(tensors, self._force_async_copies, self._pool).arrays()
+                arrays = HostBatch(tensors, self._force_async_copies).arrays()
                 for (name, colls), arr in zip(items, arrays, strict=True):
                     self._pending_grads[name] = (arr, colls)  # a later backward of this step replaces it
         except Exception as e:  # noqa: BLE001
@@ -564,7 +560,7 @@ class Hook(BaseHook):
 
     def on_step_begin(self) -> None:
         self._saving = False
-        if self.disabled or not self.writes or self._closed:  # (not self.active, inline)
+        if not self.active:
             self._next_save = _INF
             self._remove_plan_handles()
             return
@@ -712,7 +708,7 @@ class Hook(BaseHook):
         if views is not None:
             i = 0
             ptrs = plan.param_ptrs
-            for _n, p, _c in plan.weights:  # (a loop: no generator per step)
+            for _n, p, _c in plan.weights:
                 if ptrs[i] != p.data_ptr():
                     views = None
                     break
@@ -736,12 +732,7 @@ class Hook(BaseHook):
                         res.copy_in(spec.sources)
                         self._step_res = res
                     return
-            res = self._ring_batch(views, spec, reuse=True)  # (what _stage_or_write tries first, inline)
-            if res is not None:
-                if res:
-                    res.commit()
-                return
-            self._stage_or_write(views, plan.weight_items, spec)
+            self._stage_or_write(views, plan.weight_items, spec, reuse=True)
         else:
             keep = [i for i, v in enumerate(views) if capturable(v)]
             self._stage_or_write([views[i] for i in keep], [plan.weight_items[i] for i in keep])
@@ -767,7 +758,7 @@ class Hook(BaseHook):
                 if res:
                     res.commit()
                 return
-        batch = HostBatch(tensors, self._force_async_copies, self._pool)
+        batch = HostBatch(tensors, self._force_async_copies)
         if self._force_async_copies or any(t.device.type != "cpu" for t in tensors):
             self._staged.append((batch, items, spec))  # copied asynchronously; written at the end of the step
             return
