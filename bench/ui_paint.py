@@ -284,6 +284,30 @@ def main() -> None:
     size = write_report([rjob], os.path.join(OUT, "report.html"))
     print(f"report of a {args.report_steps}-step job x 100 tensors: {size / 1e6:.2f} MB "
           f"(written in {time.perf_counter() - t:.1f} s)")
+    paint, first, figures = report_paint(os.path.join(OUT, "report.html"), args.rounds)
+    print(f"  opened from disk, cold (medians of {len(paint)}): its first figure drawn after "
+          f"{statistics.median(first):.0f} ms, all {figures} after {statistics.median(paint):.0f} ms "
+          f"(max {max(paint):.0f})")
+
+
+def report_paint(path: str, rounds: int) -> tuple[list[float], list[float], int]:
+    """ms from navigation start to every figure of the report drawn, and to its first, per cold load; and
+    how many figures."""
+    from playwright.sync_api import sync_playwright
+
+    out, first = [], []
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        for _ in range(rounds):
+            ctx = b.new_context(viewport={"width": 1280, "height": 900})
+            page = ctx.new_page()
+            page.goto("file://" + path)
+            out.append(wait(page, "window.ttPaintedAt"))
+            first.append(page.evaluate("window.ttFirstFigureAt"))
+            figures = page.evaluate("document.querySelectorAll('div.figure').length")
+            ctx.close()
+        b.close()
+    return out, first, figures
 
 
 if __name__ == "__main__":

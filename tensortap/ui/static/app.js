@@ -59,9 +59,17 @@
     });
     Object.keys(old).forEach(function (k) { try { Plotly.purge(old[k]); } catch (e) { /* gone */ } });
     container.replaceChildren.apply(container, nodes);
-    return Promise.all(drawing.map(function (p) {
-      return Plotly.react(p[0], p[1].data, p[1].layout, PLOT_CONFIG);
-    }));
+    // One figure per task, in page order: the browser shows each as it is drawn (the report's first
+    // screen does not wait for its last figure).
+    return drawing.reduce(function (done, p, i) {
+      return done.then(function () { return i ? nextTask() : null; }).then(function () {
+        return Plotly.react(p[0], p[1].data, p[1].layout, PLOT_CONFIG);
+      }).then(function () { if (!window.ttFirstFigureAt) { window.ttFirstFigureAt = performance.now(); } });
+    }, Promise.resolve());
+  }
+
+  function nextTask() {
+    return new Promise(function (resolve) { setTimeout(resolve, 0); });
   }
 
   function labelOf(b) {
@@ -167,17 +175,21 @@
     var jobs = document.getElementById("jobs");
     doc.jobs.forEach(function (j) { jobs.appendChild(el("span", "job", j.name)); });
     document.getElementById("live").textContent = "report generated " + doc.generated;
-    var all = [];
-    doc.sections.forEach(function (s) {
+    var bodies = doc.sections.map(function (s) {
       var sec = el("section", "report-section");
       sec.dataset.view = s.name;
       sec.appendChild(el("h2", null, s.title));
       var body = el("div");
       sec.appendChild(body);
       main.appendChild(sec);
-      all.push(renderBlocks(body, s.blocks, null));
+      return body;
     });
-    Promise.all(all).then(markPainted, function (e) { showError(String(e)); });
+    // sections drawn one after another, from the top
+    doc.sections.reduce(function (done, s, i) {
+      return done.then(function () { return i ? nextTask() : null; }).then(function () {
+        return renderBlocks(bodies[i], s.blocks, null);
+      });
+    }, Promise.resolve()).then(markPainted, function (e) { showError(String(e)); });
   }
 
   // --- live dashboard ---------------------------------------------------------------------------
