@@ -41,6 +41,15 @@ def esc(s: Any) -> str:
     return html.escape(str(s), quote=True)
 
 
+#: characters of a name in a legend (the hover shows it whole): a long one would squeeze the plot
+LEGEND_CHARS = 48
+
+
+def short(name: str, limit: int = LEGEND_CHARS) -> str:
+    """`name` cut to `limit` characters, an ellipsis at the cut."""
+    return name if len(name) <= limit else name[: limit - 1] + "…"
+
+
 def fig(data: list[dict], title: str = "", **layout: Any) -> dict[str, Any]:
     lay = {"title": {"text": title}, "margin": {"l": 60, "r": 20, "t": 40, "b": 40}, "hovermode": "closest",
            **layout}
@@ -135,7 +144,8 @@ def scalars_view(jobs: list[Job], names: list[str] | None = None) -> list[dict[s
                     s = series_json(steps, vals)
                     label = esc(name) + (f" · {esc(job.name)}" if multi else "")
                     tr = {"type": "scatter", "mode": "lines",
-                          "x": s["x"], "y": s["y"], "name": label,
+                          "x": s["x"], "y": s["y"],
+                          "name": esc(short(name)) + (f" · {esc(short(job.name, 24))}" if multi else ""),
                           "meta": {"job": job.index, "tensor": name, "n": s["n"], "downsampled": s["downsampled"]},
                           "hovertemplate": "step %{x}: %{y}<extra>" + label + "</extra>"}
                     if len(s["x"]) < 60:
@@ -144,7 +154,7 @@ def scalars_view(jobs: list[Job], names: list[str] | None = None) -> list[dict[s
                     if s["nonfinite_steps"]:
                         per_mode[mode.name].append({
                             "type": "scatter", "mode": "markers", "x": s["nonfinite_steps"],
-                            "y": [0] * len(s["nonfinite_steps"]), "name": "non-finite " + label,
+                            "y": [0] * len(s["nonfinite_steps"]), "name": "non-finite " + tr["name"],
                             "marker": {"symbol": "triangle-up", "color": "black"}})
     blocks = []
     if not per_mode:

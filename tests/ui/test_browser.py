@@ -80,12 +80,14 @@ def test_dashboard_of_a_pytorch_job_whose_rule_fired(page, pytorch_job, hostile_
         assert loss["y"] == pytest.approx([float(v) for v in t.values(modes.TRAIN).values()], rel=1e-6)
         # one curve per (job, scalar), plus the rule's marker
         assert sorted(by_name) == sorted(["CrossEntropyLoss_output_0 · pytorch_job", "loss · hostile",
-                                          f"{ui.HOSTILE} · hostile", "rule: vanishing_gradient (pytorch_job)"])
+                                          f"{ui.HOSTILE[:47]}… · hostile",  # a long name is cut in the legend
+                                          "rule: vanishing_gradient (pytorch_job)"])
+        assert by_name[f"{ui.HOSTILE[:47]}… · hostile"]["meta"]["tensor"] == ui.HOSTILE
         marker = by_name["rule: vanishing_gradient (pytorch_job)"]
         assert marker["x"] == fired and marker["meta"] == {"rule": "vanishing_gradient", "run": "live"}
         assert len(figs["scalars-EVAL"]["traces"]) == 1  # the eval loss of the PyTorch job
         # the hostile name is shown as text, and ran nothing
-        assert any(ui.HOSTILE in s for s in figs["scalars-TRAIN"]["svgText"])
+        assert any(ui.HOSTILE[:47] in s for s in figs["scalars-TRAIN"]["svgText"])
         assert page.js("window.__pwned") is None
         # the rule table: status and the rule's own explanation
         rows = page.js("Array.from(document.querySelectorAll('table.tt tr')).map(r => "
@@ -244,7 +246,7 @@ def test_report_opened_from_disk_renders_the_same(page, pytorch_job, hostile_job
     train = next(f for f in figs if f["fig"] == "scalars-TRAIN")
     by_name = {html.unescape(t["name"]): t for t in train["traces"]}
     assert by_name["rule: vanishing_gradient (pytorch_job)"]["x"] == ui.fired_steps(pytorch_job)
-    assert any(ui.HOSTILE in s for s in train["svgText"]) and page.js("window.__pwned") is None
+    assert any(ui.HOSTILE[:47] in s for s in train["svgText"]) and page.js("window.__pwned") is None
 
     # the same curves as the dashboard draws
     server = Server([pytorch_job, hostile_job], port=0).start()
