@@ -334,6 +334,15 @@ def test_the_report_command_writes_one_file(tmp_path, capsys, ui):
     assert "<script src=" not in text and "https://" not in text  # nothing fetched
     assert main(["report", str(tmp_path / "missing"), "-o", str(tmp_path / "x.html")]) == 2
     assert "missing: no such directory" in capsys.readouterr().err
+    # the report needs neither flask nor the plotly package (an import of either fails in this process)
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['flask'] = sys.modules['plotly'] = None; from tensortap.cli.main import main; "
+            f"sys.exit(main(['report', {out!r}, '-o', {str(tmp_path / 'bare.html')!r}]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert packed.group(0) in (tmp_path / "bare.html").read_text(encoding="utf-8")  # the same plotly.js
 
 
 def test_ui_command_prints_its_url_and_serves(tmp_path, ui):
