@@ -214,6 +214,10 @@ class ProcessChunkWriter:
     ):
         if backpressure not in ("block", "drop"):
             raise ValueError(f"backpressure must be 'block' or 'drop', not {backpressure!r}")
+        if tensorboard_dir:  # the child's EventExporter reads its budget from the environment: refuse a bad one here
+            from tensortap.tensorboard.export import histogram_budget_from_env
+
+            histogram_budget_from_env()
         if isinstance(storage, str):
             storage = open_storage(storage)
         self.url = storage.url
