@@ -10,6 +10,7 @@ import os
 import re
 import time
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
 
@@ -61,6 +62,7 @@ def _check_budget(budget: float | None) -> float | None:
     return None if budget is None else float(budget)
 
 
+@lru_cache(maxsize=1 << 16)
 def clean_tag(tag: str) -> str:
     """smdebug's tag cleaning: characters other than word, '-', '/', '.' become '_'; no leading '/'."""
     return _TAG_RE.sub("_", tag).lstrip("/")

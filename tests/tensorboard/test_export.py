@@ -332,3 +332,14 @@ def test_budget_from_the_environment(tmp_path, monkeypatch):
         monkeypatch.setenv("TENSORTAP_TENSORBOARD_BUDGET", bad)
         with pytest.raises(InvalidConfiguration, match=f"TENSORTAP_TENSORBOARD_BUDGET='{bad}'"):
             EventExporter(str(tmp_path), "w")
+
+
+def test_scalars_beyond_float32_become_infinite_and_export_goes_on(tmp_path, read_run, tb):
+    ex = EventExporter(str(tmp_path), "w")
+    ex.add("x", 0, "TRAIN", 0, np.array([1e300]), {"max": 1e300, "min": -1e39})
+    ex.add("x", 1, "TRAIN", 1, np.array([2.0]), {})
+    ex.close()
+    assert ex.errors == 0
+    ea = read_run(tmp_path / "w" / "train")
+    assert tb.scalars(ea, "x") == {0: np.inf, 1: 2.0}
+    assert tb.scalars(ea, "x/max") == {0: np.inf} and tb.scalars(ea, "x/min") == {0: -np.inf}
