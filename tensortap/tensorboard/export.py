@@ -9,7 +9,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
@@ -19,7 +19,7 @@ import numpy as np
 from tensortap.collection import NON_HISTOGRAM_COLLECTIONS, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.tensorboard.events import EventFile, encode_histogram, event_record, histogram_value, scalar_value
-from tensortap.tensorboard.histogram import Histogram, count_nonfinite, histogrammable, make_histogram
+from tensortap.tensorboard.histogram import Histogram, histogrammable, make_histogram
 
 logger = logging.getLogger("tensortap")
 
@@ -138,14 +138,15 @@ class EventExporter:
     The values ``add`` gives for one step and mode are written as one Event, when the step or mode changes,
     at ``flush()`` and at ``close()``.
 
-    Keeping up (docs/tensorboard.md): histograms may take at most ``histogram_budget`` of the wall-clock time
-    (default: TENSORTAP_TENSORBOARD_BUDGET, else HISTOGRAM_BUDGET; None: no limit). At the first histogram of a
-    step and mode, the exporter decides whether that step gets histograms: yes when the time histograms took
-    so far is within the budget of the time elapsed, plus budget x _BUDGET_WINDOW_S seconds (so a short
-    burst, e.g. a job's first steps, gets every histogram; unused budget is saved up to that much). A step
-    that gets none still gets its scalars and its ``nonfinite/<name>`` counts; each histogram left out is
-    counted in ``skipped_histograms``, written as the ``tensortap/skipped_histograms`` scalar with the next
-    Event, and the first one is reported in a warning. ``histograms`` counts those written.
+    Keeping up (docs/tensorboard.md): at the first histogram of a step and mode, the exporter decides whether
+    that step gets histograms: no when the writer is ``behind`` (a callable the writer sets: its queue holds a
+    backlog); else yes when the time histograms took so far is within ``histogram_budget`` (a share; default:
+    TENSORTAP_TENSORBOARD_BUDGET, else HISTOGRAM_BUDGET; None: no limit) of the wall-clock time elapsed, plus
+    budget x _BUDGET_WINDOW_S seconds (so a short burst, e.g. a job's first steps, gets every histogram;
+    unused budget is saved up to that much). A step that gets none still gets its scalars and reductions,
+    without histograms and their ``nonfinite/<name>`` counts; each histogram left out is counted in
+    ``skipped_histograms``, written as the ``tensortap/skipped_histograms`` scalar with the next Event, and the
+    first one is reported in a warning. ``histograms`` counts those written.
 
     When ``collections`` is not given and the collections dict does not list the tensor yet (a hook sends
     it at the end of each step in which a tensor was first saved), the histogram is computed at once and
@@ -175,6 +176,9 @@ class EventExporter:
         self._credit_at = time.perf_counter()
         self._hist_steps: dict[str, tuple[int, bool]] = {}  # mode -> (step, whether it gets histograms)
         self.skipped_histograms = 0
+        #: set by the writer: whether it is behind (a backlog in its queue); a step that starts then gets no
+        #: histograms, whatever the budget
+        self.behind: Callable[[], bool] | None = None
         self.histograms = 0  # histograms written
         self._skips_written = 0  # skipped_histograms as last written to the event files
         self._files: dict[str, EventFile] = {}
@@ -274,7 +278,8 @@ class EventExporter:
                 values.append(scalar_value(clean_tag(f"{name}/{red}"), x))
         if arr is not None and arr.size > 1:
             if collections is not None:
-                known, coll = True, self._hist_coll.get(name) or self._pick(collections)
+                known = True
+                coll = self._hist_coll[name] if name in self._hist_coll else self._pick(collections)
                 self._hist_coll.setdefault(name, coll)
             else:
                 known, coll = self._lookup(name, final=False)
@@ -288,13 +293,10 @@ class EventExporter:
                         else:
                             self._queue(name, mode, step, now, _encode(hist) if hist.num else b"", hist.nonfinite)
                     self._credit -= time.perf_counter() - started
+                elif known:
+                    self.skipped_histograms += 1
                 else:
-                    nonfinite = count_nonfinite(arr)
-                    if known:
-                        self.skipped_histograms += 1
-                        values.append(scalar_value(clean_tag(f"nonfinite/{name}"), nonfinite))
-                    else:
-                        self._queue(name, mode, step, now, None, nonfinite)
+                    self._queue(name, mode, step, now, None, 0)
         if values:
             self._write(mode, step, now, values)
 
@@ -304,7 +306,9 @@ class EventExporter:
         if decided is not None and decided[0] == step:
             return decided[1]
         budget = self.histogram_budget
-        if budget is None:
+        if self.behind is not None and self.behind():
+            yes = False
+        elif budget is None:
             yes = True
         else:
             now = time.perf_counter()
@@ -343,9 +347,9 @@ class EventExporter:
             if not self._warned_skip:
                 self._warned_skip = True
                 logger.warning(
-                    "tensortap: the TensorBoard export of %s cannot keep up (histograms would take more than %.0f%% "
-                    "of the writer's time): it leaves out the histograms of some steps, counted in the %r scalar; "
-                    "scalars and the saved data are complete (%s sets the share)", self.worker,
+                    "tensortap: the TensorBoard export of %s cannot keep up (the writer is behind, or histograms "
+                    "would take more than %.0f%% of its time): it leaves out the histograms of some steps, counted "
+                    "in the %r scalar; scalars and the saved data are complete (%s sets the share)", self.worker,
                     100 * (self.histogram_budget or 1.0), SKIPPED_TAG, BUDGET_ENV)
         self._file(mode).write(event_record(step, values, wall_time))
 
@@ -372,7 +376,8 @@ class EventExporter:
             values = []
             if histo is None:
                 self.skipped_histograms += 1
-            elif histo:
+                continue
+            if histo:
                 values.append(histogram_value(clean_tag(f"{coll}/{name}"), histo))
                 self.histograms += 1
             values.append(scalar_value(clean_tag(f"nonfinite/{name}"), nonfinite))

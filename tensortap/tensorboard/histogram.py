@@ -75,16 +75,6 @@ def histogrammable(value: np.ndarray) -> bool:
                                                   and value.dtype.itemsize <= 2))
 
 
-def count_nonfinite(value: np.ndarray) -> int:
-    """How many NaN/inf values `value` holds (0 for values that get no histogram)."""
-    value = as_real(np.asarray(value))
-    if value is None or value.dtype.kind != "f":
-        return 0
-    if np.isfinite(value.sum(dtype=np.float64)):  # (see make_histogram)
-        return 0
-    return int(value.size - np.count_nonzero(np.isfinite(value)))
-
-
 def make_histogram(value: np.ndarray) -> Histogram | None:
     """The histogram of `value`'s finite values; None when it has none (or is not histogrammable)."""
     value = as_real(np.asarray(value))

@@ -287,12 +287,14 @@ def test_histograms_over_the_budget_are_skipped_counted_and_reported(tmp_path, r
         hist = {h.step: h.histogram_value for h in ea.Histograms("weights/fc.weight")} \
             if "weights/fc.weight" in ea.Tags()["histograms"] else {}
         written.update(hist)
+        nonfinite = tb.scalars(ea, "nonfinite/fc.weight") if "nonfinite/fc.weight" in ea.Tags()["scalars"] else {}
+        assert sorted(nonfinite) == sorted(hist)  # the count of what a histogram leaves out: beside each
         for s, _, _, w, _, loss in rows:
-            # scalars and the non-finite counts at every step, histogram or not
+            # scalars and reductions at every step, histogram or not
             assert tb.scalars(ea, "loss")[s] == np.float32(loss) and tb.scalars(ea, "fc.weight/mean")[s] == 1.0
-            assert tb.scalars(ea, "nonfinite/fc.weight")[s] == np.count_nonzero(~np.isfinite(w))
             if s in hist:
                 np.testing.assert_array_equal(np.asarray(hist[s].bucket), tb.numpy_counts(w))
+                assert nonfinite[s] == np.count_nonzero(~np.isfinite(w))
         if "tensortap/skipped_histograms" in ea.Tags()["scalars"]:
             skipped_tags += [e.value for e in ea.Scalars("tensortap/skipped_histograms")]
     assert sorted(written) == [0]
@@ -315,7 +317,27 @@ def test_without_a_budget_or_within_it_every_histogram_is_written(tmp_path, read
         assert "tensortap/skipped_histograms" not in read_run(d / "w" / "train").Tags()["scalars"]
 
 
-@pytest.mark.parametrize("budget", [0, 0.0, -0.5, 1.5, "0.5", float("nan")])
+def test_no_histograms_while_the_writer_is_behind(tmp_path, read_run, tb):
+    job = _job(np.random.default_rng(0))
+    ex = EventExporter(str(tmp_path), "w", histogram_budget=None)
+    ex.set_collections(COLLECTIONS)
+    backlog = {"steps": {3, 4, 5, 9}}
+    ex.behind = lambda: current in backlog["steps"]  # the writer's queue has a backlog at these steps
+    for s, mode, ms, w, _, loss in job:
+        current = s
+        ex.add("fc.weight", s, mode, ms, w, {})
+        ex.add("loss", s, mode, ms, np.asarray(loss), {})
+    ex.close()
+    steps = set()
+    for mode in ("train", "eval"):
+        ea = read_run(tmp_path / "w" / mode)
+        steps |= {h.step for h in ea.Histograms("weights/fc.weight")}
+        assert sorted(tb.scalars(ea, "loss")) == [r[0] for r in job if r[1].lower() == mode]
+    assert steps == set(range(len(job))) - backlog["steps"]
+    assert ex.skipped_histograms == len(backlog["steps"]) and ex.histograms == len(job) - len(backlog["steps"])
+
+
+@pytest.mark.parametrize("budget", [0, 0.0, -0.5, 1.5, "0.5", float("nan"), True])
 def test_bad_budget_is_refused_at_construction(tmp_path, budget):
     with pytest.raises(InvalidConfiguration, match="histogram_budget"):
         EventExporter(str(tmp_path), "w", histogram_budget=budget)

@@ -147,7 +147,6 @@ def test_an_export_that_cannot_keep_up_skips_histograms_never_data(tmp_path, mon
     for mode, steps in (("train", [0, 1, 3, 4, 6, 7]), ("eval", [2, 5, 8])):
         ea = read_run(tbdir / "worker_0" / mode)
         assert sorted(tb.scalars(ea, "scalar/loss")) == steps  # every scalar
-        assert sorted(tb.scalars(ea, "nonfinite/fc.weight")) == steps
         for tag in ea.Tags()["histograms"]:
             for e in ea.Histograms(tag):
                 np.testing.assert_array_equal(np.asarray(e.histogram_value.bucket),
@@ -155,6 +154,5 @@ def test_an_export_that_cannot_keep_up_skips_histograms_never_data(tmp_path, mon
                 hists += 1
         if "tensortap/skipped_histograms" in ea.Tags()["scalars"]:
             skipped += [e.value for e in ea.Scalars("tensortap/skipped_histograms")]
-    assert tb.scalars(read_run(tbdir / "worker_0" / "train"), "nonfinite/fc.weight")[4] == 3
     # fc.weight and small at 9 steps: 18 histograms, the skipped ones counted in the event files
     assert 1 <= hists < 18 and max(skipped) == 18 - hists
