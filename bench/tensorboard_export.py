@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -115,6 +116,7 @@ def job_child(interval: int, export: bool, steps: int) -> dict:
         hists = sum(len(ea.Histograms(t)) for t in tags["histograms"])
         if "tensortap/skipped_histograms" in tags["scalars"]:
             skipped = int(max(e.value for e in ea.Scalars("tensortap/skipped_histograms")))
+    shutil.rmtree(out, ignore_errors=True)
     return {"wall_us": 1e6 * wall / steps, "train_cpu_us": 1e6 * cpu / steps,
             "writer_cpu_us": 1e6 * (ru.ru_utime + ru.ru_stime) / steps, "histograms": hists, "skipped": skipped}
 
