@@ -156,3 +156,12 @@ def test_an_export_that_cannot_keep_up_skips_histograms_never_data(tmp_path, mon
             skipped += [e.value for e in ea.Scalars("tensortap/skipped_histograms")]
     # fc.weight and small at 9 steps: 18 histograms, the skipped ones counted in the event files
     assert 1 <= hists < 18 and max(skipped) == 18 - hists
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_a_bad_budget_is_refused_when_the_hook_is_made(tmp_path, monkeypatch, writer):
+    from tensortap.exceptions import InvalidConfiguration
+
+    monkeypatch.setenv("TENSORTAP_TENSORBOARD_BUDGET", "lots")
+    with pytest.raises(InvalidConfiguration, match="TENSORTAP_TENSORBOARD_BUDGET='lots'"):
+        tt.Hook(str(tmp_path / "job"), tensorboard_dir=str(tmp_path / "tb"), writer=writer)
