@@ -15,6 +15,7 @@ How values leave a compiled step (see docs/tensorflow.md for the names and what 
 from __future__ import annotations
 
 import logging
+import math
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -323,6 +324,11 @@ class KerasHookBase(Hook):
         self._wrapped_optimizers: list[Any] = []
         self._wanted_cache: dict[str, bool] = {}
         self._restore: list[Callable[[], None]] = []
+        # The next `_quiet_left` batches of mode `_quiet_mode` are known to save nothing: the batch callbacks
+        # only count them (until `_quiet_deadline`, the next stop-request check); see `_arm_quiet`.
+        self._quiet_left = 0
+        self._quiet_mode: Any = None
+        self._quiet_deadline = 0.0
         from tensortap.tensorflow import singleton
 
         singleton.set_hook(self)
@@ -355,6 +361,7 @@ class KerasHookBase(Hook):
 
     def _collections_changed(self) -> None:
         self._wanted_cache = {}
+        self._quiet_left = 0
         super()._collections_changed()
 
     # --- model registration -------------------------------------------------------------------
@@ -703,6 +710,8 @@ class KerasHookBase(Hook):
         if store is not None and (saving or (store.current and not self._fn_swap)):
             store.start(saving)
         self._eager_on = saving
+        if not saving:
+            self._arm_quiet(mode)
         if saving:
             self._eager = []
             items = []
@@ -718,6 +727,29 @@ class KerasHookBase(Hook):
                 h.write_tensors([it for it in mine if it[2]], copy=True)
             if items:
                 self.write_tensors(items, copy=False)
+
+    def _arm_quiet(self, mode: Any) -> None:
+        """After a step that saves nothing and has switched back to Keras's plain step function: let the batch
+        callbacks only count the following steps up to the next one that may save (what `next_step` would do
+        for them, less telling readers that each passed: the next step that goes through `next_step` does).
+        Only with one step per execution and one worker per process; never past the next stop-request check."""
+        self._quiet_left = 0
+        if self._replica_hooks or self._model is None or self.disabled:
+            return
+        if int(getattr(self._model, "steps_per_execution", 1) or 1) != 1:
+            return
+        step = self._mode_steps[mode]
+        nxt: float = math.inf
+        for c in self._included():  # (a collection that never saves in this mode only makes the count shorter)
+            cfg = self._coll_save_config(c).get_save_config(mode)
+            n = cfg.next_save_step(step + 1)
+            if n < nxt:
+                nxt = n
+        left = nxt - step - 1
+        if left > 0:
+            self._quiet_left = int(min(left, 1 << 30))
+            self._quiet_mode = mode
+            self._quiet_deadline = self._next_stop_check if self._stop_watch else math.inf
 
     def _select_function(self, mode: Any, saving: bool) -> None:
         """Keras's compiled step function for this batch: the plain one Keras made (no tensortap op in it) on
