@@ -241,15 +241,15 @@ class _GraphStore:
         return True
 
     def end_step(self) -> None:
-        self.gen.assign(0)
+        self.gen.assign(0, read_value=False)
 
     def start(self, saving: bool) -> None:
         if saving:
             self.counter += 1
             self.current = self.counter
-            self.gen.assign(self.current)
+            self.gen.assign(self.current, read_value=False)
         elif self.current:
-            self.gen.assign(0)
+            self.gen.assign(0, read_value=False)
             self.current = 0
 
     def read(self, mode: Any, gen: int | None = None) -> list[tuple[str, int, np.ndarray]]:
@@ -265,11 +265,15 @@ class _GraphStore:
             tf = self.tf
 
             def read_all() -> Any:
-                return [s.read_value() for _v, s in pairs], [v.read_value() for v, _s in pairs]
+                return tf.stack([s.read_value() for _v, s in pairs]), [v.read_value() for v, _s in pairs]
 
             reader = self.readers[mode] = (len(keys), tf.function(read_all, autograph=False))
+        if not keys:
+            return []
         stamps, values = reader[1]()
-        return [(k[0], k[1], v.numpy()) for k, s, v in zip(keys, stamps, values, strict=True) if int(s) == gen]
+        stamps = stamps.numpy().tolist()
+        # (np.asarray: a view of the read's output tensor, which nothing changes, instead of .numpy()'s copy)
+        return [(k[0], k[1], np.asarray(v)) for k, s, v in zip(keys, stamps, values, strict=True) if s == gen]
 
 
 def _plain_variable(tf: Any, initial: Any, name: str, unknown_shape: bool = False) -> Any:
@@ -326,6 +330,9 @@ class KerasHookBase(Hook):
         self._restore: list[Callable[[], None]] = []
         # The next `_quiet_left` batches of mode `_quiet_mode` are known to save nothing: the batch callbacks
         # only count them (until `_quiet_deadline`, the next stop-request check); see `_arm_quiet`.
+        # weights the capturing step function of a mode copies at its start (read there, not between steps)
+        self._weights_in_step: dict[Any, frozenset[str]] = {}
+        self._host_weights: set[str] = set()  # weights read between steps at the current step
         self._quiet_left = 0
         self._quiet_mode: Any = None
         self._quiet_deadline = 0.0
@@ -502,6 +509,7 @@ class KerasHookBase(Hook):
     def _unregister(self) -> None:
         self._restore_functions()
         self._functions = {}
+        self._weights_in_step = {}
         self._fn_swap = False
         for r in reversed(self._restore):
             try:
@@ -524,6 +532,8 @@ class KerasHookBase(Hook):
                     hook._store = _GraphStore(xla=bool(getattr(hook._model, "jit_compile", False)),
                                               saving=hook._saving)
                 hook._store.begin_trace()
+                with hook.guard("step capture"):
+                    hook._capture_weights(mode)
             try:
                 with hook.guard("step capture"):
                     hook._capture_data(mode, data)
@@ -548,6 +558,25 @@ class KerasHookBase(Hook):
 
         step.__wrapped__ = orig  # type: ignore[attr-defined]
         return step
+
+    def _capture_weights(self, mode: Any) -> None:
+        """In a compiled step traced for saving steps, on one device: copy the weights read at the step's start
+        (before the optimizer updates them: the values the forward pass uses, as between steps) with the
+        step's other captures, so that a saving step makes one read of everything instead of two."""
+        names: frozenset[str] = frozenset()
+        model = self._model
+        if self._fn_swap and model is not None and _local_devices(getattr(model, "distribute_strategy", None)) == 1 \
+                and getattr(model, "built", False):
+            import tensorflow as tf
+
+            if len(getattr(model, "weights", ())) != self._n_weights:
+                self._collect_weights()
+            done = set()
+            for name, v in self._weights:
+                if self._wanted(name) and self._store.capture(mode, name, tf.identity(getattr(v, "value", v))):
+                    done.add(name)
+            names = frozenset(done)
+        self._weights_in_step[mode] = names
 
     def _wrap_layers(self, model: Any) -> bool:
         wrapped = False
@@ -717,7 +746,10 @@ class KerasHookBase(Hook):
             items = []
             if self._model is not None and len(getattr(self._model, "weights", ())) != self._n_weights:
                 self._collect_weights()
-            chosen = [(name, v, colls) for name, v in self._weights if (colls := self.collections_for(name))]
+            in_step = self._weights_in_step.get(mode, ())
+            chosen = [(name, v, colls) for name, v in self._weights
+                      if name not in in_step and (colls := self.collections_for(name))]
+            self._host_weights = {name for name, _v, _c in chosen}
             values = self._read_variables([v for _n, v, _c in chosen])
             items.extend((name, value, colls) for (name, _v, colls), value in zip(chosen, values, strict=True))
             if mode is _modes.TRAIN:
@@ -812,13 +844,16 @@ class KerasHookBase(Hook):
                 return [tf.identity(v) for v in held]
 
             reader = self._var_readers[key] = (variables, tf.function(read_all, autograph=False))
-        return [np.array(t, copy=True) for t in reader[1]()]
+        return [np.asarray(t) for t in reader[1]()]  # (views of the read's outputs, which nothing changes)
 
     def _end_batch(self, mode: Any, batch: int, logs: Any) -> None:
         if self._saving:
             captured: list[tuple[str, int, Any]] = []
             if self._store is not None:
                 captured.extend(self._store.read(mode))
+                host = self._host_weights
+                if host:  # (a step function traced in this step copied weights already read before it)
+                    captured = [c for c in captured if c[0] not in host]
             captured.extend((n, 0, v) for n, v in self._eager)
             self._eager = []
             if mode is _modes.PREDICT and isinstance(logs, dict) and "outputs" in logs:
