@@ -43,6 +43,8 @@ _FUNCTIONS = {_modes.TRAIN: ("train_function", "make_train_function"),
               _modes.EVAL: ("test_function", "make_test_function"),
               _modes.PREDICT: ("predict_function", "make_predict_function")}
 _LOG_SKIP = frozenset({"outputs", "batch", "size"})
+# keys of what a capturing step function returns in outputs mode: Keras's own outputs and the captures
+_OUT, _CAPTURED = "tensortap_step_out", "tensortap_captured"
 
 
 def _flat(x: Any) -> list[Any]:
@@ -172,33 +174,45 @@ class _GraphStore:
         self.vars: dict[tuple[str, Any], tuple[Any, Any]] = {}  # (name, static shape) -> (value, stamp)
         self.names: dict[Any, list[tuple[str, Any]]] = {}  # mode of the step function -> its shadows' keys
         self.readers: dict[Any, tuple[int, Any]] = {}  # mode -> (number of keys, compiled read of them all)
+        self.out_keys: dict[Any, list[Any]] = {}  # mode -> keys of what its step function returns (outputs mode)
         import threading
 
         # copies deferred to the end of the step being traced (one tf.cond for all), per tracing thread
         # (MirroredStrategy traces its replicas in threads)
         self.local = threading.local()
 
-    def begin_trace(self) -> None:
+    def begin_trace(self, outputs: bool = False) -> None:
+        """Start tracing a step function; `outputs`: it runs on saving steps only and returns its captures
+        as extra outputs (`end_trace`) instead of copying them into shadows."""
         self.local.graph = self.tf.compat.v1.get_default_graph()
         self.local.pending = []
+        self.local.outputs = outputs
 
-    def end_trace(self) -> None:
-        """Emit the deferred copies of the step being traced, gated by one tf.cond."""
+    def end_trace(self, mode: Any = None) -> tuple[Any, ...] | None:
+        """Emit the deferred copies of the step being traced, gated by one tf.cond; in outputs mode, return
+        the captured tensors instead (their keys in `out_keys[mode]`)."""
         tf = self.tf
         pending = getattr(self.local, "pending", None)
+        outputs = getattr(self.local, "outputs", False)
         self.local.pending = None
         self.local.graph = None
+        self.local.outputs = False
+        if outputs:
+            pending = pending or []
+            self.out_keys[mode] = [key for key, _v, _s, _t in pending]
+            return tuple(t for _k, _v, _s, t in pending)
         if not pending:
-            return
+            return None
         g = self.gen.read_value()
 
         def save() -> Any:
-            for value, stamp, t in pending:
+            for _key, value, stamp, t in pending:
                 value.assign(t)
                 stamp.assign(g)
             return tf.constant(True)
 
         tf.cond(g > 0, save, lambda: tf.constant(False))
+        return None
 
     def capture(self, mode: Any, name: str, t: Any, gate: Any = None) -> bool:
         """Add the copy of `t` to the step being traced; False if it cannot be captured here. `gate`: an int32
@@ -213,6 +227,11 @@ class _GraphStore:
             return False  # XLA needs a variable of a fixed shape
         replica = _local_replica(tf)
         key = (name, replica, static, t.dtype.name)
+        pending = getattr(self.local, "pending", None)
+        if gate is None and pending is not None and getattr(self.local, "outputs", False) \
+                and getattr(t, "graph", None) is self.local.graph:
+            pending.append((key, None, None, t))  # (returned by the step function: no shadow)
+            return True
         pair = self.vars.get(key)
         if pair is None:
             with tf.init_scope():
@@ -226,9 +245,8 @@ class _GraphStore:
         if key not in keys:
             keys.append(key)
         value, stamp = pair
-        pending = getattr(self.local, "pending", None)
         if gate is None and pending is not None and getattr(t, "graph", None) is self.local.graph:
-            pending.append((value, stamp, t))
+            pending.append((key, value, stamp, t))
             return True
         g = self.gen.read_value() if gate is None else gate
 
@@ -259,6 +277,8 @@ class _GraphStore:
         if not gen:
             return []
         keys = self.names.get(mode, [])
+        if not keys:
+            return []
         reader = self.readers.get(mode)
         if reader is None or reader[0] != len(keys):
             pairs = [self.vars[k] for k in keys]
@@ -268,8 +288,6 @@ class _GraphStore:
                 return tf.stack([s.read_value() for _v, s in pairs]), [v.read_value() for v, _s in pairs]
 
             reader = self.readers[mode] = (len(keys), tf.function(read_all, autograph=False))
-        if not keys:
-            return []
         stamps, values = reader[1]()
         stamps = stamps.numpy().tolist()
         # (np.asarray: a view of the read's output tensor, which nothing changes, instead of .numpy()'s copy)
@@ -324,6 +342,9 @@ class KerasHookBase(Hook):
         self._fn_swap = False  # swap Keras's compiled step functions between saving and other steps
         self._functions: dict[str, list[Any]] = {}  # "train_function" -> [plain, capturing]
         self._capture_trace = True  # a compiled step traced now gets the capture ops
+        self._outputs_trace = False  # ... and returns them as extra outputs (see _select_function)
+        self._out_functions: set[int] = set()  # ids of the unpacking wrappers of such functions
+        self._step_outputs: tuple[Any, tuple[Any, ...]] | None = None  # (mode, captures) of the last call
         self._tape_pending: tuple[int, Any] | None = None
         self._wrapped_optimizers: list[Any] = []
         self._wanted_cache: dict[str, bool] = {}
@@ -531,9 +552,11 @@ class KerasHookBase(Hook):
                 if hook._store is None:
                     hook._store = _GraphStore(xla=bool(getattr(hook._model, "jit_compile", False)),
                                               saving=hook._saving)
-                hook._store.begin_trace()
+                as_outputs = hook._outputs_trace
+                hook._store.begin_trace(as_outputs)
                 with hook.guard("step capture"):
                     hook._capture_weights(mode)
+            extra: Any = None
             try:
                 with hook.guard("step capture"):
                     hook._capture_data(mode, data)
@@ -545,7 +568,10 @@ class KerasHookBase(Hook):
                 hook._in_step_fn = outer
                 if graph:
                     with hook.guard("step capture"):
-                        hook._store.end_trace()
+                        extra = hook._store.end_trace(mode)
+            if graph and as_outputs:
+                # (always this structure in such a trace: `_select_function`'s unpacking wrapper expects it)
+                return {_OUT: out, _CAPTURED: tuple(extra or ())}
             with hook.guard("step end"):
                 if graph:
                     # with several steps per execution only its first step is captured (with one, the
@@ -735,14 +761,17 @@ class KerasHookBase(Hook):
         if self._fn_swap:
             self._select_function(mode, saving)
         store = self._store
-        # (with swapped functions, the plain one never reads the flag: it need not be cleared)
-        if store is not None and (saving or (store.current and not self._fn_swap)):
+        # (with swapped functions, the plain one never reads the flag: it need not be cleared; a capturing
+        # function that returns all its captures, traced already, never reads it either)
+        if store is not None and (saving or (store.current and not self._fn_swap)) \
+                and not (saving and self._outputs_trace and mode in store.out_keys and not store.names.get(mode)):
             store.start(saving)
         self._eager_on = saving
         if not saving:
             self._arm_quiet(mode)
         if saving:
             self._eager = []
+            self._step_outputs = None
             items = []
             if self._model is not None and len(getattr(self._model, "weights", ())) != self._n_weights:
                 self._collect_weights()
@@ -796,21 +825,52 @@ class KerasHookBase(Hook):
                 return
             pair = self._functions[attr] = [current, None]  # Keras made (or remade) its function
         if saving and pair[1] is None:
-            setattr(model, attr, None)
+            object.__setattr__(model, attr, None)
             getattr(model, maker)()
-            pair[1] = getattr(model, attr)
-            if pair[1] is None:  # (a Keras that makes its function elsewhere: capture in the plain one)
-                setattr(model, attr, pair[0])
+            made = getattr(model, attr)
+            if made is None:  # (a Keras that makes its function elsewhere: capture in the plain one)
+                object.__setattr__(model, attr, pair[0])
                 pair[1] = pair[0]
-        setattr(model, attr, pair[1] if saving else pair[0])
+            elif self._outputs_possible(model):
+                pair[1] = self._unpacking(made, mode)
+                self._out_functions.add(id(pair[1]))
+            else:
+                pair[1] = made
+        want = pair[1] if saving else pair[0]
+        if current is not want:
+            object.__setattr__(model, attr, want)
         self._capture_trace = saving
+        self._outputs_trace = saving and id(want) in self._out_functions
+
+    @staticmethod
+    def _outputs_possible(model: Any) -> bool:
+        """Whether a capturing step function may return its captures as extra outputs: it runs on saving
+        steps only, one step per call, on one device (else they go through shadow variables)."""
+        return int(getattr(model, "steps_per_execution", 1) or 1) == 1 \
+            and _local_devices(getattr(model, "distribute_strategy", None)) == 1
+
+    def _unpacking(self, fn: Callable[..., Any], mode: Any) -> Callable[..., Any]:
+        """Keras's capturing step function, returning to Keras what the step returns and keeping the
+        captures for `_end_batch`."""
+        hook = self
+
+        def function(*args: Any, **kwargs: Any) -> Any:
+            res = fn(*args, **kwargs)
+            if isinstance(res, dict) and _CAPTURED in res:
+                hook._step_outputs = (mode, res[_CAPTURED])
+                return res[_OUT]
+            return res
+
+        function.__wrapped__ = fn  # type: ignore[attr-defined]
+        return function
 
     def _restore_functions(self) -> None:
         model = self._model
         for attr, pair in self._functions.items():
             if model is not None and getattr(model, attr, None) is pair[1]:
-                setattr(model, attr, pair[0])
+                object.__setattr__(model, attr, pair[0])
         self._capture_trace = True
+        self._outputs_trace = False
 
     def _optimizer_items(self) -> list[tuple[str, np.ndarray, list[Collection]]]:
         opts = list(self._wrapped_optimizers)
@@ -849,6 +909,10 @@ class KerasHookBase(Hook):
     def _end_batch(self, mode: Any, batch: int, logs: Any) -> None:
         if self._saving:
             captured: list[tuple[str, int, Any]] = []
+            outs, self._step_outputs = self._step_outputs, None
+            if outs is not None and self._store is not None:
+                keys = self._store.out_keys.get(outs[0], [])
+                captured.extend((k[0], k[1], np.asarray(v)) for k, v in zip(keys, outs[1], strict=True))
             if self._store is not None:
                 captured.extend(self._store.read(mode))
                 host = self._host_weights

@@ -351,9 +351,12 @@ def test_steps_between_saves_counted_across_modes(tmp_path):
                   loss="sparse_categorical_crossentropy")
     spy = Spy.make()
     # 7 train batches per epoch (mode steps 0..13), 6 validation batches per epoch (0..11), then 7 of evaluate
-    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, validation_data=(x[:96], y[:96]),
-              callbacks=[hook, spy], verbose=0)
+    history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, validation_data=(x[:96], y[:96]),
+                        callbacks=[hook, spy], verbose=0)
     model.evaluate(x, y, batch_size=16, callbacks=[hook], verbose=0)
+    # what the capturing step returns besides Keras's logs never reaches Keras
+    assert set(history.history) == {"loss", "val_loss"}
+    assert all(set(logs) == {"loss"} for logs in spy.logs)
     hook.close()
     assert hook.error_count == 0, hook.first_error
     tr = create_trial(str(tmp_path / "run"))
