@@ -2,14 +2,18 @@
 
 How values leave a compiled step (see docs/tensorflow.md for the names and what each backend captures):
 
-* weights and optimizer variables are read between steps, in the callback (`on_*_batch_begin`): the values
-  the step's forward pass uses;
+* weights and optimizer variables: the values the step's forward pass uses (read between steps, in
+  `on_*_batch_begin`, or at the start of a compiled capturing step);
 * losses and metrics come from the logs Keras hands to `on_*_batch_end`;
 * gradients (`wrap_optimizer`), layer inputs/outputs, model inputs, labels and predictions are tensors inside
   the step. Outside a `tf.function` (run_eagerly, the PyTorch backend) they are copied when produced, on
-  saving steps only. Inside a `tf.function` (also XLA) each goes into a shadow variable through a `tf.cond`
-  on one boolean variable the callback sets on saving steps; the step clears it when it ends, so with
-  steps_per_execution > 1 only the first step of an execution is captured. No Python runs inside the graph.
+  saving steps only. A compiled model runs Keras's own step function on steps that save nothing and a
+  second, capturing one on saving steps (`_select_function`). On one device with one step per execution the
+  capturing function returns its captures as extra outputs (`_unpacking` takes them off before Keras sees
+  them); otherwise each goes into a shadow variable through a `tf.cond` on one variable the callback sets on
+  saving steps (the step clears it when it ends, so with steps_per_execution > 1 only the first step of an
+  execution is captured). No Python runs inside the graph.
+* steps known to save nothing are only counted by the batch callbacks (`_arm_quiet`).
 """
 
 from __future__ import annotations
