@@ -46,6 +46,11 @@ SCRIPT = textwrap.dedent(
     hook = ttf.SessionHook(out_dir=OUT, save_config=ttf.SaveConfig(save_interval=2),
                            include_collections=["weights", "biases", "gradients", "losses", "custom"])
     hook.add_to_collection("custom", watched)
+    FAIL = len(sys.argv) > 2 and sys.argv[2] == "fail"
+    if FAIL:
+        def boom(*args, **kwargs):
+            raise RuntimeError("injected failure")
+        hook.write_tensors = boom
     opt = hook.wrap_optimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
     grads_and_vars = opt.compute_gradients(loss)
     train = opt.apply_gradients(grads_and_vars, global_step=tf.compat.v1.train.get_or_create_global_step())
@@ -65,6 +70,9 @@ SCRIPT = textwrap.dedent(
             feed = {x: rng.normal(size=(16, 4)).astype("float32"), y: rng.integers(0, 3, 16)}
             seen["eval_loss"].append(sess.run(loss, feed_dict=feed))
     hook.close()
+    if FAIL:  # the first saving step failed: logged, hook off, all 8 runs done
+        assert hook.error_count == 1 and hook.disabled and len(seen["loss"]) == 5 and len(seen["eval_loss"]) == 3
+        print("TRAINING_DONE"); sys.exit(0)
     assert hook.error_count == 0, hook.first_error
     names = [v.op.name for v in variables]
     np.savez(OUT + "_ref.npz", names=np.array(names), fetched=len(fetched),
@@ -103,3 +111,14 @@ def test_session_hook_saves_what_the_session_computes(tmp_path):
     # the collection's tensor was computed on the saving steps only (3 TRAIN + 2 EVAL), never on the others
     assert tr.tensor("watched").steps(mode=train) == [0, 2, 4]
     assert int(ref["fetched"]) == 5
+
+
+def test_injected_failure_turns_the_hook_off_and_training_goes_on(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "run"), "fail"], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "TRAINING_DONE" in r.stdout
+    assert "injected failure" in r.stderr
