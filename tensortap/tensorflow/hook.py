@@ -308,6 +308,15 @@ def _plain_variable(tf: Any, initial: Any, name: str, unknown_shape: bool = Fals
         initial, trainable=False, name=name, shape=tf.TensorShape(None) if unknown_shape else None)
 
 
+class _Tally:
+    """Steps a hook counted without the step clock (the clock adds `skipped` to its counters when read)."""
+
+    __slots__ = ("skipped",)
+
+    def __init__(self) -> None:
+        self.skipped = 0
+
+
 class KerasHookBase(Hook):
     """The capture logic of KerasHook (see tensortap.tensorflow.KerasHook for the user-facing class)."""
 
@@ -361,6 +370,8 @@ class KerasHookBase(Hook):
         self._quiet_left = 0
         self._quiet_mode: Any = None
         self._quiet_deadline = 0.0
+        self._quiet_tally = _Tally()  # the steps only counted, added to the step clock before it is read
+        self.clock.tally = self._quiet_tally
         from tensortap.tensorflow import singleton
 
         singleton.set_hook(self)
@@ -803,14 +814,7 @@ class KerasHookBase(Hook):
             return
         if int(getattr(self._model, "steps_per_execution", 1) or 1) != 1:
             return
-        step = self._mode_steps[mode]
-        nxt: float = math.inf
-        for c in self._included():  # (a collection that never saves in this mode only makes the count shorter)
-            cfg = self._coll_save_config(c).get_save_config(mode)
-            n = cfg.next_save_step(step + 1)
-            if n < nxt:
-                nxt = n
-        left = nxt - step - 1
+        left = self.next_saving_step() - self.mode_step - 1
         if left > 0:
             self._quiet_left = int(min(left, 1 << 30))
             self._quiet_mode = mode

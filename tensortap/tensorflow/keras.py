@@ -13,7 +13,7 @@ import keras
 from tensortap import modes as _modes
 from tensortap.tensorflow.hook import KerasHookBase
 
-_TRAIN, _EVAL, _PREDICT, _GLOBAL = _modes.TRAIN, _modes.EVAL, _modes.PREDICT, _modes.GLOBAL
+_TRAIN, _EVAL, _PREDICT = _modes.TRAIN, _modes.EVAL, _modes.PREDICT
 
 
 class KerasHook(KerasHookBase, keras.callbacks.Callback):
@@ -54,10 +54,7 @@ class KerasHook(KerasHookBase, keras.callbacks.Callback):
         left = self._quiet_left
         if left and self._quiet_mode is _TRAIN and self.mode is _TRAIN and monotonic() < self._quiet_deadline:
             self._quiet_left = left - 1  # a step known to save nothing: count it (see _arm_quiet)
-            self._step = step = self._step + 1
-            steps = self._mode_steps
-            steps[_TRAIN] += 1
-            steps[_GLOBAL] = step
+            self._quiet_tally.skipped += 1
             self._batch_begin = batch
             return
         if not self.disabled and self.writes and not self._closed:
@@ -79,10 +76,7 @@ class KerasHook(KerasHookBase, keras.callbacks.Callback):
         left = self._quiet_left
         if left and self._quiet_mode is _EVAL and self.mode is _EVAL and monotonic() < self._quiet_deadline:
             self._quiet_left = left - 1  # a step known to save nothing: count it (see _arm_quiet)
-            self._step = step = self._step + 1
-            steps = self._mode_steps
-            steps[_EVAL] += 1
-            steps[_GLOBAL] = step
+            self._quiet_tally.skipped += 1
             self._batch_begin = batch
             return
         if not self.disabled and self.writes and not self._closed:
@@ -104,10 +98,7 @@ class KerasHook(KerasHookBase, keras.callbacks.Callback):
         left = self._quiet_left
         if left and self._quiet_mode is _PREDICT and self.mode is _PREDICT and monotonic() < self._quiet_deadline:
             self._quiet_left = left - 1  # a step known to save nothing: count it (see _arm_quiet)
-            self._step = step = self._step + 1
-            steps = self._mode_steps
-            steps[_PREDICT] += 1
-            steps[_GLOBAL] = step
+            self._quiet_tally.skipped += 1
             self._batch_begin = batch
             return
         if not self.disabled and self.writes and not self._closed:
