@@ -202,9 +202,7 @@ class _GraphStore:
         self.local.graph = None
         self.local.outputs = False
         if outputs:
-            pending = pending or []
-            self.out_keys[mode] = [key for key, _v, _s, _t in pending]
-            return tuple(t for _k, _v, _s, t in pending)
+            return self._as_outputs(mode, pending or [])
         if not pending:
             return None
         g = self.gen.read_value()
@@ -217,6 +215,41 @@ class _GraphStore:
 
         tf.cond(g > 0, save, lambda: tf.constant(False))
         return None
+
+    def _as_outputs(self, mode: Any, pending: list[tuple[Any, Any, Any, Any]]) -> tuple[Any, ...]:
+        """The step's captures as few outputs: those of a static shape flattened into one concatenation per
+        dtype (each output costs TensorFlow's Python some µs per call), the others as they are; their places
+        in `out_keys[mode]` as (key, output index, offset, size, shape), offset None for a whole output."""
+        tf = self.tf
+        outs: list[Any] = []
+        layout: list[tuple[Any, int, int | None, int, tuple[int, ...]]] = []
+        groups: dict[Any, list[tuple[Any, Any]]] = {}
+        for key, _v, _s, t in pending:
+            if key[2] is not None and t.dtype != tf.bool:
+                groups.setdefault(t.dtype, []).append((key, t))
+            else:
+                layout.append((key, len(outs), None, 0, ()))
+                outs.append(t)
+        for group in groups.values():
+            slot, offset = len(outs), 0
+            for key, _t in group:
+                size = int(np.prod(key[2], dtype=np.int64))
+                layout.append((key, slot, offset, size, key[2]))
+                offset += size
+            outs.append(tf.concat([tf.reshape(t, [-1]) for _k, t in group], 0))
+        self.out_keys[mode] = layout
+        return tuple(outs)
+
+    def unpack(self, mode: Any, outputs: tuple[Any, ...]) -> list[tuple[str, int, np.ndarray]]:
+        """(name, local replica, value) of what a step function in outputs mode returned (views, no copies)."""
+        arrays = [np.asarray(o) for o in outputs]
+        found = []
+        for key, slot, offset, size, shape in self.out_keys.get(mode, []):
+            a = arrays[slot]
+            if offset is not None:
+                a = a[offset:offset + size].reshape(shape)
+            found.append((key[0], key[1], a))
+        return found
 
     def capture(self, mode: Any, name: str, t: Any, gate: Any = None) -> bool:
         """Add the copy of `t` to the step being traced; False if it cannot be captured here. `gate`: an int32
@@ -919,8 +952,7 @@ class KerasHookBase(Hook):
             captured: list[tuple[str, int, Any]] = []
             outs, self._step_outputs = self._step_outputs, None
             if outs is not None and self._store is not None:
-                keys = self._store.out_keys.get(outs[0], [])
-                captured.extend((k[0], k[1], np.asarray(v)) for k, v in zip(keys, outs[1], strict=True))
+                captured.extend(self._store.unpack(outs[0], outs[1]))
             if self._store is not None:
                 captured.extend(self._store.read(mode))
                 host = self._host_weights
