@@ -6,9 +6,10 @@ histogram set per epoch, saves exactly as often as tensortap's save_interval=k),
 steps per `fit` call. The variants alternate within each round (none, noop, tensortap, tensorboard, in a
 rotating order; `noop` is an empty callback with batch methods, the floor for any callback); the first round
 is a warm-up (tracing) and is not counted. Ratio = the variant's block time over the
-no-hook block time of the same round; the table gives the median over rounds, of wall time and of the CPU
+no-hook block time of the same round; the table gives the median over rounds, of wall time, of the CPU
 time of the training process (less sensitive to other jobs on a shared machine; tensortap's writer process
-is not in it).
+is not in it) and of the CPU time of the training thread alone (where every callback runs; TensorFlow's
+own threads, e.g. tf.data's, are not in it: the least sensitive to load).
 
     .venv/bin/python bench/keras_overhead.py [--rounds 7] [--steps 200]
 
@@ -112,40 +113,48 @@ def main() -> None:
                 names = list(vs)
                 ratios: dict[str, list[float]] = {n: [] for n in names if n != "none"}
                 cpu_ratios: dict[str, list[float]] = {n: [] for n in names if n != "none"}
+                thread_ratios: dict[str, list[float]] = {n: [] for n in names if n != "none"}
                 plain_ms: list[float] = []
                 for r in range(args.rounds + 1):
                     order = names[r % len(names):] + names[:r % len(names)]
-                    times, cpu = {}, {}
+                    times, cpu, thread = {}, {}, {}
                     for n in order:
                         model, cbs = vs[n]
-                        t0, c0 = time.perf_counter(), time.process_time()
+                        t0, c0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
                         model.fit(data, epochs=args.steps // k, steps_per_epoch=k, callbacks=cbs, verbose=0)
                         times[n], cpu[n] = time.perf_counter() - t0, time.process_time() - c0
+                        thread[n] = time.thread_time() - h0
                     if r == 0:
                         continue  # warm-up: tracing
                     plain_ms.append(1000 * times["none"] / args.steps)
                     for n in ratios:
                         ratios[n].append(times[n] / times["none"])
                         cpu_ratios[n].append(cpu[n] / cpu["none"])
+                        thread_ratios[n].append(thread[n] / thread["none"])
                 hook = vs["tensortap"][1][0]
                 hook.close()
                 assert hook.error_count == 0, hook.first_error
                 row = (kind, k, statistics.median(plain_ms), statistics.median(ratios["noop"]),
                        statistics.median(ratios["tensortap"]), statistics.median(ratios["tensorboard"]),
-                       statistics.median(cpu_ratios["tensortap"]), statistics.median(cpu_ratios["tensorboard"]))
+                       statistics.median(cpu_ratios["tensortap"]), statistics.median(cpu_ratios["tensorboard"]),
+                       statistics.median(thread_ratios["tensortap"]), statistics.median(thread_ratios["tensorboard"]))
                 rows.append(row)
                 print(f"{kind} every {k}: plain {row[2]:.3f} ms/step, empty callback x{row[3]:.3f}, "
                       f"tensortap x{row[4]:.3f} (rounds: {' '.join(f'{x:.3f}' for x in ratios['tensortap'])}), "
                       f"TensorBoard(histogram_freq=1) x{row[5]:.3f}; CPU time of the training process: "
-                      f"tensortap x{row[6]:.3f}, TensorBoard x{row[7]:.3f}", flush=True)
+                      f"tensortap x{row[6]:.3f}, TensorBoard x{row[7]:.3f}; of the training thread: "
+                      f"tensortap x{row[8]:.3f} "
+                      f"(rounds: {' '.join(f'{x:.3f}' for x in thread_ratios['tensortap'])}), TensorBoard "
+                      f"x{row[9]:.3f}", flush=True)
     print()
     print(f"keras {keras.__version__}, tensorflow {tf.__version__}, python {sys.version.split()[0]}, "
           f"{args.rounds} rounds of {args.steps} steps, load average {os.getloadavg()[0]:.1f}")
     print("| model | save every | plain ms/step | empty callback | tensortap | TensorBoard(histogram_freq=1) "
-          "| tensortap CPU | TensorBoard CPU |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for kind, k, ms, noop, t, tb, tc, tbc in rows:
-        print(f"| {kind} | {k} | {ms:.3f} | x{noop:.3f} | x{t:.3f} | x{tb:.3f} | x{tc:.3f} | x{tbc:.3f} |")
+          "| tensortap CPU | TensorBoard CPU | tensortap thread CPU | TensorBoard thread CPU |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for kind, k, ms, noop, t, tb, tc, tbc, th, tbh in rows:
+        print(f"| {kind} | {k} | {ms:.3f} | x{noop:.3f} | x{t:.3f} | x{tb:.3f} | x{tc:.3f} | x{tbc:.3f} "
+              f"| x{th:.3f} | x{tbh:.3f} |")
 
 
 if __name__ == "__main__":

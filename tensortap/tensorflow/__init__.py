@@ -6,7 +6,8 @@
     model.compile(optimizer=hook.wrap_optimizer(keras.optimizers.Adam()), loss="mse")
     model.fit(x, y, callbacks=[hook])
 
-Importing this package imports neither TensorFlow nor Keras: `KerasHook` loads Keras when first used.
+Importing this package imports neither TensorFlow nor Keras: `KerasHook` loads Keras when first used,
+`SessionHook` (TF1-style `tf.compat.v1` sessions) TensorFlow.
 Tensor names and what each Keras backend captures: docs/tensorflow.md.
 """
 
@@ -22,6 +23,7 @@ from tensortap.trials import create_trial
 
 __all__ = [
     "KerasHook",
+    "SessionHook",
     "SaveConfig",
     "SaveConfigMode",
     "ReductionConfig",
@@ -40,4 +42,8 @@ def __getattr__(name: str) -> Any:
         from tensortap.tensorflow.keras import KerasHook
 
         return KerasHook
+    if name == "SessionHook":
+        from tensortap.tensorflow.session import SessionHook
+
+        return SessionHook
     raise AttributeError(f"module 'tensortap.tensorflow' has no attribute {name!r}")

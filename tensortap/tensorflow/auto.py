@@ -5,6 +5,12 @@ When the training script imports keras (also through `tf.keras`), `attach` wraps
 added to its callbacks, and the model's optimizer is wrapped for gradients when they are saved. If the
 script builds its own KerasHook (which then uses the runner's config), that hook is used and nothing is
 added.
+
+On Keras's PyTorch backend Keras layers are torch modules, so the PyTorch capture (attached when Keras
+imports torch, always before this) would find the Keras model too and write a second record of the same job
+into the same out_dir. Keras's capture is the one kept (it knows Keras's names, modes and steps): attaching
+to Keras turns the automatic PyTorch capture off, unless it already captures a model (a script that trained
+a plain torch model before).
 """
 
 from __future__ import annotations
@@ -27,12 +33,24 @@ def attach(keras_module: Any = None) -> None:
         return
     import keras
 
+    if keras.backend.backend() == "torch":
+        _detach_pytorch_auto()
     model_cls = keras.Model
     _state["originals"] = {}
     for name in ("fit", "evaluate", "predict"):
         orig = getattr(model_cls, name)
         _state["originals"][name] = orig
         setattr(model_cls, name, _wrap(name, orig))
+
+
+def _detach_pytorch_auto() -> None:
+    import sys
+
+    auto = sys.modules.get("tensortap.pytorch.auto")
+    state = getattr(auto, "_state", None)
+    if state is not None and state.hook is None:
+        auto.detach()
+        logger.info("tensortap: Keras on the PyTorch backend: the Keras capture is used, not the PyTorch one")
 
 
 def detach() -> None:

@@ -2,19 +2,24 @@
 
 How values leave a compiled step (see docs/tensorflow.md for the names and what each backend captures):
 
-* weights and optimizer variables are read between steps, in the callback (`on_*_batch_begin`): the values
-  the step's forward pass uses;
+* weights and optimizer variables: the values the step's forward pass uses (read between steps, in
+  `on_*_batch_begin`, or at the start of a compiled capturing step);
 * losses and metrics come from the logs Keras hands to `on_*_batch_end`;
 * gradients (`wrap_optimizer`), layer inputs/outputs, model inputs, labels and predictions are tensors inside
   the step. Outside a `tf.function` (run_eagerly, the PyTorch backend) they are copied when produced, on
-  saving steps only. Inside a `tf.function` (also XLA) each goes into a shadow variable through a `tf.cond`
-  on one boolean variable the callback sets on saving steps; the step clears it when it ends, so with
-  steps_per_execution > 1 only the first step of an execution is captured. No Python runs inside the graph.
+  saving steps only. A compiled model runs Keras's own step function on steps that save nothing and a
+  second, capturing one on saving steps (`_select_function`). On one device with one step per execution the
+  capturing function returns its captures as extra outputs (`_unpacking` takes them off before Keras sees
+  them); otherwise each goes into a shadow variable through a `tf.cond` on one variable the callback sets on
+  saving steps (the step clears it when it ends, so with steps_per_execution > 1 only the first step of an
+  execution is captured). No Python runs inside the graph.
+* steps known to save nothing are only counted by the batch callbacks (`_arm_quiet`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -42,6 +47,8 @@ _FUNCTIONS = {_modes.TRAIN: ("train_function", "make_train_function"),
               _modes.EVAL: ("test_function", "make_test_function"),
               _modes.PREDICT: ("predict_function", "make_predict_function")}
 _LOG_SKIP = frozenset({"outputs", "batch", "size"})
+# keys of what a capturing step function returns in outputs mode: Keras's own outputs and the captures
+_OUT, _CAPTURED = "tensortap_step_out", "tensortap_captured"
 
 
 def _flat(x: Any) -> list[Any]:
@@ -171,33 +178,78 @@ class _GraphStore:
         self.vars: dict[tuple[str, Any], tuple[Any, Any]] = {}  # (name, static shape) -> (value, stamp)
         self.names: dict[Any, list[tuple[str, Any]]] = {}  # mode of the step function -> its shadows' keys
         self.readers: dict[Any, tuple[int, Any]] = {}  # mode -> (number of keys, compiled read of them all)
+        self.out_keys: dict[Any, list[Any]] = {}  # mode -> keys of what its step function returns (outputs mode)
         import threading
 
         # copies deferred to the end of the step being traced (one tf.cond for all), per tracing thread
         # (MirroredStrategy traces its replicas in threads)
         self.local = threading.local()
 
-    def begin_trace(self) -> None:
+    def begin_trace(self, outputs: bool = False) -> None:
+        """Start tracing a step function; `outputs`: it runs on saving steps only and returns its captures
+        as extra outputs (`end_trace`) instead of copying them into shadows."""
         self.local.graph = self.tf.compat.v1.get_default_graph()
         self.local.pending = []
+        self.local.outputs = outputs
 
-    def end_trace(self) -> None:
-        """Emit the deferred copies of the step being traced, gated by one tf.cond."""
+    def end_trace(self, mode: Any = None) -> tuple[Any, ...] | None:
+        """Emit the deferred copies of the step being traced, gated by one tf.cond; in outputs mode, return
+        the captured tensors instead (their keys in `out_keys[mode]`)."""
         tf = self.tf
         pending = getattr(self.local, "pending", None)
+        outputs = getattr(self.local, "outputs", False)
         self.local.pending = None
         self.local.graph = None
+        self.local.outputs = False
+        if outputs:
+            return self._as_outputs(mode, pending or [])
         if not pending:
-            return
+            return None
         g = self.gen.read_value()
 
         def save() -> Any:
-            for value, stamp, t in pending:
+            for _key, value, stamp, t in pending:
                 value.assign(t)
                 stamp.assign(g)
             return tf.constant(True)
 
         tf.cond(g > 0, save, lambda: tf.constant(False))
+        return None
+
+    def _as_outputs(self, mode: Any, pending: list[tuple[Any, Any, Any, Any]]) -> tuple[Any, ...]:
+        """The step's captures as few outputs: those of a static shape flattened into one concatenation per
+        dtype (each output costs TensorFlow's Python some µs per call), the others as they are; their places
+        in `out_keys[mode]` as (key, output index, offset, size, shape), offset None for a whole output."""
+        tf = self.tf
+        outs: list[Any] = []
+        layout: list[tuple[Any, int, int | None, int, tuple[int, ...]]] = []
+        groups: dict[Any, list[tuple[Any, Any]]] = {}
+        for key, _v, _s, t in pending:
+            if key[2] is not None and t.dtype != tf.bool:
+                groups.setdefault(t.dtype, []).append((key, t))
+            else:
+                layout.append((key, len(outs), None, 0, ()))
+                outs.append(t)
+        for group in groups.values():
+            slot, offset = len(outs), 0
+            for key, _t in group:
+                size = int(np.prod(key[2], dtype=np.int64))
+                layout.append((key, slot, offset, size, key[2]))
+                offset += size
+            outs.append(tf.concat([tf.reshape(t, [-1]) for _k, t in group], 0))
+        self.out_keys[mode] = layout
+        return tuple(outs)
+
+    def unpack(self, mode: Any, outputs: tuple[Any, ...]) -> list[tuple[str, int, np.ndarray]]:
+        """(name, local replica, value) of what a step function in outputs mode returned (views, no copies)."""
+        arrays = [np.asarray(o) for o in outputs]
+        found = []
+        for key, slot, offset, size, shape in self.out_keys.get(mode, []):
+            a = arrays[slot]
+            if offset is not None:
+                a = a[offset:offset + size].reshape(shape)
+            found.append((key[0], key[1], a))
+        return found
 
     def capture(self, mode: Any, name: str, t: Any, gate: Any = None) -> bool:
         """Add the copy of `t` to the step being traced; False if it cannot be captured here. `gate`: an int32
@@ -212,6 +264,11 @@ class _GraphStore:
             return False  # XLA needs a variable of a fixed shape
         replica = _local_replica(tf)
         key = (name, replica, static, t.dtype.name)
+        pending = getattr(self.local, "pending", None)
+        if gate is None and pending is not None and getattr(self.local, "outputs", False) \
+                and getattr(t, "graph", None) is self.local.graph:
+            pending.append((key, None, None, t))  # (returned by the step function: no shadow)
+            return True
         pair = self.vars.get(key)
         if pair is None:
             with tf.init_scope():
@@ -225,9 +282,8 @@ class _GraphStore:
         if key not in keys:
             keys.append(key)
         value, stamp = pair
-        pending = getattr(self.local, "pending", None)
         if gate is None and pending is not None and getattr(t, "graph", None) is self.local.graph:
-            pending.append((value, stamp, t))
+            pending.append((key, value, stamp, t))
             return True
         g = self.gen.read_value() if gate is None else gate
 
@@ -240,15 +296,15 @@ class _GraphStore:
         return True
 
     def end_step(self) -> None:
-        self.gen.assign(0)
+        self.gen.assign(0, read_value=False)
 
     def start(self, saving: bool) -> None:
         if saving:
             self.counter += 1
             self.current = self.counter
-            self.gen.assign(self.current)
+            self.gen.assign(self.current, read_value=False)
         elif self.current:
-            self.gen.assign(0)
+            self.gen.assign(0, read_value=False)
             self.current = 0
 
     def read(self, mode: Any, gen: int | None = None) -> list[tuple[str, int, np.ndarray]]:
@@ -258,17 +314,21 @@ class _GraphStore:
         if not gen:
             return []
         keys = self.names.get(mode, [])
+        if not keys:
+            return []
         reader = self.readers.get(mode)
         if reader is None or reader[0] != len(keys):
             pairs = [self.vars[k] for k in keys]
             tf = self.tf
 
             def read_all() -> Any:
-                return [s.read_value() for _v, s in pairs], [v.read_value() for v, _s in pairs]
+                return tf.stack([s.read_value() for _v, s in pairs]), [v.read_value() for v, _s in pairs]
 
             reader = self.readers[mode] = (len(keys), tf.function(read_all, autograph=False))
         stamps, values = reader[1]()
-        return [(k[0], k[1], v.numpy()) for k, s, v in zip(keys, stamps, values, strict=True) if int(s) == gen]
+        stamps = stamps.numpy().tolist()
+        # (np.asarray: a view of the read's output tensor, which nothing changes, instead of .numpy()'s copy)
+        return [(k[0], k[1], np.asarray(v)) for k, s, v in zip(keys, stamps, values, strict=True) if s == gen]
 
 
 def _plain_variable(tf: Any, initial: Any, name: str, unknown_shape: bool = False) -> Any:
@@ -279,6 +339,15 @@ def _plain_variable(tf: Any, initial: Any, name: str, unknown_shape: bool = Fals
 
     return resource_variable_ops.ResourceVariable(
         initial, trainable=False, name=name, shape=tf.TensorShape(None) if unknown_shape else None)
+
+
+class _Tally:
+    """Steps a hook counted without the step clock (the clock adds `skipped` to its counters when read)."""
+
+    __slots__ = ("skipped",)
+
+    def __init__(self) -> None:
+        self.skipped = 0
 
 
 class KerasHookBase(Hook):
@@ -319,10 +388,23 @@ class KerasHookBase(Hook):
         self._fn_swap = False  # swap Keras's compiled step functions between saving and other steps
         self._functions: dict[str, list[Any]] = {}  # "train_function" -> [plain, capturing]
         self._capture_trace = True  # a compiled step traced now gets the capture ops
+        self._outputs_trace = False  # ... and returns them as extra outputs (see _select_function)
+        self._out_functions: set[int] = set()  # ids of the unpacking wrappers of such functions
+        self._step_outputs: tuple[Any, tuple[Any, ...]] | None = None  # (mode, captures) of the last call
         self._tape_pending: tuple[int, Any] | None = None
         self._wrapped_optimizers: list[Any] = []
         self._wanted_cache: dict[str, bool] = {}
         self._restore: list[Callable[[], None]] = []
+        # The next `_quiet_left` batches of mode `_quiet_mode` are known to save nothing: the batch callbacks
+        # only count them (until `_quiet_deadline`, the next stop-request check); see `_arm_quiet`.
+        # weights the capturing step function of a mode copies at its start (read there, not between steps)
+        self._weights_in_step: dict[Any, frozenset[str]] = {}
+        self._host_weights: set[str] = set()  # weights read between steps at the current step
+        self._quiet_left = 0
+        self._quiet_mode: Any = None
+        self._quiet_deadline = 0.0
+        self._quiet_tally = _Tally()  # the steps only counted, added to the step clock before it is read
+        self.clock.tally = self._quiet_tally
         from tensortap.tensorflow import singleton
 
         singleton.set_hook(self)
@@ -355,6 +437,7 @@ class KerasHookBase(Hook):
 
     def _collections_changed(self) -> None:
         self._wanted_cache = {}
+        self._quiet_left = 0
         super()._collections_changed()
 
     # --- model registration -------------------------------------------------------------------
@@ -495,6 +578,7 @@ class KerasHookBase(Hook):
     def _unregister(self) -> None:
         self._restore_functions()
         self._functions = {}
+        self._weights_in_step = {}
         self._fn_swap = False
         for r in reversed(self._restore):
             try:
@@ -516,7 +600,11 @@ class KerasHookBase(Hook):
                 if hook._store is None:
                     hook._store = _GraphStore(xla=bool(getattr(hook._model, "jit_compile", False)),
                                               saving=hook._saving)
-                hook._store.begin_trace()
+                as_outputs = hook._outputs_trace
+                hook._store.begin_trace(as_outputs)
+                with hook.guard("step capture"):
+                    hook._capture_weights(mode)
+            extra: Any = None
             try:
                 with hook.guard("step capture"):
                     hook._capture_data(mode, data)
@@ -528,7 +616,10 @@ class KerasHookBase(Hook):
                 hook._in_step_fn = outer
                 if graph:
                     with hook.guard("step capture"):
-                        hook._store.end_trace()
+                        extra = hook._store.end_trace(mode)
+            if graph and as_outputs:
+                # (always this structure in such a trace: `_select_function`'s unpacking wrapper expects it)
+                return {_OUT: out, _CAPTURED: tuple(extra or ())}
             with hook.guard("step end"):
                 if graph:
                     # with several steps per execution only its first step is captured (with one, the
@@ -541,6 +632,25 @@ class KerasHookBase(Hook):
 
         step.__wrapped__ = orig  # type: ignore[attr-defined]
         return step
+
+    def _capture_weights(self, mode: Any) -> None:
+        """In a compiled step traced for saving steps, on one device: copy the weights read at the step's start
+        (before the optimizer updates them: the values the forward pass uses, as between steps) with the
+        step's other captures, so that a saving step makes one read of everything instead of two."""
+        names: frozenset[str] = frozenset()
+        model = self._model
+        if self._fn_swap and model is not None and _local_devices(getattr(model, "distribute_strategy", None)) == 1 \
+                and getattr(model, "built", False):
+            import tensorflow as tf
+
+            if len(getattr(model, "weights", ())) != self._n_weights:
+                self._collect_weights()
+            done = set()
+            for name, v in self._weights:
+                if self._wanted(name) and self._store.capture(mode, name, tf.identity(getattr(v, "value", v))):
+                    done.add(name)
+            names = frozenset(done)
+        self._weights_in_step[mode] = names
 
     def _wrap_layers(self, model: Any) -> bool:
         wrapped = False
@@ -699,16 +809,24 @@ class KerasHookBase(Hook):
         if self._fn_swap:
             self._select_function(mode, saving)
         store = self._store
-        # (with swapped functions, the plain one never reads the flag: it need not be cleared)
-        if store is not None and (saving or (store.current and not self._fn_swap)):
+        # (with swapped functions, the plain one never reads the flag: it need not be cleared; a capturing
+        # function that returns all its captures, traced already, never reads it either)
+        if store is not None and (saving or (store.current and not self._fn_swap)) \
+                and not (saving and self._outputs_trace and mode in store.out_keys and not store.names.get(mode)):
             store.start(saving)
         self._eager_on = saving
+        if not saving:
+            self._arm_quiet(mode)
         if saving:
             self._eager = []
+            self._step_outputs = None
             items = []
             if self._model is not None and len(getattr(self._model, "weights", ())) != self._n_weights:
                 self._collect_weights()
-            chosen = [(name, v, colls) for name, v in self._weights if (colls := self.collections_for(name))]
+            in_step = self._weights_in_step.get(mode, ())
+            chosen = [(name, v, colls) for name, v in self._weights
+                      if name not in in_step and (colls := self.collections_for(name))]
+            self._host_weights = {name for name, _v, _c in chosen}
             values = self._read_variables([v for _n, v, _c in chosen])
             items.extend((name, value, colls) for (name, _v, colls), value in zip(chosen, values, strict=True))
             if mode is _modes.TRAIN:
@@ -718,6 +836,22 @@ class KerasHookBase(Hook):
                 h.write_tensors([it for it in mine if it[2]], copy=True)
             if items:
                 self.write_tensors(items, copy=False)
+
+    def _arm_quiet(self, mode: Any) -> None:
+        """After a step that saves nothing and has switched back to Keras's plain step function: let the batch
+        callbacks only count the following steps up to the next one that may save (what `next_step` would do
+        for them, less telling readers that each passed: the next step that goes through `next_step` does).
+        Only with one step per execution and one worker per process; never past the next stop-request check."""
+        self._quiet_left = 0
+        if self._replica_hooks or self._model is None or self.disabled:
+            return
+        if int(getattr(self._model, "steps_per_execution", 1) or 1) != 1:
+            return
+        left = self.next_saving_step() - self.mode_step - 1
+        if left > 0:
+            self._quiet_left = int(min(left, 1 << 30))
+            self._quiet_mode = mode
+            self._quiet_deadline = self._next_stop_check if self._stop_watch else math.inf
 
     def _select_function(self, mode: Any, saving: bool) -> None:
         """Keras's compiled step function for this batch: the plain one Keras made (no tensortap op in it) on
@@ -732,21 +866,52 @@ class KerasHookBase(Hook):
                 return
             pair = self._functions[attr] = [current, None]  # Keras made (or remade) its function
         if saving and pair[1] is None:
-            setattr(model, attr, None)
+            object.__setattr__(model, attr, None)
             getattr(model, maker)()
-            pair[1] = getattr(model, attr)
-            if pair[1] is None:  # (a Keras that makes its function elsewhere: capture in the plain one)
-                setattr(model, attr, pair[0])
+            made = getattr(model, attr)
+            if made is None:  # (a Keras that makes its function elsewhere: capture in the plain one)
+                object.__setattr__(model, attr, pair[0])
                 pair[1] = pair[0]
-        setattr(model, attr, pair[1] if saving else pair[0])
+            elif self._outputs_possible(model):
+                pair[1] = self._unpacking(made, mode)
+                self._out_functions.add(id(pair[1]))
+            else:
+                pair[1] = made
+        want = pair[1] if saving else pair[0]
+        if current is not want:
+            object.__setattr__(model, attr, want)
         self._capture_trace = saving
+        self._outputs_trace = saving and id(want) in self._out_functions
+
+    @staticmethod
+    def _outputs_possible(model: Any) -> bool:
+        """Whether a capturing step function may return its captures as extra outputs: it runs on saving
+        steps only, one step per call, on one device (else they go through shadow variables)."""
+        return int(getattr(model, "steps_per_execution", 1) or 1) == 1 \
+            and _local_devices(getattr(model, "distribute_strategy", None)) == 1
+
+    def _unpacking(self, fn: Callable[..., Any], mode: Any) -> Callable[..., Any]:
+        """Keras's capturing step function, returning to Keras what the step returns and keeping the
+        captures for `_end_batch`."""
+        hook = self
+
+        def function(*args: Any, **kwargs: Any) -> Any:
+            res = fn(*args, **kwargs)
+            if isinstance(res, dict) and _CAPTURED in res:
+                hook._step_outputs = (mode, res[_CAPTURED])
+                return res[_OUT]
+            return res
+
+        function.__wrapped__ = fn  # type: ignore[attr-defined]
+        return function
 
     def _restore_functions(self) -> None:
         model = self._model
         for attr, pair in self._functions.items():
             if model is not None and getattr(model, attr, None) is pair[1]:
-                setattr(model, attr, pair[0])
+                object.__setattr__(model, attr, pair[0])
         self._capture_trace = True
+        self._outputs_trace = False
 
     def _optimizer_items(self) -> list[tuple[str, np.ndarray, list[Collection]]]:
         opts = list(self._wrapped_optimizers)
@@ -780,13 +945,19 @@ class KerasHookBase(Hook):
                 return [tf.identity(v) for v in held]
 
             reader = self._var_readers[key] = (variables, tf.function(read_all, autograph=False))
-        return [np.array(t, copy=True) for t in reader[1]()]
+        return [np.asarray(t) for t in reader[1]()]  # (views of the read's outputs, which nothing changes)
 
     def _end_batch(self, mode: Any, batch: int, logs: Any) -> None:
         if self._saving:
             captured: list[tuple[str, int, Any]] = []
+            outs, self._step_outputs = self._step_outputs, None
+            if outs is not None and self._store is not None:
+                captured.extend(self._store.unpack(outs[0], outs[1]))
             if self._store is not None:
                 captured.extend(self._store.read(mode))
+                host = self._host_weights
+                if host:  # (a step function traced in this step copied weights already read before it)
+                    captured = [c for c in captured if c[0] not in host]
             captured.extend((n, 0, v) for n, v in self._eager)
             self._eager = []
             if mode is _modes.PREDICT and isinstance(logs, dict) and "outputs" in logs:

@@ -5,6 +5,7 @@ This module imports Keras; `tensortap.tensorflow` imports it only when `KerasHoo
 
 from __future__ import annotations
 
+from time import monotonic
 from typing import Any
 
 import keras
@@ -50,6 +51,12 @@ class KerasHook(KerasHookBase, keras.callbacks.Callback):
 
     # The batch callbacks run at every step: try/except instead of guard() (no generator per step).
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        left = self._quiet_left
+        if left and self._quiet_mode is _TRAIN and self.mode is _TRAIN and monotonic() < self._quiet_deadline:
+            self._quiet_left = left - 1  # a step known to save nothing: count it (see _arm_quiet)
+            self._quiet_tally.skipped += 1
+            self._batch_begin = batch
+            return
         if not self.disabled and self.writes and not self._closed:
             try:
                 self._begin_batch(_TRAIN, batch)
@@ -57,6 +64,8 @@ class KerasHook(KerasHookBase, keras.callbacks.Callback):
                 self._fail("on_train_batch_begin", e)
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if not self._saving and batch == self._batch_begin:
+            return  # a step that saved nothing (what _end_batch would find)
         if not self.disabled and self.writes and not self._closed:
             try:
                 self._end_batch(_TRAIN, batch, logs)
@@ -64,6 +73,12 @@ class KerasHook(KerasHookBase, keras.callbacks.Callback):
                 self._fail("on_train_batch_end", e)
 
     def on_test_batch_begin(self, batch: int, logs: Any = None) -> None:
+        left = self._quiet_left
+        if left and self._quiet_mode is _EVAL and self.mode is _EVAL and monotonic() < self._quiet_deadline:
+            self._quiet_left = left - 1  # a step known to save nothing: count it (see _arm_quiet)
+            self._quiet_tally.skipped += 1
+            self._batch_begin = batch
+            return
         if not self.disabled and self.writes and not self._closed:
             try:
                 self._begin_batch(_EVAL, batch)
@@ -71,6 +86,8 @@ class KerasHook(KerasHookBase, keras.callbacks.Callback):
                 self._fail("on_test_batch_begin", e)
 
     def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
+        if not self._saving and batch == self._batch_begin:
+            return  # a step that saved nothing (what _end_batch would find)
         if not self.disabled and self.writes and not self._closed:
             try:
                 self._end_batch(_EVAL, batch, logs)
@@ -78,6 +95,12 @@ class KerasHook(KerasHookBase, keras.callbacks.Callback):
                 self._fail("on_test_batch_end", e)
 
     def on_predict_batch_begin(self, batch: int, logs: Any = None) -> None:
+        left = self._quiet_left
+        if left and self._quiet_mode is _PREDICT and self.mode is _PREDICT and monotonic() < self._quiet_deadline:
+            self._quiet_left = left - 1  # a step known to save nothing: count it (see _arm_quiet)
+            self._quiet_tally.skipped += 1
+            self._batch_begin = batch
+            return
         if not self.disabled and self.writes and not self._closed:
             try:
                 self._begin_batch(_PREDICT, batch)
@@ -85,6 +108,8 @@ class KerasHook(KerasHookBase, keras.callbacks.Callback):
                 self._fail("on_predict_batch_begin", e)
 
     def on_predict_batch_end(self, batch: int, logs: Any = None) -> None:
+        if not self._saving and batch == self._batch_begin:
+            return  # a step that saved nothing (what _end_batch would find)
         if not self.disabled and self.writes and not self._closed:
             try:
                 self._end_batch(_PREDICT, batch, logs)

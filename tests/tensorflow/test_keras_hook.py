@@ -338,3 +338,36 @@ def test_gradients_after_loss_scaling_is_undone(tmp_path):
         # what the inner optimizer received: the loss scale divided out
         np.testing.assert_array_equal(tr.tensor(f"gradients/{path}Grad").value(2, mode=TRAIN), rec.numpy())
     assert np.abs(tr.tensor("gradients/sequential/d2/biasGrad").value(2, mode=TRAIN)).max() < 10
+
+
+def test_steps_between_saves_counted_across_modes(tmp_path):
+    """Steps that save nothing are only counted: the saved steps, their weights and losses stay right across
+    epochs, validation inside fit and a later evaluate (save_interval=4: up to 3 quiet steps in a row)."""
+    x, y = _data(n=112)
+    model = _mlp()
+    hook = ttf.KerasHook(out_dir=str(tmp_path / "run"), save_config=ttf.SaveConfig(save_interval=4),
+                         include_collections=["weights", "biases", "gradients", "losses"])
+    model.compile(optimizer=hook.wrap_optimizer(__import__("keras").optimizers.SGD(0.1)),
+                  loss="sparse_categorical_crossentropy")
+    spy = Spy.make()
+    # 7 train batches per epoch (mode steps 0..13), 6 validation batches per epoch (0..11), then 7 of evaluate
+    history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, validation_data=(x[:96], y[:96]),
+                        callbacks=[hook, spy], verbose=0)
+    model.evaluate(x, y, batch_size=16, callbacks=[hook], verbose=0)
+    # what the capturing step returns besides Keras's logs never reaches Keras
+    assert set(history.history) == {"loss", "val_loss"}
+    assert all(set(logs) == {"loss"} for logs in spy.logs)
+    hook.close()
+    assert hook.error_count == 0, hook.first_error
+    tr = create_trial(str(tmp_path / "run"))
+    assert tr.steps(mode=TRAIN) == [0, 4, 8, 12]
+    assert tr.steps(mode=EVAL) == [0, 4, 8, 12, 16]
+    assert tr.tensor("loss").steps(mode=EVAL) == [0, 4, 8, 12, 16]
+    # global steps: 0-6 train, 7-12 eval, 13-19 train, 20-25 eval, 26-32 eval (evaluate)
+    assert tr.steps() == [0, 4, 7, 11, 14, 18, 22, 26, 30]
+    for s in (0, 4, 8, 12):
+        for v_path, value in spy.weights[s].items():
+            layer = v_path.split("/")[1]
+            np.testing.assert_array_equal(tr.tensor(f"{layer}/weights/{v_path}").value(s, mode=TRAIN), value)
+        assert tr.tensor("loss").value(s, mode=TRAIN) == spy.logs[s]["loss"]
+        assert tr.tensor("gradients/sequential/d1/kernelGrad").value(s, mode=TRAIN).shape == (4, 8)

@@ -39,13 +39,19 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def tensortap(*args, timeout=300, cwd=None):
+def tensortap(*args, timeout=300, cwd=None, backend="tensorflow"):
     exe = os.path.join(os.path.dirname(sys.executable), "tensortap")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND=backend)
     return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
-def test_zero_script_change_captures_what_an_explicit_hook_captures(tmp_path):
+# On the PyTorch backend Keras layers are torch modules and `import keras` imports torch: the runner attaches
+# to both, and only the Keras capture may write (a second writer of worker_0 would fail to claim out_dir and
+# the job would be recorded under PyTorch's names).
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_zero_script_change_captures_what_an_explicit_hook_captures(tmp_path, backend):
+    if backend == "torch":
+        pytest.importorskip("torch")
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     trials = {}
@@ -53,8 +59,9 @@ def test_zero_script_change_captures_what_an_explicit_hook_captures(tmp_path):
         out = str(tmp_path / variant)
         r = tensortap("run", "--out-dir", out, "--save-interval", "3", "--collection", "weights",
                       "--collection", "gradients", "--collection", "losses", "--json",
-                      "--", sys.executable, str(script), variant, cwd=str(tmp_path))
+                      "--", sys.executable, str(script), variant, cwd=str(tmp_path), backend=backend)
         assert r.returncode == 0, (r.stdout, r.stderr[-3000:])
+        assert "already used by another job" not in r.stderr, r.stderr[-3000:]
         trials[variant] = tt.create_trial(out)
     auto, explicit = trials["auto"], trials["explicit"]
     assert not (tmp_path / "ignored-out-dir").exists()  # the script's own hook used the runner's out_dir
