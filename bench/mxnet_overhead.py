@@ -149,6 +149,7 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
         hook.register_block(net)
         hook.register_block(loss_fn)
     switch = _HookSwitch([net, loss_fn])
+    grads: list = []  # (for `wait`, once the first forward has initialised the parameters)
     batch = x.shape[0]
 
     def writer_cpu() -> float:
@@ -170,7 +171,10 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
             if sync_every and i % sync_every == 0:
                 loss.asnumpy()  # (the job reads its loss: logging, a metric)
             if hooked and lib == "read" and i % interval == 0:
-                loss.asnumpy()  # (the floor: one wait for MXNet's engine per saving interval, nothing saved)
+                loss.asnumpy()  # (one wait for MXNet's engine per saving interval, nothing saved)
+            if hooked and lib == "wait" and i % interval == 0:
+                for g in grads:  # (the floor: this step's gradients waited for before the next step begins)
+                    g.wait_to_read()
         mx.nd.waitall()
         if hooked and lib.startswith("tensortap"):
             _drain(hook)
@@ -179,6 +183,7 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
 
     run(True, steps)
     run(False, steps)
+    grads[:] = [p.grad() for p in net.collect_params().values()]
     ratios, plain_us, hooked_us, cpu_h, cpu_p = [], [], [], 0.0, 0.0
     for _ in range(pairs):
         h, hc = run(lib not in ("none",), steps)

@@ -57,6 +57,7 @@ _HVD_VARS = ("HOROVOD_RANK", "HOROVOD_SIZE")
 _NDArray = mx.nd.NDArray  # (mx.np.ndarray is one too)
 _Symbol = mx.sym.Symbol
 _pause = mx.autograd.pause
+_multicast = mx.nd.amp_multicast
 _NONE: list = []  # (never mutated)
 
 
@@ -120,23 +121,64 @@ class _Read:
     """A parameter's value or gradient read at saving steps: its shape and dtype are learned once per array
     (MXNet asks its library for both at every asnumpy())."""
 
-    __slots__ = ("name", "param", "colls", "grad", "array", "shape", "dtype", "size")
+    __slots__ = ("name", "param", "colls", "grad", "array", "shape", "dtype", "size", "key")
 
     def __init__(self, name: str, param: Any, colls: list[Collection], grad: bool) -> None:
         self.name, self.param, self.colls, self.grad = name, param, colls, grad
         self.array: Any = None
 
-    def read(self, arr: Any) -> np.ndarray:
-        """A new numpy copy of `arr` (the parameter's array on its first context, or its gradient's), once
-        MXNet's engine has written it."""
-        if arr is not self.array:  # (first read, or the parameter was initialised again)
+    def learn(self, arr: Any) -> Any:
+        """`arr` (the parameter's array on its first context, or its gradient's), its shape and dtype known."""
+        if arr is not self.array:  # (first read, or the parameter was initialised or cast again)
             self.shape, self.dtype = arr.shape, np.dtype(arr.dtype)
             self.size = int(np.prod(self.shape))
+            # arrays copied by one engine operation (_copy_all): legacy NDArrays of one dtype and context
+            self.key = (self.dtype, arr.context) if type(arr) is _NDArray else None
             self.array = arr
-        out = np.empty(self.shape, self.dtype)
-        _check_call(_LIB.MXNDArraySyncCopyToCPU(arr.handle, ctypes.c_void_p(out.ctypes.data),
-                                                ctypes.c_size_t(self.size)))
-        return out
+        return arr
+
+
+
+def _read_all(pairs: list[tuple[_Read, Any]]) -> list[np.ndarray]:
+    """Numpy copies of the arrays in `pairs` (each of its read's shape and dtype), once MXNet's engine has
+    written them: views of one new host buffer per dtype."""
+    sizes: dict[np.dtype, int] = {}
+    for r, _a in pairs:
+        sizes[r.dtype] = sizes.get(r.dtype, 0) + r.size
+    bufs = {dt: np.empty(n, dt) for dt, n in sizes.items()}
+    at = dict.fromkeys(bufs, 0)  # (elements used)
+    addr = {dt: b.ctypes.data for dt, b in bufs.items()}
+    out = []
+    for r, arr in pairs:
+        dt, n = r.dtype, r.size
+        i = at[dt]
+        at[dt] = i + n
+        _check_call(_LIB.MXNDArraySyncCopyToCPU(arr.handle, ctypes.c_void_p(addr[dt] + i * dt.itemsize),
+                                                ctypes.c_size_t(n)))
+        out.append(bufs[dt][i:i + n].reshape(r.shape))
+    return out
+
+
+def _copy_all(reads: list[_Read], arrays: list[Any]) -> list[Any]:
+    """New copies of `arrays` (learned by `reads`), made by MXNet's engine in order with the job's operations.
+
+    Arrays of one dtype and context are copied by one `amp_multicast` (one operation instead of one per array:
+    with inputs of a single dtype it casts nothing and writes each input into a new output array).
+    """
+    groups: dict[Any, list[int]] = {}
+    for i, r in enumerate(reads):
+        groups.setdefault(r.key, []).append(i)
+    out: list[Any] = [None] * len(arrays)
+    with _pause():
+        for key, idx in groups.items():
+            if key is None or len(idx) == 1:
+                for i in idx:
+                    out[i] = arrays[i].copy()
+                continue
+            copies = _multicast(*[arrays[i] for i in idx], num_outputs=len(idx))
+            for i, c in zip(idx, copies, strict=True):
+                out[i] = c
+    return out
 
 
 class _Root:
@@ -198,7 +240,7 @@ class Hook(BaseHook):
         # (name, copy, collections) of this step's block inputs and outputs: copies made by MXNet's engine (in
         # order with the job's own operations, without waiting for them), read when the step ends
         self._mx_pending: list[tuple[str, Any, list[Collection]]] = []
-        self._mx_ready: list[tuple[str, Any, list[Collection]]] = []  # (name, numpy value, collections): weights
+        self._mx_copied: list[tuple[_Read, Any]] = []  # (read, copy) of this step's weights, like _mx_pending
         self._mx_io_counts: dict[str, int] = {}
         self._mx_closed = False
         self._mx_warned_hybrid = False
@@ -331,17 +373,21 @@ class Hook(BaseHook):
 
     def on_step_end(self) -> None:
         """Read this step's gradients and copies, and hand them to the writer at once."""
-        grads, pending, items = self._mx_grads, self._mx_pending, self._mx_ready
-        if not grads and not pending and not items:
+        grads, weights, pending = self._mx_grads, self._mx_copied, self._mx_pending
+        if not grads and not weights and not pending:
             return
-        self._mx_grads, self._mx_pending, self._mx_ready = _NONE, [], []
+        self._mx_grads, self._mx_copied, self._mx_pending = _NONE, [], []
+        items: list[tuple[str, Any, list[Collection]]] = []
         if not self.active:
             return
         try:
-            for r in grads:
+            pairs = []
+            for r in grads:  # (the first read waits for this step's backward)
                 arrs = r.param._grad
                 if arrs is not None:  # (None: deferred initialisation, this step's forward did not get that far)
-                    items.append((r.name, r.read(arrs[0]), r.colls))
+                    pairs.append((r, r.learn(arrs[0])))
+            pairs += weights
+            items.extend([(r.name, value, r.colls) for (r, _a), value in zip(pairs, _read_all(pairs), strict=True)])
             for name, arr, colls in pending:
                 items.append((name, arr.asnumpy(), colls))
             if items:
@@ -391,9 +437,10 @@ class Hook(BaseHook):
         try:
             weights = self._mx_weights.pop(id(block), None)  # (once per step)
             if weights:
-                # The values this forward used: the optimizer's update comes after the backward. Reading them
-                # waits for the previous update only; the engine goes on with this forward meanwhile.
-                self._mx_ready.extend([(r.name, r.read(r.param._data[0]), r.colls) for r in weights])
+                # The values this forward used: copied by MXNet's engine before the optimizer's update (which
+                # comes after the backward), read when the step ends.
+                arrays = [r.learn(r.param._data[0]) for r in weights]
+                self._mx_copied.extend(zip(weights, _copy_all(weights, arrays), strict=True))
             if self._mx_io and not self._mx_warned_hybrid and getattr(block, "_active", False) and block._children:
                 self._mx_warned_hybrid = True
                 logger.info("tensortap: %s is hybridized: the inputs and outputs of the blocks inside it are not "
