@@ -38,6 +38,7 @@ from mxnet.base import check_call as _check_call
 
 from tensortap.collection import ACTIVATION_COLLECTIONS, Collection, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
+from tensortap.format.writer import RecordBatch
 from tensortap.hooks.base import Hook as BaseHook
 from tensortap.hooks.base import rank_in_env
 from tensortap.mxnet import singleton
@@ -121,10 +122,13 @@ class _Read:
     """A parameter's value or gradient read at saving steps: its shape and dtype are learned once per array
     (MXNet asks its library for both at every asnumpy())."""
 
-    __slots__ = ("name", "param", "colls", "grad", "array", "shape", "dtype", "size", "key")
+    __slots__ = ("name", "param", "colls", "grad", "reductions", "array", "shape", "dtype", "size", "key")
 
-    def __init__(self, name: str, param: Any, colls: list[Collection], grad: bool) -> None:
+    def __init__(self, name: str, param: Any, colls: list[Collection], grad: bool,
+                 reductions: tuple | None) -> None:
         self.name, self.param, self.colls, self.grad = name, param, colls, grad
+        # saved raw: the (name, abs) reductions the writer computes beside it; None: not raw (or shape only)
+        self.reductions = reductions
         self.array: Any = None
 
     def learn(self, arr: Any) -> Any:
@@ -139,23 +143,25 @@ class _Read:
 
 
 
-def _read_all(pairs: list[tuple[_Read, Any]]) -> list[np.ndarray]:
+def _read_all(pairs: list[tuple[_Read, Any]]) -> dict[np.dtype, tuple[list[_Read], list[np.ndarray], np.ndarray]]:
     """Numpy copies of the arrays in `pairs` (each of its read's shape and dtype), once MXNet's engine has
-    written them: views of one new host buffer per dtype."""
-    sizes: dict[np.dtype, int] = {}
-    for r, _a in pairs:
-        sizes[r.dtype] = sizes.get(r.dtype, 0) + r.size
-    bufs = {dt: np.empty(n, dt) for dt, n in sizes.items()}
-    at = dict.fromkeys(bufs, 0)  # (elements used)
-    addr = {dt: b.ctypes.data for dt, b in bufs.items()}
-    out = []
-    for r, arr in pairs:
-        dt, n = r.dtype, r.size
-        i = at[dt]
-        at[dt] = i + n
-        _check_call(_LIB.MXNDArraySyncCopyToCPU(arr.handle, ctypes.c_void_p(addr[dt] + i * dt.itemsize),
-                                                ctypes.c_size_t(n)))
-        out.append(bufs[dt][i:i + n].reshape(r.shape))
+    written them, per dtype: (reads, copies, flat), the copies views of one new host buffer `flat`, in order."""
+    groups: dict[np.dtype, list[tuple[_Read, Any]]] = {}
+    for pair in pairs:
+        groups.setdefault(pair[0].dtype, []).append(pair)
+    out = {}
+    for dt, group in groups.items():
+        flat = np.empty(sum(r.size for r, _a in group), dt)
+        addr, item = flat.ctypes.data, dt.itemsize
+        reads, arrays = [], []
+        i = 0
+        for r, arr in group:
+            n = r.size
+            _check_call(_LIB.MXNDArraySyncCopyToCPU(arr.handle, ctypes.c_void_p(addr + i * item), ctypes.c_size_t(n)))
+            reads.append(r)
+            arrays.append(flat[i:i + n].reshape(r.shape))
+            i += n
+        out[dt] = (reads, arrays, flat)
     return out
 
 
@@ -356,13 +362,19 @@ class Hook(BaseHook):
                     continue
                 colls = self.collections_for(p.name)
                 if colls:
-                    mine.append(_Read(p.name, p, colls, grad=False))
+                    mine.append(_Read(p.name, p, colls, False, self._mx_raw_reductions(p.name, colls)))
                 if p.grad_req != "null":
                     gname = GRADIENT_PREFIX + p.name
                     colls = self.collections_for(gname)
                     if colls:
-                        grads.append(_Read(gname, p, colls, grad=True))
+                        grads.append(_Read(gname, p, colls, True, self._mx_raw_reductions(gname, colls)))
         return now, io, weights, grads
+
+    def _mx_raw_reductions(self, name: str, colls: list[Collection]) -> tuple | None:
+        """The reductions the writer computes beside tensor `name` saved raw in `colls`; None if it is not saved
+        raw (reductions only, or its shape)."""
+        save_raw, reductions, save_shape = self._plan(name, colls)
+        return reductions if save_raw and not save_shape else None
 
     def _mx_config_changed(self) -> None:
         self._mx_plan = None
@@ -387,13 +399,29 @@ class Hook(BaseHook):
                 if arrs is not None:  # (None: deferred initialisation, this step's forward did not get that far)
                     pairs.append((r, r.learn(arrs[0])))
             pairs += weights
-            items.extend([(r.name, value, r.colls) for (r, _a), value in zip(pairs, _read_all(pairs), strict=True)])
+            for reads, arrays, flat in _read_all(pairs).values():
+                self._mx_hand_over(reads, arrays, flat)
             for name, arr, colls in pending:
                 items.append((name, arr.asnumpy(), colls))
             if items:
                 self.write_tensors(items, copy=False)  # (the arrays are new)
         except Exception as e:  # noqa: BLE001 - never break the training job
             self._fail("step end", e)
+
+    def _mx_hand_over(self, reads: list[_Read], arrays: list[np.ndarray], flat: np.ndarray) -> None:
+        """Hand one dtype's parameters and gradients (`arrays`, views of `flat`, new) to the writer: as one
+        batch of raw tensors when they are all saved raw (the writer then stores them with one write and caches
+        their layout), else tensor by tensor."""
+        if self.dry_run or any(r.reductions is None for r in reads):
+            self.write_tensors([(r.name, a, r.colls) for r, a in zip(reads, arrays, strict=True)], copy=False)
+            return
+        for r in reads:
+            self._note_membership(r.name, r.colls)
+        reductions = tuple(r.reductions for r in reads)
+        mode = self.mode
+        self._get_writer().submit_batch(RecordBatch(
+            tuple(r.name for r in reads), arrays, flat, self.step, mode.value, self.mode_steps[mode],
+            reductions if any(reductions) else None))
 
     def on_close(self) -> None:
         self._mx_closed = True

@@ -20,7 +20,7 @@ mx = pytest.importorskip(
 from mxnet import autograd, gluon, nd  # noqa: E402
 
 import tensortap.mxnet as tm  # noqa: E402
-from tensortap.exceptions import InvalidConfiguration  # noqa: E402
+from tensortap.exceptions import InvalidConfiguration, TensorUnavailableForStep  # noqa: E402
 
 TRAIN, EVAL = tm.modes.TRAIN, tm.modes.EVAL
 LOSS = "softmaxcrossentropyloss0_output_0"
@@ -89,9 +89,10 @@ def same(a, b) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
 
 
-def test_values_bit_identical_with_smdebug_names(tmp_path):
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_values_bit_identical_with_smdebug_names(tmp_path, writer):
     out = str(tmp_path / "run")
-    hook = tm.Hook(out, save_config=tm.SaveConfig(save_interval=2),
+    hook = tm.Hook(out, save_config=tm.SaveConfig(save_interval=2), writer=writer,
                    include_collections=["weights", "biases", "gradients", "losses", "outputs"])
     rec: dict = {}
     train(mlp(), 5, hook, record=rec)
@@ -115,6 +116,30 @@ def test_values_bit_identical_with_smdebug_names(tmp_path):
         assert same(t.tensor("dense0_relu_output_0").value(s), rec[(s, "dense0_output_0")])
     assert checked == 3 * 19
     assert hook.error_count == 0
+
+
+def test_reductions_beside_raw_values_and_instead_of_them(tmp_path):
+    """Weights saved as reductions only, gradients raw with a reduction beside them (the writer computes both)."""
+    out = str(tmp_path / "run")
+    hook = tm.Hook(out, save_config=tm.SaveConfig(save_interval=2), include_collections=["weights", "gradients"])
+    hook.get_collection("weights").reduction_config = tm.ReductionConfig(reductions=["max"], abs_reductions=["mean"])
+    hook.get_collection("gradients").reduction_config = tm.ReductionConfig(norms=["l2"], save_raw_tensor=True)
+    rec: dict = {}
+    train(mlp(), 3, hook, record=rec)
+    hook.close()
+    assert hook.error_count == 0
+    t = tm.create_trial(out)
+    for s in (0, 2):
+        for p in ("dense0_weight", "dense2_weight"):
+            w = rec[(s, p)]
+            assert same(t.tensor(p).reduction_value(s, "max"), w.max())
+            assert np.isclose(t.tensor(p).reduction_value(s, "mean", abs=True), np.abs(w).mean(), rtol=1e-6)
+            g = rec[(s, "gradient/" + p)]
+            assert same(t.tensor("gradient/" + p).value(s), g)
+            assert np.isclose(t.tensor("gradient/" + p).reduction_value(s, "l2"), np.linalg.norm(g.ravel()),
+                              rtol=1e-5)
+        with pytest.raises(TensorUnavailableForStep):  # (reductions only)
+            t.tensor("dense0_weight").value(s)
 
 
 def test_default_collections_save_losses_only(tmp_path):
