@@ -15,9 +15,11 @@ and reports the median over pairs of blocks of hooked/plain step time. Each bloc
 tensortap block also waits until its writer has caught up (its drain()), so work that did not overlap
 training counts against the hook. The driver alternates libraries and intervals over `--rounds` rounds in one
 run and prints the median of the rounds' ratios. The library `none` is the A/A control: both blocks plain,
-the noise floor of the machine. The library `read` is the floor under any MXNet hook: no hook, the hooked
-blocks only read the loss once per saving interval (one wait for MXNet's engine, which a hook saving gradients
-cannot avoid).
+the noise floor of the machine. Three more are floors, no hook in them: `read`, the hooked blocks read the
+loss once per saving interval (`loss.asnumpy()`: one wait for MXNet's engine); `wait`, they wait once per
+saving interval for that step's gradients before the next step begins (what any hook that saves a step's
+gradients before the step is marked done must wait for); `copy`, they also read every gradient and weight
+to the host once per saving interval (`asnumpy()`), nothing written: the bare cost of getting those bytes.
 
 Step time on a shared, loaded machine swings by more than the effects measured, so each child also reports
 the CPU-time ratio: CPU seconds of all the training process's threads (MXNet's engine included) plus those of
@@ -175,6 +177,9 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
             if hooked and lib == "wait" and i % interval == 0:
                 for g in grads:  # (the floor: this step's gradients waited for before the next step begins)
                     g.wait_to_read()
+            if hooked and lib == "copy" and i % interval == 0:
+                for a in grads + weights:  # (... and the bare reads of gradients and weights, nothing written)
+                    a.asnumpy()
         mx.nd.waitall()
         if hooked and lib.startswith("tensortap"):
             _drain(hook)
@@ -184,6 +189,7 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
     run(True, steps)
     run(False, steps)
     grads[:] = [p.grad() for p in net.collect_params().values()]
+    weights = [p.data() for p in net.collect_params().values()]
     ratios, plain_us, hooked_us, cpu_h, cpu_p = [], [], [], 0.0, 0.0
     for _ in range(pairs):
         h, hc = run(lib not in ("none",), steps)

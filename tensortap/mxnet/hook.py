@@ -6,14 +6,17 @@ flattened; the index continues when a block runs again in the same step), losses
 
 When things are read (each value is the one the step computed with or produced):
 - a registered block's forward pre-hook starts a step (one step per forward of a registered model);
-- weights are read in the model's forward hook: the values this step's forward used (smdebug saved them at
-  the next step's start, after the optimizer's update); reading them waits for the previous update only;
-- block inputs and outputs (losses too), as the blocks return them, are copied by MXNet's engine in the
-  forward hooks, in order with the job's own operations and without waiting for them;
+- weights are copied by MXNet's engine in the model's forward hook (one `amp_multicast` per dtype, in order
+  with the job's own operations, nothing waited for): the values this step's forward used, before the
+  optimizer's update (smdebug saved them at the next step's start, after the update);
+- block inputs and outputs (losses too), as the blocks return them, are copied the same way in the forward
+  hooks;
 - gradients are read when the step ends (the next forward, `set_mode`, `close`): the ones this step's backward
   left in the parameters' gradient buffers (with grad_req="add", zeroing them before the next forward loses
-  them). Then the copies are read and everything goes to the writer in one hand-off; steps that save
-  nothing cost a few microseconds.
+  them). That is the one wait for MXNet's engine a saving step costs (for this step's backward; the
+  optimizer's update may still run). The copies are read with them, into one host buffer per dtype, and
+  handed to the writer: parameters and gradients as one batch of raw tensors, the rest in one call. Steps
+  that save nothing cost a few microseconds.
 A hybridized block runs as one graph: its inner blocks' hooks do not fire, so only its own inputs and
 outputs (and all weights and gradients) are captured.
 
@@ -56,6 +59,7 @@ _ACTIVATION_KEYS = tuple(k for pair in ACTIVATION_COLLECTIONS.values() for k in 
 _NOT_IO = frozenset({K.WEIGHTS, K.BIASES, K.GRADIENTS, K.LOSSES, K.SCALARS, K.OPTIMIZER_VARIABLES})
 _HVD_VARS = ("HOROVOD_RANK", "HOROVOD_SIZE")
 _NDArray = mx.nd.NDArray  # (mx.np.ndarray is one too)
+_DENSE = (_NDArray, mx.np.ndarray)  # (types of dense arrays; sparse ones are subclasses of NDArray)
 _Symbol = mx.sym.Symbol
 _pause = mx.autograd.pause
 _multicast = mx.nd.amp_multicast
@@ -119,8 +123,8 @@ def activation_type(block: mx.gluon.Block) -> str | None:
 
 
 class _Read:
-    """A parameter's value or gradient read at saving steps: its shape and dtype are learned once per array
-    (MXNet asks its library for both at every asnumpy())."""
+    """A parameter's value or gradient read at saving steps (its shape and dtype are learned once per array:
+    MXNet asks its library for both at every asnumpy()), or a block's input or output, copied."""
 
     __slots__ = ("name", "param", "colls", "grad", "reductions", "array", "shape", "dtype", "size", "key")
 
@@ -243,10 +247,9 @@ class Hook(BaseHook):
         self._mx_weights: dict[int, list[_Read]] = {}
         self._mx_grads: list[_Read] = _NONE
         self._mx_plan: tuple | None = None  # see _mx_make_plan
-        # (name, copy, collections) of this step's block inputs and outputs: copies made by MXNet's engine (in
+        # (read, copy) of this step's weights and block inputs and outputs: copies made by MXNet's engine (in
         # order with the job's own operations, without waiting for them), read when the step ends
-        self._mx_pending: list[tuple[str, Any, list[Collection]]] = []
-        self._mx_copied: list[tuple[_Read, Any]] = []  # (read, copy) of this step's weights, like _mx_pending
+        self._mx_copied: list[tuple[_Read, Any]] = []
         self._mx_io_counts: dict[str, int] = {}
         self._mx_closed = False
         self._mx_warned_hybrid = False
@@ -385,11 +388,10 @@ class Hook(BaseHook):
 
     def on_step_end(self) -> None:
         """Read this step's gradients and copies, and hand them to the writer at once."""
-        grads, weights, pending = self._mx_grads, self._mx_copied, self._mx_pending
-        if not grads and not weights and not pending:
+        grads, copied = self._mx_grads, self._mx_copied
+        if not grads and not copied:
             return
-        self._mx_grads, self._mx_copied, self._mx_pending = _NONE, [], []
-        items: list[tuple[str, Any, list[Collection]]] = []
+        self._mx_grads, self._mx_copied = _NONE, []
         if not self.active:
             return
         try:
@@ -398,13 +400,9 @@ class Hook(BaseHook):
                 arrs = r.param._grad
                 if arrs is not None:  # (None: deferred initialisation, this step's forward did not get that far)
                     pairs.append((r, r.learn(arrs[0])))
-            pairs += weights
+            pairs += copied
             for reads, arrays, flat in _read_all(pairs).values():
                 self._mx_hand_over(reads, arrays, flat)
-            for name, arr, colls in pending:
-                items.append((name, arr.asnumpy(), colls))
-            if items:
-                self.write_tensors(items, copy=False)  # (the arrays are new)
         except Exception as e:  # noqa: BLE001 - never break the training job
             self._fail("step end", e)
 
@@ -502,7 +500,7 @@ class Hook(BaseHook):
         arrays_out: list[Any] = []
         if not (_flat_arrays(inputs, arrays_in) and _flat_arrays(outputs, arrays_out)):
             return
-        pending = self._mx_pending
+        copied = self._mx_copied
         counts = self._mx_io_counts
         for suffix, arrays in ((INPUT_SUFFIX, arrays_in), (OUTPUT_SUFFIX, arrays_out)):
             key = name + suffix
@@ -512,6 +510,8 @@ class Hook(BaseHook):
                 i += 1
                 colls = self.collections_for(tname)
                 if colls:
+                    r = _Read(tname, None, colls, False, self._mx_raw_reductions(tname, colls))
                     with _pause():
-                        pending.append((tname, arr.copy(), colls))
+                        copy = arr.copy() if type(arr) in _DENSE else arr.tostype("default")  # (sparse: dense)
+                    copied.append((r, r.learn(copy)))
             counts[key] = i

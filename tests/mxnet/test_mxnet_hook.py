@@ -361,7 +361,9 @@ def test_injected_failure_turns_the_hook_off_and_training_goes_on(tmp_path, monk
         calls.append(1)
         raise OSError("injected: the disk is gone")
 
-    monkeypatch.setattr(hook, "write_tensors", broken)
+    writer = hook._get_writer()  # (whatever way the hook hands its tensors over)
+    for handoff in ("submit", "submit_many", "submit_batch"):
+        monkeypatch.setattr(writer, handoff, broken)
     with caplog.at_level(logging.ERROR, logger="tensortap"):
         train(hooked, 4, hook)
         train(plain, 4)
