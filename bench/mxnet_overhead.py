@@ -151,7 +151,8 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
         hook.register_block(net)
         hook.register_block(loss_fn)
     switch = _HookSwitch([net, loss_fn])
-    grads: list = []  # (for `wait`, once the first forward has initialised the parameters)
+    grads: list = []  # (for `wait` and `copy`, once the first forward has initialised the parameters)
+    weights: list = []
     batch = x.shape[0]
 
     def writer_cpu() -> float:
@@ -164,6 +165,7 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
         else:
             switch.off()
         c0, w0 = time.process_time(), writer_cpu()
+        t0_thread = time.thread_time()
         t0 = time.perf_counter()
         for i in range(n):
             with autograd.record():
@@ -184,12 +186,16 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
         if hooked and lib.startswith("tensortap"):
             _drain(hook)
         wall = (time.perf_counter() - t0) / n * 1e6
+        thread_cpu[hooked] += time.thread_time() - t0_thread
+        writer[hooked] += writer_cpu() - w0
         return wall, (time.process_time() - c0 + writer_cpu() - w0) / n * 1e6
 
+    thread_cpu, writer = [0.0, 0.0], [0.0, 0.0]  # (plain, hooked) seconds: the training thread, the writer process
     run(True, steps)
     run(False, steps)
+    thread_cpu[:], writer[:] = [0.0, 0.0], [0.0, 0.0]
     grads[:] = [p.grad() for p in net.collect_params().values()]
-    weights = [p.data() for p in net.collect_params().values()]
+    weights[:] = [p.data() for p in net.collect_params().values()]
     ratios, plain_us, hooked_us, cpu_h, cpu_p = [], [], [], 0.0, 0.0
     for _ in range(pairs):
         h, hc = run(lib not in ("none",), steps)
@@ -209,6 +215,9 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
     shutil.rmtree(os.path.dirname(out_dir), ignore_errors=True)
     return {"lib": lib, "interval": interval, "ratio": statistics.median(ratios), "ratios": ratios,
             "cpu_ratio": cpu_h / cpu_p,
+            # extra CPU per hooked step: the training thread (the hook's own work), the writer process
+            "thread_us": (thread_cpu[1] - thread_cpu[0]) / (pairs * steps) * 1e6,
+            "writer_us": (writer[1] - writer[0]) / (pairs * steps) * 1e6,
             "plain_us": statistics.median(plain_us), "hooked_us": statistics.median(hooked_us)}
 
 
@@ -259,7 +268,8 @@ def main() -> None:
                 if res is not None:
                     results.setdefault((lib, interval), []).append(res)
                     print(f"round {r + 1} {lib:>9} every {interval:>3}: x{res['ratio']:.3f} "
-                          f"cpu x{res['cpu_ratio']:.3f} "
+                          f"cpu x{res['cpu_ratio']:.3f} (+{res['thread_us']:.0f} us training thread, "
+                          f"+{res['writer_us']:.0f} us writer per step) "
                           f"(plain {res['plain_us']:.0f} us, hooked {res['hooked_us']:.0f} us)", flush=True)
     import mxnet
     import numpy
