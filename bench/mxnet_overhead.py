@@ -159,7 +159,7 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
         proc = getattr(getattr(hook, "_writer", None), "_proc", None)  # (tensortap's writer process, if any)
         return _proc_cpu(proc.pid) if proc is not None else 0.0
 
-    def run(hooked: bool, n: int) -> tuple[float, float]:
+    def run(hooked: bool, n: int, role: int = 0) -> tuple[float, float]:
         if hooked:
             switch.on()
         else:
@@ -186,8 +186,8 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
         if hooked and lib.startswith("tensortap"):
             _drain(hook)
         wall = (time.perf_counter() - t0) / n * 1e6
-        thread_cpu[hooked] += time.thread_time() - t0_thread
-        writer[hooked] += writer_cpu() - w0
+        thread_cpu[role] += time.thread_time() - t0_thread
+        writer[role] += writer_cpu() - w0
         return wall, (time.process_time() - c0 + writer_cpu() - w0) / n * 1e6
 
     thread_cpu, writer = [0.0, 0.0], [0.0, 0.0]  # (plain, hooked) seconds: the training thread, the writer process
@@ -198,8 +198,8 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
     weights[:] = [p.data() for p in net.collect_params().values()]
     ratios, plain_us, hooked_us, cpu_h, cpu_p = [], [], [], 0.0, 0.0
     for _ in range(pairs):
-        h, hc = run(lib not in ("none",), steps)
-        p, pc = run(False, steps)
+        h, hc = run(lib not in ("none",), steps, role=1)
+        p, pc = run(False, steps, role=0)
         ratios.append(h / p)
         plain_us.append(p)
         hooked_us.append(h)
@@ -278,8 +278,8 @@ def main() -> None:
           f"steps, collections {args.collections}{', hybridized' if args.hybridize else ''}"
           f"{f', the loop reads its loss every {args.sync_every} steps' if args.sync_every else ''}")
     print("| interval | lib | step time ratio | rounds (min-max) | CPU ratio | rounds (min-max) | plain us/step "
-          "| hooked us/step |")
-    print("|---:|---|---:|---|---:|---|---:|---:|")
+          "| hooked us/step | + training-thread CPU us/step | + writer CPU us/step |")
+    print("|---:|---|---:|---|---:|---|---:|---:|---:|---:|")
     for interval in intervals:
         for lib in libs:
             rs = results.get((lib, interval), [])
@@ -290,7 +290,9 @@ def main() -> None:
             print(f"| {interval} | {lib} | x{statistics.median(ratios):.3f} | {min(ratios):.3f}-{max(ratios):.3f} | "
                   f"x{statistics.median(cpu):.3f} | {min(cpu):.3f}-{max(cpu):.3f} | "
                   f"{statistics.median(x['plain_us'] for x in rs):.0f} | "
-                  f"{statistics.median(x['hooked_us'] for x in rs):.0f} |")
+                  f"{statistics.median(x['hooked_us'] for x in rs):.0f} | "
+                  f"{statistics.median(x['thread_us'] for x in rs):.0f} | "
+                  f"{statistics.median(x['writer_us'] for x in rs):.0f} |")
 
 
 if __name__ == "__main__":
