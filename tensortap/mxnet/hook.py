@@ -15,7 +15,7 @@ When things are read (each value is the one the step computed with or produced):
   left in the parameters' gradient buffers (with grad_req="add", zeroing them before the next forward loses
   them). That is the one wait for MXNet's engine a saving step costs (for this step's backward; the
   optimizer's update may still run). The copies are read with them, into one host buffer per dtype, and
-  handed to the writer: parameters and gradients as one batch of raw tensors, the rest in one call. Steps
+  everything goes to the writer in one `write_tensors` call (raw values of one dtype as one batch). Steps
   that save nothing cost a few microseconds.
 A hybridized block runs as one graph: its inner blocks' hooks do not fire, so only its own inputs and
 outputs (and all weights and gradients) are captured.
@@ -41,7 +41,6 @@ from mxnet.base import check_call as _check_call
 
 from tensortap.collection import ACTIVATION_COLLECTIONS, Collection, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
-from tensortap.format.writer import RecordBatch
 from tensortap.hooks.base import Hook as BaseHook
 from tensortap.hooks.base import rank_in_env
 from tensortap.mxnet import singleton
@@ -126,13 +125,10 @@ class _Read:
     """A parameter's value or gradient read at saving steps (its shape and dtype are learned once per array:
     MXNet asks its library for both at every asnumpy()), or a block's input or output, copied."""
 
-    __slots__ = ("name", "param", "colls", "grad", "reductions", "array", "shape", "dtype", "size", "key")
+    __slots__ = ("name", "param", "colls", "grad", "array", "shape", "dtype", "size", "key")
 
-    def __init__(self, name: str, param: Any, colls: list[Collection], grad: bool,
-                 reductions: tuple | None) -> None:
+    def __init__(self, name: str, param: Any, colls: list[Collection], grad: bool) -> None:
         self.name, self.param, self.colls, self.grad = name, param, colls, grad
-        # saved raw: the (name, abs) reductions the writer computes beside it; None: not raw (or shape only)
-        self.reductions = reductions
         self.array: Any = None
 
     def learn(self, arr: Any) -> Any:
@@ -147,9 +143,9 @@ class _Read:
 
 
 
-def _read_all(pairs: list[tuple[_Read, Any]]) -> dict[np.dtype, tuple[list[_Read], list[np.ndarray], np.ndarray]]:
+def _read_all(pairs: list[tuple[_Read, Any]]) -> dict[np.dtype, tuple[list[_Read], list[np.ndarray]]]:
     """Numpy copies of the arrays in `pairs` (each of its read's shape and dtype), once MXNet's engine has
-    written them, per dtype: (reads, copies, flat), the copies views of one new host buffer `flat`, in order."""
+    written them, per dtype: (reads, copies), the copies views of one new host buffer, in order."""
     groups: dict[np.dtype, list[tuple[_Read, Any]]] = {}
     for pair in pairs:
         groups.setdefault(pair[0].dtype, []).append(pair)
@@ -165,7 +161,7 @@ def _read_all(pairs: list[tuple[_Read, Any]]) -> dict[np.dtype, tuple[list[_Read
             reads.append(r)
             arrays.append(flat[i:i + n].reshape(r.shape))
             i += n
-        out[dt] = (reads, arrays, flat)
+        out[dt] = (reads, arrays)
     return out
 
 
@@ -365,19 +361,13 @@ class Hook(BaseHook):
                     continue
                 colls = self.collections_for(p.name)
                 if colls:
-                    mine.append(_Read(p.name, p, colls, False, self._mx_raw_reductions(p.name, colls)))
+                    mine.append(_Read(p.name, p, colls, False))
                 if p.grad_req != "null":
                     gname = GRADIENT_PREFIX + p.name
                     colls = self.collections_for(gname)
                     if colls:
-                        grads.append(_Read(gname, p, colls, True, self._mx_raw_reductions(gname, colls)))
+                        grads.append(_Read(gname, p, colls, True))
         return now, io, weights, grads
-
-    def _mx_raw_reductions(self, name: str, colls: list[Collection]) -> tuple | None:
-        """The reductions the writer computes beside tensor `name` saved raw in `colls`; None if it is not saved
-        raw (reductions only, or its shape)."""
-        save_raw, reductions, save_shape = self._plan(name, colls)
-        return reductions if save_raw and not save_shape else None
 
     def _mx_config_changed(self) -> None:
         self._mx_plan = None
@@ -401,25 +391,12 @@ class Hook(BaseHook):
                 if arrs is not None:  # (None: deferred initialisation, this step's forward did not get that far)
                     pairs.append((r, r.learn(arrs[0])))
             pairs += copied
-            for reads, arrays, flat in _read_all(pairs).values():
-                self._mx_hand_over(reads, arrays, flat)
+            items = [(r.name, value, r.colls) for reads, arrays in _read_all(pairs).values()
+                     for r, value in zip(reads, arrays, strict=True)]
+            if items:
+                self.write_tensors(items, copy=False)  # (new arrays: raw ones of one dtype go as one batch)
         except Exception as e:  # noqa: BLE001 - never break the training job
             self._fail("step end", e)
-
-    def _mx_hand_over(self, reads: list[_Read], arrays: list[np.ndarray], flat: np.ndarray) -> None:
-        """Hand one dtype's parameters and gradients (`arrays`, views of `flat`, new) to the writer: as one
-        batch of raw tensors when they are all saved raw (the writer then stores them with one write and caches
-        their layout), else tensor by tensor."""
-        if self.dry_run or any(r.reductions is None for r in reads):
-            self.write_tensors([(r.name, a, r.colls) for r, a in zip(reads, arrays, strict=True)], copy=False)
-            return
-        for r in reads:
-            self._note_membership(r.name, r.colls)
-        reductions = tuple(r.reductions for r in reads)
-        mode = self.mode
-        self._get_writer().submit_batch(RecordBatch(
-            tuple(r.name for r in reads), arrays, flat, self.step, mode.value, self.mode_steps[mode],
-            reductions if any(reductions) else None))
 
     def on_close(self) -> None:
         self._mx_closed = True
@@ -510,7 +487,7 @@ class Hook(BaseHook):
                 i += 1
                 colls = self.collections_for(tname)
                 if colls:
-                    r = _Read(tname, None, colls, False, self._mx_raw_reductions(tname, colls))
+                    r = _Read(tname, None, colls, False)
                     with _pause():
                         copy = arr.copy() if type(arr) in _DENSE else arr.tostype("default")  # (sparse: dense)
                     copied.append((r, r.learn(copy)))

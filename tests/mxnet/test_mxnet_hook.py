@@ -362,7 +362,7 @@ def test_injected_failure_turns_the_hook_off_and_training_goes_on(tmp_path, monk
         raise OSError("injected: the disk is gone")
 
     writer = hook._get_writer()  # (whatever way the hook hands its tensors over)
-    for handoff in ("submit", "submit_many", "submit_batch"):
+    for handoff in ("reserve_batch", "submit", "submit_many", "submit_batch"):  # (the writer contract's hand-offs)
         monkeypatch.setattr(writer, handoff, broken)
     with caplog.at_level(logging.ERROR, logger="tensortap"):
         train(hooked, 4, hook)
