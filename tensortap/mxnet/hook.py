@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import os
 import re
 import sys
+import time
 from typing import Any
 
 import mxnet as mx
@@ -248,6 +250,8 @@ class Hook(BaseHook):
         self._mx_copied: list[tuple[_Read, Any]] = []
         self._mx_io_counts: dict[str, int] = {}
         self._mx_closed = False
+        # (mode, mode step, time.monotonic() deadline): until then a registered model's forward only counts a step
+        self._mx_quiet: tuple | None = None
         self._mx_warned_hybrid = False
         singleton.set_hook(self)
 
@@ -371,6 +375,7 @@ class Hook(BaseHook):
 
     def _mx_config_changed(self) -> None:
         self._mx_plan = None
+        self._mx_quiet = None
 
     def _collections_changed(self) -> None:
         self._mx_config_changed()
@@ -400,6 +405,7 @@ class Hook(BaseHook):
 
     def on_close(self) -> None:
         self._mx_closed = True
+        self._mx_quiet = None
         self._mx_saving = self._mx_io = False
         for root in self._mx_roots:
             root.unhook()
@@ -428,9 +434,27 @@ class Hook(BaseHook):
     def _mx_root_pre_hook(self, block: mx.gluon.Block, inputs: Any) -> None:
         if self.disabled or self._mx_closed:
             return
+        quiet = self._mx_quiet
+        if quiet is not None:
+            clock = self.clock
+            mode, last, deadline = quiet
+            if clock.mode is mode and clock.mode_steps[mode] < last and time.monotonic() < deadline:
+                # A step that saves nothing, after one that saved nothing: only counted (readers learn that it
+                # passed when a later step ends).
+                clock.advance()
+                return
+            self._mx_quiet = None
         try:
             self._mx_started = True
             self.next_step()
+            if not self._mx_saving and self.active:
+                # The steps before the next saving one (and before the next look for a stop request) save
+                # nothing either.
+                clock = self.clock
+                mode = clock.mode
+                last = self.schedule.next_saving_step(mode, clock.mode_steps[mode] + 1) - 1
+                if last > clock.mode_steps[mode]:
+                    self._mx_quiet = (mode, last, self._next_stop_check if self._stop_watch else math.inf)
         except Exception as e:  # noqa: BLE001 - never break the training job
             self._fail("forward pre-hook", e)
 

@@ -287,6 +287,30 @@ def test_modes_and_mode_steps(tmp_path):
     assert t.tensor("dense0_weight").steps(mode=EVAL) == [0, 2]
 
 
+def test_steps_between_saving_steps_are_counted_across_modes(tmp_path):
+    """Steps that save nothing are counted in their mode (and globally) however they are counted."""
+    out = str(tmp_path / "run")
+    hook = tm.Hook(out, save_config=tm.SaveConfig(save_interval=4), include_collections=["losses", "gradients"])
+    net, loss_fn = mlp(), gluon.loss.SoftmaxCrossEntropyLoss()
+    rec: dict = {}
+    hook.set_mode(TRAIN)
+    trainer = train(net, 10, hook, loss_fn=loss_fn, record=rec)
+    assert hook.step == 9 and hook.mode_steps[TRAIN] == 9
+    hook.set_mode(EVAL)
+    eval_losses = [loss_fn(net(x), y).asnumpy() for x, y in (batch(100 + k) for k in range(5))]
+    assert hook.step == 14 and hook.mode_steps[EVAL] == 4
+    hook.set_mode(TRAIN)
+    train(net, 3, None, loss_fn=loss_fn, trainer=trainer, start=10, record=rec)
+    assert hook.step == 17 and hook.mode_steps[TRAIN] == 12
+    hook.close()
+    t = tm.create_trial(out)
+    assert t.steps(mode=TRAIN) == [0, 4, 8, 12] and t.steps(mode=EVAL) == [0, 4]
+    assert t.steps() == [0, 4, 8, 10, 14, 17]
+    for s in (0, 4, 8, 12):
+        assert same(t.tensor("gradient/dense0_weight").value(s, mode=TRAIN), rec[(s, "gradient/dense0_weight")])
+    assert same(t.tensor(LOSS).value(4, mode=EVAL), eval_losses[4])
+
+
 def test_save_tensor_and_save_scalar(tmp_path):
     out = str(tmp_path / "run")
     hook = tm.Hook(out, save_config=tm.SaveConfig(save_interval=2))
