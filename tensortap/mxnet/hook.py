@@ -144,7 +144,6 @@ class _Read:
         return arr
 
 
-
 def _read_all(pairs: list[tuple[_Read, Any]]) -> dict[np.dtype, tuple[list[_Read], list[np.ndarray]]]:
     """Numpy copies of the arrays in `pairs` (each of its read's shape and dtype), once MXNet's engine has
     written them, per dtype: (reads, copies), the copies views of one new host buffer, in order."""
@@ -159,7 +158,8 @@ def _read_all(pairs: list[tuple[_Read, Any]]) -> dict[np.dtype, tuple[list[_Read
         i = 0
         for r, arr in group:
             n = r.size
-            _check_call(_LIB.MXNDArraySyncCopyToCPU(arr.handle, ctypes.c_void_p(addr + i * item), ctypes.c_size_t(n)))
+            _check_call(_LIB.MXNDArraySyncCopyToCPU(arr.handle, ctypes.c_void_p(addr + i * item),
+                                                    ctypes.c_size_t(n)))
             reads.append(r)
             arrays.append(flat[i:i + n].reshape(r.shape))
             i += n
