@@ -15,9 +15,11 @@ and reports the median over pairs of blocks of hooked/plain step time. Each bloc
 tensortap block also waits until its writer has caught up (its drain()), so work that did not overlap
 training counts against the hook. The driver alternates libraries and intervals over `--rounds` rounds in one
 run and prints the median of the rounds' ratios. The library `none` is the A/A control: both blocks plain,
-the noise floor of the machine. The library `read` is the floor under any MXNet hook: no hook, the hooked
-blocks only read the loss once per saving interval (one wait for MXNet's engine, which a hook saving gradients
-cannot avoid).
+the noise floor of the machine. Three more are floors, no hook in them: `read`, the hooked blocks read the
+loss once per saving interval (`loss.asnumpy()`: one wait for MXNet's engine); `wait`, they wait once per
+saving interval for that step's gradients before the next step begins (what any hook that saves a step's
+gradients before the step is marked done must wait for); `copy`, they also read every gradient and weight
+to the host once per saving interval (`asnumpy()`), nothing written: the bare cost of getting those bytes.
 
 Step time on a shared, loaded machine swings by more than the effects measured, so each child also reports
 the CPU-time ratio: CPU seconds of all the training process's threads (MXNet's engine included) plus those of
@@ -149,18 +151,21 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
         hook.register_block(net)
         hook.register_block(loss_fn)
     switch = _HookSwitch([net, loss_fn])
+    grads: list = []  # (for `wait` and `copy`, once the first forward has initialised the parameters)
+    weights: list = []
     batch = x.shape[0]
 
     def writer_cpu() -> float:
         proc = getattr(getattr(hook, "_writer", None), "_proc", None)  # (tensortap's writer process, if any)
         return _proc_cpu(proc.pid) if proc is not None else 0.0
 
-    def run(hooked: bool, n: int) -> tuple[float, float]:
+    def run(hooked: bool, n: int, role: int = 0) -> tuple[float, float]:
         if hooked:
             switch.on()
         else:
             switch.off()
         c0, w0 = time.process_time(), writer_cpu()
+        t0_thread = time.thread_time()
         t0 = time.perf_counter()
         for i in range(n):
             with autograd.record():
@@ -170,19 +175,31 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
             if sync_every and i % sync_every == 0:
                 loss.asnumpy()  # (the job reads its loss: logging, a metric)
             if hooked and lib == "read" and i % interval == 0:
-                loss.asnumpy()  # (the floor: one wait for MXNet's engine per saving interval, nothing saved)
+                loss.asnumpy()  # (one wait for MXNet's engine per saving interval, nothing saved)
+            if hooked and lib == "wait" and i % interval == 0:
+                for g in grads:  # (the floor: this step's gradients waited for before the next step begins)
+                    g.wait_to_read()
+            if hooked and lib == "copy" and i % interval == 0:
+                for a in grads + weights:  # (... and the bare reads of gradients and weights, nothing written)
+                    a.asnumpy()
         mx.nd.waitall()
         if hooked and lib.startswith("tensortap"):
             _drain(hook)
         wall = (time.perf_counter() - t0) / n * 1e6
+        thread_cpu[role] += time.thread_time() - t0_thread
+        writer[role] += writer_cpu() - w0
         return wall, (time.process_time() - c0 + writer_cpu() - w0) / n * 1e6
 
+    thread_cpu, writer = [0.0, 0.0], [0.0, 0.0]  # (plain, hooked) seconds: the training thread, the writer process
     run(True, steps)
     run(False, steps)
+    thread_cpu[:], writer[:] = [0.0, 0.0], [0.0, 0.0]
+    grads[:] = [p.grad() for p in net.collect_params().values()]
+    weights[:] = [p.data() for p in net.collect_params().values()]
     ratios, plain_us, hooked_us, cpu_h, cpu_p = [], [], [], 0.0, 0.0
     for _ in range(pairs):
-        h, hc = run(lib not in ("none",), steps)
-        p, pc = run(False, steps)
+        h, hc = run(lib not in ("none",), steps, role=1)
+        p, pc = run(False, steps, role=0)
         ratios.append(h / p)
         plain_us.append(p)
         hooked_us.append(h)
@@ -198,6 +215,9 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
     shutil.rmtree(os.path.dirname(out_dir), ignore_errors=True)
     return {"lib": lib, "interval": interval, "ratio": statistics.median(ratios), "ratios": ratios,
             "cpu_ratio": cpu_h / cpu_p,
+            # extra CPU per hooked step: the training thread (the hook's own work), the writer process
+            "thread_us": (thread_cpu[1] - thread_cpu[0]) / (pairs * steps) * 1e6,
+            "writer_us": (writer[1] - writer[0]) / (pairs * steps) * 1e6,
             "plain_us": statistics.median(plain_us), "hooked_us": statistics.median(hooked_us)}
 
 
@@ -248,7 +268,8 @@ def main() -> None:
                 if res is not None:
                     results.setdefault((lib, interval), []).append(res)
                     print(f"round {r + 1} {lib:>9} every {interval:>3}: x{res['ratio']:.3f} "
-                          f"cpu x{res['cpu_ratio']:.3f} "
+                          f"cpu x{res['cpu_ratio']:.3f} (+{res['thread_us']:.0f} us training thread, "
+                          f"+{res['writer_us']:.0f} us writer per step) "
                           f"(plain {res['plain_us']:.0f} us, hooked {res['hooked_us']:.0f} us)", flush=True)
     import mxnet
     import numpy
@@ -257,8 +278,8 @@ def main() -> None:
           f"steps, collections {args.collections}{', hybridized' if args.hybridize else ''}"
           f"{f', the loop reads its loss every {args.sync_every} steps' if args.sync_every else ''}")
     print("| interval | lib | step time ratio | rounds (min-max) | CPU ratio | rounds (min-max) | plain us/step "
-          "| hooked us/step |")
-    print("|---:|---|---:|---|---:|---|---:|---:|")
+          "| hooked us/step | + training-thread CPU us/step | + writer CPU us/step |")
+    print("|---:|---|---:|---|---:|---|---:|---:|---:|---:|")
     for interval in intervals:
         for lib in libs:
             rs = results.get((lib, interval), [])
@@ -269,7 +290,9 @@ def main() -> None:
             print(f"| {interval} | {lib} | x{statistics.median(ratios):.3f} | {min(ratios):.3f}-{max(ratios):.3f} | "
                   f"x{statistics.median(cpu):.3f} | {min(cpu):.3f}-{max(cpu):.3f} | "
                   f"{statistics.median(x['plain_us'] for x in rs):.0f} | "
-                  f"{statistics.median(x['hooked_us'] for x in rs):.0f} |")
+                  f"{statistics.median(x['hooked_us'] for x in rs):.0f} | "
+                  f"{statistics.median(x['thread_us'] for x in rs):.0f} | "
+                  f"{statistics.median(x['writer_us'] for x in rs):.0f} |")
 
 
 if __name__ == "__main__":

@@ -6,14 +6,17 @@ flattened; the index continues when a block runs again in the same step), losses
 
 When things are read (each value is the one the step computed with or produced):
 - a registered block's forward pre-hook starts a step (one step per forward of a registered model);
-- weights are read in the model's forward hook: the values this step's forward used (smdebug saved them at
-  the next step's start, after the optimizer's update); reading them waits for the previous update only;
-- block inputs and outputs (losses too), as the blocks return them, are copied by MXNet's engine in the
-  forward hooks, in order with the job's own operations and without waiting for them;
+- weights are copied by MXNet's engine in the model's forward hook (one `amp_multicast` per dtype, in order
+  with the job's own operations, nothing waited for): the values this step's forward used, before the
+  optimizer's update (smdebug saved them at the next step's start, after the update);
+- block inputs and outputs (losses too), as the blocks return them, are copied the same way in the forward
+  hooks;
 - gradients are read when the step ends (the next forward, `set_mode`, `close`): the ones this step's backward
   left in the parameters' gradient buffers (with grad_req="add", zeroing them before the next forward loses
-  them). Then the copies are read and everything goes to the writer in one hand-off; steps that save
-  nothing cost a few microseconds.
+  them). That is the one wait for MXNet's engine a saving step costs (for this step's backward; the
+  optimizer's update may still run). The copies are read with them, into one host buffer per dtype, and
+  everything goes to the writer in one `write_tensors` call (raw values of one dtype as one batch). Steps
+  that save nothing cost a few microseconds.
 A hybridized block runs as one graph: its inner blocks' hooks do not fire, so only its own inputs and
 outputs (and all weights and gradients) are captured.
 
@@ -26,9 +29,11 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import os
 import re
 import sys
+import time
 from typing import Any
 
 import mxnet as mx
@@ -55,8 +60,10 @@ _ACTIVATION_KEYS = tuple(k for pair in ACTIVATION_COLLECTIONS.values() for k in 
 _NOT_IO = frozenset({K.WEIGHTS, K.BIASES, K.GRADIENTS, K.LOSSES, K.SCALARS, K.OPTIMIZER_VARIABLES})
 _HVD_VARS = ("HOROVOD_RANK", "HOROVOD_SIZE")
 _NDArray = mx.nd.NDArray  # (mx.np.ndarray is one too)
+_DENSE = (_NDArray, mx.np.ndarray)  # (types of dense arrays; sparse ones are subclasses of NDArray)
 _Symbol = mx.sym.Symbol
 _pause = mx.autograd.pause
+_multicast = mx.nd.amp_multicast
 _NONE: list = []  # (never mutated)
 
 
@@ -117,26 +124,69 @@ def activation_type(block: mx.gluon.Block) -> str | None:
 
 
 class _Read:
-    """A parameter's value or gradient read at saving steps: its shape and dtype are learned once per array
-    (MXNet asks its library for both at every asnumpy())."""
+    """A parameter's value or gradient read at saving steps (its shape and dtype are learned once per array:
+    MXNet asks its library for both at every asnumpy()), or a block's input or output, copied."""
 
-    __slots__ = ("name", "param", "colls", "grad", "array", "shape", "dtype", "size")
+    __slots__ = ("name", "param", "colls", "grad", "array", "shape", "dtype", "size", "key")
 
     def __init__(self, name: str, param: Any, colls: list[Collection], grad: bool) -> None:
         self.name, self.param, self.colls, self.grad = name, param, colls, grad
         self.array: Any = None
 
-    def read(self, arr: Any) -> np.ndarray:
-        """A new numpy copy of `arr` (the parameter's array on its first context, or its gradient's), once
-        MXNet's engine has written it."""
-        if arr is not self.array:  # (first read, or the parameter was initialised again)
+    def learn(self, arr: Any) -> Any:
+        """`arr` (the parameter's array on its first context, or its gradient's), its shape and dtype known."""
+        if arr is not self.array:  # (first read, or the parameter was initialised or cast again)
             self.shape, self.dtype = arr.shape, np.dtype(arr.dtype)
             self.size = int(np.prod(self.shape))
+            # arrays copied by one engine operation (_copy_all): legacy NDArrays of one dtype and context
+            self.key = (self.dtype, arr.context) if type(arr) is _NDArray else None
             self.array = arr
-        out = np.empty(self.shape, self.dtype)
-        _check_call(_LIB.MXNDArraySyncCopyToCPU(arr.handle, ctypes.c_void_p(out.ctypes.data),
-                                                ctypes.c_size_t(self.size)))
-        return out
+        return arr
+
+
+def _read_all(pairs: list[tuple[_Read, Any]]) -> dict[np.dtype, tuple[list[_Read], list[np.ndarray]]]:
+    """Numpy copies of the arrays in `pairs` (each of its read's shape and dtype), once MXNet's engine has
+    written them, per dtype: (reads, copies), the copies views of one new host buffer, in order."""
+    groups: dict[np.dtype, list[tuple[_Read, Any]]] = {}
+    for pair in pairs:
+        groups.setdefault(pair[0].dtype, []).append(pair)
+    out = {}
+    for dt, group in groups.items():
+        flat = np.empty(sum(r.size for r, _a in group), dt)
+        addr, item = flat.ctypes.data, dt.itemsize
+        reads, arrays = [], []
+        i = 0
+        for r, arr in group:
+            n = r.size
+            _check_call(_LIB.MXNDArraySyncCopyToCPU(arr.handle, ctypes.c_void_p(addr + i * item),
+                                                    ctypes.c_size_t(n)))
+            reads.append(r)
+            arrays.append(flat[i:i + n].reshape(r.shape))
+            i += n
+        out[dt] = (reads, arrays)
+    return out
+
+
+def _copy_all(reads: list[_Read], arrays: list[Any]) -> list[Any]:
+    """New copies of `arrays` (learned by `reads`), made by MXNet's engine in order with the job's operations.
+
+    Arrays of one dtype and context are copied by one `amp_multicast` (one operation instead of one per array:
+    with inputs of a single dtype it casts nothing and writes each input into a new output array).
+    """
+    groups: dict[Any, list[int]] = {}
+    for i, r in enumerate(reads):
+        groups.setdefault(r.key, []).append(i)
+    out: list[Any] = [None] * len(arrays)
+    with _pause():
+        for key, idx in groups.items():
+            if key is None or len(idx) == 1:
+                for i in idx:
+                    out[i] = arrays[i].copy()
+                continue
+            copies = _multicast(*[arrays[i] for i in idx], num_outputs=len(idx))
+            for i, c in zip(idx, copies, strict=True):
+                out[i] = c
+    return out
 
 
 class _Root:
@@ -195,12 +245,13 @@ class Hook(BaseHook):
         self._mx_weights: dict[int, list[_Read]] = {}
         self._mx_grads: list[_Read] = _NONE
         self._mx_plan: tuple | None = None  # see _mx_make_plan
-        # (name, copy, collections) of this step's block inputs and outputs: copies made by MXNet's engine (in
+        # (read, copy) of this step's weights and block inputs and outputs: copies made by MXNet's engine (in
         # order with the job's own operations, without waiting for them), read when the step ends
-        self._mx_pending: list[tuple[str, Any, list[Collection]]] = []
-        self._mx_ready: list[tuple[str, Any, list[Collection]]] = []  # (name, numpy value, collections): weights
+        self._mx_copied: list[tuple[_Read, Any]] = []
         self._mx_io_counts: dict[str, int] = {}
         self._mx_closed = False
+        # (mode, mode step, time.monotonic() deadline): until then a registered model's forward only counts a step
+        self._mx_quiet: tuple | None = None
         self._mx_warned_hybrid = False
         singleton.set_hook(self)
 
@@ -314,16 +365,17 @@ class Hook(BaseHook):
                     continue
                 colls = self.collections_for(p.name)
                 if colls:
-                    mine.append(_Read(p.name, p, colls, grad=False))
+                    mine.append(_Read(p.name, p, colls, False))
                 if p.grad_req != "null":
                     gname = GRADIENT_PREFIX + p.name
                     colls = self.collections_for(gname)
                     if colls:
-                        grads.append(_Read(gname, p, colls, grad=True))
+                        grads.append(_Read(gname, p, colls, True))
         return now, io, weights, grads
 
     def _mx_config_changed(self) -> None:
         self._mx_plan = None
+        self._mx_quiet = None
 
     def _collections_changed(self) -> None:
         self._mx_config_changed()
@@ -331,26 +383,29 @@ class Hook(BaseHook):
 
     def on_step_end(self) -> None:
         """Read this step's gradients and copies, and hand them to the writer at once."""
-        grads, pending, items = self._mx_grads, self._mx_pending, self._mx_ready
-        if not grads and not pending and not items:
+        grads, copied = self._mx_grads, self._mx_copied
+        if not grads and not copied:
             return
-        self._mx_grads, self._mx_pending, self._mx_ready = _NONE, [], []
+        self._mx_grads, self._mx_copied = _NONE, []
         if not self.active:
             return
         try:
-            for r in grads:
+            pairs = []
+            for r in grads:  # (the first read waits for this step's backward)
                 arrs = r.param._grad
                 if arrs is not None:  # (None: deferred initialisation, this step's forward did not get that far)
-                    items.append((r.name, r.read(arrs[0]), r.colls))
-            for name, arr, colls in pending:
-                items.append((name, arr.asnumpy(), colls))
+                    pairs.append((r, r.learn(arrs[0])))
+            pairs += copied
+            items = [(r.name, value, r.colls) for reads, arrays in _read_all(pairs).values()
+                     for r, value in zip(reads, arrays, strict=True)]
             if items:
-                self.write_tensors(items, copy=False)  # (the arrays are new)
+                self.write_tensors(items, copy=False)  # (new arrays: raw ones of one dtype go as one batch)
         except Exception as e:  # noqa: BLE001 - never break the training job
             self._fail("step end", e)
 
     def on_close(self) -> None:
         self._mx_closed = True
+        self._mx_quiet = None
         self._mx_saving = self._mx_io = False
         for root in self._mx_roots:
             root.unhook()
@@ -379,9 +434,27 @@ class Hook(BaseHook):
     def _mx_root_pre_hook(self, block: mx.gluon.Block, inputs: Any) -> None:
         if self.disabled or self._mx_closed:
             return
+        quiet = self._mx_quiet
+        if quiet is not None:
+            clock = self.clock
+            mode, last, deadline = quiet
+            if clock.mode is mode and clock.mode_steps[mode] < last and time.monotonic() < deadline:
+                # A step that saves nothing, after one that saved nothing: only counted (readers learn that it
+                # passed when a later step ends).
+                clock.advance()
+                return
+            self._mx_quiet = None
         try:
             self._mx_started = True
             self.next_step()
+            if not self._mx_saving and self.active:
+                # The steps before the next saving one (and before the next look for a stop request) save
+                # nothing either.
+                clock = self.clock
+                mode = clock.mode
+                last = self.schedule.next_saving_step(mode, clock.mode_steps[mode] + 1) - 1
+                if last > clock.mode_steps[mode]:
+                    self._mx_quiet = (mode, last, self._next_stop_check if self._stop_watch else math.inf)
         except Exception as e:  # noqa: BLE001 - never break the training job
             self._fail("forward pre-hook", e)
 
@@ -391,9 +464,10 @@ class Hook(BaseHook):
         try:
             weights = self._mx_weights.pop(id(block), None)  # (once per step)
             if weights:
-                # The values this forward used: the optimizer's update comes after the backward. Reading them
-                # waits for the previous update only; the engine goes on with this forward meanwhile.
-                self._mx_ready.extend([(r.name, r.read(r.param._data[0]), r.colls) for r in weights])
+                # The values this forward used: copied by MXNet's engine before the optimizer's update (which
+                # comes after the backward), read when the step ends.
+                arrays = [r.learn(r.param._data[0]) for r in weights]
+                self._mx_copied.extend(zip(weights, _copy_all(weights, arrays), strict=True))
             if self._mx_io and not self._mx_warned_hybrid and getattr(block, "_active", False) and block._children:
                 self._mx_warned_hybrid = True
                 logger.info("tensortap: %s is hybridized: the inputs and outputs of the blocks inside it are not "
@@ -427,7 +501,7 @@ class Hook(BaseHook):
         arrays_out: list[Any] = []
         if not (_flat_arrays(inputs, arrays_in) and _flat_arrays(outputs, arrays_out)):
             return
-        pending = self._mx_pending
+        copied = self._mx_copied
         counts = self._mx_io_counts
         for suffix, arrays in ((INPUT_SUFFIX, arrays_in), (OUTPUT_SUFFIX, arrays_out)):
             key = name + suffix
@@ -437,6 +511,8 @@ class Hook(BaseHook):
                 i += 1
                 colls = self.collections_for(tname)
                 if colls:
+                    r = _Read(tname, None, colls, False)
                     with _pause():
-                        pending.append((tname, arr.copy(), colls))
+                        copy = arr.copy() if type(arr) in _DENSE else arr.tostype("default")  # (sparse: dense)
+                    copied.append((r, r.learn(copy)))
             counts[key] = i

@@ -20,7 +20,7 @@ mx = pytest.importorskip(
 from mxnet import autograd, gluon, nd  # noqa: E402
 
 import tensortap.mxnet as tm  # noqa: E402
-from tensortap.exceptions import InvalidConfiguration  # noqa: E402
+from tensortap.exceptions import InvalidConfiguration, TensorUnavailableForStep  # noqa: E402
 
 TRAIN, EVAL = tm.modes.TRAIN, tm.modes.EVAL
 LOSS = "softmaxcrossentropyloss0_output_0"
@@ -89,9 +89,10 @@ def same(a, b) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
 
 
-def test_values_bit_identical_with_smdebug_names(tmp_path):
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_values_bit_identical_with_smdebug_names(tmp_path, writer):
     out = str(tmp_path / "run")
-    hook = tm.Hook(out, save_config=tm.SaveConfig(save_interval=2),
+    hook = tm.Hook(out, save_config=tm.SaveConfig(save_interval=2), writer=writer,
                    include_collections=["weights", "biases", "gradients", "losses", "outputs"])
     rec: dict = {}
     train(mlp(), 5, hook, record=rec)
@@ -115,6 +116,30 @@ def test_values_bit_identical_with_smdebug_names(tmp_path):
         assert same(t.tensor("dense0_relu_output_0").value(s), rec[(s, "dense0_output_0")])
     assert checked == 3 * 19
     assert hook.error_count == 0
+
+
+def test_reductions_beside_raw_values_and_instead_of_them(tmp_path):
+    """Weights saved as reductions only, gradients raw with a reduction beside them (the writer computes both)."""
+    out = str(tmp_path / "run")
+    hook = tm.Hook(out, save_config=tm.SaveConfig(save_interval=2), include_collections=["weights", "gradients"])
+    hook.get_collection("weights").reduction_config = tm.ReductionConfig(reductions=["max"], abs_reductions=["mean"])
+    hook.get_collection("gradients").reduction_config = tm.ReductionConfig(norms=["l2"], save_raw_tensor=True)
+    rec: dict = {}
+    train(mlp(), 3, hook, record=rec)
+    hook.close()
+    assert hook.error_count == 0
+    t = tm.create_trial(out)
+    for s in (0, 2):
+        for p in ("dense0_weight", "dense2_weight"):
+            w = rec[(s, p)]
+            assert same(t.tensor(p).reduction_value(s, "max"), w.max())
+            assert np.isclose(t.tensor(p).reduction_value(s, "mean", abs=True), np.abs(w).mean(), rtol=1e-6)
+            g = rec[(s, "gradient/" + p)]
+            assert same(t.tensor("gradient/" + p).value(s), g)
+            assert np.isclose(t.tensor("gradient/" + p).reduction_value(s, "l2"), np.linalg.norm(g.ravel()),
+                              rtol=1e-5)
+        with pytest.raises(TensorUnavailableForStep):  # (reductions only)
+            t.tensor("dense0_weight").value(s)
 
 
 def test_default_collections_save_losses_only(tmp_path):
@@ -262,6 +287,30 @@ def test_modes_and_mode_steps(tmp_path):
     assert t.tensor("dense0_weight").steps(mode=EVAL) == [0, 2]
 
 
+def test_steps_between_saving_steps_are_counted_across_modes(tmp_path):
+    """Steps that save nothing are counted in their mode (and globally) however they are counted."""
+    out = str(tmp_path / "run")
+    hook = tm.Hook(out, save_config=tm.SaveConfig(save_interval=4), include_collections=["losses", "gradients"])
+    net, loss_fn = mlp(), gluon.loss.SoftmaxCrossEntropyLoss()
+    rec: dict = {}
+    hook.set_mode(TRAIN)
+    trainer = train(net, 10, hook, loss_fn=loss_fn, record=rec)
+    assert hook.step == 9 and hook.mode_steps[TRAIN] == 9
+    hook.set_mode(EVAL)
+    eval_losses = [loss_fn(net(x), y).asnumpy() for x, y in (batch(100 + k) for k in range(5))]
+    assert hook.step == 14 and hook.mode_steps[EVAL] == 4
+    hook.set_mode(TRAIN)
+    train(net, 3, None, loss_fn=loss_fn, trainer=trainer, start=10, record=rec)
+    assert hook.step == 17 and hook.mode_steps[TRAIN] == 12
+    hook.close()
+    t = tm.create_trial(out)
+    assert t.steps(mode=TRAIN) == [0, 4, 8, 12] and t.steps(mode=EVAL) == [0, 4]
+    assert t.steps() == [0, 4, 8, 10, 14, 17]
+    for s in (0, 4, 8, 12):
+        assert same(t.tensor("gradient/dense0_weight").value(s, mode=TRAIN), rec[(s, "gradient/dense0_weight")])
+    assert same(t.tensor(LOSS).value(4, mode=EVAL), eval_losses[4])
+
+
 def test_save_tensor_and_save_scalar(tmp_path):
     out = str(tmp_path / "run")
     hook = tm.Hook(out, save_config=tm.SaveConfig(save_interval=2))
@@ -336,7 +385,9 @@ def test_injected_failure_turns_the_hook_off_and_training_goes_on(tmp_path, monk
         calls.append(1)
         raise OSError("injected: the disk is gone")
 
-    monkeypatch.setattr(hook, "write_tensors", broken)
+    writer = hook._get_writer()  # (whatever way the hook hands its tensors over)
+    for handoff in ("reserve_batch", "submit", "submit_many", "submit_batch"):  # (the writer contract's hand-offs)
+        monkeypatch.setattr(writer, handoff, broken)
     with caplog.at_level(logging.ERROR, logger="tensortap"):
         train(hooked, 4, hook)
         train(plain, 4)
