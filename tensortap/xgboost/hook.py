@@ -147,6 +147,13 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             reduction_config=None, save_config=save_config, include_regex=include_regex,
             include_collections=include_collections, save_all=save_all, include_workers=include_workers, **kwargs,
         )
+        if getattr(self, "_pending_collection_configs", None):
+            # The runner's collection configs (applied at the first round), read again with this hook's default
+            # for the save keys they leave out (the base reads them with the deep-learning hooks' 500 steps).
+            from tensortap.hook_config import load_hook_config
+
+            self._pending_collection_configs = load_hook_config(os.environ["TENSORTAP_CONFIG"],
+                                                                _DEFAULT_SAVE).collection_configs
         self.hyperparameters = hyperparameters
         self.train_data = as_dmatrix(train_data, "train_data")
         self.validation_data = as_dmatrix(validation_data, "validation_data")
@@ -160,12 +167,16 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
     @classmethod
     def create_from_json_file(cls, json_file_path: str | None = None, **overrides: Any) -> Hook:
         """A hook configured by smdebug-style JSON (`json_file_path`, else $TENSORTAP_CONFIG, else
-        $SMDEBUG_CONFIG_FILE_PATH); save keys the config leaves out default to every 10 rounds."""
-        if "save_config" not in overrides:
-            from tensortap.hook_config import load_hook_config
+        $SMDEBUG_CONFIG_FILE_PATH); save keys the config leaves out default to every 10 rounds, for the hook
+        and for each collection it configures (as smdebug.xgboost)."""
+        from tensortap.hook_config import load_hook_config
 
-            overrides["save_config"] = load_hook_config(json_file_path, _DEFAULT_SAVE).save_config
-        return super().create_from_json_file(json_file_path, **overrides)
+        cfg = load_hook_config(json_file_path, _DEFAULT_SAVE)
+        if "save_config" not in overrides:
+            overrides["save_config"] = cfg.save_config
+        hook = super().create_from_json_file(json_file_path, **overrides)
+        hook.apply_collection_configs(cfg.collection_configs)  # (the base reads them with the 500 steps' default)
+        return hook
 
     def _init_builtin_collections(self) -> None:
         for name, regex in _REGEXES.items():

@@ -344,14 +344,16 @@ def test_create_from_json_file(tmp_path, dm, monkeypatch) -> None:
     assert t.steps() == [0, 3]
     assert "feature_importance/weight/f0" in t.tensor_names()
     txgb.del_hook()
-    cfg.write_text(json.dumps({"LocalPath": str(tmp_path / "run2")}))
+    cfg.write_text(json.dumps({"LocalPath": str(tmp_path / "run2"), "CollectionConfigurations": [
+        {"CollectionName": "metrics"}, {"CollectionName": "trees"}]}))
     monkeypatch.setenv("TENSORTAP_CONFIG", str(cfg))
     hook = txgb.get_hook(create_if_not_exists=True)
     assert isinstance(hook, txgb.Hook) and hook.out_dir == str(tmp_path / "run2")
-    # a config without save keys: every 10 rounds, as smdebug.xgboost
+    # a config without save keys: every 10 rounds, as smdebug.xgboost, for the hook and each collection
     xgb.train(PARAMS, dtrain, num_boost_round=21, evals=[(dtrain, "train")], callbacks=[hook], verbose_eval=False)
     hook.close()
-    assert txgb.create_trial(str(tmp_path / "run2")).steps() == [0, 10, 20]
+    t = txgb.create_trial(str(tmp_path / "run2"))
+    assert t.tensor("train-logloss").steps() == t.tensor("trees/Node").steps() == [0, 10, 20]
     (tmp_path / "run2").rename(tmp_path / "run2-done")
     assert isinstance(txgb.hook_from_config(), txgb.Hook)
     monkeypatch.delenv("TENSORTAP_CONFIG")
