@@ -40,7 +40,7 @@ def _counter_c(hook, model, on: bool) -> None:
     new.tick, new.left, new.skipped, new.deadline = old.tick, old.left, old.skipped, old.deadline
     old.tick = None
     model._backward_hooks = new
-    hook._roots[0].counter = hook._counting = new
+    hook._roots[0].counter = hook.clock.tally = new
 
 
 VARIANTS = {"counter_c": _counter_c}

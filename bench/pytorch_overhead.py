@@ -1,6 +1,7 @@
 """Training-step overhead of the PyTorch hook: tensortap vs smdebug 1.0.34 vs no hook.
 
-Workloads: an MLP 64->256->256->10 (batch 64, SGD) and a small CNN (batch 32, 3x32x32), one CPU thread,
+Workloads: an MLP 64->256->256->10 (batch 64, SGD), a small CNN (batch 32, 3x32x32) and a 4-layer transformer
+encoder (`--models transformer`: d_model 64, 4 heads, batch 16 x 32 tokens), one CPU thread,
 collections weights+biases+gradients+losses (or `--collections`), saved every 1, 10, 100 steps or never.
 
 Every measurement is a child process that trains one model in alternating blocks of steps with the
@@ -54,6 +55,12 @@ def _build(model_name: str):
     if model_name == "mlp":
         model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
         x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
+    elif model_name == "transformer":
+        # a 4-layer transformer encoder (d_model 64, 4 heads), sequences of 32 tokens, a classifier on the mean
+        layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, batch_first=True)
+        model = nn.Sequential(nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False),
+                              _MeanOverTokens(), nn.Linear(64, 10))
+        x, y = torch.randn(16, 32, 64), torch.randint(0, 10, (16,))
     else:
         model = nn.Sequential(
             nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
@@ -62,6 +69,19 @@ def _build(model_name: str):
         )
         x, y = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
     return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), nn.CrossEntropyLoss(), x, y
+
+
+class _MeanOverTokens:
+    """nn.Module taking the mean over the token axis (built lazily: torch is imported in children only)."""
+
+    def __new__(cls):
+        from torch import nn
+
+        class MeanOverTokens(nn.Module):
+            def forward(self, x):
+                return x.mean(dim=1)
+
+        return MeanOverTokens()
 
 
 def _hooked_mlp(interval: int, out_dir: str, **hook_kwargs):

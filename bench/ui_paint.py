@@ -54,15 +54,20 @@ def write_job(out: str, steps: int, layers: int = 49) -> float:
     return time.perf_counter() - t0
 
 
-def plotly_only_page() -> tuple[str, object]:
-    """A page that loads plotly.js (the same file, served the same way) and nothing else: the floor of
-    any page drawn with it. Returns (url, stop)."""
+def plotly_only_page(full: bool = False) -> tuple[str, object]:
+    """A page that loads plotly.js (the dashboard's bundle, served the same way; `full`: the plotly
+    package's full bundle instead) and nothing else: the floor of any page drawn with it. Returns (url, stop)."""
     import http.server
     import threading
 
-    from tensortap.ui.server import plotly_js
+    if full:
+        from plotly.offline import get_plotlyjs
 
-    js = plotly_js().encode()
+        js = get_plotlyjs().encode()
+    else:
+        from tensortap.ui.server import plotly_js
+
+        js = plotly_js().encode()
     html = (b"<!doctype html><html><head><script src='/plotly.min.js'></script></head><body>"
             b"<script>window.ttLoadedAt = performance.now()</script></body></html>")
 
@@ -73,7 +78,10 @@ def plotly_only_page() -> tuple[str, object]:
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the page was closed before its favicon or script arrived
 
         def log_message(self, *args: object) -> None:
             pass
@@ -81,6 +89,24 @@ def plotly_only_page() -> tuple[str, object]:
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{srv.server_port}/", lambda: (srv.shutdown(), srv.server_close())
+
+
+#: where a cold load's time went: when plotly.js arrived and had run, the first view's JSON was parsed,
+#: its figures drawn (ms since navigation start), and how many figures and points were drawn
+MARKS_JS = """() => {
+  const m = {};
+  for (const e of performance.getEntriesByType('mark')) m[e.name] = e.startTime;
+  for (const e of performance.getEntriesByType('resource')) {
+    if (e.name.includes('/static/plotly')) m['plotly-fetched'] = e.responseEnd;
+    if (e.name.includes('/api/view/')) { m['view-fetched'] = e.responseEnd; m['view-kb'] = e.encodedBodySize / 1024; }
+  }
+  const nav = performance.getEntriesByType('navigation')[0];
+  m['dom-content-loaded'] = nav.domContentLoadedEventStart;
+  const figs = document.querySelectorAll('div.figure');
+  m['figures'] = figs.length;
+  m['points'] = [...figs].reduce((a, f) => a + (f.data || []).reduce((b, t) => b + (t.x ? t.x.length : 0), 0), 0);
+  return m;
+}"""
 
 
 def rss_kb(pid: int) -> tuple[int, int]:
@@ -112,22 +138,28 @@ def measure(out: str, rounds: int) -> dict:
     line = proc.stdout.readline()
     start_s = time.perf_counter() - t0
     url = line.split(" at ", 1)[1].split()[0]
-    res = {"server_start_s": start_s, "rss_start_mb": rss_kb(proc.pid)[0] / 1024, "paint_ms": [], "tabs": {}}
+    res = {"server_start_s": start_s, "rss_start_mb": rss_kb(proc.pid)[0] / 1024, "paint_ms": [], "tabs": {},
+           "marks": []}
     try:
         with sync_playwright() as p:
             b = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu",
                                                                   "--disable-background-networking"])
             floor_url, floor_stop = plotly_only_page()
-            res["floor_ms"] = []
+            full_url, full_stop = plotly_only_page(full=True)
+            res["floor_ms"], res["full_ms"] = [], []
             for _ in range(rounds):  # cold: a fresh browser profile each time (plotly.js not cached)
                 for target, key, flag in ((url, "paint_ms", "window.ttPaintedAt"),
-                                          (floor_url, "floor_ms", "window.ttLoadedAt")):
+                                          (floor_url, "floor_ms", "window.ttLoadedAt"),
+                                          (full_url, "full_ms", "window.ttLoadedAt")):
                     ctx = b.new_context(viewport={"width": 1280, "height": 900})
                     page = ctx.new_page()
                     page.goto(target)
                     res[key].append(wait(page, flag))
+                    if key == "paint_ms":
+                        res["marks"].append(page.evaluate(MARKS_JS))
                     ctx.close()
             floor_stop()
+            full_stop()
             ctx = b.new_context(viewport={"width": 1280, "height": 900})
             page = ctx.new_page()
             res["warm_ms"] = []
@@ -139,7 +171,13 @@ def measure(out: str, rounds: int) -> dict:
                 t = time.perf_counter()
                 page.click(f"nav button[data-view={tab}]")
                 wait(page, f"window.ttRenders > {n}")
-                res["tabs"][tab] = (time.perf_counter() - t) * 1000
+                total = (time.perf_counter() - t) * 1000
+                # the view's request: from sent to its last byte (the server reading the job), and its size
+                req, kb = page.evaluate(
+                    "v => { const e = performance.getEntriesByType('resource').filter(e => "
+                    "e.name.includes('/api/view/' + v)).pop(); return [e.responseEnd - e.startTime, "
+                    "e.encodedBodySize / 1024]; }", tab)
+                res["tabs"][tab] = (total, req, kb)
             res["json_kb"] = page.evaluate(
                 "performance.getEntriesByType('resource').filter(e => e.name.includes('/api/view/overview'))"
                 ".map(e => e.encodedBodySize / 1024)")
@@ -218,10 +256,19 @@ def main() -> None:
     print(f"  plotly.js alone (alternated with the above, same conditions): median {statistics.median(fm):.0f} ms  "
           f"{[round(x) for x in fm]}; dashboard - plotly.js alone, median of pairs: "
           f"{statistics.median([a - b for a, b in zip(pm, fm, strict=True)]):+.0f} ms")
+    fl = res["full_ms"]
+    print(f"  the plotly package's full plotly.js alone (alternated too): median {statistics.median(fl):.0f} ms  "
+          f"{[round(x) for x in fl]}")
+    keys = ["plotly-fetched", "tt-plotly-ready", "dom-content-loaded", "view-fetched", "tt-view-data", "tt-painted"]
+    print("  cold load timeline, median ms since navigation start: " + ", ".join(
+        f"{k} {statistics.median([m[k] for m in res['marks'] if k in m]):.0f}" for k in keys
+        if any(k in m for m in res["marks"])) + f"; {res['marks'][-1]['figures']} figures, "
+        f"{res['marks'][-1]['points']} points drawn, view JSON {res['marks'][-1].get('view-kb', 0):.0f} KB")
     print(f"  warm reloads (same profile): median {statistics.median(wm):.0f} ms, max {max(wm):.0f} ms; "
           f"overview JSON {res['json_kb'][-1]:.0f} KB")
     print(f"  load average during the run: {os.getloadavg()[0]:.1f}")
-    print("tab switches (click to drawn): " + ", ".join(f"{k} {v:.0f} ms" for k, v in res["tabs"].items()))
+    print("tab switches, click to drawn (of which the view's request; its JSON): " + ", ".join(
+        f"{k} {t:.0f} ms ({r:.0f} ms; {kb:.0f} KB)" for k, (t, r, kb) in res["tabs"].items()))
     print(f"server RSS after: {res['rss_end_mb']:.0f} MB (peak {res['hwm_mb']:.0f} MB)")
 
     lat = live_latency(args.rounds)
@@ -237,6 +284,30 @@ def main() -> None:
     size = write_report([rjob], os.path.join(OUT, "report.html"))
     print(f"report of a {args.report_steps}-step job x 100 tensors: {size / 1e6:.2f} MB "
           f"(written in {time.perf_counter() - t:.1f} s)")
+    paint, first, figures = report_paint(os.path.join(OUT, "report.html"), args.rounds)
+    print(f"  opened from disk, cold (medians of {len(paint)}): its first figure drawn after "
+          f"{statistics.median(first):.0f} ms, all {figures} after {statistics.median(paint):.0f} ms "
+          f"(max {max(paint):.0f})")
+
+
+def report_paint(path: str, rounds: int) -> tuple[list[float], list[float], int]:
+    """ms from navigation start to every figure of the report drawn, and to its first, per cold load; and
+    how many figures."""
+    from playwright.sync_api import sync_playwright
+
+    out, first = [], []
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        for _ in range(rounds):
+            ctx = b.new_context(viewport={"width": 1280, "height": 900})
+            page = ctx.new_page()
+            page.goto("file://" + path)
+            out.append(wait(page, "window.ttPaintedAt"))
+            first.append(page.evaluate("window.ttFirstFigureAt"))
+            figures = page.evaluate("document.querySelectorAll('div.figure').length")
+            ctx.close()
+        b.close()
+    return out, first, figures
 
 
 if __name__ == "__main__":

@@ -24,14 +24,16 @@ from typing import Any
 import numpy as np
 
 from tensortap import modes as _modes
+from tensortap.capture.batch import BatchSpec, array_sources
+from tensortap.capture.clock import StepClock
+from tensortap.capture.schedule import SaveSchedule
 from tensortap.collection import (
     NON_REDUCTION_COLLECTIONS,
-    TRAIN_ONLY_COLLECTIONS,
     Collection,
     CollectionKeys,
     CollectionManager,
 )
-from tensortap.config import ReductionConfig, SaveConfig, SaveConfigMode
+from tensortap.config import ReductionConfig, SaveConfig
 from tensortap.exceptions import InvalidConfiguration, TensorTapError
 from tensortap.format import codec, layout
 from tensortap.format.writer import ChunkWriter, Record
@@ -46,7 +48,7 @@ WRITERS = ("auto", "thread", "process")
 #: seconds between looks for a stop request at step boundaries (a stat of a local file, and a step that takes the
 #: hook's full path), and between polls of an object store's (one HEAD, on a background thread); they bound the
 #: stop's share of the latency from a rule's verdict to training stopped. `tensortap run` with live rules sets
-#: TENSORTAP_STOP_CHECK_INTERVAL=0.05 (a look every 50 ms costs ~0.5% of a 0.7 ms step that saves nothing).
+#: TENSORTAP_STOP_CHECK_INTERVAL=0.05.
 def _stop_check_interval() -> float:
     try:
         value = float(os.environ.get("TENSORTAP_STOP_CHECK_INTERVAL", "") or 1.0)
@@ -57,8 +59,6 @@ def _stop_check_interval() -> float:
 
 STOP_CHECK_INTERVAL = _stop_check_interval()
 STOP_POLL_INTERVAL = min(0.5, STOP_CHECK_INTERVAL * 10)
-_NOTHING: list = []  # collections_to_save() when nothing saves (never mutated)
-_MODE_NAMES = {m: m.name for m in ModeKeys}  # Enum.name is a slow property, and this runs every step
 
 
 def default_writer(out_dir: str) -> str:
@@ -264,7 +264,7 @@ class Hook:
             raise InvalidConfiguration(f"writer={writer!r}: allowed are 'auto' (the default), 'thread' and 'process'")
         #: "thread": a writer thread in this process; "process": a writer process fed through shared memory
         self.writer_kind = default_writer(self.out_dir) if writer == "auto" else writer
-        self.save_config = SaveConfig.coerce(save_config)
+        self._save_config = SaveConfig.coerce(save_config)
         self.reduction_config = reduction_config or ReductionConfig(save_raw_tensor=True)
         self.dry_run = dry_run
         self.save_all = save_all
@@ -294,7 +294,10 @@ class Hook:
         if save_all:
             self.collection_manager.get(CollectionKeys.ALL).include(".*")
             included.append(CollectionKeys.ALL)
-        self.include_collections = list(dict.fromkeys(included))
+        #: the step clock and what saves at each step (tensortap.capture)
+        self.clock = StepClock()
+        self.schedule = SaveSchedule(self.collection_manager, list(dict.fromkeys(included)), self._save_config,
+                                     save_all)
 
         # Workers.
         env_rank, env_world = _rank_from_env()
@@ -308,11 +311,6 @@ class Hook:
         #: whether this process writes anything (include_workers="one": rank 0 only)
         self.writes = include_workers == "all" or self.rank == 0
 
-        # Step state: global step and per-mode steps; -1 until the first step starts.
-        self.mode: ModeKeys = _modes.GLOBAL
-        self._step = -1
-        self._mode_steps: dict[ModeKeys, int] = {m: -1 for m in ModeKeys}
-        self._in_step = False
 
         # Error isolation.
         self.disabled = disabled_by_env()
@@ -328,16 +326,6 @@ class Hook:
         self._storage = None
         self._prepared = False
         self._closed = False
-        self._save_step: int | None = None  # collections_to_save() is cached for this step and mode
-        self._save_mode: ModeKeys | None = None
-        self._save_now: list[Collection] = _NOTHING
-        self._for_now: list[Collection] = _NOTHING  # the set `_for_cache` is for
-        self._uniform: dict[ModeKeys, tuple[SaveConfigMode, list[Collection]] | None] = {}  # see _mode_schedule
-        self._match_cache: dict[str, list[Collection]] = {}
-        self._for_cache: dict[str, list[Collection]] = {}  # collections_for() while _save_now stays the same
-        self._for_gen = 0  # changes whenever _for_cache is emptied (for caches derived from it)
-        self._merged_cfg: dict[int, tuple[Any, Any, SaveConfig]] = {}  # id(collection) -> merged save config
-        self._schedules: dict[ModeKeys, list[tuple[Collection, SaveConfigMode]]] = {}  # see _mode_schedule
         self._collections_dirty = True
         # Stop requests (tensortap.format.control): every rank watches, writing or not.
         self._stop_watch = not disabled_by_env()
@@ -454,14 +442,7 @@ class Hook:
 
     def _invalidate_caches(self) -> None:
         """Collections or their configs may have changed: recompute what saves what."""
-        self._match_cache.clear()
-        self._for_cache.clear()
-        self._for_gen += 1
-        self._merged_cfg.clear()
-        self._schedules.clear()
-        self._uniform.clear()
-        self._save_step = None
-        self._for_now = _NOTHING
+        self.schedule.invalidate()
 
     def _collections_changed(self) -> None:
         """The caller may change collections or their configs (framework hooks extend this to drop their own
@@ -504,75 +485,30 @@ class Hook:
         return set()
 
     def _included(self) -> list[Collection]:
-        if CollectionKeys.ALL in self.include_collections and self.save_all:
-            return list(self.collection_manager.get_collections().values())
-        return [self.collection_manager.get(n) for n in self.include_collections]
+        return self.schedule.included()
 
     def _coll_save_config(self, c: Collection) -> SaveConfig:
-        own = c.save_config
-        if own is None:
-            return self.save_config
-        hit = self._merged_cfg.get(id(c))
-        if hit is not None and hit[0] is own and hit[1] is self.save_config:
-            return hit[2]
-        merged = own.merge_default(self.save_config)
-        self._merged_cfg[id(c)] = (own, self.save_config, merged)
-        return merged
+        return self.schedule.config_of(c)
 
     def _collection_saves_now(self, c: Collection) -> bool:
-        if self.mode in (_modes.EVAL, _modes.PREDICT) and c.name in TRAIN_ONLY_COLLECTIONS:
-            return False
-        return self._coll_save_config(c).should_save_step(self.mode, self.mode_steps[self.mode])
-
-    def _mode_schedule(self) -> list[tuple[Collection, SaveConfigMode]]:
-        """(collection, its save config in the current mode) for each included collection that may save in
-        this mode (cached per mode until collections or configs change)."""
-        mode = self.mode
-        sched = self._schedules.get(mode)
-        if sched is None:
-            train_only = mode in (_modes.EVAL, _modes.PREDICT)
-            sched = self._schedules[mode] = [
-                (c, self._coll_save_config(c).get_save_config(mode)) for c in self._included()
-                if not (train_only and c.name in TRAIN_ONLY_COLLECTIONS)
-            ]
-            # The usual case: every collection saves at the same steps, so one test decides for all.
-            cfgs = {cfg for _c, cfg in sched}
-            self._uniform[mode] = (cfgs.pop(), [c for c, _cfg in sched]) if len(cfgs) == 1 else None
-        return sched
+        clock = self.clock
+        clock.sync()
+        return self.schedule.saves_at(c, clock.mode, clock.mode_steps[clock.mode])
 
     def collections_to_save(self) -> list[Collection]:
-        """Included collections that save at the current step (cached per step; the same list object
-        while the set stays the same)."""
-        counter = self._counting
-        if counter is not None and counter.skipped:
-            self._sync_steps()
-        mode = self.mode
-        if self._save_step != self._step or self._save_mode is not mode:
-            step = self._mode_steps[mode]
-            sched = self._schedules.get(mode)
-            if sched is None:
-                sched = self._mode_schedule()
-            uniform = self._uniform[mode]
-            if uniform is not None:
-                now = uniform[1] if uniform[0].should_save_step(step) else _NOTHING
-            else:
-                now = [c for c, cfg in sched if cfg.should_save_step(step)] or _NOTHING
-                last = self._save_now
-                if now is not _NOTHING and now is not last and now == last:
-                    now = last
-            self._set_save_now(now, mode)
-        return self._save_now
+        """Included collections that save at the current step (the same list object while the set stays the
+        same)."""
+        clock = self.clock
+        if clock.tally is not None and clock.tally.skipped:
+            clock.sync()
+        return self.schedule.at(clock.mode, clock.mode_steps[clock.mode])
 
-    def _set_save_now(self, now: list[Collection], mode: ModeKeys) -> None:
-        """What collections_to_save() returns for the current step (a framework hook that already knows it
-        sets it here)."""
-        self._save_now = now
-        self._save_step = self._step
-        self._save_mode = mode
-        if now and now is not self._for_now:  # (steps that save nothing leave the cache of the last set)
-            self._for_now = now
-            self._for_cache.clear()
-            self._for_gen += 1
+    def next_saving_step(self) -> float:
+        """The next step of the current mode, after the current one, at which anything saves (inf if none): the
+        steps before it save nothing, so a framework hook may only count them."""
+        clock = self.clock
+        clock.sync()
+        return self.schedule.next_saving_step(clock.mode, clock.mode_steps[clock.mode] + 1)
 
     def is_saving_step(self) -> bool:
         """True if anything may be saved at the current step."""
@@ -580,65 +516,91 @@ class Hook:
 
     def collections_for(self, name: str) -> list[Collection]:
         """Collections saving now that contain tensor `name`."""
-        now = self.collections_to_save()
-        if not now:
-            return []
-        hit = self._for_cache.get(name)
-        if hit is not None:
-            return hit
-        colls = self._match_cache.get(name)
-        if colls is None:
-            colls = self._match_cache[name] = [c for c in self._included() if c.matches(name)]
-        hit = self._for_cache[name] = [c for c in colls if c in now]
-        return hit
+        return self.schedule.for_tensor(name, self.collections_to_save())
 
     def should_save_tensor(self, name: str) -> bool:
         return self.active and bool(self.collections_for(name))
 
-    # --- steps and modes --------------------------------------------------------------------
-    # A framework hook may count steps that save nothing on its own (`_counting`, an object whose
-    # `skipped` it increments); they are added to the counters before anything reads them.
-    _counting: Any = None
+    # --- steps and modes (the step clock, tensortap.capture.clock) --------------------------
+
+    @property
+    def save_config(self) -> SaveConfig:
+        """The save config of every collection that has none of its own."""
+        return self._save_config
+
+    @save_config.setter
+    def save_config(self, value: SaveConfig) -> None:
+        self._save_config = SaveConfig.coerce(value)
+        if "schedule" in self.__dict__:
+            self.schedule.default = self._save_config
+
+    @property
+    def collection_manager(self) -> CollectionManager:
+        return self._collection_manager
+
+    @collection_manager.setter
+    def collection_manager(self, value: CollectionManager) -> None:
+        self._collection_manager = value
+        if "schedule" in self.__dict__:
+            self.schedule.collections = value
+            self._collections_changed()
+
+    @property
+    def include_collections(self) -> list[str]:
+        """The names of the collections this hook saves."""
+        return self.schedule.include
+
+    @include_collections.setter
+    def include_collections(self, value: Iterable[str]) -> None:
+        self.schedule.include = list(value)
+        self._collections_changed()
+
+    @property
+    def mode(self) -> ModeKeys:
+        return self.clock.mode
+
+    @mode.setter
+    def mode(self, value: ModeKeys) -> None:
+        self.clock.mode = value
 
     @property
     def step(self) -> int:
         """The global step (-1 before the first)."""
-        counter = self._counting
-        if counter is not None and counter.skipped:
-            self._sync_steps()
-        return self._step
+        clock = self.clock
+        clock.sync()
+        return clock.step
 
     @step.setter
     def step(self, value: int) -> None:
-        self._step = value
+        self.clock.step = value
 
     @property
     def mode_steps(self) -> dict[ModeKeys, int]:
         """The step within each mode (GLOBAL: the global step); -1 before a mode's first step."""
-        counter = self._counting
-        if counter is not None and counter.skipped:
-            self._sync_steps()
-        return self._mode_steps
+        clock = self.clock
+        clock.sync()
+        return clock.mode_steps
 
     @mode_steps.setter
     def mode_steps(self, value: dict[ModeKeys, int]) -> None:
-        self._mode_steps = value
+        self.clock.mode_steps = value
 
-    def _sync_steps(self) -> None:
-        counter = self._counting
-        n = counter.skipped
-        if n:
-            counter.skipped = 0
-            self._step += n
-            self._mode_steps[self.mode] += n
-            self._mode_steps[_modes.GLOBAL] = self._step
+    @property
+    def mode_step(self) -> int:
+        clock = self.clock
+        clock.sync()
+        return clock.mode_steps[clock.mode]
+
+    @property
+    def _in_step(self) -> bool:
+        return self.clock.in_step
 
     def set_mode(self, mode: ModeKeys | str) -> None:
         """Switch mode; the next step is counted in it."""
         mode = _modes.parse_mode(mode)
-        if mode != self.mode:
+        if mode != self.clock.mode:
             self.end_step()
-            self.mode = mode
+            self.clock.mode = mode
 
     def next_step(self) -> int:
         """End the current step (if any) and begin the next; returns the new global step.
@@ -649,14 +611,7 @@ class Hook:
         if self._stop_watch and (self._stop_request is not None or time.monotonic() >= self._next_stop_check):
             self._check_stop_request()
         self.end_step()
-        counter = self._counting
-        if counter is not None and counter.skipped:
-            self._sync_steps()
-        self._step = step = self._step + 1
-        steps = self._mode_steps
-        steps[self.mode] += 1
-        steps[_modes.GLOBAL] = step
-        self._in_step = True
+        step = self.clock.advance()
         if not self._prepared:
             self._prepare()
         self.on_step_begin()
@@ -696,30 +651,24 @@ class Hook:
 
     def end_step(self) -> None:
         """Finish the current step: readers learn that no more data comes for it."""
-        if not self._in_step:
+        clock = self.clock
+        if not clock.in_step:
             return
-        self._in_step = False
+        clock.in_step = False
         self.on_step_end()
         if self._writer is not None and not self.disabled and self.writes and not self._closed:  # (active)
             try:  # (what guard() does, without a generator per step)
                 if self._collections_dirty:
                     self._writer.set_collections(self.collection_manager.to_json_dict())
                     self._collections_dirty = False
-                counter = self._counting
-                if counter is not None and counter.skipped:
-                    self._sync_steps()
-                passed = {}
-                for m, s in self._mode_steps.items():  # (a loop, not a comprehension: no frame per step)
-                    if s >= 0:
-                        passed[_MODE_NAMES[m]] = s
-                self._writer.mark_step_passed(self._step, passed)
+                self._writer.mark_step_passed(clock.step, clock.passed())
             except InvalidConfiguration:
                 raise
             except Exception as e:  # noqa: BLE001 - never break the training job
                 self._fail("end_step", e)
 
     def _ensure_step(self) -> None:
-        if not self._in_step:
+        if not self.clock.in_step:
             self.next_step()
 
     def on_step_begin(self) -> None:
@@ -727,10 +676,6 @@ class Hook:
 
     def on_step_end(self) -> None:
         """Called when a step ends, before readers are told (framework hooks override)."""
-
-    @property
-    def mode_step(self) -> int:
-        return self.mode_steps[self.mode]
 
     # --- saving -----------------------------------------------------------------------------
 
@@ -815,10 +760,15 @@ class Hook:
         )
 
     def write_tensors(self, items: Iterable[tuple[str, Any, list[Collection]]], copy: bool = True) -> None:
-        """`write_tensor(name, value, colls, copy=copy)` for each item, with one hand-off to the writer."""
+        """`write_tensor(name, value, colls, copy=copy)` for each item, in one hand-off: the values saved raw,
+        of one dtype, go as one batch copied straight into the writer's room (tensortap.capture.batch); the
+        others as records."""
         plans: dict[tuple[int, ...], tuple[bool, tuple[tuple[str, bool], ...], bool]] = {}
-        step, mode, mode_step = self.step, self.mode.value, self.mode_steps[self.mode]
+        clock = self.clock
+        clock.sync()
+        step, mode, mode_step = clock.step, clock.mode.value, clock.mode_steps[clock.mode]
         records = []
+        batch: list[tuple[str, np.ndarray, tuple]] = []
         for name, value, colls in items:
             key = tuple(map(id, colls))
             plan = plans.get(key)
@@ -826,13 +776,41 @@ class Hook:
                 plan = plans[key] = self._plan(name, colls)
             save_raw, reds, save_shape = plan
             arr = codec.as_storable(value)
+            self._note_membership(name, colls)
+            if save_raw and not save_shape and (not batch or arr.dtype == batch[0][1].dtype):
+                batch.append((name, arr, reds))
+                continue
             if copy and (arr is value or (isinstance(value, np.ndarray) and np.shares_memory(arr, value))):
                 arr = arr.copy()
-            self._note_membership(name, colls)
             records.append(Record(name=name, step=step, mode=mode, mode_step=mode_step, value=arr,
                                   save_raw=save_raw, reductions=reds, save_shape=save_shape))
-        if records and not self.dry_run:
-            self._get_writer().submit_many(records)
+        if self.dry_run:
+            return
+        writer = self._get_writer()
+        if batch and not self._send_batch(writer, batch):
+            for name, arr, reds in batch:
+                records.append(Record(name=name, step=step, mode=mode, mode_step=mode_step,
+                                      value=arr.copy() if copy else arr, save_raw=True, reductions=reds))
+        if records:
+            writer.submit_many(records)
+
+    def _send_batch(self, writer: Any, batch: list[tuple[str, np.ndarray, tuple]]) -> bool:
+        """Copy raw values of one dtype into one reservation of `writer` at the current step; False if they
+        cannot go that way (then they go as records)."""
+        found = array_sources([arr for _n, arr, _r in batch])
+        if found is None:
+            return False
+        sources, shapes = found
+        reds = tuple(r for _n, _a, r in batch)
+        spec = BatchSpec(tuple(n for n, _a, _r in batch), True, reds if any(reds) else None, shapes,
+                         np_dtype=batch[0][1].dtype)
+        res = spec.reserve(writer, self.clock)
+        if res is None:
+            return False
+        if res:  # (False: dropped under backpressure, counted by the writer)
+            res.copy_in(sources)
+            res.commit()
+        return True
 
     def save_tensor(
         self, tensor_name: str, tensor_value: Any, collections_to_write: str | Iterable[str] = CollectionKeys.DEFAULT

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
-
-from tensortap.transport.copy import gather_into
 
 # torch dtypes numpy lacks, stored through ml_dtypes when it is installed (else upcast to float32).
 _ML_DTYPE_NAMES = {
@@ -82,11 +79,6 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
         return nd
 
 
-def copy_into(address: int, tensors: list[torch.Tensor]) -> None:
-    """Copy contiguous CPU tensors back to back to host memory at `address` (room for all of them)."""
-    gather_into(address, [(t.data_ptr(), t.nbytes) for t in tensors])
-
-
 def ring_sources(tensors: list[torch.Tensor], shapes: tuple[tuple[int, ...], ...] | None
                  ) -> tuple[list[tuple[int, int]], tuple[tuple[int, ...], ...]] | None:
     """(address, byte count) of each tensor and their shapes (`shapes` itself when they match it) when
@@ -108,92 +100,17 @@ def ring_sources(tensors: list[torch.Tensor], shapes: tuple[tuple[int, ...], ...
 _STRIDED = torch.strided
 
 
-class _Slot:
-    """A pooled host buffer laid out for one list of shapes."""
-
-    __slots__ = ("buf", "flat", "views", "layout", "base_refs", "address")
-
-    def __init__(self, dtype: torch.dtype, shapes: tuple[torch.Size, ...]):
-        numel = [_numel(s) for s in shapes]
-        flat = torch.empty(sum(numel), dtype=dtype)
-        self.buf = flat.numpy()  # TypeError for dtypes numpy lacks: no pooling for them
-        self.address = self.buf.ctypes.data
-        self.flat = torch.from_numpy(self.buf)
-        self.views: list[torch.Tensor] = []
-        self.layout: list[tuple[int, int, tuple[int, ...]]] = []
-        off = 0
-        for shape, k in zip(shapes, numel, strict=True):
-            self.views.append(self.flat[off:off + k].view(shape))
-            self.layout.append((off, off + k, tuple(shape)))
-            off += k
-        self.base_refs = sys.getrefcount(self.buf)
-
-    def free(self) -> bool:
-        """Nobody (the writer) holds a view of the buffer any more."""
-        return sys.getrefcount(self.buf) <= self.base_refs
-
-
-def _numel(shape: Any) -> int:
-    k = 1
-    for d in shape:
-        k *= d
-    return k
-
-
-class BufferPool:
-    """Reusable host buffers for batch copies (fresh large allocations cost a page fault per page).
-
-    A buffer is reused once the writer dropped every view of it. At most `per_layout` buffers per
-    layout and `max_bytes` in all; beyond that copies go to fresh memory.
-    """
-
-    def __init__(self, per_layout: int = 8, max_bytes: int = 256 << 20):
-        self.per_layout = per_layout
-        self.max_bytes = max_bytes
-        self.nbytes = 0
-        self._slots: dict[tuple, list[_Slot]] = {}
-
-    def get(self, dtype: torch.dtype, shapes: tuple[torch.Size, ...]) -> _Slot | None:
-        """A free buffer for tensors of these shapes, or None."""
-        key = (dtype, shapes)
-        slots = self._slots.get(key)
-        if slots is None:
-            slots = self._slots[key] = []
-        for slot in slots:
-            if slot.free():
-                return slot
-        if len(slots) >= self.per_layout:
-            return None
-        size = _numel_total(shapes) * torch.empty((), dtype=dtype).element_size()
-        if self.nbytes + size > self.max_bytes:
-            return None
-        try:
-            slot = _Slot(dtype, shapes)
-        except (TypeError, RuntimeError):
-            return None
-        self.nbytes += size
-        slots.append(slot)
-        return slot
-
-
-def _numel_total(shapes: tuple[torch.Size, ...]) -> int:
-    return sum(_numel(s) for s in shapes)
-
-
-_foreach_copy = getattr(torch, "_foreach_copy_", None)
-
-
 class HostBatch:
     """Host copies of several tensors: one copy per (device, dtype) group.
 
-    CPU groups are copied at once, into a pooled buffer when one is free. Other devices are copied
-    asynchronously into pinned memory (when the accelerator supports it) and waited for in
-    `arrays()`, normally at the end of the step, long after the copy finished.
+    CPU groups are copied at once. Other devices are copied asynchronously into pinned memory (when the
+    accelerator supports it) and waited for in `arrays()`, normally at the end of the step, long after the
+    copy finished.
     """
 
     __slots__ = ("_groups", "_n", "_flat")
 
-    def __init__(self, tensors: list[torch.Tensor], force_async: bool = False, pool: BufferPool | None = None):
+    def __init__(self, tensors: list[torch.Tensor], force_async: bool = False):
         """Copy `tensors` (detached, none requiring grad) to the host."""
         self._n = len(tensors)
         self._flat: np.ndarray | None = None
@@ -206,24 +123,13 @@ class HostBatch:
             for i, t in enumerate(tensors):
                 by_key.setdefault((t.device, t.dtype), []).append(i)
             groups = list(by_key.items())
-        # each group: (positions, host numpy array or None, layout, torch host tensor, event, keep-alive)
+        # each group: (positions, layout, torch host tensor, event, keep-alive of the source)
         self._groups: list[tuple[Any, ...]] = []
-        for (device, dtype), idx in groups:
+        for (device, _dtype), idx in groups:
             parts = [tensors[i] for i in idx] if len(groups) > 1 else tensors
             if device.type == "cpu" and not force_async:
-                slot = pool.get(dtype, tuple(p.shape for p in parts)) if pool is not None else None
-                if slot is not None:
-                    if all(p.is_contiguous() for p in parts):
-                        copy_into(slot.address, parts)
-                    elif _foreach_copy is not None:
-                        _foreach_copy(slot.views, parts)
-                    else:
-                        for v, p in zip(slot.views, parts, strict=True):
-                            v.copy_(p)
-                    self._groups.append((idx, slot.buf, slot.layout, None, None, None))
-                    continue
                 host = torch.cat([p.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].reshape(-1).clone()
-                self._groups.append((idx, None, _layout(parts), host, None, None))
+                self._groups.append((idx, _layout(parts), host, None, None))
                 continue
             flat_src = torch.cat([p.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].reshape(-1)
             pin = device.type == "cuda"
@@ -233,21 +139,21 @@ class HostBatch:
             if pin:
                 event = torch.cuda.Event()
                 event.record()
-            self._groups.append((idx, None, _layout(parts), host, event, flat_src))
+            self._groups.append((idx, _layout(parts), host, event, flat_src))
 
     def arrays(self) -> list[np.ndarray]:
         """Host arrays in the order of the tensors given (views of private buffers: the caller owns them)."""
         if len(self._groups) == 1:
-            _idx, buf, layout, host, event, _k = self._groups[0]
+            _idx, layout, host, event, _k = self._groups[0]
             if event is not None:
                 event.synchronize()
-            flat = self._flat = buf if buf is not None else host_numpy(host)
+            flat = self._flat = host_numpy(host)
             return [flat[a:b].reshape(shape) for a, b, shape in layout]
         out: list[Any] = [None] * self._n
-        for idx, buf, layout, host, event, _keep in self._groups:
+        for idx, layout, host, event, _keep in self._groups:
             if event is not None:
                 event.synchronize()
-            flat = buf if buf is not None else host_numpy(host)
+            flat = host_numpy(host)
             for i, (a, b, shape) in zip(idx, layout, strict=True):
                 out[i] = flat[a:b].reshape(shape)
         return out

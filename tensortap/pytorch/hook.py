@@ -8,7 +8,7 @@ module is named by its class), losses `<LossClass>_output_0`. Optimizer state is
 Steps known to save nothing cost one truth test in C per forward of the root module, made without a module
 hook (see `_step_counter`); per-module forward hooks and per-parameter gradient hooks are only installed for
 steps that save them. With the writer process, a saving step hands its weights, gradients and loss over in
-one message of shared memory (see `_StepLayout`).
+one message of shared memory (`tensortap.capture.batch.StepLayout`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from tensortap import modes as _modes
+from tensortap.capture.batch import BatchSpec, StepLayout
 from tensortap.collection import ACTIVATION_COLLECTIONS, Collection, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.format.writer import RecordBatch
@@ -34,7 +35,6 @@ from tensortap.hooks.base import rank_in_env
 from tensortap.pytorch import _step_counter, singleton
 from tensortap.pytorch._step_counter import CountingHooks
 from tensortap.pytorch._tensors import (
-    BufferPool,
     HostBatch,
     capturable,
     host_numpy,
@@ -61,17 +61,15 @@ _INF = float("inf")
 _MAX_SKIP = 1 << 62
 _STRIDED = torch.strided
 _SMALL = 4096  # elements: a lone tensor this small is copied directly
-# Module hooks of a saving plan stay installed over a quiet gap of at most this many steps (measured on
-# the MLP benchmark: keeping them saves 18-36 us per step at every 2-6 steps and costs 9-14 us per step
-# at every 10, where the calls they cost on the quiet steps outweigh removing and installing them).
+# Module hooks of a saving plan stay installed over a quiet gap of at most this many steps (longer gaps: the
+# calls they cost on quiet steps outweigh removing and installing them again).
 _KEEP_HANDLES = 8
 _NO_GRAD_MODES = (_modes.EVAL, _modes.PREDICT)  # modes whose steps save no gradients
 
 
 def _hook_id() -> int:
-    """A key for a hook put straight into a module's hook dict: reserved among torch's hook handles' ids
-    (putting it there and taking it out again is a dict store and a pop, where a handle costs ~9 us per
-    saving step in context)."""
+    """A key for a hook put straight into a module's hook dict (no handle object per saving step), reserved
+    among torch's hook handles' ids."""
     return RemovableHandle(OrderedDict()).id
 
 
@@ -96,12 +94,6 @@ def _detect_rank() -> tuple[int | None, int | None]:
         except Exception:  # noqa: BLE001 - an odd Horovod build must not stop the job
             pass
     return None, None
-
-
-def _pad(reductions: tuple | None, n: int) -> tuple:
-    """Per-tensor reductions for `n` tensors: `reductions`, then none for the rest."""
-    reductions = reductions or ()
-    return reductions + ((),) * (n - len(reductions))
 
 
 def _no_distributed() -> bool:
@@ -146,38 +138,9 @@ class _Plan:
     param_ptrs: list[int] | None = None  # the views' data_ptr()s
     grad_list: list[tuple[nn.Parameter, str, list[Collection]]] = field(default_factory=list)
     grad_items: list[tuple[str, list[Collection]]] = field(default_factory=list)
-    weight_spec: _Spec | None = None
-    grad_spec: _Spec | None = None
-    step_layout: _StepLayout | None = None  # of one message for weights and gradients, once learned
-
-
-@dataclass
-class _StepLayout:
-    """One message per saving step for the weights (copied at its start) and what the end of its backward
-    adds (gradients, a loss): learned from a step that sent them separately, used while they stay alike."""
-
-    names: tuple[str, ...]  # weights' then the tail's
-    shapes: tuple[tuple[int, ...], ...]
-    tail_names: tuple[str, ...]  # gradients' and small tensors' (a loss)
-    tail_shapes: tuple[tuple[int, ...], ...]
-    weight_bytes: int  # where the tail starts in the payload
-    reductions: tuple | None = None  # per tensor, what the writer computes from it (None: nothing)
-    writer: Any = None  # the writer of `writer_layout`, its batch_layout() of names and shapes
-    writer_layout: Any = None
-
-
-@dataclass
-class _Spec:
-    """A fixed list of tensors saved together at every saving step: their names, and whether they are
-    saved raw (with, per tensor, the reductions the writer computes: then they go to the writer as one batch)."""
-
-    names: tuple[str, ...]
-    raw_only: bool
-    reductions: tuple | None = None  # per tensor, (name, abs) pairs; None: none at all
-    shapes: tuple[tuple[int, ...], ...] | None = None  # as last handed to a writer process
-    dtype: torch.dtype | None = None  # ... and their dtype, as torch's and numpy's
-    np_dtype: Any = None
-    sources: list[tuple[int, int]] | None = None  # (address, bytes) of tensors that stay (the weights)
+    weight_spec: BatchSpec | None = None
+    grad_spec: BatchSpec | None = None
+    step_layout: StepLayout | None = None  # of one message for weights and gradients, once learned
 
 
 class Hook(BaseHook):
@@ -188,7 +151,6 @@ class Hook(BaseHook):
         K.OPTIMIZER_VARIABLES, *(c for pair in ACTIVATION_COLLECTIONS.values() for c in pair),
     )
     default_include_collections = (K.LOSSES, K.SCALARS)
-    _counting: CountingHooks | None  # the only root's step counter, when it may skip ahead (see the base hook)
 
     def __init__(self, out_dir: str, *args: Any, rank: int | None = None, world_size: int | None = None,
                  **kwargs: Any):
@@ -207,17 +169,13 @@ class Hook(BaseHook):
         self._losses: list[tuple[nn.Module, Any, int]] = []  # (loss module, forward hook for saving steps, key)
         self._opt_handles: list[Any] = []
         self._plans: dict[tuple[int, ...], _Plan] = {}
-        self._quiet_until: float = -1  # mode steps before this save nothing (while the mode stays)
-        self._quiet_after: float = -1  # ... and after the current saving step, those before this
-        # quiet steps still take the full path when the base hook is due to check for a stop request
-        self._stop_checks = all(hasattr(self, a) for a in ("_stop_watch", "_next_stop_check"))
+        self._next_save: float = -1  # after a step that saves nothing, the next mode step that saves
         self._saving = False  # the current step saves something
         self._step_handles: list[Any] = []  # hooks installed for this step only
         self._plan_handles: list[Any] = []  # parameter hooks of the saving plan `_handles_plan`
         self._plan_hooks: list[tuple[dict, int]] = []  # (hook dict, key): its module hooks
         self._grad_hook_id = _hook_id()  # of the forward hook on roots in steps saving gradients
         self._output_hook_id = _hook_id()  # of the hook on a saving step's model output
-        self._skip_mark = False  # the step ending is a quiet one right before a saving one
         self._plan_key: tuple | None = None  # (collections saving now, train?) of `_plan_for`'s last plan
         self._plan_last: _Plan | None = None
         self._handles_plan: _Plan | None = None
@@ -233,17 +191,14 @@ class Hook(BaseHook):
         self._small: list[tuple[str, torch.Tensor, list[Collection]]] = []
         self._small_in_res = 0
         self._grad_off = 0  # where the gradients start in `_grad_res`'s payload
-        # The saving step's message holding the weights and room for its gradients (see _StepLayout), while
+        # The saving step's message holding the weights and room for its gradients (see StepLayout), while
         # they are not in it; it is `_grad_res` once they are.
         self._step_res: Any = None
         self._defer_small = False
-        self._small_specs: dict[tuple[str, ...], _Spec] = {}  # of small tensors sent alone (see _send_small)
         self._raw_only_cache: dict[tuple, bool] = {}
         self._io_skip: dict[tuple[str, int, int], tuple[int, Any]] = {}  # see _write_io
-        self._io_fast: dict[str, tuple] = {}  # see _io_hook
         self._step_plan: _Plan | None = None  # of the current saving step
-        self._staged: list[tuple[HostBatch, list[tuple[str, list[Collection]]], _Spec | None]] = []
-        self._pool = BufferPool()
+        self._staged: list[tuple[HostBatch, list[tuple[str, list[Collection]]], BatchSpec | None]] = []
         #: testing aid: copy CPU tensors through the asynchronous (accelerator) path
         self._force_async_copies = False
         singleton.set_hook(self)
@@ -329,7 +284,7 @@ class Hook(BaseHook):
             root.handles.append(module.register_forward_pre_hook(pre_hook))
         self._roots.append(root)
         # One root: its counter may skip known-quiet steps (with several, each counts through the hook).
-        self._counting = self._roots[0].counter if len(self._roots) == 1 else None
+        self.clock.tally = self._roots[0].counter if len(self._roots) == 1 else None
         self._module_ids.add(id(module))
         self._module_ids.update(id(m) for m in inner.modules())
         for pname, p in params:
@@ -382,152 +337,47 @@ class Hook(BaseHook):
     # --- callbacks ---------------------------------------------------------------------------
 
     def _root_pre_hook(self, module: nn.Module, args: Any) -> None:
+        """A forward of a registered root begins a step. A step after a step that saved nothing, itself known to
+        save nothing, is only counted: readers learn it passed when a later step ends."""
         if self.disabled or self._closed:
             return
-        counter = self._counting
-        mode = self.mode
-        steps = self._mode_steps
-        if counter is not None and counter.skipped:  # (_sync_steps, inline)
-            n = counter.skipped
-            counter.skipped = 0
-            self._step += n
-            steps[mode] += n
-            steps[_modes.GLOBAL] = self._step
-        mode_step = steps[mode] + 1
-        stop_checks = self._stop_checks and self._stop_watch
-        quiet = False
-        if self._in_step and not (stop_checks and time.monotonic() >= self._next_stop_check):
-            if self._saving:
-                if mode_step < self._quiet_after:
-                    # A saving step ends and the next is known to save nothing: what next_step() and
-                    # on_step_begin() do for that, without the schedule's tests.
-                    try:
-                        BaseHook.end_step(self)
-                    except Exception as e:  # noqa: BLE001 - never break training
-                        self._fail("forward pre-hook", e)
-                        return
-                    if self.disabled or self._closed:
-                        return
-                    until = self._quiet_until = self._quiet_after
-                    kept = self._handles_plan
-                    if kept is not None and (kept.io or until - mode_step > _KEEP_HANDLES):
-                        self._remove_plan_handles()
-                    self._in_step = quiet = True
-            elif mode_step < self._quiet_until:
-                quiet = True
-            elif mode_step == self._quiet_until:
-                # The step before a saving one ends (readers learn it with the saving step's end) and the
-                # saving step begins: what next_step() does for that, inline.
-                if counter is not None:  # (what _disarm does: the skipped steps were added above)
-                    counter.left = 0
-                self._step += 1
-                steps[mode] = mode_step
-                steps[_modes.GLOBAL] = self._step
-                # With every collection on one schedule, `_quiet_until` is its next saving step: what
-                # collections_to_save() finds for it, without testing the schedule again.
-                uniform = self._uniform.get(mode)
-                now = None
-                try:
-                    if uniform is not None:
-                        now = uniform[1]
-                        self._set_save_now(now, mode)
-                    self.on_step_begin(now)
-                except Exception as e:  # noqa: BLE001 - never break training
-                    self._fail("forward pre-hook", e)
-                return
-        if quiet:
-            # Nothing to save before `_quiet_until`: only count the step. Readers learn that the
-            # quiet steps passed when the next saving step ends.
-            self._step += 1
-            steps[mode] = mode_step
-            steps[_modes.GLOBAL] = self._step
-        else:
-            # A quiet step right before a saving one ends without telling readers: the saving step's
-            # end does (as for the quiet steps only counted).
-            self._skip_mark = mode_step == self._quiet_until and not self._saving
-            try:
+        clock = self.clock
+        try:
+            clock.sync()
+            if (clock.in_step and not self._saving and clock.mode_steps[clock.mode] + 1 < self._next_save
+                    and not (self._stop_watch and time.monotonic() >= self._next_stop_check)):
+                clock.advance()
+            else:
                 self.next_step()
-            except Exception as e:  # noqa: BLE001 - never break training
-                self._fail("forward pre-hook", e)
-                return
-            finally:
-                self._skip_mark = False
-            if self._saving or not self._in_step:
-                return
-            mode_step = steps[mode]
-        if counter is not None:
-            # The next `left` forwards save nothing either: the counter just counts them.
-            left = self._quiet_until - mode_step - 1
-            if left > 0:
-                counter.left = left if left < _MAX_SKIP else _MAX_SKIP
-                counter.deadline = self._next_stop_check if stop_checks else _INF
+            counter = clock.tally
+            if counter is not None and not self._saving and clock.in_step:
+                # the forwards before the next saving step only count (in C, see _step_counter)
+                left = self._next_save - clock.mode_steps[clock.mode] - 1
+                if left > 0:
+                    counter.left = left if left < _MAX_SKIP else _MAX_SKIP
+                    counter.deadline = self._next_stop_check if self._stop_watch else _INF
+        except Exception as e:  # noqa: BLE001 - never break training
+            self._fail("forward pre-hook", e)
 
     def _disarm(self) -> None:
         """Every later forward goes through `_root_pre_hook` again (the step, mode or plan changes)."""
-        counter = self._counting
+        counter = self.clock.tally
         if counter is not None:
             counter.left = 0
-            if counter.skipped:
-                self._sync_steps()
+            self.clock.sync()
 
     def end_step(self) -> None:
         self._disarm()
-        if self._skip_mark and self._in_step and not self._saving:
-            self._in_step = False  # (a step that saved nothing has nothing to end: see on_step_end)
-            return
         super().end_step()
 
     def _io_hook(self, name: str, module: nn.Module, inputs: Any, outputs: Any) -> None:
         if not self._saving or self.disabled:
             return
         try:
-            fast = self._io_fast.get(name)
-            known = fast is not None and fast[0] == self._for_gen
-            if (known and type(inputs) is tuple and len(inputs) == fast[1] and type(outputs) is torch.Tensor
-                    and self._defer_small):
-                # What the two _write_io calls below did last time (e.g. a loss: the inputs saved by no
-                # collection, the output a lone small tensor sent with the gradients), if it is so again.
-                _gen, n_in, key_in, key_out, out_name, out_colls = fast
-                counts = self._io_counts
-                t = outputs
-                for x in inputs:
-                    if type(x) is not torch.Tensor:
-                        break
-                else:
-                    if (key_in not in counts and key_out not in counts and t.is_cpu and t.layout is _STRIDED
-                            and not t.is_nested and t.numel() <= _SMALL):
-                        counts[key_in] = n_in
-                        counts[key_out] = 1
-                        self._small.append((out_name, t.detach().clone(), out_colls))
-                        return
             self._write_io(name, INPUT_SUFFIX, inputs)
             self._write_io(name, OUTPUT_SUFFIX, outputs)
-            if not known and type(inputs) is tuple and type(outputs) is torch.Tensor:
-                self._learn_io_fast(name, inputs)
         except Exception as e:  # noqa: BLE001
             self._fail("forward hook", e)
-
-    def _learn_io_fast(self, name: str, inputs: tuple) -> None:
-        """Note for `_io_hook` when a module's first call in this step saved only its output, a lone small
-        tensor held for the gradients' message."""
-        for x in inputs:
-            if type(x) is not torch.Tensor:
-                return
-        n_in = len(inputs)
-        key_in, key_out = name + INPUT_SUFFIX, name + OUTPUT_SUFFIX
-        counts, gen = self._io_counts, self._for_gen
-        if counts.get(key_in) != n_in or counts.get(key_out) != 1:
-            return  # (not the module's first call in this step)
-        seen_in = self._io_skip.get((key_in, 0, n_in))  # (see _write_io)
-        seen_out = self._io_skip.get((key_out, 0, 1))
-        if len(self._io_fast) > 4096:
-            self._io_fast.clear()
-        if (seen_in is not None and seen_in[0] == gen and seen_in[1] is None and seen_out is not None
-                and seen_out[0] == gen and seen_out[1] is not None):
-            if self._small and self._small[-1][0] == seen_out[1][0]:
-                self._io_fast[name] = (gen, n_in, key_in, key_out, seen_out[1][0], seen_out[1][1])
-        else:
-            self._io_fast[name] = (gen, -1)  # its inputs are saved, or its output is not a lone one: no shortcut
 
     # A loss module's inputs and outputs are saved the same way. (Reading the gradients through a hook on the
     # loss's output instead of the model's, which would spare the model torch's slow call path in saving
@@ -590,43 +440,27 @@ class Hook(BaseHook):
         try:
             plan = self._step_plan
             if self._step_res is not None and self._grad_res is None and plan is not None:
-                # The usual case: the gradients and small tensors (a loss) go into the step's message that
-                # holds the weights, if they are what its layout expects (else it goes out with the weights
-                # alone). One loop of tests on each gradient (inline: this runs in every saving step).
+                # The usual case: the gradients and small tensors (a loss) go into the step's message that holds
+                # the weights when they are what its layout expects (else it goes out with the weights alone).
                 layout = plan.step_layout
-                shapes = layout.tail_shapes
-                dtype = plan.weight_spec.dtype
-                sources = []
-                i = 0
-                for p, _n, _c in plan.grad_list:
-                    g = p.grad
-                    if (g is None or g.layout is not _STRIDED or not g.is_cpu or g.dtype is not dtype
-                            or g.is_nested or not g.is_contiguous() or g.shape != shapes[i]):
-                        break
-                    sources.append((g.data_ptr(), g.nbytes))
-                    i += 1
-                else:
-                    small = self._small
-                    names = layout.tail_names
-                    if len(small) == len(names) - i:
-                        for n, t, _c in small:  # (held clones of CPU tensors)
-                            if n != names[i] or t.dtype is not dtype or t.shape != shapes[i] or not t.is_contiguous():
-                                break
-                            sources.append((t.data_ptr(), t.nbytes))
-                            i += 1
-                        else:
-                            res = self._step_res
-                            res.copy_in(sources, layout.weight_bytes)
-                            self._pending_grads = {}
-                            self._grad_res = res
-                            self._grad_off = layout.weight_bytes
-                            self._small_in_res = len(small)
-                            return
+                small = self._small
+                tensors = [p.grad for p, _n, _c in plan.grad_list] + [t for _n, t, _c in small]
+                found = None
+                if (all(t is not None for t in tensors) and tensors[0].dtype is plan.weight_spec.dtype
+                        and layout.tail_names[len(plan.grad_list):] == tuple(n for n, _t, _c in small)):
+                    found = ring_sources(tensors, layout.tail_shapes)
+                if found is not None and found[1] is layout.tail_shapes:
+                    self._step_res.copy_in(found[0], layout.head_bytes)
+                    self._pending_grads = {}
+                    self._grad_res = self._step_res
+                    self._grad_off = layout.head_bytes
+                    self._small_in_res = len(small)
+                    return
                 self._split_step_res()
             if plan is not None and plan.grad_list:
                 grads = []
                 usual = True
-                for p, _n, _c in plan.grad_list:  # (capturable(), inline: this runs in every saving step)
+                for p, _n, _c in plan.grad_list:  # (what capturable() tests)
                     g = p.grad
                     if g is None or g.layout is not _STRIDED or g.is_meta or g.is_nested:
                         usual = False
@@ -648,7 +482,7 @@ class Hook(BaseHook):
                     if extra:
                         tensors = grads[:]
                         extra_names = []
-                        for n, t, _c in extra:  # (loops: no generator per step)
+                        for n, t, _c in extra:
                             tensors.append(t)
                             extra_names.append(n)
                         names = names + tuple(extra_names)
@@ -660,7 +494,7 @@ class Hook(BaseHook):
                         self._grad_res = res or None
                         return
                     self._cancel_grad_res()
-                    self._grad_batch = HostBatch(grads, self._force_async_copies, self._pool)
+                    self._grad_batch = HostBatch(grads, self._force_async_copies)
                     return
             self._cancel_grad_res()
             self._expand_grad_batch()
@@ -672,7 +506,7 @@ class Hook(BaseHook):
                     items.append((name, colls))
                     tensors.append(g)
             if tensors:
-                arrays = HostBatch(tensors, self._force_async_copies, self._pool).arrays()
+                arrays = HostBatch(tensors, self._force_async_copies).arrays()
                 for (name, colls), arr in zip(items, arrays, strict=True):
                     self._pending_grads[name] = (arr, colls)  # a later backward of this step replaces it
         except Exception as e:  # noqa: BLE001
@@ -690,14 +524,8 @@ class Hook(BaseHook):
 
     def _learn_step_layout(self, plan: _Plan, tail_names: tuple[str, ...]) -> None:
         """After the weights and the gradients of a step went to the writer in two messages: one next time."""
-        ws, gs = plan.weight_spec, plan.grad_spec
-        if (plan.step_layout is None and self._defer_small and ws is not None and ws.sources is not None
-                and ws.shapes is not None and gs is not None and ws.dtype is gs.dtype and ws.np_dtype is not None):
-            reds = None
-            if ws.reductions is not None or gs.reductions is not None:
-                reds = _pad(ws.reductions, len(ws.names)) + _pad(gs.reductions, len(tail_names))
-            plan.step_layout = _StepLayout(ws.names + tail_names, ws.shapes + gs.shapes, tail_names, gs.shapes,
-                                           sum(n for _a, n in ws.sources), reds)
+        if plan.step_layout is None and self._defer_small and plan.weight_spec is not None and plan.grad_spec:
+            plan.step_layout = StepLayout.join(plan.weight_spec, plan.grad_spec, tail_names)
 
     def _split_step_res(self, send: bool = True) -> None:
         """The step's message goes out with the weights alone (its gradients did not come, or not as its
@@ -730,34 +558,23 @@ class Hook(BaseHook):
 
     # --- steps -------------------------------------------------------------------------------
 
-    def on_step_begin(self, now: list[Collection] | None = None) -> None:
-        """`now`: what collections_to_save() returns, when the caller knows it."""
+    def on_step_begin(self) -> None:
         self._saving = False
-        if self.disabled or not self.writes or self._closed:  # (not self.active, inline)
-            self._quiet_until = _INF
+        if not self.active:
+            self._next_save = _INF
             self._remove_plan_handles()
             return
-        if now is None:
-            now = self.collections_to_save()
+        now = self.collections_to_save()
         if not now:
-            self._quiet_until = self._next_saving_step()
+            self._next_save = self.next_saving_step()
             kept = self._handles_plan
-            if kept is not None and (kept.io or self._quiet_until - self._mode_steps[self.mode] > _KEEP_HANDLES):
+            if kept is not None and (kept.io or self._next_save - self.clock.mode_step > _KEEP_HANDLES):
                 self._remove_plan_handles()  # (I/O hooks sit on every module: never kept over quiet steps)
             return
-        self._quiet_until = -1
         self._saving = True
-        # The next step saving in this mode, when every collection saves at the same steps (else -1): the
-        # steps before it need no test of the schedule (see _root_pre_hook).
-        uniform = self._uniform[self.mode]
-        self._quiet_after = uniform[0].next_save_step(self._mode_steps[self.mode] + 1) if uniform is not None else -1
         if self._io_counts:
             self._io_counts.clear()
-        last = self._plan_key
-        if last is not None and last[0] is now and last[1] == (self.mode not in _NO_GRAD_MODES):
-            plan = self._step_plan = self._plan_last  # (_plan_for's first test, inline)
-        else:
-            plan = self._step_plan = self._plan_for(now)
+        plan = self._step_plan = self._plan_for(now)
         self._defer_small = not self.dry_run
         if plan.weights:
             self._save_params(plan)
@@ -823,23 +640,13 @@ class Hook(BaseHook):
                     self._write_batch(batch, items, spec)
             except Exception as e:  # noqa: BLE001
                 self._fail("step end", e)
-        res = self._grad_res
-        if (res is not None and self._grad_batch is None and not self._pending_grads
-                and len(self._small) == self._small_in_res and not self.disabled and not self._closed
-                and (self._step_res is None or self._step_res is res)):
-            # the usual case, what _hand_off_grads does for it: gradients (and a loss) in one message
-            self._grad_res = self._step_res = None
-            self._small = []
-            self._small_in_res = self._grad_off = 0
-            res.commit()
-        else:
-            self._hand_off_grads()
+        self._hand_off_grads()
         self._saving = False
         self._step_plan = None
 
     def on_close(self) -> None:
         self._disarm()
-        self._counting = None
+        self.clock.tally = None
         for root in self._roots:
             root.unhook()
         for h in self._opt_handles + self._step_handles:
@@ -850,30 +657,13 @@ class Hook(BaseHook):
         self._opt_handles.clear()
         self._step_handles.clear()
 
-    def _next_saving_step(self) -> float:
-        """The next step of the current mode at which an included collection saves (inf if none)."""
-        step = self._mode_steps[self.mode]
-        sched = self._schedules.get(self.mode)
-        if sched is None:
-            sched = self._mode_schedule()
-        uniform = self._uniform[self.mode]
-        if uniform is not None:
-            return uniform[0].next_save_step(step)
-        best: float = _INF
-        for _c, cfg in sched:
-            nxt = cfg.next_save_step(step)
-            if nxt < best:
-                best = nxt
-        return best
-
     def _config_changed(self) -> None:
         self._disarm()
         self._plans.clear()
         self._plan_key = None
         self._raw_only_cache.clear()
-        self._small_specs.clear()
         self._invalidate_caches()
-        self._quiet_until = self._quiet_after = -1
+        self._next_save = -1
 
     def _plan_for(self, now: list[Collection]) -> _Plan:
         train = self.mode not in _NO_GRAD_MODES
@@ -918,7 +708,7 @@ class Hook(BaseHook):
         if views is not None:
             i = 0
             ptrs = plan.param_ptrs
-            for _n, p, _c in plan.weights:  # (a loop: no generator per step)
+            for _n, p, _c in plan.weights:
                 if ptrs[i] != p.data_ptr():
                     views = None
                     break
@@ -936,30 +726,18 @@ class Hook(BaseHook):
             layout = plan.step_layout
             if layout is not None and spec.sources is not None and self._defer_small and self._writer is not None:
                 # one message for the weights and, at the end of the backward pass, the gradients
-                w = self._writer
-                if layout.writer is not w:
-                    layout.writer_layout = w.batch_layout(layout.names, spec.np_dtype, layout.shapes,
-                                                          layout.reductions)
-                    layout.writer = w
-                mode = self.mode
-                res = w.reserve_batch(layout.names, spec.np_dtype, layout.shapes, self._step, mode._value_,
-                                      self._mode_steps[mode], layout.writer_layout, layout.reductions)
+                res = layout.reserve(self._writer, self.clock, spec.np_dtype)
                 if res is not None:
                     if res:
                         res.copy_in(spec.sources)
                         self._step_res = res
                     return
-            res = self._ring_batch(views, spec, reuse=True)  # (what _stage_or_write tries first, inline)
-            if res is not None:
-                if res:
-                    res.commit()
-                return
-            self._stage_or_write(views, plan.weight_items, spec)
+            self._stage_or_write(views, plan.weight_items, spec, reuse=True)
         else:
             keep = [i for i, v in enumerate(views) if capturable(v)]
             self._stage_or_write([views[i] for i in keep], [plan.weight_items[i] for i in keep])
 
-    def _spec(self, items: list[tuple[str, list[Collection]]]) -> _Spec:
+    def _spec(self, items: list[tuple[str, list[Collection]]]) -> BatchSpec:
         raw_only = True
         reductions = []
         for name, colls in items:
@@ -967,11 +745,11 @@ class Hook(BaseHook):
             raw_only = raw_only and save_raw and not save_shape
             reductions.append(reds)
             self._note_membership(name, colls)  # once per plan, not per step
-        return _Spec(tuple(name for name, _c in items), raw_only,
+        return BatchSpec(tuple(name for name, _c in items), raw_only,
                      tuple(reductions) if any(reductions) else None)
 
     def _stage_or_write(self, tensors: list[torch.Tensor], items: list[tuple[str, list[Collection]]],
-                        spec: _Spec | None = None, reuse: bool = False) -> None:
+                        spec: BatchSpec | None = None, reuse: bool = False) -> None:
         if not tensors:
             return
         if spec is not None:
@@ -980,13 +758,13 @@ class Hook(BaseHook):
                 if res:
                     res.commit()
                 return
-        batch = HostBatch(tensors, self._force_async_copies, self._pool)
+        batch = HostBatch(tensors, self._force_async_copies)
         if self._force_async_copies or any(t.device.type != "cpu" for t in tensors):
             self._staged.append((batch, items, spec))  # copied asynchronously; written at the end of the step
             return
         self._write_batch(batch, items, spec)
 
-    def _ring_batch(self, tensors: list[torch.Tensor], spec: _Spec, res: Any = None,
+    def _ring_batch(self, tensors: list[torch.Tensor], spec: BatchSpec, res: Any = None,
                     names: tuple[str, ...] | None = None, reuse: bool = False, at: int = 0) -> Any:
         """Copy CPU tensors of one dtype straight into the shared memory of a writer process (one copy,
         no host buffer in between): the reservation to commit, False if the writer dropped the batch,
@@ -1018,12 +796,7 @@ class Hook(BaseHook):
                 spec.dtype = dtype
             if spec.np_dtype is None:
                 return None
-            mode = self.mode
-            reds = spec.reductions
-            if names is not None and reds is not None:
-                reds = _pad(reds, len(names))  # (the small tensors after them: raw only)
-            res = w.reserve_batch(names or spec.names, spec.np_dtype, shapes, self._step, mode._value_,
-                                  self._mode_steps[mode], reductions=reds)
+            res = spec.reserve(w, self.clock, names)  # (the small tensors after `spec.names`: raw only)
             if not res:
                 return res
         res.copy_in(sources, at)
@@ -1060,8 +833,7 @@ class Hook(BaseHook):
             return
         if small:
             with self.guard("small tensors"):
-                if not self._send_small(small):
-                    self.write_tensors([(name, host_numpy(t), colls) for name, t, colls in small], copy=False)
+                self.write_tensors([(name, host_numpy(t), colls) for name, t, colls in small], copy=False)
         if batch is not None or pending:
             with self.guard("gradients"):
                 if batch is not None and plan is not None:
@@ -1071,31 +843,7 @@ class Hook(BaseHook):
                 if pending:
                     self.write_tensors([(name, arr, colls) for name, (arr, colls) in pending.items()], copy=False)
 
-    def _send_small(self, small: list[tuple[str, torch.Tensor, list[Collection]]]) -> bool:
-        """Send held small raw tensors (a loss, in a step saving no gradients) to the writer process as one
-        batch: False if that does not apply (then they go as records, ~5x the training-thread time)."""
-        dtype = small[0][1].dtype
-        names = []
-        tensors = []
-        for n, t, _c in small:
-            if t.dtype is not dtype:
-                return False
-            names.append(n)
-            tensors.append(t)
-        key = tuple(names)
-        spec = self._small_specs.get(key)
-        if spec is None:
-            if len(self._small_specs) > 256:
-                self._small_specs.clear()
-            spec = self._small_specs[key] = self._spec([(n, c) for n, _t, c in small])
-        res = self._ring_batch(tensors, spec)
-        if res is None:
-            return False
-        if res:
-            res.commit()
-        return True
-
-    def _write_batch(self, batch: HostBatch, items: list[tuple[str, list[Collection]]], spec: _Spec | None) -> None:
+    def _write_batch(self, batch: HostBatch, items: list[tuple[str, list[Collection]]], spec: BatchSpec | None) -> None:
         """Hand the host copies in `batch` to the writer: one hand-off for a fixed list saved raw only."""
         arrays = batch.arrays()
         if spec is None or not spec.raw_only:
@@ -1127,11 +875,11 @@ class Hook(BaseHook):
             objs = list(iter_tensors(obj))
         n = len(objs)
         skip = (key, start, n)
-        # What these names did the last time: (`_for_gen` then, None if none of them is saved now, else
-        # (name, collections) of a lone small tensor saved raw). (`_for_gen` is current: this runs in
-        # saving steps, which began with collections_to_save().)
+        # What these names did the last time: (the schedule's generation then, None if none of them is saved
+        # now, else (name, collections) of a lone small tensor saved raw). (The generation is current: this
+        # runs in saving steps, which began with collections_to_save().)
         seen = self._io_skip.get(skip)
-        if seen is not None and seen[0] == self._for_gen:
+        if seen is not None and seen[0] == self.schedule.generation:
             lone = seen[1]
             if lone is None:
                 self._io_counts[key] = start + n
@@ -1158,14 +906,14 @@ class Hook(BaseHook):
         if len(self._io_skip) > 4096:
             self._io_skip.clear()
         if not wanted:
-            self._io_skip[skip] = (self._for_gen, None)
+            self._io_skip[skip] = (self.schedule.generation, None)
             return
         if len(tensors) == 1 and tensors[0].numel() <= _SMALL and tensors[0].is_cpu:
             name, colls = items[0]
             if self._raw_only(name, colls):
                 self._note_membership(name, colls)
                 if n == 1:
-                    self._io_skip[skip] = (self._for_gen, (name, colls))
+                    self._io_skip[skip] = (self.schedule.generation, (name, colls))
                 if self._defer_small:
                     self._small.append((name, tensors[0].clone(), colls))
                     return

@@ -1,6 +1,7 @@
 """See the training: the live dashboard (`tensortap ui`), the offline HTML report (`tensortap report`)
-and the HTML summary a Trial shows in notebooks. Needs tensortap[ui] (flask, plotly); importing this
-package imports neither: each command imports what it uses.
+and the HTML summary a Trial shows in notebooks. The dashboard needs flask and `tensortap.plot` plotly
+(tensortap[ui]); the report needs neither (plotly.js is vendored in static/). Importing this package imports
+neither: each command imports what it uses.
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ _XGB_NON_SCALAR = re.compile(
     r"^(feature_importance|average_shap|full_shap|hyperparameters|trees)/|^(labels|predictions)$")
 _METRIC_COLLECTIONS = ("losses", "metrics", "sm_metrics", "scalars")
 _PARAM_COLLECTIONS = ("weights", "biases")
+#: the files a rule run writes (tensortap.runner.status)
+_RULE_FILES = ("status.json", "report.json")
 _GRAD_PREFIX = re.compile(r"^gradients?/")
 _WEIGHT_PREFIX = re.compile(r"^weights?/")
 
@@ -179,14 +181,22 @@ class Job:
 
     @staticmethod
     def rules_of(storage: Any) -> list[dict[str, Any]]:
-        """Every rule of a job: {name, status, message, fired_steps, explanations, parameters, ...} from
-        rules/<rule>/status.json and report.json, as `tensortap run` and `tensortap rules run` write them."""
-        labels = sorted({k.split("/")[1] for k in storage.list("rules/") if k.count("/") >= 2})
+        """Every rule run of a job: {name, run, status, message, fired_steps, explanations, parameters, ...}
+        from the status.json and report.json that `tensortap run` writes under rules/<rule>/ ("live") and
+        `tensortap rules run` under rules/<rule>/offline/ ("offline"); a rule run both ways gives two."""
+        runs: set[tuple[str, str]] = set()
+        for key in storage.list("rules/"):
+            parts = key.split("/")
+            if len(parts) == 3 and parts[2] in _RULE_FILES:
+                runs.add((parts[1], "live"))
+            elif len(parts) == 4 and parts[2] == "offline" and parts[3] in _RULE_FILES:
+                runs.add((parts[1], "offline"))
         out = []
-        for label in labels:
-            status = _read_json(storage, f"rules/{label}/status.json") or {}
-            report = _read_json(storage, f"rules/{label}/report.json") or status.get("report") or {}
-            out.append(rule_summary(label, status, report))
+        for label, run in sorted(runs):
+            base = f"rules/{label}/" + ("offline/" if run == "offline" else "")
+            status = _read_json(storage, base + "status.json") or {}
+            report = _read_json(storage, base + "report.json") or status.get("report") or {}
+            out.append({**rule_summary(label, status, report), "run": run})
         return out
 
     def signature(self) -> dict[str, Any]:
@@ -197,7 +207,7 @@ class Job:
                 "generation": self.trial.generation,
                 "last_step": steps[-1] if steps else None,
                 "ended": self.trial.loaded_all_steps,
-                "rules": [(r["name"], r["status"], r.get("updated_at")) for r in self.rules()],
+                "rules": [(r["name"], r["run"], r["status"], r.get("updated_at")) for r in self.rules()],
             }
 
 

@@ -1,7 +1,7 @@
 """`tensortap ui`: the live dashboard, a small Flask app over the jobs given on the command line.
 
-Routes: `/` the page; `/static/<file>` its script, style and plotly.js (from the plotly package, served
-from here: the page fetches nothing from elsewhere); `/api/jobs`; `/api/view/<view>?job=I&...` the blocks
+Routes: `/` the page; `/static/<file>` its script, style and plotly.js (a bundle vendored in the package,
+served from here: the page fetches nothing from elsewhere); `/api/jobs`; `/api/view/<view>?job=I&...` the blocks
 of a view; `/api/poll` what changed (the page polls it every second and redraws when a job moved on).
 A URL names a job only by its index among the jobs given on the command line.
 """
@@ -33,23 +33,27 @@ def static_text(name: str) -> str:
     return resources.files("tensortap.ui").joinpath("static", name).read_text(encoding="utf-8")
 
 
+#: plotly.js as the page loads it: npm's `plotly.js-cartesian-dist-min` (MIT licence, plotly-LICENSE.txt next
+#: to it), vendored in static/ because it parses in a third of the time of the plotly package's full bundle
+#: (1.5 MB against 4.8 MB) and has every trace type the views draw (scatter, bar, histogram, heatmap). Its
+#: version is the plotly.js of the plotly package tested here (7.1.0); docs/ui.md says how to refresh it.
+PLOTLY_BUNDLE = "plotly-cartesian-4.1.1.min.js"
+#: the bundle's sha256, as `npm pack plotly.js-cartesian-dist-min@4.1.1` delivers it
+PLOTLY_BUNDLE_SHA256 = "79542150855a52c567260e3137095dbe2b744e6d702a5cabe67da246942fba7a"
+
 _PLOTLY_JS: list[str] = []
 
 
 def plotly_js() -> str:
-    """plotly.js as the plotly package ships it (loaded once)."""
+    """The vendored plotly.js bundle's text (read once)."""
     if not _PLOTLY_JS:
-        from plotly.offline import get_plotlyjs
-
-        _PLOTLY_JS.append(get_plotlyjs())
+        _PLOTLY_JS.append(static_text(PLOTLY_BUNDLE))
     return _PLOTLY_JS[0]
 
 
 def plotly_name() -> str:
-    """plotly.js's file name under /static/, with the plotly package's version in it."""
-    from importlib.metadata import version
-
-    return f"plotly-{version('plotly')}.min.js"
+    """plotly.js's file name under /static/ (its version is in it: a browser may cache it for good)."""
+    return PLOTLY_BUNDLE
 
 
 def _plain(x: Any) -> Any:

@@ -34,7 +34,8 @@ def trial_html(trial: Any) -> str:
     rules = _rules(trial)
     if rules:
         rows.append(("rules", "<br>".join(
-            f"{e(r['name'])}: <b>{e(r['status'] if r['status'] != 'NoData' else 'no data')}</b>"
+            f"{e(r['name'])}{' (offline)' if r['run'] == 'offline' else ''}: "
+            f"<b>{e(r['status'] if r['status'] != 'NoData' else 'no data')}</b>"
             + (f" at step {r['fired_steps'][0]}" if r["fired_steps"] else "") for r in rules)))
     body = "".join(f"<tr><th style=\"text-align:left\">{k}</th><td style=\"text-align:left\">{v}</td></tr>"
                    for k, v in rows)

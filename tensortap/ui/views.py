@@ -41,10 +41,29 @@ def esc(s: Any) -> str:
     return html.escape(str(s), quote=True)
 
 
+#: characters of a name in a legend (the hover shows it whole): a long one would squeeze the plot
+LEGEND_CHARS = 48
+
+
+def short(name: str, limit: int = LEGEND_CHARS) -> str:
+    """`name` cut to `limit` characters, an ellipsis at the cut."""
+    return name if len(name) <= limit else name[: limit - 1] + "…"
+
+
 def fig(data: list[dict], title: str = "", **layout: Any) -> dict[str, Any]:
     lay = {"title": {"text": title}, "margin": {"l": 60, "r": 20, "t": 40, "b": 40}, "hovermode": "closest",
            **layout}
     return {"data": data, "layout": lay}
+
+
+def step_axis(traces: list[dict], title: str = "global step") -> dict[str, Any]:
+    """An x axis of steps (or rounds): no zero line (step 0 is not a value to compare with), and whole-step
+    ticks when only a few steps show (plotly would tick 9, 9.5, 10 around a single point)."""
+    xs = [x for t in traces for x in (t.get("x") or []) if isinstance(x, int | float)]
+    axis: dict[str, Any] = {"title": {"text": title}, "zeroline": False}
+    if xs and max(xs) - min(xs) < 8:
+        axis["dtick"] = 1
+    return axis
 
 
 def figure_block(fid: str, figure: dict[str, Any], height: int = 360) -> dict[str, Any]:
@@ -90,11 +109,16 @@ def rule_markers(rules: list[dict[str, Any]], xs: list[int], ys: list[float | No
                 y = near[0] if near else top
             my.append(top if y is None else y)
             expl = r["explanations"].get(str(s)) or ([r["message"]] if r["message"] else [])
-            text.append("<br>".join(esc(e) for e in [f"{r['name']} fired at step {s}", *expl]))
+            what = f"{r['name']} ({r['run']} run)" if r.get("run") == "offline" else r["name"]
+            text.append("<br>".join(esc(e) for e in [f"{what} fired at step {s}", *expl]))
+        offline = r.get("run") == "offline"
         tr = {"type": "scatter", "mode": "markers", "x": mx, "y": my, "name": esc(f"rule: {r['name']}")
-              + (f" ({esc(job_name)})" if job_name else ""), "text": text, "hoverinfo": "text",
-              "marker": {"symbol": "x", "size": 12, "color": _STATUS_COLOURS["IssuesFound"],
-                         "line": {"width": 2}}, "meta": {"rule": r["name"]}}
+              + (" [offline]" if offline else "") + (f" ({esc(job_name)})" if job_name else ""),
+              "text": text, "hoverinfo": "text",
+              # a live and an offline run firing at the same step both show: an x inside an open diamond
+              "marker": {"symbol": "diamond-open" if offline else "x", "size": 14 if offline else 12,
+                         "color": _STATUS_COLOURS["IssuesFound"], "line": {"width": 2}},
+              "meta": {"rule": r["name"], "run": r.get("run", "live")}}
         if axis:
             tr["xaxis"], tr["yaxis"] = "x" + axis, "y" + axis
         out.append(tr)
@@ -120,7 +144,8 @@ def scalars_view(jobs: list[Job], names: list[str] | None = None) -> list[dict[s
                     s = series_json(steps, vals)
                     label = esc(name) + (f" · {esc(job.name)}" if multi else "")
                     tr = {"type": "scatter", "mode": "lines",
-                          "x": s["x"], "y": s["y"], "name": label,
+                          "x": s["x"], "y": s["y"],
+                          "name": esc(short(name)) + (f" · {esc(short(job.name, 24))}" if multi else ""),
                           "meta": {"job": job.index, "tensor": name, "n": s["n"], "downsampled": s["downsampled"]},
                           "hovertemplate": "step %{x}: %{y}<extra>" + label + "</extra>"}
                     if len(s["x"]) < 60:
@@ -129,7 +154,7 @@ def scalars_view(jobs: list[Job], names: list[str] | None = None) -> list[dict[s
                     if s["nonfinite_steps"]:
                         per_mode[mode.name].append({
                             "type": "scatter", "mode": "markers", "x": s["nonfinite_steps"],
-                            "y": [0] * len(s["nonfinite_steps"]), "name": "non-finite " + label,
+                            "y": [0] * len(s["nonfinite_steps"]), "name": "non-finite " + tr["name"],
                             "marker": {"symbol": "triangle-up", "color": "black"}})
     blocks = []
     if not per_mode:
@@ -144,8 +169,7 @@ def scalars_view(jobs: list[Job], names: list[str] | None = None) -> list[dict[s
                 xs, ys = (own[0]["x"], own[0]["y"]) if own else ([], [])
                 traces = traces + rule_markers(rules_by_job[job.index], xs, ys, job.name if multi else None)
         blocks.append(figure_block(f"scalars-{mode_name}", fig(traces, f"Losses and metrics ({mode_name})",
-                                                               xaxis={"title": {"text": "global step"}},
-                                                               showlegend=True)))
+                                                               xaxis=step_axis(traces), showlegend=True)))
     return blocks
 
 
@@ -156,7 +180,7 @@ def rules_view(jobs: list[Job]) -> list[dict[str, Any]]:
             fired = r["fired_steps"]
             expl = r["explanations"].get(str(fired[0]), []) if fired else []
             rows.append({
-                "job": job.name, "rule": r["name"], "status": r["status"],
+                "job": job.name, "rule": r["name"], "run": r.get("run", "live"), "status": r["status"],
                 "fired at": ", ".join(map(str, fired[:10])) + (" …" if len(fired) > 10 else "") or "-",
                 "explanation": "; ".join(expl) or r["message"] or "-",
                 "last step": "-" if r["last_step"] is None else str(r["last_step"]),
@@ -164,9 +188,12 @@ def rules_view(jobs: list[Job]) -> list[dict[str, Any]]:
             })
     if not rows:
         return [note("No rules watch these jobs (tensortap run --rule ..., or tensortap rules run).")]
-    return [{"type": "table", "id": "rules", "columns": ["job", "rule", "status", "fired at", "explanation",
-                                                          "last step", "parameters"],
-             "rows": rows, "status_column": "status"}]
+    columns = ["job", "rule", "run", "status", "fired at", "explanation", "last step", "parameters"]
+    if all(r["run"] == "live" for r in rows):
+        columns.remove("run")  # said only when a rule was run offline (tensortap rules run)
+    if len(jobs) == 1:
+        columns.remove("job")  # the header names it
+    return [{"type": "table", "id": "rules", "columns": columns, "rows": rows, "status_column": "status"}]
 
 
 # --- layers ------------------------------------------------------------------------------------
@@ -186,6 +213,14 @@ def _layers(job: Job) -> list[tuple[str, str | None, str | None]]:
 def _grid(n: int, cols: int = 4) -> dict[str, Any]:
     rows = max(1, math.ceil(n / cols))
     return {"rows": rows, "columns": min(cols, max(n, 1)), "pattern": "independent", "ygap": 0.45, "xgap": 0.15}
+
+
+def _legend_once(traces: list[dict[str, Any]]) -> None:
+    """One legend entry per legend group: its first trace's (a layer may lack a weight or a gradient)."""
+    seen: set[str] = set()
+    for t in traces:
+        t["showlegend"] = t["legendgroup"] not in seen
+        seen.add(t["legendgroup"])
 
 
 def layers_view(job: Job, page: int = 0, per_page: int = LAYERS_PER_PAGE) -> list[dict[str, Any]]:
@@ -209,7 +244,7 @@ def layers_view(job: Job, page: int = 0, per_page: int = LAYERS_PER_PAGE) -> lis
                 if tname is None:
                     continue
                 st = job.stats(tname)
-                common = {"xaxis": "x" + ax, "yaxis": "y" + ax, "legendgroup": kind, "showlegend": i == 1,
+                common = {"xaxis": "x" + ax, "yaxis": "y" + ax, "legendgroup": kind,
                           "line": {"color": colour, "width": 1}}
                 if "l2" in st:
                     s = series_json(*st["l2"], max_points=SMALL_POINTS)
@@ -233,6 +268,9 @@ def layers_view(job: Job, page: int = 0, per_page: int = LAYERS_PER_PAGE) -> lis
                                   "name": f"{kind} non-finite", "meta": {"tensor": tname}, **common})
         n = len(shown)
         height = 180 * _grid(n)["rows"] + 80
+        for traces in (norm_tr, mm_tr, nf_tr):
+            _legend_once(traces)
+        x_axes = {("xaxis" if i == 1 else f"xaxis{i}"): {"zeroline": False} for i in range(1, n + 1)}
         log_axes = {("yaxis" if i == 1 else f"yaxis{i}"): {"type": "log", "exponentformat": "power"}
                     for i in range(1, n + 1)}
         blocks: list[dict[str, Any]] = []
@@ -242,13 +280,15 @@ def layers_view(job: Job, page: int = 0, per_page: int = LAYERS_PER_PAGE) -> lis
                                         f"{min((p + 1) * per_page, len(layers))} of {len(layers)}"}
                                        for p in range(pages)], "value": str(page)})
         blocks.append(figure_block("layers-norms", fig(norm_tr, "Weight and gradient L2 norms per layer (log scale)",
-                                                       grid=_grid(n), annotations=annotations, **log_axes), height))
+                                                       grid=_grid(n), annotations=annotations, **x_axes, **log_axes),
+                                   height))
         blocks.append(figure_block("layers-minmax", fig(mm_tr, "Min and max per layer", grid=_grid(n),
-                                                        annotations=annotations), height))
+                                                        annotations=annotations, **x_axes), height))
         bad = {k: v for k, v in nonfinite_total.items() if v}
         if bad:
             blocks.append(figure_block("layers-nonfinite", fig(nf_tr, "Non-finite (NaN/inf) elements per layer",
-                                                               grid=_grid(n), annotations=annotations), height))
+                                                               grid=_grid(n), annotations=annotations, **x_axes),
+                                       height))
         else:
             blocks.append(note(f"No NaN or inf in the weights and gradients of these {n} layers."))
         return blocks
@@ -291,7 +331,7 @@ def heatmap_view(job: Job, columns: int = HEATMAP_COLUMNS) -> list[dict[str, Any
               "meta": {"tensors": [g for g, _ in rows], "columns": int(ncol)}}
         height = max(260, 22 * len(rows) + 120)
         return [figure_block("heatmap", fig([tr], "Gradient L2 norm per layer over steps (log10)",
-                                            xaxis={"title": {"text": "global step"}},
+                                            xaxis=step_axis([tr]),
                                             yaxis={"automargin": True, "autorange": "reversed"}), height)]
 
 
@@ -329,7 +369,7 @@ def distribution_view(job: Job, tensor: str | None = None) -> list[dict[str, Any
         traces.append({"type": "scatter", "mode": "lines", "x": x, "y": qs["0.5"], "name": "median",
                        "line": {"color": "#1f77b4"}})
         blocks.append(figure_block("distribution", fig(traces, f"Distribution of {esc(tensor)} over steps",
-                                                       xaxis={"title": {"text": "global step"}})))
+                                                       xaxis=step_axis(traces))))
         return blocks
 
 
@@ -377,14 +417,15 @@ def workers_view(jobs: list[Job], tensor: str | None = None) -> list[dict[str, A
             what = "" if name in k.scalars else " (L2 norm)"
             blocks.append(figure_block(f"workers-{job.index}", fig(traces, f"{esc(name)}{what} per worker · "
                                                                    f"{esc(job.name)}",
-                                                                   xaxis={"title": {"text": "global step"}})))
+                                                                   xaxis=step_axis(traces))))
             if dev:
                 colours = ["#d62728" if d is not None and d > 3 * (np.nanmedian([x for x in dev if x is not None])
                                                                     + 1e-3) else "#1f77b4" for d in dev]
                 blocks.append(figure_block(f"workers-dev-{job.index}", fig(
                     [{"type": "bar", "x": [esc(w) for w in per_worker], "y": dev, "marker": {"color": colours},
                       "name": "mean relative distance from the median"}],
-                    "Mean relative distance of each worker from the workers' median"), 280))
+                    "Mean relative distance of each worker from the workers' median",
+                    yaxis={"title": {"text": "mean |value − median| / |median|"}}), 280))
     return blocks or [note("No distributed job here (every job has a single worker).")]
 
 
@@ -415,8 +456,7 @@ def xgboost_view(job: Job) -> list[dict[str, Any]]:
                 steps, vals = scalar_series(job.trial.tensor(n))
                 s = series_json(steps, vals)
                 tr.append({"type": "scatter", "mode": "lines+markers", "x": s["x"], "y": s["y"], "name": esc(n)})
-            blocks.append(figure_block("xgb-metrics", fig(tr, "Metrics per round",
-                                                          xaxis={"title": {"text": "round"}})))
+            blocks.append(figure_block("xgb-metrics", fig(tr, "Metrics per round", xaxis=step_axis(tr, "round"))))
         for itype, names in x["feature_importance"].items():
             tr = []
             for n in names:
@@ -425,7 +465,7 @@ def xgboost_view(job: Job) -> list[dict[str, Any]]:
                 tr.append({"type": "scatter", "mode": "lines", "x": s["x"], "y": s["y"],
                            "name": esc(n.split("/", 2)[2]), "stackgroup": "fi"})
             blocks.append(figure_block(f"xgb-fi-{itype}", fig(tr, f"Feature importance ({esc(itype)}) over rounds",
-                                                              xaxis={"title": {"text": "round"}})))
+                                                              xaxis=step_axis(tr, "round"))))
         labels_step, labels = _last_value(job, "labels") if x["labels"] else (None, None)
         if labels is not None:
             vals, counts = np.unique(labels.reshape(-1), return_counts=True)

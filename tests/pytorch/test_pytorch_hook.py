@@ -355,8 +355,6 @@ def test_losses_saved_alone_go_to_the_writer_process_as_one_batch(tmp_path):
         if step < 6:
             loss.backward()
             opt.step()
-        if step == 1:
-            assert ("MSELoss_output_0", "l1_loss_output_0") in hook._small_specs  # (the batch path was taken)
     hook.close()
     t = tp.create_trial(out)
     assert t.steps() == list(range(8))
@@ -749,13 +747,11 @@ def test_one_message_for_weights_and_gradients_and_the_steps_that_break_its_layo
     hook.register_loss(loss_fn)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     rec = []
-    combined = []
     for step in range(7):
         x, y = _batch()
         opt.zero_grad()
         w = {n: p.detach().clone() for n, p in model.named_parameters()}
         out_ = model(x)
-        combined.append(hook._step_res is not None)
         loss = loss_fn(out_, y)
         if step == 3:
             hook.flush()  # before the backward pass: the weights go alone
@@ -772,7 +768,6 @@ def test_one_message_for_weights_and_gradients_and_the_steps_that_break_its_layo
                     "loss": loss.detach().clone()})
         opt.step()
     hook.close()
-    assert combined == [False, True, True, True, True, True, True]
     t = tp.create_trial(out)
     assert t.steps() == list(range(7))
     for s in range(7):
@@ -821,8 +816,6 @@ def test_loss_shortcut_follows_changes_in_what_is_saved(tmp_path):
         (loss.sum() if step == 6 else loss).backward()
         rec.append({"out": out_.detach().clone(), "losses": losses,
                     "g": {n: p.grad.clone() for n, p in model.named_parameters()}})
-        if step == 1:
-            assert "ScaledMSELoss" in hook._io_fast  # (the shortcut was learned: later steps test it)
         opt.step()
     hook.close()
     t = tp.create_trial(out)

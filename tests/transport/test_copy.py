@@ -62,13 +62,3 @@ def test_atomic_slots_and_the_step_mark(impl):
     put(addr + 16, 2, 8, 43, 41, 0, -1, 43)
     assert get(addr + 16) == (4, 8, 43, 41, 0, -1, 43)
     assert slots[0] == 0 and not slots[9:].any()  # nothing else touched
-
-
-def test_copy_into_copies_tensors_back_to_back():
-    torch = pytest.importorskip("torch")
-    from tensortap.pytorch import _tensors
-
-    ts = [torch.arange(10, dtype=torch.float32), torch.ones(3, 4, dtype=torch.float32)]
-    dst = np.zeros(22, dtype=np.float32)
-    _tensors.copy_into(dst.ctypes.data, ts)
-    assert np.array_equal(dst, np.concatenate([t.numpy().ravel() for t in ts]))

@@ -76,6 +76,24 @@ def write_scalar_job(out: str, steps: int = 40, hostile: bool = True, workers: i
         hook.close()
 
 
+def write_xgboost_job(out: str, rounds: int = 12) -> None:
+    """A job with what the XGBoost hook saves, under smdebug's names: metrics per round, feature importance,
+    average SHAP values, labels and predictions (90 rows, 3 classes, 80 % right)."""
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1))
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 3, 90).astype(np.float32)
+    for rnd in range(rounds):
+        hook.next_step()
+        hook.save_tensor("train-mlogloss", np.float32(1.0 / (rnd + 1)), "metrics")
+        hook.save_tensor("validation-mlogloss", np.float32(1.2 / (rnd + 1)), "metrics")
+        for f, w in (("f0", 0.5), ("f1", 0.3), ("f2", 0.2)):
+            hook.save_tensor(f"feature_importance/gain/{f}", np.float32(w), "feature_importance")
+            hook.save_tensor(f"average_shap/{f}", np.float32(w * rnd), "average_shap")
+        hook.save_tensor("labels", labels, "labels")
+        hook.save_tensor("predictions", np.where(rng.random(90) < 0.8, labels, (labels + 1) % 3), "predictions")
+    hook.close()
+
+
 @pytest.fixture(scope="session")
 def browser():
     if not os.path.exists(CHROMIUM):
@@ -153,4 +171,5 @@ def ui():
 
     return types.SimpleNamespace(FIGURES_JS=FIGURES_JS, HOSTILE=HOSTILE, SATURATE_AT=SATURATE_AT,
                                  fired_steps=fired_steps, write_scalar_job=write_scalar_job,
+                                 write_xgboost_job=write_xgboost_job,
                                  artifacts_dir=artifacts_dir)

@@ -181,9 +181,16 @@ def test_trial_html_summary_escapes_names(tmp_path):
     os.makedirs(os.path.join(out, "rules", "r1"))
     with open(os.path.join(out, "rules", "r1", "status.json"), "w") as f:
         json.dump({"status": "IssuesFound", "first_step": 1}, f)
+    from tensortap.runner import status as st
+    from tensortap.storage import open_storage
+
+    st.write_status(open_storage(out), "r2", True, status=st.NO_DATA)  # as `tensortap rules run` writes it
+    with open(os.path.join(out, "rules", "r1", "status.json.partial"), "w") as f:
+        f.write("{")  # not a rule's file: no rule named after it
     html = tt.create_trial(out)._repr_html_()
     assert "&lt;b&gt;loss&lt;/b&gt;" in html and "<b>loss" not in html
-    assert "r1: <b>IssuesFound</b> at step 1" in html and "steps</th><td style=\"text-align:left\">3" in html
+    assert "r1: <b>IssuesFound</b> at step 1<br>r2 (offline): <b>no data</b>" in html
+    assert "steps</th><td style=\"text-align:left\">3" in html
 
 
 def test_layers_count_non_finite_values_and_keep_a_spike(tmp_path):
@@ -275,3 +282,28 @@ def test_a_live_jobs_statistics_grow_step_by_step_as_if_read_at_once(tmp_path, r
     for k in fresh:
         assert grown[k][0].tolist() == fresh[k][0].tolist() and len(fresh[k][0]) == 37, k
         np.testing.assert_array_equal(grown[k][1], fresh[k][1], err_msg=k)
+
+
+def test_the_vendored_plotly_bundle_is_the_pinned_one_and_draws_every_trace_type_the_views_use(tmp_path, ui):
+    """The page's plotly.js is npm's plotly.js-cartesian-dist-min, vendored: the file is the one its sha256
+    pins, its header names the version in its file name, its licence ships next to it, and it registers
+    every trace type that a view (or the report) of a job with every kind of data emits."""
+    import hashlib
+    from importlib import resources
+
+    from tensortap.ui.report import _sections
+    from tensortap.ui.server import PLOTLY_BUNDLE, PLOTLY_BUNDLE_SHA256, plotly_js
+
+    static = resources.files("tensortap.ui").joinpath("static")
+    data = static.joinpath(PLOTLY_BUNDLE).read_bytes()
+    assert hashlib.sha256(data).hexdigest() == PLOTLY_BUNDLE_SHA256
+    version = re.fullmatch(r"plotly-cartesian-(\d+\.\d+\.\d+)\.min\.js", PLOTLY_BUNDLE).group(1)
+    assert data[:200].decode().splitlines()[1].strip() == f"* plotly.js (cartesian - minified) v{version}"
+    assert "MIT License" in static.joinpath("plotly-LICENSE.txt").read_text()
+    registered = set(re.findall(r'moduleType:"trace",name:"(\w+)"', plotly_js()))
+    ui.write_xgboost_job(str(tmp_path / "xgb"))
+    ui.write_scalar_job(str(tmp_path / "dist"), steps=5, workers=2)
+    sections = _sections(JobSet([str(tmp_path / "xgb"), str(tmp_path / "dist")]))
+    used = {t["type"] for s in sections for b in s["blocks"] if b["type"] == "figure" for t in b["figure"]["data"]}
+    assert {"scatter", "heatmap", "bar"} <= used  # the views drew what a test job has
+    assert used | {"histogram"} <= registered  # ... and a label histogram (> 50 distinct labels)

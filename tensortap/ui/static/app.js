@@ -59,14 +59,36 @@
     });
     Object.keys(old).forEach(function (k) { try { Plotly.purge(old[k]); } catch (e) { /* gone */ } });
     container.replaceChildren.apply(container, nodes);
-    return Promise.all(drawing.map(function (p) {
-      return Plotly.react(p[0], p[1].data, p[1].layout, PLOT_CONFIG);
-    }));
+    // One figure per task, in page order: the browser shows each as it is drawn (the report's first
+    // screen does not wait for its last figure).
+    return drawing.reduce(function (done, p, i) {
+      return done.then(function () { return i ? nextTask() : null; }).then(function () {
+        return Plotly.react(p[0], p[1].data, p[1].layout, PLOT_CONFIG);
+      }).then(function () { if (!window.ttFirstFigureAt) { window.ttFirstFigureAt = performance.now(); } });
+    }, Promise.resolve());
+  }
+
+  function nextTask() {
+    return new Promise(function (resolve) { setTimeout(resolve, 0); });
   }
 
   function labelOf(b) {
     for (var i = 0; i < b.options.length; i++) if (b.options[i].value === b.value) return b.options[i].label;
     return b.value;
+  }
+
+  // A long cell (a rule's explanation that lists every tensor of the job) shows its start; a click shows
+  // the rest after it (so the cell's text is the whole text, in order).
+  var LONG_CELL = 240;
+  function longText(text) {
+    var cut = text.lastIndexOf(" ", 160);
+    if (cut < 80) cut = 160;
+    var d = el("details", "long");
+    var s = el("summary", null, text.slice(0, cut));
+    s.appendChild(el("span", "more", " … (more)"));
+    d.appendChild(s);
+    d.appendChild(el("span", null, text.slice(cut)));
+    return d;
   }
 
   function renderTable(b) {
@@ -82,6 +104,9 @@
         var td;
         if (c === b.status_column) {
           td = el("td", "status status-" + String(v).replace(/[^A-Za-z]/g, ""), STATUS_LABEL[v] || v);
+        } else if (String(v).length > LONG_CELL) {
+          td = el("td");
+          td.appendChild(longText(String(v)));
         } else {
           td = el("td", null, v);
         }
@@ -122,9 +147,16 @@
     history.replaceState(null, "", "#" + q.toString());
   }
 
+  // performance marks, read by bench/ui_paint.py: tt-plotly-ready (plotly.js ran), tt-view-data (the first
+  // view's JSON parsed), tt-painted (its figures drawn)
+  function mark(name) {
+    if (window.performance && performance.mark) performance.mark(name);
+  }
+
   function markPainted() {
     if (!window.ttPaintedAt) {
       window.ttPaintedAt = performance.now();
+      mark("tt-painted");
       document.body.dataset.painted = "1";
     }
     window.ttRenders = (window.ttRenders || 0) + 1;
@@ -143,17 +175,21 @@
     var jobs = document.getElementById("jobs");
     doc.jobs.forEach(function (j) { jobs.appendChild(el("span", "job", j.name)); });
     document.getElementById("live").textContent = "report generated " + doc.generated;
-    var all = [];
-    doc.sections.forEach(function (s) {
+    var bodies = doc.sections.map(function (s) {
       var sec = el("section", "report-section");
       sec.dataset.view = s.name;
       sec.appendChild(el("h2", null, s.title));
       var body = el("div");
       sec.appendChild(body);
       main.appendChild(sec);
-      all.push(renderBlocks(body, s.blocks, null));
+      return body;
     });
-    Promise.all(all).then(markPainted, function (e) { showError(String(e)); });
+    // sections drawn one after another, from the top
+    doc.sections.reduce(function (done, s, i) {
+      return done.then(function () { return i ? nextTask() : null; }).then(function () {
+        return renderBlocks(bodies[i], s.blocks, null);
+      });
+    }, Promise.resolve()).then(markPainted, function (e) { showError(String(e)); });
   }
 
   // --- live dashboard ---------------------------------------------------------------------------
@@ -241,11 +277,15 @@
   var early = null;
   if (me && me.dataset.mode === "live") {
     var first = fromHash();
-    early = { jobs: getJSON("/api/jobs"), view: getJSON(viewPath(first.view, first.params)), first: first };
+    early = { jobs: getJSON("/api/jobs"), view: getJSON(viewPath(first.view, first.params)).then(function (b) {
+      mark("tt-view-data");
+      return b;
+    }), first: first };
     [early.jobs, early.view].forEach(function (p) { p.catch(function () { /* shown later */ }); });
   }
 
   function start() {
+    mark("tt-plotly-ready");
     if (typeof window.ttReportData === "string") runReport(JSON.parse(window.ttReportData));
     else runLive(early);
   }
