@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import platform
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +69,33 @@ class NativeSource(Source):
     @property
     def location(self) -> str:
         return self.storage.url
+
+    def writers_gone(self) -> bool:
+        """Every worker seen that has not closed claimed its folder (docs/format.md §1) from a process on this
+        machine that no longer runs; every expected worker has been seen. Claims from other machines, or
+        unreadable ones, say nothing: False."""
+        if self.num_workers is None or len(self.workers) < self.num_workers:
+            return False
+        open_workers = [w for w in self.workers if w not in self.ended_workers]
+        if not open_workers:
+            return False
+        host = platform.node()
+        for worker in open_workers:
+            try:
+                claim = json.loads(self.storage.read(layout.claim_key(worker)))
+            except Exception:  # noqa: BLE001 - no claim (an old job), unreadable: unknown
+                return False
+            pid = claim.get("pid") if isinstance(claim, dict) else None
+            if claim.get("host") != host or not isinstance(pid, int) or pid <= 0:
+                return False
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                continue  # gone
+            except OSError:
+                return False
+            return False  # still running
+        return True
 
     # --- tables -----------------------------------------------------------------------------
 

@@ -91,6 +91,11 @@ class Source(ABC):
             return False
         return len(self.ended_workers) >= self.num_workers
 
+    def writers_gone(self) -> bool:
+        """True when every worker that has not closed is known to be gone without closing (its process was
+        killed): nothing more will come. False when that cannot be known (the default)."""
+        return False
+
     def resolved(self) -> Source:
         """The source to read from now: itself, or (for a job whose format is not known yet) the source of
         the format its first data turned out to be."""

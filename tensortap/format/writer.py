@@ -298,6 +298,7 @@ class ChunkWriter:
             from tensortap.tensorboard.export import EventExporter
 
             self.exporter = EventExporter(tensorboard_dir, worker)
+            self.exporter.behind = self._behind  # histograms wait while the queue has a backlog
         self.storage = storage
         self.worker = worker
         self.num_workers = num_workers
@@ -553,6 +554,10 @@ class ChunkWriter:
                         f.close()
                     except OSError:
                         pass
+
+    def _behind(self) -> bool:
+        """Whether the records waiting for this writer are a backlog: over 1/8 of what may wait."""
+        return self._pending_bytes > self.max_pending_bytes // 8
 
     def _take_collections(self, collections_json: dict[str, Any]) -> None:
         self._collections = collections_json

@@ -121,7 +121,9 @@ class Converter:
     def _exporter(self, worker_id: int) -> EventExporter:
         ex = self._exporters.get(worker_id)
         if ex is None:
-            ex = self._exporters[worker_id] = EventExporter(self.logdir, self.trial.source.workers[worker_id])
+            # offline, nobody waits for it: every histogram
+            ex = self._exporters[worker_id] = EventExporter(self.logdir, self.trial.source.workers[worker_id],
+                                                            histogram_budget=None)
             ex.set_collections(self._colls)
         return ex
 

@@ -9,7 +9,8 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
 
@@ -18,7 +19,7 @@ import numpy as np
 from tensortap.collection import NON_HISTOGRAM_COLLECTIONS, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.tensorboard.events import EventFile, encode_histogram, event_record, histogram_value, scalar_value
-from tensortap.tensorboard.histogram import Histogram, make_histogram
+from tensortap.tensorboard.histogram import Histogram, histogrammable, make_histogram
 
 logger = logging.getLogger("tensortap")
 
@@ -28,8 +29,40 @@ _TAG_RE = re.compile(r"[^-/\w\.]")
 MAX_PENDING_BYTES = 64 << 20
 #: collections that name every tensor (save_all) or the leftovers: a histogram tag prefers any other
 _CATCH_ALL = (CollectionKeys.ALL, CollectionKeys.DEFAULT)
+#: the share of the writer's time that histograms may take, unless TENSORTAP_TENSORBOARD_BUDGET says otherwise
+HISTOGRAM_BUDGET = 0.25
+BUDGET_ENV = "TENSORTAP_TENSORBOARD_BUDGET"
+#: the budget of this many seconds can be saved up (and is there at the start): budget x window seconds of
+#: histograms in a row before the budget applies
+_BUDGET_WINDOW_S = 1.0
+#: the scalar that counts the histograms skipped so far (written at each step that skipped some)
+SKIPPED_TAG = "tensortap/skipped_histograms"
 
 
+def histogram_budget_from_env() -> float | None:
+    """The histogram budget TENSORTAP_TENSORBOARD_BUDGET sets: a number in (0, 1], or "none" for no limit;
+    HISTOGRAM_BUDGET when unset. Raises InvalidConfiguration naming a bad value."""
+    raw = os.environ.get(BUDGET_ENV, "").strip()
+    if not raw:
+        return HISTOGRAM_BUDGET
+    if raw.lower() == "none":
+        return None
+    try:
+        return _check_budget(float(raw))
+    except (ValueError, InvalidConfiguration):
+        raise InvalidConfiguration(f"{BUDGET_ENV}={raw!r}: allowed are a number in (0, 1] (the share of the "
+                                   "writer's time histograms may take) or 'none' (no limit)") from None
+
+
+def _check_budget(budget: float | None) -> float | None:
+    if budget is not None and not (isinstance(budget, int | float) and not isinstance(budget, bool)
+                                   and 0.0 < budget <= 1.0):
+        raise InvalidConfiguration(f"histogram_budget={budget!r}: allowed are a number in (0, 1] (the share of "
+                                   "the writer's time histograms may take) or None (no limit)")
+    return None if budget is None else float(budget)
+
+
+@lru_cache(maxsize=1 << 16)
 def clean_tag(tag: str) -> str:
     """smdebug's tag cleaning: characters other than word, '-', '/', '.' become '_'; no leading '/'."""
     return _TAG_RE.sub("_", tag).lstrip("/")
@@ -70,7 +103,8 @@ class EventExporter:
 
     API (the writer, a thread or a separate writer process, calls these in the order it persists):
 
-    - ``EventExporter(logdir: str, worker: str)``: only strings, so a writer process can build it from JSON.
+    - ``EventExporter(logdir: str, worker: str, *, histogram_budget: float | None = <from the environment>)``:
+      strings (and a number), so a writer process can build it from JSON.
       Files go to ``<logdir>/<worker>/<mode>/events.out.tfevents.<seconds>.<host>.<pid>.<n>``, mode in
       lower case (``train``, ``eval``, ``predict``, ``global``): one TensorBoard run per worker and mode, with
       the same tags in every mode, so TRAIN and EVAL curves sit side by side. Each file is created at the
@@ -101,6 +135,19 @@ class EventExporter:
       name, ``all`` and ``default`` last.
     - ``nonfinite/<name>`` scalar: beside every histogram, the number of NaN/inf values it left out.
 
+    The values ``add`` gives for one step and mode are written as one Event, when the step or mode changes,
+    at ``flush()`` and at ``close()``.
+
+    Keeping up (docs/tensorboard.md): at the first histogram of a step and mode, the exporter decides whether
+    that step gets histograms: no when the writer is ``behind`` (a callable the writer sets: its queue holds a
+    backlog); else yes when the time histograms took so far is within ``histogram_budget`` (a share; default:
+    TENSORTAP_TENSORBOARD_BUDGET, else HISTOGRAM_BUDGET; None: no limit) of the wall-clock time elapsed, plus
+    budget x _BUDGET_WINDOW_S seconds (so a short burst, e.g. a job's first steps, gets every histogram;
+    unused budget is saved up to that much). A step that gets none still gets its scalars and reductions,
+    without histograms and their ``nonfinite/<name>`` counts; each histogram left out is counted in
+    ``skipped_histograms``, written as the ``tensortap/skipped_histograms`` scalar with the next Event, and the
+    first one is reported in a warning. ``histograms`` counts those written.
+
     When ``collections`` is not given and the collections dict does not list the tensor yet (a hook sends
     it at the end of each step in which a tensor was first saved), the histogram is computed at once and
     waits for the next ``set_collections`` (at most MAX_PENDING_BYTES), which decides by ``tensor_names``,
@@ -111,20 +158,35 @@ class EventExporter:
     from then on, and histograms that were still waiting).
     """
 
-    def __init__(self, logdir: str, worker: str):
+    def __init__(self, logdir: str, worker: str, *, histogram_budget: float | None | str = "env"):
         if not isinstance(logdir, str) or not logdir.strip():
             raise InvalidConfiguration(f"logdir={logdir!r} must be a non-empty directory path")
         if "://" in logdir:
             raise InvalidConfiguration(f"logdir={logdir!r}: TensorBoard export writes to a local directory")
         if not isinstance(worker, str) or not worker:
             raise InvalidConfiguration(f"worker={worker!r} must be a non-empty string")
+        self.histogram_budget = histogram_budget_from_env() if histogram_budget == "env" else \
+            _check_budget(histogram_budget)  # type: ignore[arg-type]
         self.logdir = os.path.expanduser(logdir)
         self.worker = worker
+        # mode -> (step, wall time, values, [number of add() calls in it]): the Event being gathered
+        self._batches: dict[str, tuple[int, float, list[bytes], list[int]]] = {}
+        # histogram seconds the budget allows now (negative: spent ahead)
+        self._credit = (self.histogram_budget or 0.0) * _BUDGET_WINDOW_S
+        self._credit_at = time.perf_counter()
+        self._hist_steps: dict[str, tuple[int, bool]] = {}  # mode -> (step, whether it gets histograms)
+        self.skipped_histograms = 0
+        #: set by the writer: whether it is behind (a backlog in its queue); a step that starts then gets no
+        #: histograms, whatever the budget
+        self.behind: Callable[[], bool] | None = None
+        self.histograms = 0  # histograms written
+        self._skips_written = 0  # skipped_histograms as last written to the event files
         self._files: dict[str, EventFile] = {}
         self._colls: list[_Coll] = []
         self._hist_coll: dict[str, str | None] = {}  # tensor -> collection of its histogram (None: none)
-        # (name, mode, step, wall_time, encoded HistogramProto, nonfinite count) waiting for collections
-        self._pending: list[tuple[str, str, int, float, bytes, int]] = []
+        # (name, mode, step, wall_time, encoded HistogramProto or None if skipped, nonfinite count) waiting for
+        # collections
+        self._pending: list[tuple[str, str, int, float, bytes | None, int]] = []
         self._pending_bytes = 0
         self._closed = False
         self.errors = 0
@@ -216,24 +278,86 @@ class EventExporter:
                 values.append(scalar_value(clean_tag(f"{name}/{red}"), x))
         if arr is not None and arr.size > 1:
             if collections is not None:
-                known, coll = True, self._hist_coll.get(name) or self._pick(collections)
+                known = True
+                coll = self._hist_coll[name] if name in self._hist_coll else self._pick(collections)
                 self._hist_coll.setdefault(name, coll)
             else:
                 known, coll = self._lookup(name, final=False)
-            if not known or coll is not None:
-                hist = make_histogram(arr)
-                if hist is not None:
-                    if known:
-                        values.extend(_histogram_values(coll, name, hist))
-                    else:
-                        self._queue(name, mode, step, now, hist)
+            if (not known or coll is not None) and histogrammable(arr):
+                if self._histograms_at(mode, step):
+                    started = time.perf_counter()
+                    hist = make_histogram(arr)
+                    if hist is not None:
+                        if known:
+                            values.extend(self._histogram_values(coll, name, hist))
+                        else:
+                            self._queue(name, mode, step, now, _encode(hist) if hist.num else b"", hist.nonfinite)
+                    self._credit -= time.perf_counter() - started
+                elif known:
+                    self.skipped_histograms += 1
+                else:
+                    self._queue(name, mode, step, now, None, 0)
         if values:
-            self._file(mode).write(event_record(step, values, now))
+            self._write(mode, step, now, values)
 
-    def _queue(self, name: str, mode: str, step: int, wall_time: float, hist: Histogram) -> None:
-        histo = _encode(hist) if hist.num else b""
-        self._pending.append((name, mode, step, wall_time, histo, hist.nonfinite))
-        self._pending_bytes += len(histo) + 64
+    def _histograms_at(self, mode: str, step: int) -> bool:
+        """Whether step `step` of `mode` gets histograms (decided at its first one, see the class docstring)."""
+        decided = self._hist_steps.get(mode)
+        if decided is not None and decided[0] == step:
+            return decided[1]
+        budget = self.histogram_budget
+        if self.behind is not None and self.behind():
+            yes = False
+        elif budget is None:
+            yes = True
+        else:
+            now = time.perf_counter()
+            self._credit = min(self._credit + budget * (now - self._credit_at), budget * _BUDGET_WINDOW_S)
+            self._credit_at = now
+            yes = self._credit >= 0.0
+        self._hist_steps[mode] = (step, yes)
+        return yes
+
+    def _histogram_values(self, coll: str, name: str, hist: Histogram) -> list[bytes]:
+        out = []
+        if hist.num:
+            out.append(histogram_value(clean_tag(f"{coll}/{name}"), _encode(hist)))
+            self.histograms += 1
+        out.append(scalar_value(clean_tag(f"nonfinite/{name}"), hist.nonfinite))
+        return out
+
+    def _write(self, mode: str, step: int, wall_time: float, values: list[bytes]) -> None:
+        """Add `values` to the Event of `step` in `mode`'s file (written when the step changes or at flush)."""
+        batch = self._batches.get(mode)
+        if batch is not None and batch[0] == step:
+            batch[2].extend(values)
+            batch[3][0] += 1
+            return
+        if batch is not None:
+            self._write_batch(mode)
+        else:
+            self._file(mode)  # (a directory that cannot be made fails the first record, not a later one)
+        self._batches[mode] = (step, wall_time, values, [1])
+
+    def _write_batch(self, mode: str) -> None:
+        step, wall_time, values, _ = self._batches.pop(mode)
+        if self.skipped_histograms != self._skips_written:
+            self._skips_written = self.skipped_histograms
+            values.append(scalar_value(SKIPPED_TAG, self.skipped_histograms))
+            if not self._warned_skip:
+                self._warned_skip = True
+                logger.warning(
+                    "tensortap: the TensorBoard export of %s cannot keep up (the writer is behind, or histograms "
+                    "would take more than %.0f%% of its time): it leaves out the histograms of some steps, counted "
+                    "in the %r scalar; scalars and the saved data are complete (%s sets the share)", self.worker,
+                    100 * (self.histogram_budget or 1.0), SKIPPED_TAG, BUDGET_ENV)
+        self._file(mode).write(event_record(step, values, wall_time))
+
+    _warned_skip = False
+
+    def _queue(self, name: str, mode: str, step: int, wall_time: float, histo: bytes | None, nonfinite: int) -> None:
+        self._pending.append((name, mode, step, wall_time, histo, nonfinite))
+        self._pending_bytes += len(histo or b"") + 64
         if self._pending_bytes > MAX_PENDING_BYTES:
             self._resolve_pending(final=True)
 
@@ -249,11 +373,17 @@ class EventExporter:
                 continue
             if coll is None:
                 continue
-            values = [histogram_value(clean_tag(f"{coll}/{name}"), histo)] if histo else []
+            values = []
+            if histo is None:
+                self.skipped_histograms += 1
+                continue
+            if histo:
+                values.append(histogram_value(clean_tag(f"{coll}/{name}"), histo))
+                self.histograms += 1
             values.append(scalar_value(clean_tag(f"nonfinite/{name}"), nonfinite))
-            self._file(mode).write(event_record(step, values, wall_time))
+            self._write(mode, step, wall_time, values)
         self._pending = keep
-        self._pending_bytes = sum(len(p[4]) + 64 for p in keep)
+        self._pending_bytes = sum(len(p[4] or b"") + 64 for p in keep)
 
     def _file(self, mode: str) -> EventFile:
         f = self._files.get(mode)
@@ -273,6 +403,8 @@ class EventExporter:
         if self.disabled:
             return
         try:
+            for mode in list(self._batches):
+                self._write_batch(mode)
             for f in self._files.values():
                 f.flush()
         except Exception as e:  # noqa: BLE001
@@ -300,8 +432,9 @@ class EventExporter:
         self.errors += 1
         if not self.disabled:
             self.disabled = True
-            self.skipped += len(self._pending)
+            self.skipped += len(self._pending) + sum(b[3][0] for b in self._batches.values())
             self._pending = []
+            self._batches.clear()
             logger.error("tensortap: TensorBoard export of %s to %s failed in %s (%s: %s); it is off from now on, "
                          "the saved data is not affected", self.worker, self.logdir, where, type(exc).__name__, exc)
 
@@ -312,7 +445,8 @@ class EventExporter:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<EventExporter {self.worker!r} -> {self.logdir!r} records={self.records} errors={self.errors}>"
+        return (f"<EventExporter {self.worker!r} -> {self.logdir!r} records={self.records} "
+                f"histograms={self.histograms} skipped_histograms={self.skipped_histograms} errors={self.errors}>")
 
 
 def _mode_name(mode: Any) -> str:
@@ -339,9 +473,3 @@ def _real(v: Any) -> float | None:
 
 def _encode(h: Histogram) -> bytes:
     return encode_histogram(h.min, h.max, h.num, h.sum, h.sum_squares, h.bucket_limit, h.bucket)
-
-
-def _histogram_values(coll: str, name: str, hist: Histogram) -> list[bytes]:
-    out = [histogram_value(clean_tag(f"{coll}/{name}"), _encode(hist))] if hist.num else []
-    out.append(scalar_value(clean_tag(f"nonfinite/{name}"), hist.nonfinite))
-    return out

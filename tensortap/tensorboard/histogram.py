@@ -6,6 +6,10 @@ counts equal `np.histogram(finite_values, bins=edges)[0]`. Finite values beyond 
 range) go to the outermost buckets instead of being dropped; min and max keep their true values.
 Non-finite values (NaN, ±inf) are not in the histogram: they are counted separately.
 
+float32 values (and float16, bfloat16, which convert to float32 exactly) are counted without a float64 copy:
+their bits, mapped to int32 keys in the same order, are sorted and each edge's float32 threshold is searched
+in them, only for the edges between the smallest and the largest value.
+
 The proto keeps the buckets from one before the first non-empty one to the last non-empty one (bucket_limit
 holds each bucket's right edge), as tensorboardX's `make_histogram` does.
 """
@@ -64,23 +68,72 @@ def as_real(value: np.ndarray) -> np.ndarray | None:
     return None
 
 
+def histogrammable(value: np.ndarray) -> bool:
+    """Whether `value` gets a histogram (see `as_real`), without converting it."""
+    kind = value.dtype.kind
+    return value.size > 0 and (kind in "iuf" or (kind == "V" and value.dtype.names is None
+                                                  and value.dtype.itemsize <= 2))
+
+
 def make_histogram(value: np.ndarray) -> Histogram | None:
     """The histogram of `value`'s finite values; None when it has none (or is not histogrammable)."""
     value = as_real(np.asarray(value))
     if value is None:
         return None
     flat = value.reshape(-1)
+    if flat.dtype == np.float16:
+        flat = flat.astype(np.float32)  # exact
+    nonfinite = 0
     if flat.dtype.kind == "f":
-        finite_mask = np.isfinite(flat)
-        nonfinite = int(flat.size - np.count_nonzero(finite_mask))
-        if nonfinite:
+        # a float32/float64 sum of finite values cannot overflow float64: a non-finite sum means NaN/inf inside
+        total = flat.sum(dtype=np.float64)
+        if not np.isfinite(total):
+            finite_mask = np.isfinite(flat)
             flat = flat[finite_mask]
-    else:
-        nonfinite = 0
+            nonfinite = int(finite_mask.size - flat.size)
+            total = flat.sum(dtype=np.float64)
     if flat.size == 0:
         return Histogram(0.0, 0.0, 0, 0.0, 0.0, np.empty(0), np.empty(0), nonfinite)
+    if flat.dtype == np.float32:
+        return _float32_histogram(np.ascontiguousarray(flat), float(total), nonfinite)
+    return _float64_histogram(flat.astype(np.float64, copy=False), nonfinite)
+
+
+def _float32_histogram(flat: np.ndarray, total: float, nonfinite: int) -> Histogram:
+    """Sorts the order-preserving int32 keys of the values and finds each edge in them: only the edges between
+    the smallest and the largest value are searched, which are the buckets the proto keeps."""
+    keys = _f32_keys(flat)
+    keys.sort()
+    thresholds = _f32_thresholds()
+    n = keys.size
+    first = int(thresholds.searchsorted(keys[0], "right"))  # bucket of the smallest value
+    last = int(thresholds.searchsorted(keys[-1], "right"))  # bucket of the largest value
+    k = last - first + 2  # kept buckets: one empty before the first non-empty one, up to the last non-empty one
+    cum = np.empty(k + 1, dtype=np.int64)  # values below each kept bucket's left edge, then all of them
+    cum[:2] = 0
+    cum[2:k] = keys.searchsorted(thresholds[first:last], "left")
+    cum[k] = n
+    vmin, vmax = _f32_keys(np.array([keys[0], keys[-1]], dtype=np.int32).view(np.float32)).view(np.float32)
+    if max(-float(vmin), float(vmax)) < 1e18:
+        sum_squares = float(np.square(flat).sum(dtype=np.float64))  # float32 squares: exact to 2^-24 each
+    else:  # (their squares would overflow float32)
+        f64 = flat.astype(np.float64)
+        sum_squares = float(np.square(f64).sum())
+    return Histogram(
+        min=float(vmin),
+        max=float(vmax),
+        num=n,
+        sum=total,
+        sum_squares=sum_squares,
+        bucket_limit=default_edges()[first : last + 2],
+        bucket=np.diff(cum).astype(np.float64),
+        nonfinite=nonfinite,
+    )
+
+
+def _float64_histogram(f64: np.ndarray, nonfinite: int) -> Histogram:
+    """numpy.histogram's rule for float64 (and integer) values."""
     edges = default_edges()
-    f64 = flat.astype(np.float64, copy=False)
     if f64.size <= _SORT_MAX:
         # numpy.histogram's rule, without its per-call checks: sort, then find each edge
         f64 = np.sort(f64)
@@ -113,3 +166,31 @@ def make_histogram(value: np.ndarray) -> Histogram | None:
         bucket=kept.astype(np.float64),
         nonfinite=nonfinite,
     )
+
+
+@lru_cache(maxsize=1)
+def _f32_thresholds() -> np.ndarray:
+    """The inner edges as `_f32_keys` of float32 values: threshold j is the key of the smallest float32 that is
+    >= edges[j + 1], so float32 v lies in bucket #{j : thresholds[j] <= key(v)} exactly when float64(v) lies in
+    numpy's bucket j of `default_edges()` (the outermost buckets also take what is beyond them). The edge 0.0
+    gets -0.0's key: -0.0 == 0.0 belongs to the bucket that starts at 0."""
+    inner = default_edges()[1:-1]
+    up = inner.astype(np.float32)
+    below = up.astype(np.float64) < inner
+    up[below] = np.nextafter(up[below], np.float32(np.inf))
+    keys = _f32_keys(up)
+    keys[inner == 0.0] = -1
+    if not np.all(np.diff(keys) > 0):
+        raise AssertionError("float32 thresholds of the default edges are not increasing")
+    keys.setflags(write=False)
+    return keys
+
+
+def _f32_keys(values: np.ndarray) -> np.ndarray:
+    """int32 keys in the order of float32 `values` (NaN aside): a non-negative float's bits; a negative one's
+    bits with all but the sign bit flipped (-0.0 -> -1, +0.0 -> 0). The mapping is its own inverse."""
+    bits = values.view(np.int32)
+    keys = bits >> 31
+    keys &= 0x7FFFFFFF
+    keys ^= bits
+    return keys

@@ -214,6 +214,10 @@ class ProcessChunkWriter:
     ):
         if backpressure not in ("block", "drop"):
             raise ValueError(f"backpressure must be 'block' or 'drop', not {backpressure!r}")
+        if tensorboard_dir:  # the child's EventExporter reads its budget from the environment: refuse a bad one here
+            from tensortap.tensorboard.export import histogram_budget_from_env
+
+            histogram_budget_from_env()
         if isinstance(storage, str):
             storage = open_storage(storage)
         self.url = storage.url
@@ -829,6 +833,10 @@ class _ChildWriter(ChunkWriter):
     # bytes). Measured here (a process writing beside the MLP training step): one 340 KB O_DIRECT write
     # every 3.7 ms slowed the training thread by 5%, the same bytes as 680 KB every 7.4 ms by 1-2%.
     _DIO_MAX = 8 << 20
+
+    def _behind(self) -> bool:
+        """Whether the messages published and not yet handled are a backlog: over 1/8 of the ring."""
+        return load_acquire(self._hdr_addr + 8 * _HEAD) - self._tail > self._rcap // 8
 
     def _open_chunk(self) -> None:
         self._close_direct()  # (pending direct writes go to the chunk they were laid out in)

@@ -30,6 +30,8 @@ from tensortap.trials.tensor import Tensor
 logger = logging.getLogger("tensortap")
 
 _NEVER = np.iinfo(np.int64).max
+#: seconds between looks, while waiting for a step, at whether the job's writers are gone without closing
+_WRITERS_LOOK_S = 2.0
 _MODE_BY_VALUE = {m.value: m for m in ModeKeys}
 
 
@@ -350,6 +352,7 @@ class Trial:
         timeout = _args.timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.02
+        next_look = time.monotonic() + _WRITERS_LOOK_S
         for step in sorted(required):
             while True:
                 self.refresh_data()
@@ -361,6 +364,14 @@ class Trial:
                     if self.loaded_all_steps and (not steps or step > steps[-1]):
                         raise NoMoreData(step, mode, steps[-1] if steps else None)
                     raise StepUnavailable(step, mode)
+                if not self._assumed_ended and time.monotonic() >= next_look:
+                    next_look = time.monotonic() + _WRITERS_LOOK_S
+                    if self.source.writers_gone():
+                        logger.warning("tensortap: every writer of %s that did not close is gone (its process "
+                                       "was killed?): what it flushed is taken as the whole job",
+                                       self.source.location)
+                        self.assume_ended()
+                        continue
                 if deadline is not None and time.monotonic() >= deadline:
                     raise StepNotYetAvailable(step, mode)
                 time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))

@@ -54,6 +54,7 @@ WORKER = textwrap.dedent(
     np.savez(os.path.join(rec_dir, f"rank{rank}.npz"), **rec)
     print(json.dumps({"rank": rank, "worker": hook.worker, "writes": hook.writes, "step": hook.step,
                       "errors": hook.error_count}))
+    dist.barrier()  # (ranks leave the group together: gloo may abort a rank whose peer is gone)
     dist.destroy_process_group()
     """
 )
@@ -168,6 +169,7 @@ LATE_GROUP_WORKER = textwrap.dedent(
     hook.close()
     np.savez(os.path.join(rec_dir, f"rank{rank}.npz"), **rec)
     print(json.dumps({"rank": rank, "worker": hook.worker, "errors": hook.error_count}))
+    dist.barrier()  # (ranks leave the group together: gloo may abort a rank whose peer is gone)
     dist.destroy_process_group()
     """
 )
@@ -264,6 +266,7 @@ SPAWNED_WORKERS = textwrap.dedent(
             json.dump({"before": before, "rank": hook.rank, "world_size": hook.world_size, "worker": hook.worker,
                        "writes": hook.writes, "errors": hook.error_count,
                        "first_error": None if hook.first_error is None else str(hook.first_error)}, f)
+        dist.barrier()  # (ranks leave the group together: gloo may abort a rank whose peer is gone)
         dist.destroy_process_group()
 
     if __name__ == "__main__":

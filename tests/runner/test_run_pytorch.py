@@ -58,6 +58,7 @@ DDP = textwrap.dedent(
         opt.zero_grad()
         loss_fn(model(x), y).backward()
         opt.step()
+    dist.barrier()  # (ranks leave the group together: gloo may abort a rank whose peer is gone)
     dist.destroy_process_group()
     """
 )

@@ -38,6 +38,7 @@ DDP = textwrap.dedent(
         loss_fn(model(x), y).backward()
         opt.step()
     hook.close()
+    dist.barrier()  # (ranks leave the group together: gloo may abort a rank whose peer is gone)
     dist.destroy_process_group()
     """
 )

@@ -220,3 +220,148 @@ def test_values_without_a_real_number_are_left_out_and_export_goes_on(tmp_path, 
     assert sorted(ea.Tags()["scalars"]) == ["b", "c/l2", "h", "x"]
     assert tb.scalars(ea, "h") == {0: 1.5} and tb.scalars(ea, "b") == {0: 1.0} and tb.scalars(ea, "x") == {1: 2.0}
     assert ea.Tags()["histograms"] == []  # complex: no histogram
+
+
+def _expected(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bucket counts, bucket limits) as numpy counts the finite values in float64, values beyond the edges in the
+    outermost buckets, trimmed as the exporter trims them."""
+    edges = default_edges()
+    v = values.astype(np.float64).reshape(-1)
+    v = v[np.isfinite(v)]
+    counts, _ = np.histogram(v, bins=edges)
+    counts[0] += np.count_nonzero(v < edges[0])
+    counts[-1] += np.count_nonzero(v > edges[-1])
+    nz = np.flatnonzero(counts)
+    start, end = int(nz[0]), int(nz[-1]) + 1
+    kept = counts[start - 1 : end] if start else np.concatenate([[0], counts[:end]])
+    return kept, edges[start : end + 1]
+
+
+def test_float32_and_float16_counts_equal_numpy_at_every_edge():
+    edges = default_edges()
+    f = edges.astype(np.float32)
+    down, up = np.nextafter(f, np.float32(-np.inf)), np.nextafter(f, np.float32(np.inf))
+    tiny, big = np.float32(1e-45), np.finfo(np.float32).max
+    extremes = np.array([0.0, -0.0, tiny, -tiny, 1e-38, -1e-38, big, -big, 3e20, -3e20], dtype=np.float32)
+    rng = np.random.default_rng(5)
+    cases = [
+        np.concatenate([f, down, up, np.nextafter(down, np.float32(-np.inf)), np.nextafter(up, np.float32(np.inf)),
+                        extremes]),
+        (rng.normal(size=(300, 70)) * 0.05).astype(np.float32),
+        (rng.standard_cauchy(size=50_000) * 1e4).astype(np.float32),
+        np.array([-0.0, -0.0, 0.0], dtype=np.float32),
+        np.array([1.5, 1.5], dtype=np.float32),
+        np.concatenate([f[700:760], down[700:760]]).astype(np.float16),
+        rng.normal(size=1000).astype(np.float16),
+    ]
+    for v in cases:
+        h = make_histogram(v)
+        kept, limits = _expected(v)
+        np.testing.assert_array_equal(h.bucket, kept)
+        np.testing.assert_array_equal(h.bucket_limit, limits)
+        finite = v.astype(np.float64)
+        assert (h.num, h.min, h.max) == (v.size, finite.min(), finite.max())
+        assert h.sum == pytest.approx(finite.sum(), rel=1e-9, abs=1e-30 + 1e-12 * np.abs(finite).sum())
+        assert h.sum_squares == pytest.approx(np.square(finite).sum(), rel=1e-6)
+    v = np.array([np.nan, 1.0, -np.inf, 2.0, np.inf], dtype=np.float32)
+    h = make_histogram(v)
+    assert (h.num, h.nonfinite, h.min, h.max, h.sum) == (2, 3, 1.0, 2.0, 3.0)
+
+
+def test_histograms_over_the_budget_are_skipped_counted_and_reported(tmp_path, read_run, tb, caplog):
+    job = _job(np.random.default_rng(0))
+    # a budget of 1e-9 of the elapsed time (and 1e-9 s saved at the start): the first step's histogram, no other
+    ex = EventExporter(str(tmp_path), "worker_0", histogram_budget=1e-9)
+    ex.set_collections(COLLECTIONS)
+    with caplog.at_level("WARNING", logger="tensortap"):
+        for s, mode, ms, w, g, loss in job:
+            ex.add("fc.weight", s, mode, ms, w, {"mean": 1.0})
+            ex.add("gradient/fc.weight", s, mode, ms, g, {})  # no histogram (save_histogram False): never skipped
+            ex.add("loss", s, mode, ms, np.asarray(loss), {})
+        ex.close()
+    assert ex.errors == 0
+    written, skipped_tags = {}, []
+    for mode in ("train", "eval"):
+        ea = read_run(tmp_path / "worker_0" / mode)
+        rows = [r for r in job if r[1].lower() == mode]
+        hist = {h.step: h.histogram_value for h in ea.Histograms("weights/fc.weight")} \
+            if "weights/fc.weight" in ea.Tags()["histograms"] else {}
+        written.update(hist)
+        nonfinite = tb.scalars(ea, "nonfinite/fc.weight") if "nonfinite/fc.weight" in ea.Tags()["scalars"] else {}
+        assert sorted(nonfinite) == sorted(hist)  # the count of what a histogram leaves out: beside each
+        for s, _, _, w, _, loss in rows:
+            # scalars and reductions at every step, histogram or not
+            assert tb.scalars(ea, "loss")[s] == np.float32(loss) and tb.scalars(ea, "fc.weight/mean")[s] == 1.0
+            if s in hist:
+                np.testing.assert_array_equal(np.asarray(hist[s].bucket), tb.numpy_counts(w))
+                assert nonfinite[s] == np.count_nonzero(~np.isfinite(w))
+        if "tensortap/skipped_histograms" in ea.Tags()["scalars"]:
+            skipped_tags += [e.value for e in ea.Scalars("tensortap/skipped_histograms")]
+    assert sorted(written) == [0]
+    assert ex.histograms == 1 and ex.skipped_histograms == len(job) - 1
+    assert max(skipped_tags) == ex.skipped_histograms  # the count, in the event files
+    warnings = [r for r in caplog.records if "cannot keep up" in r.getMessage()]
+    assert len(warnings) == 1 and "tensortap/skipped_histograms" in warnings[0].getMessage()
+
+
+def test_without_a_budget_or_within_it_every_histogram_is_written(tmp_path, read_run):
+    job = _job(np.random.default_rng(0))
+    for budget, d in [(None, tmp_path / "none"), (1.0, tmp_path / "all")]:
+        ex = EventExporter(str(d), "w", histogram_budget=budget)
+        ex.set_collections(COLLECTIONS)
+        for s, mode, ms, w, _, _ in job:
+            ex.add("fc.weight", s, mode, ms, w, {})
+        ex.close()
+        # (budget 1.0: 1 s of histograms may run in a row, far more than these take)
+        assert ex.skipped_histograms == 0 and ex.histograms == len(job)
+        assert "tensortap/skipped_histograms" not in read_run(d / "w" / "train").Tags()["scalars"]
+
+
+def test_no_histograms_while_the_writer_is_behind(tmp_path, read_run, tb):
+    job = _job(np.random.default_rng(0))
+    ex = EventExporter(str(tmp_path), "w", histogram_budget=None)
+    ex.set_collections(COLLECTIONS)
+    backlog = {"steps": {3, 4, 5, 9}}
+    ex.behind = lambda: current in backlog["steps"]  # the writer's queue has a backlog at these steps
+    for s, mode, ms, w, _, loss in job:
+        current = s
+        ex.add("fc.weight", s, mode, ms, w, {})
+        ex.add("loss", s, mode, ms, np.asarray(loss), {})
+    ex.close()
+    steps = set()
+    for mode in ("train", "eval"):
+        ea = read_run(tmp_path / "w" / mode)
+        steps |= {h.step for h in ea.Histograms("weights/fc.weight")}
+        assert sorted(tb.scalars(ea, "loss")) == [r[0] for r in job if r[1].lower() == mode]
+    assert steps == set(range(len(job))) - backlog["steps"]
+    assert ex.skipped_histograms == len(backlog["steps"]) and ex.histograms == len(job) - len(backlog["steps"])
+
+
+@pytest.mark.parametrize("budget", [0, 0.0, -0.5, 1.5, "0.5", float("nan"), True])
+def test_bad_budget_is_refused_at_construction(tmp_path, budget):
+    with pytest.raises(InvalidConfiguration, match="histogram_budget"):
+        EventExporter(str(tmp_path), "w", histogram_budget=budget)
+
+
+def test_budget_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORTAP_TENSORBOARD_BUDGET", "0.1")
+    assert EventExporter(str(tmp_path), "w").histogram_budget == 0.1
+    monkeypatch.setenv("TENSORTAP_TENSORBOARD_BUDGET", "none")
+    assert EventExporter(str(tmp_path), "w").histogram_budget is None
+    monkeypatch.delenv("TENSORTAP_TENSORBOARD_BUDGET")
+    assert EventExporter(str(tmp_path), "w").histogram_budget == 0.25
+    for bad in ("2", "fast", "0"):
+        monkeypatch.setenv("TENSORTAP_TENSORBOARD_BUDGET", bad)
+        with pytest.raises(InvalidConfiguration, match=f"TENSORTAP_TENSORBOARD_BUDGET='{bad}'"):
+            EventExporter(str(tmp_path), "w")
+
+
+def test_scalars_beyond_float32_become_infinite_and_export_goes_on(tmp_path, read_run, tb):
+    ex = EventExporter(str(tmp_path), "w")
+    ex.add("x", 0, "TRAIN", 0, np.array([1e300]), {"max": 1e300, "min": -1e39})
+    ex.add("x", 1, "TRAIN", 1, np.array([2.0]), {})
+    ex.close()
+    assert ex.errors == 0
+    ea = read_run(tmp_path / "w" / "train")
+    assert tb.scalars(ea, "x") == {0: np.inf, 1: 2.0}
+    assert tb.scalars(ea, "x/max") == {0: np.inf} and tb.scalars(ea, "x/min") == {0: -np.inf}

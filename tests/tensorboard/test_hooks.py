@@ -132,3 +132,36 @@ def test_run_with_tensorboard_dir(tmp_path, tb):
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
     tb.matches_trial(out, tbdir)
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_an_export_that_cannot_keep_up_skips_histograms_never_data(tmp_path, monkeypatch, writer, read_run, tb):
+    # a budget of 1e-9 of the writer's time: the first step's histograms and no more
+    monkeypatch.setenv("TENSORTAP_TENSORBOARD_BUDGET", "1e-9")
+    out, tbdir = tmp_path / "job", tmp_path / "tb"
+    hook = tt.Hook(str(out), tensorboard_dir=str(tbdir), save_config=tt.SaveConfig(save_interval=1), writer=writer)
+    _generic_job(hook)
+    trial = tt.create_trial(str(out))
+    assert trial.tensor("fc.weight").steps() == list(range(9))  # the store has every value
+    hists, skipped = 0, []
+    for mode, steps in (("train", [0, 1, 3, 4, 6, 7]), ("eval", [2, 5, 8])):
+        ea = read_run(tbdir / "worker_0" / mode)
+        assert sorted(tb.scalars(ea, "scalar/loss")) == steps  # every scalar
+        for tag in ea.Tags()["histograms"]:
+            for e in ea.Histograms(tag):
+                np.testing.assert_array_equal(np.asarray(e.histogram_value.bucket),
+                                              tb.numpy_counts(trial.tensor(tag.split("/", 1)[1]).value(e.step)))
+                hists += 1
+        if "tensortap/skipped_histograms" in ea.Tags()["scalars"]:
+            skipped += [e.value for e in ea.Scalars("tensortap/skipped_histograms")]
+    # fc.weight and small at 9 steps: 18 histograms, the skipped ones counted in the event files
+    assert 1 <= hists < 18 and max(skipped) == 18 - hists
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_a_bad_budget_is_refused_when_the_hook_is_made(tmp_path, monkeypatch, writer):
+    from tensortap.exceptions import InvalidConfiguration
+
+    monkeypatch.setenv("TENSORTAP_TENSORBOARD_BUDGET", "lots")
+    with pytest.raises(InvalidConfiguration, match="TENSORTAP_TENSORBOARD_BUDGET='lots'"):
+        tt.Hook(str(tmp_path / "job"), tensorboard_dir=str(tmp_path / "tb"), writer=writer)
