@@ -259,6 +259,9 @@ class _Tables:
 
 
 _STOP = object()
+#: hand-offs pending past this many bytes wake the writer thread at once; smaller ones wait for its next flush (a
+#: wake-up per hand-off costs both threads more than encoding a few small records)
+_KICK_BYTES = 1 << 20
 _RECORDS = object()  # a queue item of several records handed off together
 
 
@@ -339,6 +342,8 @@ class ChunkWriter:
         self._reserved = False
         self._room = threading.Condition()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._kick = threading.Event()  # wakes the writer thread before its next flush
+        self._kick_bytes = min(_KICK_BYTES, max_pending_bytes // 4)
         self._seq = self._first_free_seq()
         self._idx = self._dat = None
         self._dat_size = 0
@@ -368,6 +373,7 @@ class ChunkWriter:
         """Wait until the writer thread has taken everything handed off so far (not a flush); True when
         done within `timeout`."""
         deadline = time.monotonic() + timeout
+        self._kick.set()
         while self._pending_bytes:
             if self.error is not None or time.monotonic() >= deadline:
                 return False
@@ -386,6 +392,8 @@ class ChunkWriter:
         if not self._reserve(size, len(records), len(records)):
             return 0
         self._queue.put(records[0] if len(records) == 1 else (_RECORDS, tuple(records), size))  # one hand-off
+        if self._pending_bytes > self._kick_bytes:
+            self._kick.set()
         return len(records)
 
     def submit_batch(self, batch: RecordBatch) -> int:
@@ -396,6 +404,8 @@ class ChunkWriter:
         if not self._reserve(batch.size, 1, n):
             return 0
         self._queue.put(batch)
+        if self._pending_bytes > self._kick_bytes:
+            self._kick.set()
         return n
 
     def batch_layout(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
@@ -420,6 +430,7 @@ class ChunkWriter:
     def _reserve(self, size: int, items: int, records: int) -> bool:
         with self._room:
             if self._pending_bytes + size > self.max_pending_bytes:
+                self._kick.set()
                 if self.backpressure == "block":
                     deadline = time.monotonic() + self.block_timeout
                     while self._pending_bytes + size > self.max_pending_bytes and self.error is None:
@@ -460,6 +471,7 @@ class ChunkWriter:
         """Write out everything handed off so far; True when done within `timeout`."""
         ev = threading.Event()
         self._queue.put(("flush", ev))
+        self._kick.set()
         return ev.wait(timeout)
 
     def close(self, timeout: float | None = 60.0) -> None:
@@ -468,6 +480,7 @@ class ChunkWriter:
             return
         self._closed = True
         self._queue.put(_STOP)
+        self._kick.set()
         self._thread.join(timeout)
 
     # --- writer thread ---------------------------------------------------------------------
@@ -478,9 +491,14 @@ class ChunkWriter:
             while True:
                 timeout = max(0.0, self.flush_interval - (time.monotonic() - last_flush))
                 try:
-                    item = self._queue.get(timeout=timeout)
+                    item = self._queue.get_nowait()
                 except queue.Empty:
-                    item = None
+                    self._kick.wait(timeout)
+                    self._kick.clear()  # (before the next get: a hand-off after it sets the event again)
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        item = None
                 if item is _STOP:
                     self._write_block(end=True)
                     self._drain_unpublished(deadline=time.monotonic() + self.close_timeout)
@@ -561,7 +579,7 @@ class ChunkWriter:
             if not self._reserved:
                 self._reserved = True
                 try:
-                    self.storage.write(layout.reserve_key(self.worker), bytes(RESERVE_BYTES))
+                    self.storage.reserve(layout.reserve_key(self.worker), RESERVE_BYTES)
                 except OSError:
                     pass  # (already short of space: nothing to set aside)
             self._dat = self.storage.open_append(layout.chunk_key(self.worker, self._seq, layout.DATA_SUFFIX))

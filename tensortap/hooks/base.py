@@ -59,6 +59,8 @@ def _stop_check_interval() -> float:
 
 STOP_CHECK_INTERVAL = _stop_check_interval()
 STOP_POLL_INTERVAL = min(0.5, STOP_CHECK_INTERVAL * 10)
+#: raw values a thread writer gets as one batch rather than as records when they hold at least this many bytes
+_THREAD_BATCH_MIN_BYTES = 4096
 
 
 def default_writer(out_dir: str) -> str:
@@ -797,6 +799,8 @@ class Hook:
     def _send_batch(self, writer: Any, batch: list[tuple[str, np.ndarray, tuple]]) -> bool:
         """Copy raw values of one dtype into one reservation of `writer` at the current step; False if they
         cannot go that way (then they go as records)."""
+        if type(writer) is ChunkWriter and sum(arr.nbytes for _n, arr, _r in batch) < _THREAD_BATCH_MIN_BYTES:
+            return False  # (a thread writer queues small records for less than a reservation and its copy cost)
         found = array_sources([arr for _n, arr, _r in batch])
         if found is None:
             return False

@@ -1,10 +1,12 @@
 """What each built-in rule needs the hook to save (the analog of smdebug_rulesconfig's `rule_configs`).
 
-`configs.vanishing_gradient()` etc. return a RuleConfig: the collections (with their regexes and save
-interval) the rule reads. `RuleConfig.apply(hook)` configures a hook before training starts;
-`RuleConfig.collection_configs()` gives SageMaker's CollectionConfigurations form. Each function takes the
-rule's own parameters where they decide what to save (`tensor_regex`, `collection_names`, ...), and
-`save_interval` (default 500, as SageMaker's ruleConfigs).
+`configs.vanishing_gradient()` etc. return a RuleConfig: the collections (with their regexes, and a save
+interval when one is asked for) the rule reads. `RuleConfig.apply(hook)` configures a hook before training
+starts; `RuleConfig.collection_configs()` gives SageMaker's CollectionConfigurations form. Each function takes
+the rule's own parameters where they decide what to save (`tensor_regex`, `collection_names`, ...), and
+`save_interval`: by default None, the hook's own save config decides when the collections save (every 500
+steps for the deep-learning hooks, SageMaker's ruleConfigs figure; every 10 rounds for XGBoost, whose jobs
+are counted in boosting rounds: an interval of 500 would save round 0 only).
 
 Where SageMaker had no default collection ("–" in the catalog) tensortap picks the obvious one and says so
 in the function's docstring.
@@ -16,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tensortap.config import DEFAULT_SAVE_INTERVAL as _HOOK_DEFAULT_SAVE_INTERVAL
 from tensortap.config import SaveConfig
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.rules.params import as_int, as_regex_list, as_str_list
@@ -47,16 +50,18 @@ __all__ = [
     "feature_importance_overweight",
 ]
 
-DEFAULT_SAVE_INTERVAL = 500
+#: the deep-learning hooks' default save interval (SageMaker's ruleConfigs figure)
+DEFAULT_SAVE_INTERVAL = _HOOK_DEFAULT_SAVE_INTERVAL
 
 
 @dataclass(frozen=True)
 class CollectionSpec:
-    """One collection a rule reads: its name, regexes to add, and how often to save it."""
+    """One collection a rule reads: its name, regexes to add, and how often to save it (None: as the hook's own
+    save config says)."""
 
     name: str
     include_regex: tuple[str, ...] = ()
-    save_interval: int | None = DEFAULT_SAVE_INTERVAL
+    save_interval: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """SageMaker's CollectionConfiguration: {"CollectionName", "CollectionParameters"} (string values)."""
@@ -88,9 +93,9 @@ class RuleConfig:
                 "collections_to_save": self.collection_configs()}
 
     def apply(self, hook: Any) -> None:
-        """Make `hook` save what the rule needs: include each collection, add its regexes, and save it at
-        least every `save_interval` steps (a more frequent interval already set is kept). Call before
-        training starts."""
+        """Make `hook` save what the rule needs: include each collection, add its regexes, and, when the config
+        has a `save_interval`, save it at least that often (a more frequent interval already set is kept).
+        Call before training starts."""
         for spec in self.collections:
             if spec.name not in hook.include_collections:
                 hook.include_collections.append(spec.name)
@@ -107,7 +112,10 @@ class RuleConfig:
                     coll.save_config = SaveConfig(save_interval=spec.save_interval)
 
 
-def _iv(save_interval: Any) -> int:
+def _iv(save_interval: Any) -> int | None:
+    """A save interval asked for, or None: the hook's own save config decides."""
+    if save_interval is None:
+        return None
     return as_int(save_interval, "save_interval", "rule config", minimum=1)
 
 
@@ -124,13 +132,13 @@ def _user_collections(rule: str, collection_names: Any, tensor_regex: Any, save_
     return tuple(specs)
 
 
-def vanishing_gradient(save_interval: int = DEFAULT_SAVE_INTERVAL, **params: Any) -> RuleConfig:
+def vanishing_gradient(save_interval: int | None = None, **params: Any) -> RuleConfig:
     """`gradients`."""
     return RuleConfig("VanishingGradient", (CollectionSpec("gradients", (), _iv(save_interval)),), params)
 
 
 def exploding_tensor(collection_names: Any = None, tensor_regex: Any = None,
-                     save_interval: int = DEFAULT_SAVE_INTERVAL, **params: Any) -> RuleConfig:
+                     save_interval: int | None = None, **params: Any) -> RuleConfig:
     """The given collections / a collection `exploding_tensor` of `tensor_regex`; by default (tensortap's
     choice) `weights`, `gradients` and `losses`."""
     return RuleConfig("ExplodingTensor", _user_collections("exploding_tensor", collection_names, tensor_regex,
@@ -139,19 +147,19 @@ def exploding_tensor(collection_names: Any = None, tensor_regex: Any = None,
 
 
 def similar_across_runs(collection_names: Any = None, tensor_regex: Any = None,
-                        save_interval: int = DEFAULT_SAVE_INTERVAL, **params: Any) -> RuleConfig:
+                        save_interval: int | None = None, **params: Any) -> RuleConfig:
     """Same in both runs: the given collections / regex; by default (tensortap's choice) `weights`."""
     return RuleConfig("SimilarAcrossRuns", _user_collections("similar_across_runs", collection_names, tensor_regex,
                                                              save_interval, ("weights",)),
                       dict(params, collection_names=collection_names, tensor_regex=tensor_regex))
 
 
-def weight_update_ratio(save_interval: int = DEFAULT_SAVE_INTERVAL, **params: Any) -> RuleConfig:
+def weight_update_ratio(save_interval: int | None = None, **params: Any) -> RuleConfig:
     """`weights`."""
     return RuleConfig("WeightUpdateRatio", (CollectionSpec("weights", (), _iv(save_interval)),), params)
 
 
-def all_zero(collection_names: Any = None, tensor_regex: Any = None, save_interval: int = DEFAULT_SAVE_INTERVAL,
+def all_zero(collection_names: Any = None, tensor_regex: Any = None, save_interval: int | None = None,
              **params: Any) -> RuleConfig:
     """The given collections / a collection `all_zero` of `tensor_regex` (one is required)."""
     if not as_str_list(collection_names, "collection_names", "AllZero") and \
@@ -162,7 +170,7 @@ def all_zero(collection_names: Any = None, tensor_regex: Any = None, save_interv
 
 
 def unchanged_tensor(collection_names: Any = None, tensor_regex: Any = None,
-                     save_interval: int = DEFAULT_SAVE_INTERVAL, **params: Any) -> RuleConfig:
+                     save_interval: int | None = None, **params: Any) -> RuleConfig:
     """The given collections / regex; by default (tensortap's choice) `weights`."""
     return RuleConfig("UnchangedTensor", _user_collections("unchanged_tensor", collection_names, tensor_regex,
                                                            save_interval, ("weights",)),
@@ -170,7 +178,7 @@ def unchanged_tensor(collection_names: Any = None, tensor_regex: Any = None,
 
 
 def loss_not_decreasing(collection_names: Any = None, tensor_regex: Any = None,
-                        save_interval: int = DEFAULT_SAVE_INTERVAL, **params: Any) -> RuleConfig:
+                        save_interval: int | None = None, **params: Any) -> RuleConfig:
     """`losses`, plus any given collections / regex."""
     extra = _user_collections("loss_not_decreasing", collection_names, tensor_regex, save_interval, ())
     return RuleConfig("LossNotDecreasing", (CollectionSpec("losses", (), _iv(save_interval)), *extra),
@@ -178,7 +186,7 @@ def loss_not_decreasing(collection_names: Any = None, tensor_regex: Any = None,
 
 
 def confusion(labels_collection: str = "labels", predictions_collection: str = "predictions",
-              save_interval: int = DEFAULT_SAVE_INTERVAL, **params: Any) -> RuleConfig:
+              save_interval: int | None = None, **params: Any) -> RuleConfig:
     """`labels` and `predictions` (or the named collections)."""
     iv = _iv(save_interval)
     return RuleConfig("Confusion", (CollectionSpec(labels_collection, (), iv),
@@ -186,7 +194,7 @@ def confusion(labels_collection: str = "labels", predictions_collection: str = "
 
 
 def class_imbalance(labels_regex: str = ".*labels", predictions_regex: str = ".*predictions",
-                    save_interval: int = DEFAULT_SAVE_INTERVAL, **params: Any) -> RuleConfig:
+                    save_interval: int | None = None, **params: Any) -> RuleConfig:
     """`labels` and `predictions`, with the rule's regexes added."""
     iv = _iv(save_interval)
     return RuleConfig("ClassImbalance", (
@@ -196,7 +204,7 @@ def class_imbalance(labels_regex: str = ".*labels", predictions_regex: str = ".*
         dict(params, labels_regex=labels_regex, predictions_regex=predictions_regex))
 
 
-def check_input_images(regex: Any = ".*hybridsequential0_input_0", save_interval: int = DEFAULT_SAVE_INTERVAL,
+def check_input_images(regex: Any = ".*hybridsequential0_input_0", save_interval: int | None = None,
                        **params: Any) -> RuleConfig:
     """`input_image` of `regex` (the default: the model's input in MXNet, PyTorch and Keras naming)."""
     from tensortap.rules.builtin.check_input_images import input_regex
@@ -206,7 +214,7 @@ def check_input_images(regex: Any = ".*hybridsequential0_input_0", save_interval
                       dict(params, regex=regex))
 
 
-def dead_relu(tensor_regex: Any = None, save_interval: int = DEFAULT_SAVE_INTERVAL, **params: Any) -> RuleConfig:
+def dead_relu(tensor_regex: Any = None, save_interval: int | None = None, **params: Any) -> RuleConfig:
     """`relu_output` (framework hooks fill it with the outputs of their ReLU layers, by layer type), with
     `tensor_regex` (default `.*relu_output`, smdebug's) added."""
     regex = as_regex_list(tensor_regex, "tensor_regex", "DeadRelu") or [".*relu_output"]
@@ -214,12 +222,12 @@ def dead_relu(tensor_regex: Any = None, save_interval: int = DEFAULT_SAVE_INTERV
                       dict(params, tensor_regex=tensor_regex))
 
 
-def tree_depth(save_interval: int = DEFAULT_SAVE_INTERVAL, **params: Any) -> RuleConfig:
+def tree_depth(save_interval: int | None = None, **params: Any) -> RuleConfig:
     """`trees` (XGBoost)."""
     return RuleConfig("TreeDepth", (CollectionSpec("trees", (), _iv(save_interval)),), params)
 
 
-def overfit(tensor_regex: Any = None, save_interval: int = DEFAULT_SAVE_INTERVAL, **params: Any) -> RuleConfig:
+def overfit(tensor_regex: Any = None, save_interval: int | None = None, **params: Any) -> RuleConfig:
     """`losses` (or a collection `overfit` of `tensor_regex`), in TRAIN and EVAL."""
     regex = as_regex_list(tensor_regex, "tensor_regex", "Overfit")
     spec = CollectionSpec("overfit", tuple(regex), _iv(save_interval)) if regex else \
@@ -227,13 +235,13 @@ def overfit(tensor_regex: Any = None, save_interval: int = DEFAULT_SAVE_INTERVAL
     return RuleConfig("Overfit", (spec,), dict(params, tensor_regex=tensor_regex))
 
 
-def overtraining(save_interval: int = DEFAULT_SAVE_INTERVAL, **params: Any) -> RuleConfig:
+def overtraining(save_interval: int | None = None, **params: Any) -> RuleConfig:
     """`losses`, in TRAIN and EVAL."""
     return RuleConfig("Overtraining", (CollectionSpec("losses", (), _iv(save_interval)),), params)
 
 
 def tensor_variance(collection_names: Any = None, tensor_regex: Any = None,
-                    save_interval: int = DEFAULT_SAVE_INTERVAL, **params: Any) -> RuleConfig:
+                    save_interval: int | None = None, **params: Any) -> RuleConfig:
     """The given collections / regex; by default (tensortap's choice) `weights` and `gradients`."""
     return RuleConfig("TensorVariance", _user_collections("tensor_variance", collection_names, tensor_regex,
                                                           save_interval, ("weights", "gradients")),
@@ -241,7 +249,7 @@ def tensor_variance(collection_names: Any = None, tensor_regex: Any = None,
 
 
 def poor_weight_initialization(activation_inputs_regex: Any = ".*relu_input",
-                               save_interval: int = DEFAULT_SAVE_INTERVAL, **params: Any) -> RuleConfig:
+                               save_interval: int | None = None, **params: Any) -> RuleConfig:
     """`relu_input` of `activation_inputs_regex`, plus `gradients` and `losses` (the rule judges all three)."""
     iv = _iv(save_interval)
     regex = as_regex_list(activation_inputs_regex, "activation_inputs_regex", "PoorWeightInitialization")
@@ -252,7 +260,7 @@ def poor_weight_initialization(activation_inputs_regex: Any = ".*relu_input",
 
 
 def saturated_activation(collection_names: Any = None, tensor_regex: Any = ".*tanh_input|.*sigmoid_input",
-                         save_interval: int = DEFAULT_SAVE_INTERVAL, **params: Any) -> RuleConfig:
+                         save_interval: int | None = None, **params: Any) -> RuleConfig:
     """The given collections, plus `tanh_input` / `sigmoid_input` (filled by layer type; a collection
     `saturated_activation` for a custom regex)."""
     iv = _iv(save_interval)
@@ -267,7 +275,7 @@ def saturated_activation(collection_names: Any = None, tensor_regex: Any = ".*ta
                       dict(params, collection_names=collection_names, tensor_regex=tensor_regex))
 
 
-def nlp_sequence_ratio(tensor_regex: Any = ".*embedding0_input_0", save_interval: int = DEFAULT_SAVE_INTERVAL,
+def nlp_sequence_ratio(tensor_regex: Any = ".*embedding0_input_0", save_interval: int | None = None,
                        **params: Any) -> RuleConfig:
     """`input_sequence` of `tensor_regex` (the default: the embedding's input in MXNet, PyTorch and Keras
     naming)."""
@@ -283,7 +291,7 @@ def stalled_training_rule(**params: Any) -> RuleConfig:
     return RuleConfig("StalledTrainingRule", (), params)
 
 
-def feature_importance_overweight(save_interval: int = DEFAULT_SAVE_INTERVAL, **params: Any) -> RuleConfig:
+def feature_importance_overweight(save_interval: int | None = None, **params: Any) -> RuleConfig:
     """`feature_importance` (XGBoost)."""
     return RuleConfig("FeatureImportanceOverweight",
                       (CollectionSpec("feature_importance", (), _iv(save_interval)),), params)

@@ -70,6 +70,10 @@ class Storage(ABC):
         """A binary handle appending to `key` (created if missing). Only where `supports_append`."""
         raise NotImplementedError(f"{type(self).__name__} does not support appending")
 
+    def reserve(self, key: str, nbytes: int) -> None:
+        """Create `key` holding `nbytes` of space set aside (its content is not read)."""
+        self.write(key, bytes(nbytes))
+
     @abstractmethod
     def delete(self, key: str) -> None:
         """Remove an object; no error if it is missing."""

@@ -21,7 +21,9 @@ Errors inside the hook turn it off (logged once); boosting goes on.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -32,6 +34,7 @@ from tensortap import modes
 from tensortap.collection import Collection, CollectionKeys
 from tensortap.config import ReductionConfig, SaveConfig
 from tensortap.exceptions import InvalidConfiguration
+from tensortap.hooks import base as _base
 from tensortap.hooks.base import Hook as BaseHook
 from tensortap.hooks.base import rank_in_env
 from tensortap.xgboost.data import as_dmatrix
@@ -61,6 +64,9 @@ _REGEXES = {
 }
 #: the collections whose tensors the hook computes, each in its own group
 _GROUPS = tuple(_REGEXES)
+#: seconds at most between two rounds that take the hook's full path (which looks for a stop request); the
+#: rounds in between that save nothing are only counted
+_FULL_ROUND_EVERY = min(0.05, getattr(_base, "STOP_CHECK_INTERVAL", 0.05))
 
 
 def _collective_identity() -> tuple[int, int] | None:
@@ -141,11 +147,19 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             reduction_config=None, save_config=save_config, include_regex=include_regex,
             include_collections=include_collections, save_all=save_all, include_workers=include_workers, **kwargs,
         )
+        if getattr(self, "_pending_collection_configs", None):
+            # The runner's collection configs (applied at the first round), read again with this hook's default
+            # for the save keys they leave out (the base reads them with the deep-learning hooks' 500 steps).
+            from tensortap.hook_config import load_hook_config
+
+            self._pending_collection_configs = load_hook_config(os.environ["TENSORTAP_CONFIG"],
+                                                                _DEFAULT_SAVE).collection_configs
         self.hyperparameters = hyperparameters
         self.train_data = as_dmatrix(train_data, "train_data")
         self.validation_data = as_dmatrix(validation_data, "validation_data")
         self._labels: np.ndarray | None = None
         self._shap = ShapValues()
+        self._reset_rounds()
         from tensortap.xgboost.singleton import set_hook
 
         set_hook(self)
@@ -153,12 +167,16 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
     @classmethod
     def create_from_json_file(cls, json_file_path: str | None = None, **overrides: Any) -> Hook:
         """A hook configured by smdebug-style JSON (`json_file_path`, else $TENSORTAP_CONFIG, else
-        $SMDEBUG_CONFIG_FILE_PATH); save keys the config leaves out default to every 10 rounds."""
-        if "save_config" not in overrides:
-            from tensortap.hook_config import load_hook_config
+        $SMDEBUG_CONFIG_FILE_PATH); save keys the config leaves out default to every 10 rounds, for the hook
+        and for each collection it configures (as smdebug.xgboost)."""
+        from tensortap.hook_config import load_hook_config
 
-            overrides["save_config"] = load_hook_config(json_file_path, _DEFAULT_SAVE).save_config
-        return super().create_from_json_file(json_file_path, **overrides)
+        cfg = load_hook_config(json_file_path, _DEFAULT_SAVE)
+        if "save_config" not in overrides:
+            overrides["save_config"] = cfg.save_config
+        hook = super().create_from_json_file(json_file_path, **overrides)
+        hook.apply_collection_configs(cfg.collection_configs)  # (the base reads them with the 500 steps' default)
+        return hook
 
     def _init_builtin_collections(self) -> None:
         for name, regex in _REGEXES.items():
@@ -226,6 +244,7 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
                 logger.error("tensortap.xgboost: the hook's copy in this process is off: %s", e, exc_info=True)
                 self.disabled = self._closed = True
             return model
+        self._reset_rounds()
         if not self.disabled:
             with self.guard("before_training"):
                 identity = _collective_identity()
@@ -255,19 +274,79 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
     def after_iteration(self, model: Any, epoch: int, evals_log: dict[str, Any]) -> bool:
         if self.disabled or self._closed:
             return False
-        with self.guard("after_iteration"):
+        try:
+            # The round: XGBoost counts `epoch` from 0 in every call, a continued booster from the rounds it has.
+            if epoch == self._last_epoch + 1:
+                rnd = epoch + self._round_offset
+            else:
+                rnd = model.num_boosted_rounds() - 1 if isinstance(model, xgb.Booster) else epoch
+                self._round_offset = rnd - epoch
+            self._last_epoch = epoch
+            if rnd == self._quiet_next and rnd < self._quiet_until and self.mode is modes.TRAIN \
+                    and time.monotonic() < self._full_round_by:
+                # A round that saves nothing, in the run of them after a full round: only counted. Readers
+                # learn that it passed when the next full round begins (or training ends).
+                self.step = rnd
+                steps = self.mode_steps
+                steps[modes.TRAIN] = steps[modes.GLOBAL] = rnd
+                self._quiet_next = rnd + 1
+                return False
             if self._claim_later:  # (no before_training: the callback driven by hand)
                 self._claim()
                 if self.disabled:
                     return False
-            # The round: XGBoost counts `epoch` from 0 in every call, a continued booster from the rounds it has.
-            self._begin_round(model.num_boosted_rounds() - 1 if isinstance(model, xgb.Booster) else epoch)
+            self._begin_round(rnd)  # (ends the last round: readers learn it passed)
             if self.writes:
                 now = self.collections_to_save()
                 if now:
                     self._save_round(model, evals_log, now)
-            self.end_step()
+            self._quiet_next = rnd + 1
+            self._quiet_until = self._next_saving_round(rnd + 1)
+            self._full_round_by = time.monotonic() + _FULL_ROUND_EVERY
+        except Exception as e:  # noqa: BLE001 - never break training (what guard() does, without a generator)
+            if isinstance(e, InvalidConfiguration):
+                raise
+            self._fail("after_iteration", e)
         return False
+
+    def _reset_rounds(self) -> None:
+        """Forget what the last rounds told (a new training begins, or collections changed)."""
+        self._last_epoch = -2  # the epoch of the last round seen (-2: none)
+        self._round_offset = 0  # round - epoch in this training
+        self._quiet_next = -1  # the round that may be only counted next
+        self._quiet_until = -1  # the next round at which something saves
+        self._full_round_by = 0.0  # time.monotonic() by which a round takes the full path again
+        self._train_cfgs: tuple[Any, list[Any]] | None = None  # (key, TRAIN save configs of the included)
+        self._wanted_for: list[Collection] | None = None  # the collections_to_save() list `_wanted_now` is for
+        self._wanted_now: set[str] = set()
+
+    def _collections_changed(self) -> None:
+        super()._collections_changed()
+        self._quiet_until = -1
+        self._train_cfgs = None
+        self._wanted_for = None
+
+    def _next_saving_round(self, rnd: int) -> float:
+        """The first round >= `rnd` at which an included collection saves (inf: none)."""
+        if not self.writes:
+            return math.inf
+        if self.save_all:
+            return rnd  # (every collection is included: no shortcut)
+        key = (len(self.include_collections), self.save_config)
+        cfgs = self._train_cfgs
+        if cfgs is None or cfgs[0] != key:
+            modes_ = []
+            for name in self.include_collections:
+                own = self.collection_manager.get(name).save_config
+                cfg = own.merge_default(self.save_config) if own is not None else self.save_config
+                modes_.append(cfg.get_save_config(modes.TRAIN))
+            cfgs = self._train_cfgs = (key, modes_)
+        best: float = math.inf
+        for cfg in cfgs[1]:
+            nxt = cfg.next_save_step(rnd)
+            if nxt < best:
+                best = nxt
+        return best
 
     def _begin_round(self, rnd: int) -> None:
         if self.mode is not modes.TRAIN:
@@ -291,12 +370,16 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
         return names
 
     def _save_round(self, model: Any, evals_log: dict[str, Any], now: list[Collection]) -> None:
-        wanted = self._wanted(now)
+        if now is not self._wanted_for:  # (the same list object while the set stays the same)
+            self._wanted_now = self._wanted(now)
+            self._wanted_for = now
+        wanted = self._wanted_now
         items: list[tuple[str, Any, list[Collection]]] = []
         cv = not isinstance(model, xgb.Booster)
+        collections_for = self.collections_for
 
         def add(name: str, value: Any) -> None:
-            colls = self.collections_for(name)
+            colls = collections_for(name)
             if colls:
                 items.append((name, value, colls))
 
@@ -309,9 +392,12 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             for data_name, metrics in evals_log.items():
                 for metric_name, log in metrics.items():
                     if log:
-                        last = log[-1]
-                        add(f"{data_name}-{metric_name}",
-                            np.float64(last[0] if isinstance(last, tuple | list) else last))
+                        name = f"{data_name}-{metric_name}"
+                        colls = collections_for(name)
+                        if colls:
+                            last = log[-1]
+                            items.append((name, np.float64(last[0] if isinstance(last, tuple | list) else last),
+                                          colls))
         model_groups = wanted & {K.PREDICTIONS, K.LABELS, K.FEATURE_IMPORTANCE, K.TREES, K.FULL_SHAP, K.AVERAGE_SHAP}
         if cv and model_groups:
             self._warn_once("cv", "tensortap.xgboost: with xgb.cv only hyperparameters and metrics are saved")

@@ -75,7 +75,10 @@ def test_every_rule_has_a_config():
         assert cfg.rule == cls.__name__
         d = cfg.to_dict()
         assert all(set(c) == {"CollectionName", "CollectionParameters"} for c in d["collections_to_save"])
+    # no save interval unless asked for: the hook's own save config decides (e.g. XGBoost's every 10 rounds)
     assert configs.vanishing_gradient().collection_configs() == [
+        {"CollectionName": "gradients", "CollectionParameters": {}}]
+    assert configs.vanishing_gradient(save_interval=500).collection_configs() == [
         {"CollectionName": "gradients", "CollectionParameters": {"save_interval": "500"}}]
     assert configs.dead_relu().collections[0].include_regex == (".*relu_output",)
 

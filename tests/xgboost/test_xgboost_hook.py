@@ -107,6 +107,34 @@ def test_default_saves_metrics_every_10_rounds(tmp_path, dm) -> None:
     assert set(t.tensor_names()) == {"validation-logloss", "validation-auc"}
 
 
+def test_every_round_is_reported_passed(tmp_path, dm) -> None:
+    """Rounds that save nothing are only counted, yet readers learn that each passed: the trailing ones when
+    training ends, before close()."""
+    dtrain, dval = dm
+    hook = txgb.Hook(out_dir=str(tmp_path))
+    xgb.train(PARAMS, dtrain, num_boost_round=25, evals=[(dval, "validation")], callbacks=[hook], verbose_eval=False)
+    hook.flush()
+    t = txgb.create_trial(str(tmp_path))
+    assert t.steps() == [0, 10, 20] and t.complete_upto() == 24
+    hook.close()
+
+
+def test_save_config_changed_during_training(tmp_path, dm) -> None:
+    dtrain, dval = dm
+    hook = txgb.Hook(out_dir=str(tmp_path))
+
+    class Change(xgb.callback.TrainingCallback):
+        def after_iteration(self, model, epoch, evals_log):  # noqa: ANN001, ANN201
+            if epoch == 3:
+                hook.get_collection("metrics").save_config = txgb.SaveConfig(save_interval=3)
+            return False
+
+    xgb.train(PARAMS, dtrain, num_boost_round=14, evals=[(dval, "validation")], callbacks=[hook, Change()],
+              verbose_eval=False)
+    hook.close()
+    assert txgb.create_trial(str(tmp_path)).steps() == [0, 6, 9, 12]
+
+
 def test_save_all_and_include_regex(tmp_path, dm) -> None:
     dtrain, dval = dm
     hook = txgb.Hook(out_dir=str(tmp_path / "a"), save_all=True, save_config=txgb.SaveConfig(save_steps=[1]),
@@ -316,14 +344,16 @@ def test_create_from_json_file(tmp_path, dm, monkeypatch) -> None:
     assert t.steps() == [0, 3]
     assert "feature_importance/weight/f0" in t.tensor_names()
     txgb.del_hook()
-    cfg.write_text(json.dumps({"LocalPath": str(tmp_path / "run2")}))
+    cfg.write_text(json.dumps({"LocalPath": str(tmp_path / "run2"), "CollectionConfigurations": [
+        {"CollectionName": "metrics"}, {"CollectionName": "trees"}]}))
     monkeypatch.setenv("TENSORTAP_CONFIG", str(cfg))
     hook = txgb.get_hook(create_if_not_exists=True)
     assert isinstance(hook, txgb.Hook) and hook.out_dir == str(tmp_path / "run2")
-    # a config without save keys: every 10 rounds, as smdebug.xgboost
+    # a config without save keys: every 10 rounds, as smdebug.xgboost, for the hook and each collection
     xgb.train(PARAMS, dtrain, num_boost_round=21, evals=[(dtrain, "train")], callbacks=[hook], verbose_eval=False)
     hook.close()
-    assert txgb.create_trial(str(tmp_path / "run2")).steps() == [0, 10, 20]
+    t = txgb.create_trial(str(tmp_path / "run2"))
+    assert t.tensor("train-logloss").steps() == t.tensor("trees/Node").steps() == [0, 10, 20]
     (tmp_path / "run2").rename(tmp_path / "run2-done")
     assert isinstance(txgb.hook_from_config(), txgb.Hook)
     monkeypatch.delenv("TENSORTAP_CONFIG")

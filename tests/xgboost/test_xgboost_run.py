@@ -88,6 +88,34 @@ def test_script_with_its_own_hook_uses_the_runners_config(tmp_path) -> None:
     assert "validation_0-logloss" in t.tensor_names() and "trees/Node" in t.tensor_names()
 
 
+OWN_HOOK = textwrap.dedent(
+    """
+    import numpy as np, xgboost as xgb
+    import tensortap.xgboost as txgb
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 4)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.float32)
+    hook = txgb.Hook(out_dir="ignored-out-dir", include_collections=["metrics"])
+    xgb.train({"max_depth": 2, "nthread": 1}, xgb.DMatrix(x, label=y), num_boost_round=12, callbacks=[hook])
+    """
+)
+
+
+@pytest.mark.parametrize("source", [PLAIN, OWN_HOOK], ids=["plain", "own-hook"])
+def test_rules_collections_save_at_the_hooks_interval(tmp_path, source) -> None:
+    """Without --save-interval the XGBoost hook's own interval (every 10 rounds) decides when the rules'
+    collections save, not the deep-learning hooks' 500 steps (which would save the trees at round 0 only)."""
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    out = str(tmp_path / "job")
+    r = tensortap("run", "--out-dir", out, "--rule", "tree_depth", "--json", "--", sys.executable, str(script),
+                  cwd=str(tmp_path))
+    assert r.returncode in (0, 1), (r.stdout, r.stderr[-3000:])
+    assert [x["name"] for x in json.loads(r.stdout)["rules"]] == ["tree_depth"]
+    t = tt.create_trial(out)
+    assert t.tensor("trees/Node").steps() == [0, 10]
+
+
 DASK = textwrap.dedent(
     """
     import json, numpy as np, dask.array as da
