@@ -663,7 +663,8 @@ class Hook:
                 if self._collections_dirty:
                     self._writer.set_collections(self.collection_manager.to_json_dict())
                     self._collections_dirty = False
-                self._writer.mark_step_passed(clock.step, clock.passed())
+                passed = clock.passed()  # (adds steps counted elsewhere: before the global step is read)
+                self._writer.mark_step_passed(clock.step, passed)
             except InvalidConfiguration:
                 raise
             except Exception as e:  # noqa: BLE001 - never break the training job
