@@ -356,6 +356,15 @@ class Hook:
     #: a framework hook that learns its worker's name only at the first step claims the out_dir then
     _claim_later = False
 
+    def _claim_late(self) -> None:
+        """Claim the out_dir once the worker is known (a hook with `_claim_later`, at its first step); another job's
+        data there turns this hook off (training goes on)."""
+        if self.writes and not self.disabled and not self.dry_run:
+            try:
+                self._check_out_dir()
+            except InvalidConfiguration as e:
+                self._fail("first step", e)
+
     def _check_out_dir(self) -> None:
         """Claim this worker's folder in out_dir for this job, atomically (docs/format.md §1): a second job
         given the same out_dir and worker gets a clear error here instead of interleaving its data."""

@@ -322,11 +322,7 @@ class Hook(BaseHook):
         if self._mx_rank_later:
             self._mx_rank_later = False
             self._mx_adopt_horovod_rank()
-            if self.writes and not self.disabled and not self.dry_run:
-                try:
-                    self._check_out_dir()  # (what the constructor does when it knows the worker)
-                except InvalidConfiguration as e:  # another job's data: this hook writes nothing, training goes on
-                    self._fail("first step", e)
+            self._claim_late()
         if self._mx_io_counts:
             self._mx_io_counts.clear()
         now = self.collections_to_save() if self.active else _NONE

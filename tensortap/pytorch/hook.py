@@ -207,11 +207,7 @@ class Hook(BaseHook):
         if self._rank_later:
             self._rank_later = False
             self._adopt_group_rank()
-            if self.writes and not self.disabled and not self.dry_run:
-                try:
-                    self._check_out_dir()  # (what the constructor does when it knows the worker)
-                except InvalidConfiguration as e:  # another job's data: this hook writes nothing, training goes on
-                    self._fail("first step", e)
+            self._claim_late()
         super()._prepare()
 
     def _adopt_group_rank(self) -> None:

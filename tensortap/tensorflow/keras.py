@@ -50,71 +50,45 @@ class KerasHook(KerasHookBase, keras.callbacks.Callback):
         self._mode_begin(_modes.PREDICT)
 
     # The batch callbacks run at every step: try/except instead of guard() (no generator per step).
-    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+    def _on_batch_begin(self, mode: Any, batch: int, where: str) -> None:
         left = self._quiet_left
-        if left and self._quiet_mode is _TRAIN and self.mode is _TRAIN and monotonic() < self._quiet_deadline:
+        if left and self._quiet_mode is mode and self.mode is mode and monotonic() < self._quiet_deadline:
             self._quiet_left = left - 1  # a step known to save nothing: count it (see _arm_quiet)
             self._quiet_tally.skipped += 1
             self._batch_begin = batch
             return
         if not self.disabled and self.writes and not self._closed:
             try:
-                self._begin_batch(_TRAIN, batch)
+                self._begin_batch(mode, batch)
             except Exception as e:  # noqa: BLE001 - never break training
-                self._fail("on_train_batch_begin", e)
+                self._fail(where, e)
+
+    def _on_batch_end(self, mode: Any, batch: int, logs: Any, where: str) -> None:
+        if not self._saving and batch == self._batch_begin:
+            return  # a step that saved nothing (what _end_batch would find)
+        if not self.disabled and self.writes and not self._closed:
+            try:
+                self._end_batch(mode, batch, logs)
+            except Exception as e:  # noqa: BLE001 - never break training
+                self._fail(where, e)
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self._on_batch_begin(_TRAIN, batch, "on_train_batch_begin")
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        if not self._saving and batch == self._batch_begin:
-            return  # a step that saved nothing (what _end_batch would find)
-        if not self.disabled and self.writes and not self._closed:
-            try:
-                self._end_batch(_TRAIN, batch, logs)
-            except Exception as e:  # noqa: BLE001
-                self._fail("on_train_batch_end", e)
+        self._on_batch_end(_TRAIN, batch, logs, "on_train_batch_end")
 
     def on_test_batch_begin(self, batch: int, logs: Any = None) -> None:
-        left = self._quiet_left
-        if left and self._quiet_mode is _EVAL and self.mode is _EVAL and monotonic() < self._quiet_deadline:
-            self._quiet_left = left - 1  # a step known to save nothing: count it (see _arm_quiet)
-            self._quiet_tally.skipped += 1
-            self._batch_begin = batch
-            return
-        if not self.disabled and self.writes and not self._closed:
-            try:
-                self._begin_batch(_EVAL, batch)
-            except Exception as e:  # noqa: BLE001
-                self._fail("on_test_batch_begin", e)
+        self._on_batch_begin(_EVAL, batch, "on_test_batch_begin")
 
     def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
-        if not self._saving and batch == self._batch_begin:
-            return  # a step that saved nothing (what _end_batch would find)
-        if not self.disabled and self.writes and not self._closed:
-            try:
-                self._end_batch(_EVAL, batch, logs)
-            except Exception as e:  # noqa: BLE001
-                self._fail("on_test_batch_end", e)
+        self._on_batch_end(_EVAL, batch, logs, "on_test_batch_end")
 
     def on_predict_batch_begin(self, batch: int, logs: Any = None) -> None:
-        left = self._quiet_left
-        if left and self._quiet_mode is _PREDICT and self.mode is _PREDICT and monotonic() < self._quiet_deadline:
-            self._quiet_left = left - 1  # a step known to save nothing: count it (see _arm_quiet)
-            self._quiet_tally.skipped += 1
-            self._batch_begin = batch
-            return
-        if not self.disabled and self.writes and not self._closed:
-            try:
-                self._begin_batch(_PREDICT, batch)
-            except Exception as e:  # noqa: BLE001
-                self._fail("on_predict_batch_begin", e)
+        self._on_batch_begin(_PREDICT, batch, "on_predict_batch_begin")
 
     def on_predict_batch_end(self, batch: int, logs: Any = None) -> None:
-        if not self._saving and batch == self._batch_begin:
-            return  # a step that saved nothing (what _end_batch would find)
-        if not self.disabled and self.writes and not self._closed:
-            try:
-                self._end_batch(_PREDICT, batch, logs)
-            except Exception as e:  # noqa: BLE001
-                self._fail("on_predict_batch_end", e)
+        self._on_batch_end(_PREDICT, batch, logs, "on_predict_batch_end")
 
     def on_test_end(self, logs: Any = None) -> None:
         if self.active:
