@@ -344,7 +344,7 @@ class ChunkWriter:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._kick = threading.Event()  # wakes the writer thread before its next flush
         self._kick_bytes = min(_KICK_BYTES, max_pending_bytes // 4)
-        self._seq = self._first_free_seq()
+        self._seq = -1  # the chunk being written (-1: not known yet; found by the writer thread)
         self._idx = self._dat = None
         self._dat_size = 0
         # State of the block being built (writer thread only).
@@ -488,6 +488,9 @@ class ChunkWriter:
     def _run(self) -> None:
         last_flush = time.monotonic()
         try:
+            if not self.sealed_mode:
+                # The chunk's files are made here, beside the job's first steps, not when the first block is due.
+                self._open_chunk()
             while True:
                 timeout = max(0.0, self.flush_interval - (time.monotonic() - last_flush))
                 try:
@@ -570,6 +573,8 @@ class ChunkWriter:
         return max(seqs) + 1 if seqs else 0
 
     def _open_chunk(self) -> None:
+        if self._seq < 0:
+            self._seq = self._first_free_seq()  # (a listing: on the writer thread)
         if self.sealed_mode:
             self._dat = self._idx = True  # marks the chunk open; bytes go to _dat_buf / _idx_buf
             self._dat_buf = bytearray()
