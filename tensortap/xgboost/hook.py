@@ -271,6 +271,8 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
                     self._check_out_dir()
                 except InvalidConfiguration as e:
                     self._fail("start of training", e)
+                    return
+                self._get_writer()  # (it opens its chunk beside the first rounds)
 
     def after_training(self, model: Any) -> Any:
         if self.__dict__.get("_is_copy"):
