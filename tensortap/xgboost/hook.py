@@ -53,6 +53,7 @@ IMPORTANCE_TYPES = ("weight", "gain", "cover", "total_gain", "total_cover")
 _GAIN_METRICS = "auc|aucpr|map|ndcg|pre"
 
 K = CollectionKeys
+_TRAIN, _GLOBAL = modes.TRAIN, modes.GLOBAL
 _REGEXES = {
     K.HYPERPARAMETERS: r"^hyperparameters/.*$",
     K.METRICS: r"^[^/]+-[^/]+$",
@@ -292,18 +293,23 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
                 rnd = model.num_boosted_rounds() - 1 if isinstance(model, xgb.Booster) else epoch
                 self._round_offset = rnd - epoch
             self._last_epoch = epoch
-            if rnd == self._quiet_next and rnd < self._full_until and self.mode is modes.TRAIN \
+            clock = self.clock
+            if rnd == self._quiet_next and rnd < self._full_until and clock.mode is _TRAIN \
                     and time.monotonic() < self._full_round_by:
                 # A round in the run of them after a full round that saves nothing, or only metrics (kept, and
                 # handed off with the other kept rounds at the next full round): only counted. Readers learn that
                 # it passed when the next full round begins (or training ends).
                 if rnd >= self._quiet_until:
-                    self._kept.append((rnd, rnd, [(d, m, log[-1]) for d, ms in evals_log.items()
-                                                  for m, log in ms.items() if log]))
+                    values = []
+                    for d, ms in evals_log.items():
+                        for m, log in ms.items():
+                            if log:
+                                values.append((d, m, log[-1]))
+                    self._kept.append((rnd, rnd, values))
                     self._quiet_until = self._next_saving_round(rnd + 1)[0]
-                self.step = rnd
-                steps = self.mode_steps
-                steps[modes.TRAIN] = steps[modes.GLOBAL] = rnd
+                clock.step = rnd  # (the hook has no tally: its clock needs no sync)
+                steps = clock.mode_steps
+                steps[_TRAIN] = steps[_GLOBAL] = rnd
                 self._quiet_next = rnd + 1
                 return False
             if self._claim_later:  # (no before_training: the callback driven by hand)
@@ -425,46 +431,46 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             return
         try:
             records: list[Record] = []
-            at, for_tensor = self.schedule.at, self.schedule.for_tensor
-            names: dict[tuple[str, str], str] = {}
-            plans: dict[tuple[str, int], tuple[list[Collection], tuple]] = {}
-            train = modes.TRAIN.value
-            last_now = wanted = None
+            at = self.schedule.at
+            train = _TRAIN.value
+            last_now = wanted = resolved = None
             for step, mode_step, values in kept:
-                now = at(modes.TRAIN, mode_step)
+                now = at(_TRAIN, mode_step)
                 if not now:
                     continue
                 if now is not last_now:
                     wanted, last_now = self._wanted(now), now
-                items: list[tuple[str, Any]] = []
+                    resolved = {}  # (eval, metric) -> (name, save_raw, reductions, save_shape), or None: not saved
                 if K.HYPERPARAMETERS in wanted and self.hyperparameters:
                     for k, v in self.hyperparameters.items():
                         value = self._storable_param(k, v)
                         if value is not None:
-                            items.append((f"hyperparameters/{k}", codec.as_storable(value)))
+                            plan = self._resolve(f"hyperparameters/{k}", now)
+                            if plan is not None:
+                                records.append(Record(plan[0], step, train, mode_step, codec.as_storable(value),
+                                                      plan[1], plan[2], save_shape=plan[3]))
                 if K.METRICS in wanted or K.LOSSES in wanted:
                     for d, m, last in values:
-                        name = names.get((d, m))
-                        if name is None:
-                            name = names[(d, m)] = f"{d}-{m}"
-                        items.append((name, np.asarray(np.float64(last[0] if isinstance(last, tuple | list)
-                                                                  else last))))
-                for name, value in items:
-                    colls = for_tensor(name, now)
-                    if not colls:
-                        continue
-                    key = (name, id(colls))  # (for_tensor's lists live as long as `plans`)
-                    plan = plans.get(key)
-                    if plan is None:
-                        self._note_membership(name, colls)
-                        plan = plans[key] = (colls, self._plan(name, colls))
-                    save_raw, reds, save_shape = plan[1]
-                    records.append(Record(name=name, step=step, mode=train, mode_step=mode_step, value=value,
-                                          save_raw=save_raw, reductions=reds, save_shape=save_shape))
+                        plan = resolved.get((d, m), False)
+                        if plan is False:
+                            plan = resolved[(d, m)] = self._resolve(f"{d}-{m}", now)
+                        if plan is not None:
+                            value = np.array(last[0] if isinstance(last, tuple | list) else last, dtype=np.float64)
+                            records.append(Record(plan[0], step, train, mode_step, value, plan[1], plan[2],
+                                                  save_shape=plan[3]))
             if records and not self.dry_run:
                 self._get_writer().submit_many(records)
         except Exception as e:  # noqa: BLE001 - never break training
             self._fail("saving metrics", e)
+
+    def _resolve(self, name: str, now: list[Collection]) -> tuple[str, bool, tuple, bool] | None:
+        """(name, save_raw, reductions, save_shape) of tensor `name` saved with the collections `now`; None: not
+        saved."""
+        colls = self.schedule.for_tensor(name, now)
+        if not colls:
+            return None
+        self._note_membership(name, colls)
+        return (name, *self._plan(name, colls))
 
     def on_step_end(self) -> None:
         self._hand_off_kept()  # (before readers learn that those rounds passed)
