@@ -289,7 +289,10 @@ class ChunkWriter:
         sealed_chunk_bytes: int = 32 << 20,
         metadata: dict[str, Any] | None = None,
         tensorboard_dir: str | None = None,
+        first_seq: int | None = None,
     ):
+        """`first_seq`: the first free chunk number when the caller knows it (else the writer thread lists the
+        worker's folder)."""
         if backpressure not in ("block", "drop"):
             raise ValueError(f"backpressure must be 'block' or 'drop', not {backpressure!r}")
         #: TensorBoard export of every record this writer persists, off the training thread (docs/tensorboard.md)
@@ -344,7 +347,7 @@ class ChunkWriter:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._kick = threading.Event()  # wakes the writer thread before its next flush
         self._kick_bytes = min(_KICK_BYTES, max_pending_bytes // 4)
-        self._seq = -1  # the chunk being written (-1: not known yet; found by the writer thread)
+        self._seq = -1 if first_seq is None else first_seq  # the chunk being written (-1: not known yet)
         self._idx = self._dat = None
         self._dat_size = 0
         # State of the block being built (writer thread only).
