@@ -306,7 +306,8 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
                             if log:
                                 values.append((d, m, log[-1]))
                     self._kept.append((rnd, rnd, values))
-                    self._quiet_until = self._next_saving_round(rnd + 1)[0]
+                    every = self._every
+                    self._quiet_until = rnd + every if every else self._next_saving_round(rnd + 1)[0]
                 clock.step = rnd  # (the hook has no tally: its clock needs no sync)
                 steps = clock.mode_steps
                 steps[_TRAIN] = steps[_GLOBAL] = rnd
@@ -339,6 +340,7 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
         self._full_until = -1  # the next round at which something other than metrics saves
         self._full_round_by = 0.0  # time.monotonic() by which a round takes the full path again
         self._train_cfgs: tuple[Any, list[Any]] | None = None  # (key, [(TRAIN save config, kept)] of the included)
+        self._every = 0  # k when every included collection saves every k rounds from a start, with no end (else 0)
         self._wanted_for: list[Collection] | None = None  # the collections_to_save() list `_wanted_now` is for
         self._wanted_now: set[str] = set()
 
@@ -347,6 +349,7 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
         super()._collections_changed()
         self._quiet_until = self._full_until = -1
         self._train_cfgs = None
+        self._every = 0
         self._wanted_for = None
 
     def _next_saving_round(self, rnd: int) -> tuple[float, float]:
@@ -366,6 +369,9 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
                 cfg = own.merge_default(self.save_config) if own is not None else self.save_config
                 modes_.append((cfg.get_save_config(modes.TRAIN), self._wanted([coll]) <= _KEPT_GROUPS))
             cfgs = self._train_cfgs = (key, modes_)
+            plain = {cfg for cfg, _kept in modes_}
+            cfg = plain.pop() if len(plain) == 1 else None
+            self._every = cfg.save_interval if cfg is not None and not cfg.save_steps and cfg.end_step is None else 0
         best: float = math.inf
         full: float = math.inf
         for cfg, kept in cfgs[1]:
