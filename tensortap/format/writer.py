@@ -764,6 +764,15 @@ class ChunkWriter:
         value = r.value
         shape = tuple(value.shape) if value is not None else tuple(r.shape or ())
         shape_id = t._id(t.shapes, shape)
+        if (value is not None and r.save_raw and value.nbytes <= INLINE_BYTES and not r.reductions
+                and not r.reduction_values and self.exporter is None):
+            # (the usual scalar: its bytes inline in the entry, nothing else to store)
+            dtype_id = t._id(t.dtypes, codec.dtype_to_str(value.dtype))
+            self._rows.append((name_id, r.mode, RAW, NO_REDUCTION, codec.FLAG_INLINE, dtype_id, shape_id, r.step,
+                               r.mode_step, 0, value.nbytes, 0, value.tobytes()))
+            self.written_records += 1
+            self._encoded += 1
+            return
         wrote_any = False
         if value is not None and r.save_raw:
             buf = _byte_view(value)  # no copy: the record owns its array until the block is written
