@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import math
 import os
 import platform
 import sys
@@ -627,6 +628,11 @@ class Hook:
             self._prepare()
         self.on_step_begin()
         return step
+
+    def counting_deadline(self) -> float:
+        """Until when (`time.monotonic()`) a framework hook may only count steps that save nothing instead of
+        calling `next_step()`: the next stop-request check, or infinity when none is watched."""
+        return self._next_stop_check if self._stop_watch else math.inf
 
     def _check_stop_request(self) -> None:
         """One stat per STOP_CHECK_INTERVAL at most (local); object stores are polled by a background thread."""

@@ -341,7 +341,7 @@ class Hook(BaseHook):
         try:
             clock.sync()
             if (clock.in_step and not self._saving and clock.mode_steps[clock.mode] + 1 < self._next_save
-                    and not (self._stop_watch and time.monotonic() >= self._next_stop_check)):
+                    and time.monotonic() < self.counting_deadline()):
                 clock.advance()
             else:
                 self.next_step()
@@ -351,7 +351,7 @@ class Hook(BaseHook):
                 left = self._next_save - clock.mode_steps[clock.mode] - 1
                 if left > 0:
                     counter.left = left if left < _MAX_SKIP else _MAX_SKIP
-                    counter.deadline = self._next_stop_check if self._stop_watch else _INF
+                    counter.deadline = self.counting_deadline()
         except Exception as e:  # noqa: BLE001 - never break training
             self._fail("forward pre-hook", e)
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -865,7 +864,7 @@ class KerasHookBase(Hook):
         if left > 0:
             self._quiet_left = int(min(left, 1 << 30))
             self._quiet_mode = mode
-            self._quiet_deadline = self._next_stop_check if self._stop_watch else math.inf
+            self._quiet_deadline = self.counting_deadline()
 
     def _select_function(self, mode: Any, saving: bool) -> None:
         """Keras's compiled step function for this batch: the plain one Keras made (no tensortap op in it) on
