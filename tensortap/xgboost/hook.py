@@ -15,6 +15,12 @@ each included collection (names as smdebug.xgboost, spec 5.6 and 5.9):
   gbtree after the first saving round as the last values plus the new trees' (tensortap.xgboost.shap);
 * trees  `trees/<column>`: each column of `trees_to_dataframe()` (missing strings saved as "").
 
+A round that saves only metrics, losses or hyperparameters keeps their values (a few µs inside the training
+loop); the kept rounds go to the writer together at the next round that takes the full path (at least every
+50 ms), at `flush()`, at the end of training and at `close()`. Readers find them within that and the writer's
+flush interval; they learn that a round passed when the next full round begins or training ends. A crash loses
+at most what was not flushed yet, as with every hook.
+
 Errors inside the hook turn it off (logged once); boosting goes on.
 """
 
