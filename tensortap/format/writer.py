@@ -493,7 +493,12 @@ class ChunkWriter:
         try:
             if not self.sealed_mode:
                 # The chunk's files are made here, beside the job's first steps, not when the first block is due.
-                self._open_chunk()
+                try:
+                    self._open_chunk()
+                except OSError as e:
+                    if not storage_full(e):
+                        raise
+                    self._storage_full(e, 0)  # (as when the first record finds the disk full)
             while True:
                 timeout = max(0.0, self.flush_interval - (time.monotonic() - last_flush))
                 try:
