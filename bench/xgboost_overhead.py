@@ -61,8 +61,15 @@ def _variants(lib: str, configs: list[str]) -> list[str]:
 # --- child ------------------------------------------------------------------------------------------
 
 def _child(lib: str, reps: int, configs: list[str]) -> None:
+    import atexit
+
     import numpy as np
     import xgboost as xgb
+
+    made: list[str] = []
+    # (registered before smdebug is imported, so it runs after smdebug's exit handler, which writes
+    # training_job_end.ts into every out_dir its hooks had, long removed)
+    atexit.register(lambda: [shutil.rmtree(d, ignore_errors=True) for d in made])
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(2500, 10)).astype(np.float32)
@@ -94,6 +101,7 @@ def _child(lib: str, reps: int, configs: list[str]) -> None:
     def job(variant: str) -> tuple[float, float]:
         """(wall seconds, CPU seconds of the whole process: the writer's threads included)."""
         tmp = tempfile.mkdtemp(prefix="ttbench-xgb-")
+        made.append(tmp)
         out_dir = os.path.join(tmp, "run")
         try:
             c0 = time.process_time()
