@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -329,6 +329,9 @@ class Hook:
         self._prepared = False
         self._closed = False
         self._collections_dirty = True
+        # step marks held back until a framework hook has handed over the tensors of their steps
+        # (hold_step_marks / release_step_marks): (global step, mode steps) in order; None: not holding
+        self._held_marks: list[tuple[int, dict[str, int]]] | None = None
         # Stop requests (tensortap.format.control): every rank watches, writing or not.
         self._stop_watch = not disabled_by_env()
         self._stop_request: dict | None = None
@@ -673,7 +676,10 @@ class Hook:
                     self._writer.set_collections(self.collection_manager.to_json_dict())
                     self._collections_dirty = False
                 passed = clock.passed()  # (adds steps counted elsewhere: before the global step is read)
-                self._writer.mark_step_passed(clock.step, passed)
+                if self._held_marks is not None:
+                    self._held_marks.append((clock.step, passed))
+                else:
+                    self._writer.mark_step_passed(clock.step, passed)
             except InvalidConfiguration:
                 raise
             except Exception as e:  # noqa: BLE001 - never break the training job
@@ -682,6 +688,27 @@ class Hook:
     def _ensure_step(self) -> None:
         if not self.clock.in_step:
             self.next_step()
+
+    def step_id(self) -> tuple[int, int, int]:
+        """(global step, mode value, mode step) of the current step: where `write_tensors(..., at=)` saves
+        later."""
+        clock = self.clock
+        clock.sync()
+        mode = clock.mode
+        return clock.step, mode.value, clock.mode_steps[mode]
+
+    def hold_step_marks(self) -> None:
+        """The current step's tensors are handed over after it ends (`write_tensors(..., at=step_id())`): its
+        step mark, and those of the steps after it, wait until `release_step_marks()` (close() releases them)."""
+        if self._held_marks is None:
+            self._held_marks = []
+
+    def release_step_marks(self) -> None:
+        """Send the step marks held since `hold_step_marks()` (their steps' tensors are handed over)."""
+        held, self._held_marks = self._held_marks, None
+        if held and self._writer is not None and self.active:
+            step, passed = held[-1]  # (a mark covers every step up to it, in every mode)
+            self._writer.mark_step_passed(step, passed)
 
     def on_step_begin(self) -> None:
         """Called when a step begins (framework hooks override)."""
@@ -771,14 +798,14 @@ class Hook:
             )
         )
 
-    def write_tensors(self, items: Iterable[tuple[str, Any, list[Collection]]], copy: bool = True) -> None:
+    def write_tensors(self, items: Iterable[tuple[str, Any, list[Collection]]], copy: bool = True,
+                      at: tuple[int, int, int] | None = None) -> None:
         """`write_tensor(name, value, colls, copy=copy)` for each item, in one hand-off: the values saved raw,
         of one dtype, go as one batch copied straight into the writer's room (tensortap.capture.batch); the
-        others as records."""
+        others as records. `at`: the `step_id()` of an earlier step to save them at (its mark held until
+        then, see `hold_step_marks`); by default the current step."""
         plans: dict[tuple[int, ...], tuple[bool, tuple[tuple[str, bool], ...], bool]] = {}
-        clock = self.clock
-        clock.sync()
-        step, mode, mode_step = clock.step, clock.mode.value, clock.mode_steps[clock.mode]
+        step, mode, mode_step = at if at is not None else self.step_id()
         records = []
         batch: list[tuple[str, np.ndarray, tuple]] = []
         for name, value, colls in items:
@@ -799,16 +826,17 @@ class Hook:
         if self.dry_run:
             return
         writer = self._get_writer()
-        if batch and not self._send_batch(writer, batch):
+        if batch and not self._send_batch(writer, batch, step, mode, mode_step):
             for name, arr, reds in batch:
                 records.append(Record(name=name, step=step, mode=mode, mode_step=mode_step,
                                       value=arr.copy() if copy else arr, save_raw=True, reductions=reds))
         if records:
             writer.submit_many(records)
 
-    def _send_batch(self, writer: Any, batch: list[tuple[str, np.ndarray, tuple]]) -> bool:
-        """Copy raw values of one dtype into one reservation of `writer` at the current step; False if they
-        cannot go that way (then they go as records)."""
+    def _send_batch(self, writer: Any, batch: list[tuple[str, np.ndarray, tuple]], step: int, mode: int,
+                    mode_step: int) -> bool:
+        """Copy raw values of one dtype into one reservation of `writer` at that step; False if they cannot go
+        that way (then they go as records)."""
         if type(writer) is ChunkWriter and sum(arr.nbytes for _n, arr, _r in batch) < _THREAD_BATCH_MIN_BYTES:
             return False  # (a thread writer queues small records for less than a reservation and its copy cost)
         found = array_sources([arr for _n, arr, _r in batch])
@@ -818,7 +846,19 @@ class Hook:
         reds = tuple(r for _n, _a, r in batch)
         spec = BatchSpec(tuple(n for n, _a, _r in batch), True, reds if any(reds) else None, shapes,
                          np_dtype=batch[0][1].dtype)
-        res = spec.reserve(writer, self.clock)
+        return self.write_sources(spec, sources, (step, mode, mode_step))
+
+    def write_sources(self, spec: BatchSpec, sources: Sequence[tuple[int, int]],
+                      at: tuple[int, int, int] | None = None) -> bool:
+        """Hand over raw tensors of one dtype (`spec`'s names, shapes, np_dtype and reductions) from (address,
+        byte count) sources readable now, back to back: one reservation, one copy into the writer's room.
+        `at`: as for `write_tensors`. False when they cannot go that way (too large for the room): then hand
+        them over with `write_tensors`. (Membership in collections is the caller's: `_note_membership`.)"""
+        if self.dry_run:
+            return True
+        step, mode, mode_step = at if at is not None else self.step_id()
+        res = self._get_writer().reserve_batch(spec.names, spec.np_dtype, spec.shapes, step, mode, mode_step,
+                                               reductions=spec.reductions)
         if res is None:
             return False
         if res:  # (False: dropped under backpressure, counted by the writer)
@@ -912,6 +952,7 @@ class Hook:
         with self.guard("close"):
             self.end_step()
             self.on_close()
+            self.release_step_marks()
             if self.writes and not self.disabled and not self.dry_run:
                 w = self._get_writer()
                 w.set_collections(self.collection_manager.to_json_dict())
