@@ -670,16 +670,16 @@ class Hook:
             return
         clock.in_step = False
         self.on_step_end()
-        if self._writer is not None and not self.disabled and self.writes and not self._closed:  # (active)
+        if self._held_marks is not None:  # (sent by release_step_marks, after this step's tensors)
+            passed = clock.passed()  # (adds steps counted elsewhere: before the global step is read)
+            self._held_marks.append((clock.step, passed))
+        elif self._writer is not None and not self.disabled and self.writes and not self._closed:  # (active)
             try:  # (what guard() does, without a generator per step)
                 if self._collections_dirty:
                     self._writer.set_collections(self.collection_manager.to_json_dict())
                     self._collections_dirty = False
                 passed = clock.passed()  # (adds steps counted elsewhere: before the global step is read)
-                if self._held_marks is not None:
-                    self._held_marks.append((clock.step, passed))
-                else:
-                    self._writer.mark_step_passed(clock.step, passed)
+                self._writer.mark_step_passed(clock.step, passed)
             except InvalidConfiguration:
                 raise
             except Exception as e:  # noqa: BLE001 - never break the training job
@@ -707,6 +707,9 @@ class Hook:
         """Send the step marks held since `hold_step_marks()` (their steps' tensors are handed over)."""
         held, self._held_marks = self._held_marks, None
         if held and self._writer is not None and self.active:
+            if self._collections_dirty:
+                self._writer.set_collections(self.collection_manager.to_json_dict())
+                self._collections_dirty = False
             step, passed = held[-1]  # (a mark covers every step up to it, in every mode)
             self._writer.mark_step_passed(step, passed)
 
