@@ -38,9 +38,10 @@ from typing import Any
 
 import mxnet as mx
 import numpy as np
-from mxnet.base import _LIB
+from mxnet.base import _LIB, NDArrayHandle, c_str, c_str_array
 from mxnet.base import check_call as _check_call
 
+from tensortap.capture.batch import BatchSpec
 from tensortap.collection import ACTIVATION_COLLECTIONS, Collection, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.hooks.base import Hook as BaseHook
@@ -65,6 +66,12 @@ _Symbol = mx.sym.Symbol
 _pause = mx.autograd.pause
 _multicast = mx.nd.amp_multicast
 _NONE: list = []  # (never mutated)
+_wait_to_read = _LIB.MXNDArrayWaitToRead
+_get_data = _LIB.MXNDArrayGetData
+_invoke = _LIB.MXImperativeInvokeEx
+_set_recording = _LIB.MXAutogradSetIsRecording
+_FLOATS = frozenset(np.dtype(t) for t in ("float16", "float32", "float64"))  # (what amp_multicast copies)
+_MISSING = object()
 
 
 def horovod_rank() -> tuple[int, int] | None:
@@ -127,7 +134,7 @@ class _Read:
     """A parameter's value or gradient read at saving steps (its shape and dtype are learned once per array:
     MXNet asks its library for both at every asnumpy()), or a block's input or output, copied."""
 
-    __slots__ = ("name", "param", "colls", "grad", "array", "shape", "dtype", "size", "key")
+    __slots__ = ("name", "param", "colls", "grad", "array", "shape", "dtype", "size", "nbytes", "key", "cpu")
 
     def __init__(self, name: str, param: Any, colls: list[Collection], grad: bool) -> None:
         self.name, self.param, self.colls, self.grad = name, param, colls, grad
@@ -138,33 +145,33 @@ class _Read:
         if arr is not self.array:  # (first read, or the parameter was initialised or cast again)
             self.shape, self.dtype = arr.shape, np.dtype(arr.dtype)
             self.size = int(np.prod(self.shape))
+            self.nbytes = self.size * self.dtype.itemsize
+            ctx = arr.context
             # arrays copied by one engine operation (_copy_all): legacy NDArrays of one dtype and context
-            self.key = (self.dtype, arr.context) if type(arr) is _NDArray else None
+            self.key = (self.dtype, ctx) if type(arr) is _NDArray else None
+            self.cpu = ctx.device_type == "cpu"  # (its copies are read in place)
             self.array = arr
         return arr
 
 
-def _read_all(pairs: list[tuple[_Read, Any]]) -> dict[np.dtype, tuple[list[_Read], list[np.ndarray]]]:
-    """Numpy copies of the arrays in `pairs` (each of its read's shape and dtype), once MXNet's engine has
-    written them, per dtype: (reads, copies), the copies views of one new host buffer, in order."""
-    groups: dict[np.dtype, list[tuple[_Read, Any]]] = {}
-    for pair in pairs:
-        groups.setdefault(pair[0].dtype, []).append(pair)
-    out = {}
-    for dt, group in groups.items():
-        flat = np.empty(sum(r.size for r, _a in group), dt)
-        addr, item = flat.ctypes.data, dt.itemsize
-        reads, arrays = [], []
-        i = 0
-        for r, arr in group:
-            n = r.size
-            _check_call(_LIB.MXNDArraySyncCopyToCPU(arr.handle, ctypes.c_void_p(addr + i * item),
-                                                    ctypes.c_size_t(n)))
-            reads.append(r)
-            arrays.append(flat[i:i + n].reshape(r.shape))
-            i += n
-        out[dt] = (reads, arrays)
-    return out
+def _host_items(pairs: list[tuple[_Read, Any]]) -> list[tuple[str, np.ndarray, list[Collection]]]:
+    """(name, value, collections) of each (read, copy) in `pairs` once MXNet's engine has written the copy: on the
+    CPU a numpy view of the copy's own memory (valid while the copy lives), else a host copy of it."""
+    items = []
+    ptr = ctypes.c_void_p()
+    for r, arr in pairs:
+        handle = arr.handle
+        if r.cpu and r.size:
+            _check_call(_wait_to_read(handle))
+            _check_call(_get_data(handle, ctypes.byref(ptr)))  # (a dense array in MXNet's default layout)
+            value = np.frombuffer((ctypes.c_char * r.nbytes).from_address(ptr.value), r.dtype).reshape(r.shape)
+        else:
+            value = np.empty(r.shape, r.dtype)
+            if r.size:
+                _check_call(_LIB.MXNDArraySyncCopyToCPU(handle, ctypes.c_void_p(value.ctypes.data),
+                                                        ctypes.c_size_t(r.size)))
+        items.append((r.name, value, r.colls))
+    return items
 
 
 def _copy_all(reads: list[_Read], arrays: list[Any]) -> list[Any]:
@@ -181,12 +188,130 @@ def _copy_all(reads: list[_Read], arrays: list[Any]) -> list[Any]:
         for key, idx in groups.items():
             if key is None or len(idx) == 1:
                 for i in idx:
-                    out[i] = arrays[i].copy()
+                    arr = arrays[i]
+                    out[i] = arr.copy() if type(arr) in _DENSE else arr.tostype("default")  # (sparse: dense)
                 continue
             copies = _multicast(*[arrays[i] for i in idx], num_outputs=len(idx))
             for i, c in zip(idx, copies, strict=True):
                 out[i] = c
     return out
+
+
+def _op_handle(name: str) -> ctypes.c_void_p:
+    handle = ctypes.c_void_p()
+    _check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
+    return handle
+
+
+class _Invoke:
+    """One MXNet operation on fixed arrays into fixed outputs, called through MXNet's C API as
+    `mx.nd.<op>(..., out=...)` calls it, its arguments built once; never recorded by autograd. Pushed to MXNet's
+    engine like the job's own operations (in order with them), nothing waited for."""
+
+    __slots__ = ("op", "n_in", "ins", "n_out", "outs", "nout", "n_params", "keys", "vals", "stypes", "prev", "keep")
+
+    def __init__(self, op: str, inputs: list[Any], outputs: list[Any], params: dict[str, Any]) -> None:
+        self.op = _op_handle(op)
+        self.n_in = len(inputs)
+        self.ins = (NDArrayHandle * len(inputs))(*[a.handle for a in inputs])
+        self.n_out = len(outputs)
+        outs = (NDArrayHandle * len(outputs))(*[a.handle for a in outputs])
+        self.outs = ctypes.cast(outs, ctypes.POINTER(NDArrayHandle))
+        self.nout = ctypes.c_int(len(outputs))
+        self.n_params = len(params)
+        self.keys = c_str_array(list(params))
+        self.vals = c_str_array([str(v) for v in params.values()])
+        self.stypes = ctypes.POINTER(ctypes.c_int)()
+        self.prev = ctypes.c_int()
+        self.keep = (inputs, outputs, outs)  # (the handles stay valid while these live)
+
+    def __call__(self) -> None:
+        prev = self.prev
+        _check_call(_set_recording(0, ctypes.byref(prev)))
+        try:
+            self.nout.value = self.n_out
+            _check_call(_invoke(self.op, self.n_in, self.ins, ctypes.byref(self.nout), ctypes.byref(self.outs),
+                                self.n_params, self.keys, self.vals, ctypes.byref(self.stypes)))
+        finally:
+            if prev.value:
+                _set_recording(1, ctypes.byref(prev))
+
+
+class _Stage:
+    """Where MXNet's engine copies a fixed list of arrays (dense, on the CPU, of one dtype) at saving steps: two
+    host buffers, saving steps alternating between them (a step's copies stay as they are until they are
+    handed over, at the end of the step after it), each read in place, as one source, when handed over.
+
+    `inputs`: the arrays copied, the same at every step (weights, gradients: `fits` checks), or None for a
+    block's output, a new array every step (`copy_from`)."""
+
+    def __init__(self, reads: list[_Read], inputs: list[Any] | None, reductions: tuple) -> None:
+        self.reads = reads
+        self.inputs = inputs
+        self.names = tuple(r.name for r in reads)
+        self.shapes = tuple(r.shape for r in reads)
+        self.dtype = dtype = reads[0].dtype
+        self.reductions = reductions  # per tensor, what the writer computes from it
+        total = sum(r.size for r in reads)
+        self.nbytes = total * dtype.itemsize
+        self.bufs: list[Any] = []
+        self.addrs: list[int] = []
+        self.calls: list[list[_Invoke]] = []
+        ptr = ctypes.c_void_p()
+        for _ in range(2):
+            flat = mx.nd.zeros((total,), ctx=mx.cpu(), dtype=dtype)
+            views, off = [], 0
+            for r in reads:
+                views.append(flat[off:off + r.size].reshape(r.shape))  # (views of `flat`: its engine variable)
+                off += r.size
+            flat.wait_to_read()
+            _check_call(_get_data(flat.handle, ctypes.byref(ptr)))
+            self.bufs.append(flat)
+            self.addrs.append(ptr.value)
+            if inputs is not None and len(inputs) > 1 and dtype in _FLOATS:
+                # one operation for all (with inputs of one dtype amp_multicast casts nothing: it copies each)
+                self.calls.append([_Invoke("amp_multicast", inputs, views, {"num_outputs": len(inputs)})])
+            else:
+                self.calls.append([_Invoke("_copyto", [a], [v], {})
+                                   for a, v in zip(inputs or [views[0]] * len(views), views, strict=True)])
+
+    @staticmethod
+    def make(hook: Hook, reads: list[_Read], inputs: list[Any] | None) -> _Stage | None:
+        """A stage for `reads` (shapes and dtypes learned), or None when they must be read another way: not all
+        dense legacy NDArrays on the CPU of one dtype, empty, or some saved otherwise than raw (a shape)."""
+        if not reads:
+            return None
+        dtype = reads[0].dtype
+        reds = []
+        for r in reads:
+            if r.key is None or not r.cpu or r.dtype != dtype or not r.size or not r.shape:
+                return None
+            save_raw, r_reds, save_shape = hook._plan(r.name, r.colls)
+            if not save_raw or save_shape:
+                return None
+            reds.append(r_reds)
+        for r in reads:
+            hook._note_membership(r.name, r.colls)  # (once per stage: write_sources leaves it to the caller)
+        return _Stage(reads, inputs, tuple(reds))
+
+    def fits(self, arrays: list[Any]) -> bool:
+        """Whether `arrays` are the arrays this stage copies (not re-initialised or cast since)."""
+        mine = self.inputs
+        return len(mine) == len(arrays) and all(a is b for a, b in zip(arrays, mine, strict=True))
+
+    def copy(self, parity: int) -> None:
+        for call in self.calls[parity]:
+            call()
+
+    def copy_from(self, parity: int, arr: Any) -> None:
+        """Copy `arr` (of this stage's one read's shape and dtype) into buffer `parity`."""
+        call = self.calls[parity][0]
+        call.ins[0] = arr.handle  # (the engine keeps `arr`'s memory until the copy has run)
+        call()
+
+    def wait(self, parity: int) -> None:
+        """Until the engine has written the copies in buffer `parity`."""
+        _check_call(_wait_to_read(self.bufs[parity].handle))
 
 
 class _Root:
@@ -248,6 +373,16 @@ class Hook(BaseHook):
         # (read, copy) of this step's weights and block inputs and outputs: copies made by MXNet's engine (in
         # order with the job's own operations, without waiting for them), read when the step ends
         self._mx_copied: list[tuple[_Read, Any]] = []
+        # stages of this step's copies (weights, losses, gradients), in order; their buffer: _mx_parity
+        self._mx_staged: list[_Stage] = []
+        self._mx_parity = 0
+        # the plan's stages by what they copy: ("w", id(model)), ("l", id(loss block)), ("g",); None: another way
+        self._mx_stages: dict[tuple, _Stage | None] = {}
+        # (spec, sources of each buffer) of the stages in one batch, by their ids
+        self._mx_specs: dict[tuple[int, ...], tuple[BatchSpec, list]] = {}
+        # (step_id(), parity, stages, [(read, copy)]) of the last saving step, handed over when the step after
+        # it ends
+        self._mx_pending: tuple | None = None
         self._mx_io_counts: dict[str, int] = {}
         self._mx_closed = False
         # (mode, mode step, time.monotonic() deadline): until then a registered model's forward only counts a step
@@ -333,9 +468,12 @@ class Hook(BaseHook):
             self._mx_grads = _NONE
             return
         self._mx_saving = True
+        self._mx_parity ^= 1
         plan = self._mx_plan
         if plan is None or plan[0] is not now:
             plan = self._mx_plan = self._mx_make_plan(now)
+            self._mx_stages = {}
+            self._mx_specs = {}
         _now, self._mx_io, weights, self._mx_grads = plan
         self._mx_weights = dict(weights)
         if self._mx_io:
@@ -377,29 +515,101 @@ class Hook(BaseHook):
         self._mx_config_changed()
         super()._collections_changed()
 
+    def _mx_stage(self, key: tuple, reads: list[_Read], arrays: list[Any]) -> _Stage | None:
+        """The plan's stage for `arrays` (learned by `reads`), made when they are new."""
+        st = self._mx_stages.get(key, _MISSING)
+        if st is _MISSING or (st is not None and not st.fits(arrays)):
+            st = self._mx_stages[key] = _Stage.make(self, reads, arrays)
+        return st
+
+    def _mx_copy(self, key: tuple, reads: list[_Read], arrays: list[Any]) -> None:
+        """Have MXNet's engine copy `arrays` now, in order with the job's operations (read when handed over)."""
+        st = self._mx_stage(key, reads, arrays)
+        if st is not None:
+            st.copy(self._mx_parity)
+            self._mx_staged.append(st)
+        else:
+            self._mx_copied.extend(zip(reads, _copy_all(reads, arrays), strict=True))
+
     def on_step_end(self) -> None:
-        """Read this step's gradients and copies, and hand them to the writer at once."""
-        grads, copied = self._mx_grads, self._mx_copied
-        if not grads and not copied:
+        """Hand over the last saving step's copies (made by MXNet's engine long before: nothing waits), then have
+        the engine copy this step's gradients; they are handed over when the next step ends (or at close),
+        this step's mark held until then."""
+        if self._mx_pending is not None:
+            self._mx_hand_over()
+        grads = self._mx_grads
+        if not grads and not self._mx_copied and not self._mx_staged:
             return
-        self._mx_grads, self._mx_copied = _NONE, []
-        if not self.active:
-            return
+        self._mx_grads = _NONE
+        if self.active:
+            try:
+                if grads:
+                    reads, arrays = [], []
+                    for r in grads:
+                        arrs = r.param._grad
+                        if arrs is not None:  # (None: deferred initialisation, the forward did not get that far)
+                            reads.append(r)
+                            arrays.append(r.learn(arrs[0]))
+                    if reads:
+                        # (in order after this step's backward, before the next one writes the gradients again)
+                        self._mx_copy(("g",), reads, arrays)
+                if self._mx_staged or self._mx_copied:
+                    self._mx_pending = (self.step_id(), self._mx_parity, self._mx_staged, self._mx_copied)
+                    self.hold_step_marks()
+            except Exception as e:  # noqa: BLE001 - never break the training job
+                self._fail("step end", e)
+        self._mx_staged, self._mx_copied = [], []
+
+    def _mx_hand_over(self) -> None:
+        """Write the pending step's copies at that step, and send the step marks held for them."""
+        at, parity, stages, pairs = self._mx_pending
+        self._mx_pending = None
         try:
-            pairs = []
-            for r in grads:  # (the first read waits for this step's backward)
-                arrs = r.param._grad
-                if arrs is not None:  # (None: deferred initialisation, this step's forward did not get that far)
-                    pairs.append((r, r.learn(arrs[0])))
-            pairs += copied
-            items = [(r.name, value, r.colls) for reads, arrays in _read_all(pairs).values()
-                     for r, value in zip(reads, arrays, strict=True)]
-            if items:
-                self.write_tensors(items, copy=False)  # (new arrays: raw ones of one dtype go as one batch)
+            if self.active:
+                if stages:
+                    self._mx_write_stages(at, parity, stages)
+                if pairs:
+                    # (copy=True: raw values go into the writer's room straight from the copies, anything else
+                    # is copied off them before they are freed)
+                    self.write_tensors(_host_items(pairs), copy=True, at=at)
+            self.release_step_marks()
         except Exception as e:  # noqa: BLE001 - never break the training job
             self._fail("step end", e)
 
+    def _mx_write_stages(self, at: tuple[int, int, int], parity: int, stages: list[_Stage]) -> None:
+        """One batch per dtype of the stages' buffers `parity`, straight from them into the writer's room."""
+        dtype = stages[0].dtype
+        if any(st.dtype != dtype for st in stages):
+            groups: dict[np.dtype, list[_Stage]] = {}
+            for st in stages:
+                groups.setdefault(st.dtype, []).append(st)
+            for group in groups.values():
+                self._mx_write_stages(at, parity, group)
+            return
+        key = tuple(map(id, stages))
+        known = self._mx_specs.get(key)
+        if known is None:
+            reds = tuple(r for st in stages for r in st.reductions)
+            spec = BatchSpec(tuple(n for st in stages for n in st.names), True, reds if any(reds) else None,
+                             tuple(sh for st in stages for sh in st.shapes), np_dtype=dtype)
+            known = self._mx_specs[key] = (spec, [[(st.addrs[p], st.nbytes) for st in stages] for p in (0, 1)])
+        spec, sources = known
+        for st in stages:
+            st.wait(parity)
+        if not self.write_sources(spec, sources[parity], at):
+            # (too large for the writer's room: as records)
+            items = []
+            for st in stages:
+                flat = np.frombuffer((ctypes.c_char * st.nbytes).from_address(st.addrs[parity]), st.dtype)
+                off = 0
+                for r in st.reads:
+                    items.append((r.name, flat[off:off + r.size].reshape(r.shape), r.colls))
+                    off += r.size
+            self.write_tensors(items, copy=True, at=at)
+
     def on_close(self) -> None:
+        if self._mx_pending is not None:
+            self._mx_hand_over()
         self._mx_closed = True
         self._mx_quiet = None
         self._mx_saving = self._mx_io = False
@@ -437,6 +647,8 @@ class Hook(BaseHook):
             if clock.mode is mode and clock.mode_steps[mode] < last and time.monotonic() < deadline:
                 # A step that saves nothing, after one that saved nothing: only counted (readers learn that it
                 # passed when a later step ends).
+                if self._mx_pending is not None:
+                    self._mx_hand_over()  # (the last saving step's, at the end of the step after it)
                 clock.advance()
                 return
             self._mx_quiet = None
@@ -461,9 +673,8 @@ class Hook(BaseHook):
             weights = self._mx_weights.pop(id(block), None)  # (once per step)
             if weights:
                 # The values this forward used: copied by MXNet's engine before the optimizer's update (which
-                # comes after the backward), read when the step ends.
-                arrays = [r.learn(r.param._data[0]) for r in weights]
-                self._mx_copied.extend(zip(weights, _copy_all(weights, arrays), strict=True))
+                # comes after the backward), read when they are handed over.
+                self._mx_copy(("w", id(block)), weights, [r.learn(r.param._data[0]) for r in weights])
             if self._mx_io and not self._mx_warned_hybrid and getattr(block, "_active", False) and block._children:
                 self._mx_warned_hybrid = True
                 logger.info("tensortap: %s is hybridized: the inputs and outputs of the blocks inside it are not "
@@ -487,10 +698,41 @@ class Hook(BaseHook):
             if not self._mx_started:
                 # No model registered (or none ran yet): each call of the loss is a step.
                 self.next_step()
-            if self._mx_saving:
+            if self._mx_saving and not (type(outputs) is _NDArray and not self._mx_io
+                                        and self._mx_copy_loss(block, inputs, outputs)):
                 self._mx_write_io(block.name, inputs, outputs)
         except Exception as e:  # noqa: BLE001
             self._fail("loss hook", e)
+
+    def _mx_copy_loss(self, block: mx.gluon.Block, inputs: Any, out: Any) -> bool:
+        """Copy a loss block's one output into its stage; False when it goes another way (`_mx_write_io`)."""
+        name = block.name + OUTPUT_SUFFIX
+        counts = self._mx_io_counts
+        if name in counts:  # (called again in this step)
+            return False
+        key = ("l", id(block))
+        st = self._mx_stages.get(key, _MISSING)
+        if st is not _MISSING and st is not None:
+            r = st.reads[0]
+            if out.shape != r.shape or np.dtype(out.dtype) != r.dtype:
+                st = _MISSING
+        if st is _MISSING:
+            st = None
+            colls = self.collections_for(name + "0")
+            if colls:
+                r = _Read(name + "0", None, colls, False)
+                r.learn(out)
+                st = _Stage.make(self, [r], None)
+            self._mx_stages[key] = st
+        if st is None:
+            return False
+        st.copy_from(self._mx_parity, out)
+        self._mx_staged.append(st)
+        counts[name] = 1
+        arrays: list[Any] = []
+        _flat_arrays(inputs, arrays)
+        counts[block.name + INPUT_SUFFIX] = len(arrays)  # (a second call's inputs are numbered after them)
+        return True
 
     def _mx_write_io(self, name: str, inputs: Any, outputs: Any) -> None:
         arrays_in: list[Any] = []
