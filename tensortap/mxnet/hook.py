@@ -4,19 +4,24 @@ Names follow smdebug's MXNet naming: parameters `param.name` (e.g. `dense0_weigh
 `gradient/<param.name>`, block I/O `<block.name>_input_<i>` / `<block.name>_output_<i>` (inputs and outputs
 flattened; the index continues when a block runs again in the same step), losses `<loss.name>_output_0`.
 
-When things are read (each value is the one the step computed with or produced):
+When things are read (each value is the one the step computed with or produced); the training thread never
+waits for MXNet's engine:
 - a registered block's forward pre-hook starts a step (one step per forward of a registered model);
-- weights are copied by MXNet's engine in the model's forward hook (one `amp_multicast` per dtype, in order
-  with the job's own operations, nothing waited for): the values this step's forward used, before the
-  optimizer's update (smdebug saved them at the next step's start, after the update);
-- block inputs and outputs (losses too), as the blocks return them, are copied the same way in the forward
-  hooks;
-- gradients are read when the step ends (the next forward, `set_mode`, `close`): the ones this step's backward
-  left in the parameters' gradient buffers (with grad_req="add", zeroing them before the next forward loses
-  them). That is the one wait for MXNet's engine a saving step costs (for this step's backward; the
-  optimizer's update may still run). The copies are read with them, into one host buffer per dtype, and
-  everything goes to the writer in one `write_tensors` call (raw values of one dtype as one batch). Steps
-  that save nothing cost a few microseconds.
+- weights are copied by MXNet's engine in the model's forward hook, in order with the job's own operations:
+  the values this step's forward used, before the optimizer's update (smdebug saved them at the next step's
+  start, after the update);
+- gradients are copied the same way when the step ends (the next forward, `set_mode`, `close`): the ones this
+  step's backward left in the parameters' gradient buffers, before the next backward writes them (with
+  grad_req="add", zeroing them before the next forward loses them);
+- a loss block's output is kept as it returns it and read in place (nothing changes it afterwards: a script
+  that changes it in place before the next step ends changes what is saved); other block inputs and outputs
+  are copied by the engine in the forward hooks.
+A saving step's tensors go to the writer when the step after it ends (or at close), the engine's copies long
+done by then; readers learn that the step passed only after that (`hold_step_marks`). Weights and gradients
+(dense CPU arrays of one dtype, saved raw) are copied into two fixed host buffers per list, saving steps
+alternating between them, by one `amp_multicast` called straight through MXNet's C API, and go from there
+into the writer's room as one batch (`write_sources`); anything else is copied into new arrays and handed
+over with `write_tensors`. Steps that save nothing cost a few microseconds.
 A hybridized block runs as one graph: its inner blocks' hooks do not fire, so only its own inputs and
 outputs (and all weights and gradients) are captured.
 
@@ -70,7 +75,7 @@ _wait_to_read = _LIB.MXNDArrayWaitToRead
 _get_data = _LIB.MXNDArrayGetData
 _invoke = _LIB.MXImperativeInvokeEx
 _set_recording = _LIB.MXAutogradSetIsRecording
-_FLOATS = frozenset(np.dtype(t) for t in ("float16", "float32", "float64"))  # (what amp_multicast copies)
+_MULTICAST_DTYPE = np.dtype("float32")  # (amp_multicast's oneDNN kernel takes no other dtype on the CPU)
 _MISSING = object()
 
 
@@ -177,7 +182,7 @@ def _host_items(pairs: list[tuple[_Read, Any]]) -> list[tuple[str, np.ndarray, l
 def _copy_all(reads: list[_Read], arrays: list[Any]) -> list[Any]:
     """New copies of `arrays` (learned by `reads`), made by MXNet's engine in order with the job's operations.
 
-    Arrays of one dtype and context are copied by one `amp_multicast` (one operation instead of one per array:
+    float32 arrays of one context are copied by one `amp_multicast` (one operation instead of one per array:
     with inputs of a single dtype it casts nothing and writes each input into a new output array).
     """
     groups: dict[Any, list[int]] = {}
@@ -186,7 +191,7 @@ def _copy_all(reads: list[_Read], arrays: list[Any]) -> list[Any]:
     out: list[Any] = [None] * len(arrays)
     with _pause():
         for key, idx in groups.items():
-            if key is None or len(idx) == 1:
+            if key is None or len(idx) == 1 or key[0] != _MULTICAST_DTYPE:
                 for i in idx:
                     arr = arrays[i]
                     out[i] = arr.copy() if type(arr) in _DENSE else arr.tostype("default")  # (sparse: dense)
@@ -237,23 +242,67 @@ class _Invoke:
                 _set_recording(1, ctypes.byref(prev))
 
 
-class _Stage:
-    """Where MXNet's engine copies a fixed list of arrays (dense, on the CPU, of one dtype) at saving steps: two
-    host buffers, saving steps alternating between them (a step's copies stay as they are until they are
-    handed over, at the end of the step after it), each read in place, as one source, when handed over.
+class _Layout:
+    """What a list of tensors (dense, on the CPU, of one dtype) saved together looks like: their reads, names,
+    shapes, dtype, reductions (per tensor, what the writer computes from it) and bytes, back to back."""
 
-    `inputs`: the arrays copied, the same at every step (weights, gradients: `fits` checks), or None for a
-    block's output, a new array every step (`copy_from`)."""
-
-    def __init__(self, reads: list[_Read], inputs: list[Any] | None, reductions: tuple) -> None:
+    def __init__(self, reads: list[_Read], reductions: tuple) -> None:
         self.reads = reads
-        self.inputs = inputs
         self.names = tuple(r.name for r in reads)
         self.shapes = tuple(r.shape for r in reads)
-        self.dtype = dtype = reads[0].dtype
-        self.reductions = reductions  # per tensor, what the writer computes from it
-        total = sum(r.size for r in reads)
-        self.nbytes = total * dtype.itemsize
+        self.dtype = reads[0].dtype
+        self.reductions = reductions
+        self.total = sum(r.size for r in reads)
+        self.nbytes = self.total * self.dtype.itemsize
+        self.plan = self
+
+    @classmethod
+    def make(cls, hook: Hook, reads: list[_Read], *args: Any) -> Any:
+        """One for `reads` (shapes and dtypes learned), or None when they must be read another way: not all
+        dense legacy NDArrays on the CPU of one dtype, empty, or some saved otherwise than raw (a shape)."""
+        if not reads:
+            return None
+        dtype = reads[0].dtype
+        reds = []
+        for r in reads:
+            if r.key is None or not r.cpu or r.dtype != dtype or not r.size or not r.shape:
+                return None
+            save_raw, r_reds, save_shape = hook._plan(r.name, r.colls)
+            if not save_raw or save_shape:
+                return None
+            reds.append(r_reds)
+        for r in reads:
+            hook._note_membership(r.name, r.colls)  # (once per layout: write_sources leaves it to the caller)
+        return cls(reads, tuple(reds), *args)
+
+
+class _InPlace:
+    """A block's output (a new array every step, which nothing changes afterwards) read in place when handed
+    over: no copy by the engine. `plan`: its _Layout."""
+
+    __slots__ = ("plan", "arr")
+
+    def __init__(self, plan: _Layout, arr: Any) -> None:
+        self.plan, self.arr = plan, arr
+
+    def addr(self, _parity: int) -> int:
+        """The array's address once MXNet's engine has written it."""
+        handle = self.arr.handle
+        _check_call(_wait_to_read(handle))
+        ptr = ctypes.c_void_p()
+        _check_call(_get_data(handle, ctypes.byref(ptr)))  # (a dense array in MXNet's default layout)
+        return ptr.value
+
+
+class _Stage(_Layout):
+    """Where MXNet's engine copies a fixed list of arrays (`inputs`: the same at every step, `fits` checks) at
+    saving steps: two host buffers, saving steps alternating between them (a step's copies stay as they are
+    until they are handed over, at the end of the step after it), each read in place, as one source."""
+
+    def __init__(self, reads: list[_Read], reductions: tuple, inputs: list[Any]) -> None:
+        super().__init__(reads, reductions)
+        self.inputs = inputs
+        dtype, total = self.dtype, self.total
         self.bufs: list[Any] = []
         self.addrs: list[int] = []
         self.calls: list[list[_Invoke]] = []
@@ -268,31 +317,11 @@ class _Stage:
             _check_call(_get_data(flat.handle, ctypes.byref(ptr)))
             self.bufs.append(flat)
             self.addrs.append(ptr.value)
-            if inputs is not None and len(inputs) > 1 and dtype in _FLOATS:
+            if len(inputs) > 1 and dtype == _MULTICAST_DTYPE:
                 # one operation for all (with inputs of one dtype amp_multicast casts nothing: it copies each)
                 self.calls.append([_Invoke("amp_multicast", inputs, views, {"num_outputs": len(inputs)})])
             else:
-                self.calls.append([_Invoke("_copyto", [a], [v], {})
-                                   for a, v in zip(inputs or [views[0]] * len(views), views, strict=True)])
-
-    @staticmethod
-    def make(hook: Hook, reads: list[_Read], inputs: list[Any] | None) -> _Stage | None:
-        """A stage for `reads` (shapes and dtypes learned), or None when they must be read another way: not all
-        dense legacy NDArrays on the CPU of one dtype, empty, or some saved otherwise than raw (a shape)."""
-        if not reads:
-            return None
-        dtype = reads[0].dtype
-        reds = []
-        for r in reads:
-            if r.key is None or not r.cpu or r.dtype != dtype or not r.size or not r.shape:
-                return None
-            save_raw, r_reds, save_shape = hook._plan(r.name, r.colls)
-            if not save_raw or save_shape:
-                return None
-            reds.append(r_reds)
-        for r in reads:
-            hook._note_membership(r.name, r.colls)  # (once per stage: write_sources leaves it to the caller)
-        return _Stage(reads, inputs, tuple(reds))
+                self.calls.append([_Invoke("_copyto", [a], [v], {}) for a, v in zip(inputs, views, strict=True)])
 
     def fits(self, arrays: list[Any]) -> bool:
         """Whether `arrays` are the arrays this stage copies (not re-initialised or cast since)."""
@@ -303,15 +332,10 @@ class _Stage:
         for call in self.calls[parity]:
             call()
 
-    def copy_from(self, parity: int, arr: Any) -> None:
-        """Copy `arr` (of this stage's one read's shape and dtype) into buffer `parity`."""
-        call = self.calls[parity][0]
-        call.ins[0] = arr.handle  # (the engine keeps `arr`'s memory until the copy has run)
-        call()
-
-    def wait(self, parity: int) -> None:
-        """Until the engine has written the copies in buffer `parity`."""
+    def addr(self, parity: int) -> int:
+        """Buffer `parity`'s address once MXNet's engine has written the copies in it."""
         _check_call(_wait_to_read(self.bufs[parity].handle))
+        return self.addrs[parity]
 
 
 class _Root:
@@ -373,13 +397,13 @@ class Hook(BaseHook):
         # (read, copy) of this step's weights and block inputs and outputs: copies made by MXNet's engine (in
         # order with the job's own operations, without waiting for them), read when the step ends
         self._mx_copied: list[tuple[_Read, Any]] = []
-        # stages of this step's copies (weights, losses, gradients), in order; their buffer: _mx_parity
-        self._mx_staged: list[_Stage] = []
+        # this step's copies (weights, gradients: _Stage, their buffer _mx_parity) and losses (_InPlace), in order
+        self._mx_staged: list[Any] = []
         self._mx_parity = 0
-        # the plan's stages by what they copy: ("w", id(model)), ("l", id(loss block)), ("g",); None: another way
-        self._mx_stages: dict[tuple, _Stage | None] = {}
-        # (spec, sources of each buffer) of the stages in one batch, by their ids
-        self._mx_specs: dict[tuple[int, ...], tuple[BatchSpec, list]] = {}
+        # the plan's stages and layouts by what they read: ("w", id(model)), ("g",), ("l", id(loss block));
+        # None: another way
+        self._mx_stages: dict[tuple, Any] = {}
+        self._mx_specs: dict[tuple[int, ...], BatchSpec] = {}  # (by the ids of the layouts in one batch)
         # (step_id(), parity, stages, [(read, copy)]) of the last saving step, handed over when the step after
         # it ends
         self._mx_pending: tuple | None = None
@@ -519,7 +543,8 @@ class Hook(BaseHook):
         """The plan's stage for `arrays` (learned by `reads`), made when they are new."""
         st = self._mx_stages.get(key, _MISSING)
         if st is _MISSING or (st is not None and not st.fits(arrays)):
-            st = self._mx_stages[key] = _Stage.make(self, reads, arrays)
+            with _pause():
+                st = self._mx_stages[key] = _Stage.make(self, reads, arrays)
         return st
 
     def _mx_copy(self, key: tuple, reads: list[_Read], arrays: list[Any]) -> None:
@@ -576,33 +601,33 @@ class Hook(BaseHook):
         except Exception as e:  # noqa: BLE001 - never break the training job
             self._fail("step end", e)
 
-    def _mx_write_stages(self, at: tuple[int, int, int], parity: int, stages: list[_Stage]) -> None:
-        """One batch per dtype of the stages' buffers `parity`, straight from them into the writer's room."""
-        dtype = stages[0].dtype
-        if any(st.dtype != dtype for st in stages):
-            groups: dict[np.dtype, list[_Stage]] = {}
-            for st in stages:
-                groups.setdefault(st.dtype, []).append(st)
+    def _mx_write_stages(self, at: tuple[int, int, int], parity: int, staged: list[Any]) -> None:
+        """One batch per dtype, straight from the stages' buffers `parity` and the outputs read in place into
+        the writer's room."""
+        dtype = staged[0].plan.dtype
+        if any(x.plan.dtype != dtype for x in staged):
+            groups: dict[np.dtype, list[Any]] = {}
+            for x in staged:
+                groups.setdefault(x.plan.dtype, []).append(x)
             for group in groups.values():
                 self._mx_write_stages(at, parity, group)
             return
-        key = tuple(map(id, stages))
-        known = self._mx_specs.get(key)
-        if known is None:
-            reds = tuple(r for st in stages for r in st.reductions)
-            spec = BatchSpec(tuple(n for st in stages for n in st.names), True, reds if any(reds) else None,
-                             tuple(sh for st in stages for sh in st.shapes), np_dtype=dtype)
-            known = self._mx_specs[key] = (spec, [[(st.addrs[p], st.nbytes) for st in stages] for p in (0, 1)])
-        spec, sources = known
-        for st in stages:
-            st.wait(parity)
-        if not self.write_sources(spec, sources[parity], at):
+        key = tuple(id(x.plan) for x in staged)
+        spec = self._mx_specs.get(key)
+        if spec is None:
+            plans = [x.plan for x in staged]
+            reds = tuple(r for lay in plans for r in lay.reductions)
+            spec = self._mx_specs[key] = BatchSpec(
+                tuple(n for lay in plans for n in lay.names), True, reds if any(reds) else None,
+                tuple(sh for lay in plans for sh in lay.shapes), np_dtype=dtype)
+        sources = [(x.addr(parity), x.plan.nbytes) for x in staged]
+        if not self.write_sources(spec, sources, at):
             # (too large for the writer's room: as records)
             items = []
-            for st in stages:
-                flat = np.frombuffer((ctypes.c_char * st.nbytes).from_address(st.addrs[parity]), st.dtype)
+            for x, (addr, nbytes) in zip(staged, sources, strict=True):
+                flat = np.frombuffer((ctypes.c_char * nbytes).from_address(addr), dtype)
                 off = 0
-                for r in st.reads:
+                for r in x.plan.reads:
                     items.append((r.name, flat[off:off + r.size].reshape(r.shape), r.colls))
                     off += r.size
             self.write_tensors(items, copy=True, at=at)
@@ -705,29 +730,29 @@ class Hook(BaseHook):
             self._fail("loss hook", e)
 
     def _mx_copy_loss(self, block: mx.gluon.Block, inputs: Any, out: Any) -> bool:
-        """Copy a loss block's one output into its stage; False when it goes another way (`_mx_write_io`)."""
+        """Keep a loss block's one output to read in place when it is handed over (nothing changes it after
+        the loss block made it); False when it goes another way (`_mx_write_io`)."""
         name = block.name + OUTPUT_SUFFIX
         counts = self._mx_io_counts
         if name in counts:  # (called again in this step)
             return False
         key = ("l", id(block))
-        st = self._mx_stages.get(key, _MISSING)
-        if st is not _MISSING and st is not None:
-            r = st.reads[0]
-            if out.shape != r.shape or np.dtype(out.dtype) != r.dtype:
-                st = _MISSING
-        if st is _MISSING:
-            st = None
+        lay = self._mx_stages.get(key, _MISSING)
+        if lay is not _MISSING and lay is not None:
+            r = lay.reads[0]
+            if out.shape != r.shape or np.dtype(out.dtype) != r.dtype or out.context.device_type != "cpu":
+                lay = _MISSING
+        if lay is _MISSING:
+            lay = None
             colls = self.collections_for(name + "0")
             if colls:
                 r = _Read(name + "0", None, colls, False)
                 r.learn(out)
-                st = _Stage.make(self, [r], None)
-            self._mx_stages[key] = st
-        if st is None:
+                lay = _Layout.make(self, [r])
+            self._mx_stages[key] = lay
+        if lay is None:
             return False
-        st.copy_from(self._mx_parity, out)
-        self._mx_staged.append(st)
+        self._mx_staged.append(_InPlace(lay, out))
         counts[name] = 1
         arrays: list[Any] = []
         _flat_arrays(inputs, arrays)

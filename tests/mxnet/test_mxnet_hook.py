@@ -164,6 +164,38 @@ def test_every_step_handed_over_after_it_ends_at_its_own_step(tmp_path, writer):
     assert hook.error_count == 0 and hook.dropped_records == 0
 
 
+
+def test_a_float64_model(tmp_path):
+    """Weights, gradients and losses of another dtype than float32: every step's values saved as the script read
+    them, in its dtype."""
+    out = str(tmp_path / "run")
+    hook = tm.Hook(out, save_config=tm.SaveConfig(save_interval=1),
+                   include_collections=["weights", "biases", "gradients", "losses"])
+    net, loss_fn = mlp(), gluon.loss.SoftmaxCrossEntropyLoss()
+    net.cast("float64")
+    hook.register_block(net)
+    hook.register_block(loss_fn)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    copies = []
+    for k in range(3):
+        x, y = batch(k)
+        with autograd.record():
+            loss = loss_fn(net(x.astype("float64")), y.astype("float64"))
+        weights = {p.name: p.data().copy() for p in net.collect_params().values()}
+        loss.backward()
+        grads = {"gradient/" + p.name: p.grad().copy() for p in net.collect_params().values()}
+        copies.append({**weights, **grads, LOSS: loss.copy()})
+        trainer.step(x.shape[0])
+    hook.close()
+    t = tm.create_trial(out)
+    assert t.steps() == [0, 1, 2]
+    for s, rec in enumerate(copies):
+        for name, arr in rec.items():
+            assert same(t.tensor(name).value(s), arr.asnumpy()), (s, name)
+    assert t.tensor("gradient/dense0_weight").value(2).dtype == np.float64
+    assert hook.error_count == 0
+
+
 def test_reductions_beside_raw_values_and_instead_of_them(tmp_path):
     """Weights saved as reductions only, gradients raw with a reduction beside them (the writer computes both)."""
     out = str(tmp_path / "run")
