@@ -18,10 +18,11 @@ waits for MXNet's engine:
   are copied by the engine in the forward hooks.
 A saving step's tensors go to the writer when the step after it ends (or at close), the engine's copies long
 done by then; readers learn that the step passed only after that (`hold_step_marks`). Weights and gradients
-(dense CPU arrays of one dtype, saved raw) are copied into two fixed host buffers per list, saving steps
-alternating between them, by one `amp_multicast` called straight through MXNet's C API, and go from there
-into the writer's room as one batch (`write_sources`); anything else is copied into new arrays and handed
-over with `write_tensors`. Steps that save nothing cost a few microseconds.
+(dense CPU arrays of one dtype, saved raw) are copied into a fixed host buffer per list (a second one when
+a saving step comes before the last one's hand-over) by one operation (`amp_multicast` for float32) called
+straight through MXNet's C API, and go from there into the writer's room as one batch (`write_sources`);
+anything else is copied into new arrays and handed over with `write_tensors`. Steps that save nothing cost a
+few microseconds.
 A hybridized block runs as one graph: its inner blocks' hooks do not fire, so only its own inputs and
 outputs (and all weights and gradients) are captured.
 
@@ -287,41 +288,45 @@ class _InPlace:
 
     def addr(self, _parity: int) -> int:
         """The array's address once MXNet's engine has written it."""
-        handle = self.arr.handle
-        _check_call(_wait_to_read(handle))
-        ptr = ctypes.c_void_p()
-        _check_call(_get_data(handle, ctypes.byref(ptr)))  # (a dense array in MXNet's default layout)
-        return ptr.value
+        return _address(self.arr.handle)
+
+
+def _address(handle: Any) -> int:
+    """The address of a CPU array's data once MXNet's engine has written it (in MXNet's default layout)."""
+    _check_call(_wait_to_read(handle))
+    ptr = ctypes.c_void_p()
+    _check_call(_get_data(handle, ctypes.byref(ptr)))
+    return ptr.value
 
 
 class _Stage(_Layout):
     """Where MXNet's engine copies a fixed list of arrays (`inputs`: the same at every step, `fits` checks) at
-    saving steps: two host buffers, saving steps alternating between them (a step's copies stay as they are
-    until they are handed over, at the end of the step after it), each read in place, as one source."""
+    saving steps: a host buffer, read in place as one source when the step's tensors are handed over (at the
+    end of the step after it), and a second one made only for a saving step that comes before that."""
 
     def __init__(self, reads: list[_Read], reductions: tuple, inputs: list[Any]) -> None:
         super().__init__(reads, reductions)
         self.inputs = inputs
-        dtype, total = self.dtype, self.total
-        self.bufs: list[Any] = []
-        self.addrs: list[int] = []
-        self.calls: list[list[_Invoke]] = []
-        ptr = ctypes.c_void_p()
-        for _ in range(2):
-            flat = mx.nd.zeros((total,), ctx=mx.cpu(), dtype=dtype)
+        self.bufs: list[Any] = [None, None]
+        self.addrs = [0, 0]
+        self.calls: list[list[_Invoke]] = [[], []]
+
+    def _make(self, parity: int) -> None:
+        """Buffer `parity`, with the operations that copy into it."""
+        inputs, reads = self.inputs, self.reads
+        with _pause():
+            flat = mx.nd.zeros((self.total,), ctx=mx.cpu(), dtype=self.dtype)
             views, off = [], 0
             for r in reads:
                 views.append(flat[off:off + r.size].reshape(r.shape))  # (views of `flat`: its engine variable)
                 off += r.size
-            flat.wait_to_read()
-            _check_call(_get_data(flat.handle, ctypes.byref(ptr)))
-            self.bufs.append(flat)
-            self.addrs.append(ptr.value)
-            if len(inputs) > 1 and dtype == _MULTICAST_DTYPE:
-                # one operation for all (with inputs of one dtype amp_multicast casts nothing: it copies each)
-                self.calls.append([_Invoke("amp_multicast", inputs, views, {"num_outputs": len(inputs)})])
-            else:
-                self.calls.append([_Invoke("_copyto", [a], [v], {}) for a, v in zip(inputs, views, strict=True)])
+        if len(inputs) > 1 and self.dtype == _MULTICAST_DTYPE:
+            # one operation for all (with inputs of one dtype amp_multicast casts nothing: it copies each)
+            calls = [_Invoke("amp_multicast", inputs, views, {"num_outputs": len(inputs)})]
+        else:
+            calls = [_Invoke("_copyto", [a], [v], {}) for a, v in zip(inputs, views, strict=True)]
+        self.addrs[parity] = _address(flat.handle)
+        self.bufs[parity], self.calls[parity] = flat, calls
 
     def fits(self, arrays: list[Any]) -> bool:
         """Whether `arrays` are the arrays this stage copies (not re-initialised or cast since)."""
@@ -329,6 +334,8 @@ class _Stage(_Layout):
         return len(mine) == len(arrays) and all(a is b for a, b in zip(arrays, mine, strict=True))
 
     def copy(self, parity: int) -> None:
+        if self.bufs[parity] is None:
+            self._make(parity)
         for call in self.calls[parity]:
             call()
 
@@ -492,7 +499,9 @@ class Hook(BaseHook):
             self._mx_grads = _NONE
             return
         self._mx_saving = True
-        self._mx_parity ^= 1
+        pending = self._mx_pending
+        # (the stages' buffer: the other one while the last saving step's copies wait for their hand-over)
+        self._mx_parity = 1 - pending[1] if pending is not None else 0
         plan = self._mx_plan
         if plan is None or plan[0] is not now:
             plan = self._mx_plan = self._mx_make_plan(now)
@@ -543,8 +552,7 @@ class Hook(BaseHook):
         """The plan's stage for `arrays` (learned by `reads`), made when they are new."""
         st = self._mx_stages.get(key, _MISSING)
         if st is _MISSING or (st is not None and not st.fits(arrays)):
-            with _pause():
-                st = self._mx_stages[key] = _Stage.make(self, reads, arrays)
+            st = self._mx_stages[key] = _Stage.make(self, reads, arrays)
         return st
 
     def _mx_copy(self, key: tuple, reads: list[_Read], arrays: list[Any]) -> None:
