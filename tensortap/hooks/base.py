@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import math
 import os
 import platform
 import sys
@@ -631,6 +632,11 @@ class Hook:
         self.on_step_begin()
         return step
 
+    def counting_deadline(self) -> float:
+        """Until when (`time.monotonic()`) a framework hook may only count steps that save nothing instead of
+        calling `next_step()`: the next stop-request check, or infinity when none is watched."""
+        return self._next_stop_check if self._stop_watch else math.inf
+
     def _check_stop_request(self) -> None:
         """One stat per STOP_CHECK_INTERVAL at most (local); object stores are polled by a background thread."""
         now = time.monotonic()
@@ -849,19 +855,42 @@ class Hook:
         reds = tuple(r for _n, _a, r in batch)
         spec = BatchSpec(tuple(n for n, _a, _r in batch), True, reds if any(reds) else None, shapes,
                          np_dtype=batch[0][1].dtype)
-        return self.write_sources(spec, sources, (step, mode, mode_step))
+        return self._reserve_and_copy(writer, spec, sources, (step, mode, mode_step))
 
-    def write_sources(self, spec: BatchSpec, sources: Sequence[tuple[int, int]],
-                      at: tuple[int, int, int] | None = None) -> bool:
-        """Hand over raw tensors of one dtype (`spec`'s names, shapes, np_dtype and reductions) from (address,
-        byte count) sources readable now, back to back: one reservation, one copy into the writer's room.
-        `at`: as for `write_tensors`. False when they cannot go that way (too large for the room): then hand
-        them over with `write_tensors`. (Membership in collections is the caller's: `_note_membership`.)"""
-        if self.dry_run:
-            return True
-        step, mode, mode_step = at if at is not None else self.step_id()
-        res = self._get_writer().reserve_batch(spec.names, spec.np_dtype, spec.shapes, step, mode, mode_step,
-                                               reductions=spec.reductions)
+    def _batch_spec(self, items: list[tuple[str, list[Collection]]]) -> BatchSpec:
+        """The plan of tensors saved together at every saving step with these collections (membership in them
+        noted here, once per plan). Shapes and dtype are the caller's to set."""
+        raw_only = True
+        reductions = []
+        for name, colls in items:
+            save_raw, reds, save_shape = self._plan(name, colls)
+            raw_only = raw_only and save_raw and not save_shape
+            reductions.append(reds)
+            self._note_membership(name, colls)
+        return BatchSpec(tuple(name for name, _c in items), raw_only,
+                         tuple(reductions) if any(reductions) else None)
+
+    def _write_planned(self, spec: BatchSpec, sources: Sequence[tuple[int, int]],
+                       at: tuple[int, int, int] | None = None) -> bool:
+        """Hand off a planned batch at the current step (`spec` raw only, with its shapes and numpy dtype;
+        `sources` the (address, byte count) of its tensors' bytes, in order, readable now): False if it cannot go
+        that way (then hand its tensors to `write_tensors`). `at`: as for `write_tensors`."""
+        if self.dry_run or not spec.raw_only:
+            return False
+        writer = self._writer if self._writer is not None else self._get_writer()
+        if type(writer) is ChunkWriter and sum(n for _a, n in sources) < _THREAD_BATCH_MIN_BYTES:
+            return False
+        self.clock.sync()
+        return self._reserve_and_copy(writer, spec, sources, at)
+
+    def _reserve_and_copy(self, writer: Any, spec: BatchSpec, sources: Sequence[tuple[int, int]],
+                          at: tuple[int, int, int] | None = None) -> bool:
+        if at is None:
+            res = spec.reserve(writer, self.clock)
+        else:
+            step, mode, mode_step = at
+            res = writer.reserve_batch(spec.names, spec.np_dtype, spec.shapes, step, mode, mode_step,
+                                       reductions=spec.reductions)
         if res is None:
             return False
         if res:  # (False: dropped under backpressure, counted by the writer)

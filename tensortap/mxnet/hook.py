@@ -20,7 +20,7 @@ A saving step's tensors go to the writer when the step after it ends (or at clos
 done by then; readers learn that the step passed only after that (`hold_step_marks`). Weights and gradients
 (dense CPU arrays of one dtype, saved raw) are copied into a fixed host buffer per list (a second one when
 a saving step comes before the last one's hand-over) by one operation (`amp_multicast` for float32) called
-straight through MXNet's C API, and go from there into the writer's room as one batch (`write_sources`);
+straight through MXNet's C API, and go from there into the writer's room as one batch (`_write_planned`);
 anything else is copied into new arrays and handed over with `write_tensors`. Steps that save nothing cost a
 few microseconds.
 A hybridized block runs as one graph: its inner blocks' hooks do not fire, so only its own inputs and
@@ -273,7 +273,7 @@ class _Layout:
                 return None
             reds.append(r_reds)
         for r in reads:
-            hook._note_membership(r.name, r.colls)  # (once per layout: write_sources leaves it to the caller)
+            hook._note_membership(r.name, r.colls)  # (once per layout: _write_planned leaves it to the caller)
         return cls(reads, tuple(reds), *args)
 
 
@@ -629,7 +629,7 @@ class Hook(BaseHook):
                 tuple(n for lay in plans for n in lay.names), True, reds if any(reds) else None,
                 tuple(sh for lay in plans for sh in lay.shapes), np_dtype=dtype)
         sources = [(x.addr(parity), x.plan.nbytes) for x in staged]
-        if not self.write_sources(spec, sources, at):
+        if not self._write_planned(spec, sources, at):
             # (too large for the writer's room: as records)
             items = []
             for x, (addr, nbytes) in zip(staged, sources, strict=True):

@@ -341,7 +341,7 @@ class Hook(BaseHook):
         try:
             clock.sync()
             if (clock.in_step and not self._saving and clock.mode_steps[clock.mode] + 1 < self._next_save
-                    and not (self._stop_watch and time.monotonic() >= self._next_stop_check)):
+                    and time.monotonic() < self.counting_deadline()):
                 clock.advance()
             else:
                 self.next_step()
@@ -351,7 +351,7 @@ class Hook(BaseHook):
                 left = self._next_save - clock.mode_steps[clock.mode] - 1
                 if left > 0:
                     counter.left = left if left < _MAX_SKIP else _MAX_SKIP
-                    counter.deadline = self._next_stop_check if self._stop_watch else _INF
+                    counter.deadline = self.counting_deadline()
         except Exception as e:  # noqa: BLE001 - never break training
             self._fail("forward pre-hook", e)
 
@@ -466,7 +466,7 @@ class Hook(BaseHook):
                     # the usual case: every gradient, in one copy (a later backward of this step replaces it)
                     self._pending_grads = {}
                     if plan.grad_spec is None:
-                        plan.grad_spec = self._spec(plan.grad_items)
+                        plan.grad_spec = self._batch_spec(plan.grad_items)
                     res = self._grad_res
                     extra = self._small[:self._small_in_res if res is not None else len(self._small)]
                     for _n, t, _c in extra:
@@ -718,7 +718,7 @@ class Hook(BaseHook):
             plan.step_layout = None  # (learned again: the parameters' shapes or dtype may have changed)
         if not plan.some_odd:
             if spec is None:
-                spec = plan.weight_spec = self._spec(plan.weight_items)
+                spec = plan.weight_spec = self._batch_spec(plan.weight_items)
             layout = plan.step_layout
             if layout is not None and spec.sources is not None and self._defer_small and self._writer is not None:
                 # one message for the weights and, at the end of the backward pass, the gradients
@@ -732,17 +732,6 @@ class Hook(BaseHook):
         else:
             keep = [i for i, v in enumerate(views) if capturable(v)]
             self._stage_or_write([views[i] for i in keep], [plan.weight_items[i] for i in keep])
-
-    def _spec(self, items: list[tuple[str, list[Collection]]]) -> BatchSpec:
-        raw_only = True
-        reductions = []
-        for name, colls in items:
-            save_raw, reds, save_shape = self._plan(name, colls)
-            raw_only = raw_only and save_raw and not save_shape
-            reductions.append(reds)
-            self._note_membership(name, colls)  # once per plan, not per step
-        return BatchSpec(tuple(name for name, _c in items), raw_only,
-                     tuple(reductions) if any(reductions) else None)
 
     def _stage_or_write(self, tensors: list[torch.Tensor], items: list[tuple[str, list[Collection]]],
                         spec: BatchSpec | None = None, reuse: bool = False) -> None:
@@ -834,7 +823,7 @@ class Hook(BaseHook):
             with self.guard("gradients"):
                 if batch is not None and plan is not None:
                     if plan.grad_spec is None:
-                        plan.grad_spec = self._spec(plan.grad_items)
+                        plan.grad_spec = self._batch_spec(plan.grad_items)
                     self._write_batch(batch, plan.grad_items, plan.grad_spec)
                 if pending:
                     self.write_tensors([(name, arr, colls) for name, (arr, colls) in pending.items()], copy=False)

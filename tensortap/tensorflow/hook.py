@@ -18,8 +18,8 @@ How values leave a compiled step (see docs/tensorflow.md for the names and what 
 
 from __future__ import annotations
 
+import itertools
 import logging
-import math
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -240,12 +240,16 @@ class _GraphStore:
         self.out_keys[mode] = layout
         return tuple(outs)
 
-    def unpack(self, mode: Any, outputs: tuple[Any, ...]) -> list[tuple[str, int, np.ndarray]]:
-        """(name, local replica, value) of what a step function in outputs mode returned (views, no copies)."""
-        arrays = [np.asarray(o) for o in outputs]
+    def unpack(self, mode: Any, outputs: tuple[Any, ...],
+               skip: Iterable[int] = ()) -> list[tuple[str, int, np.ndarray]]:
+        """(name, local replica, value) of what a step function in outputs mode returned (views, no copies),
+        less the outputs numbered in `skip`."""
+        arrays = [None if i in skip else np.asarray(o) for i, o in enumerate(outputs)]
         found = []
         for key, slot, offset, size, shape in self.out_keys.get(mode, []):
             a = arrays[slot]
+            if a is None:
+                continue
             if offset is not None:
                 a = a[offset:offset + size].reshape(shape)
             found.append((key[0], key[1], a))
@@ -394,6 +398,12 @@ class KerasHookBase(Hook):
         self._tape_pending: tuple[int, Any] | None = None
         self._wrapped_optimizers: list[Any] = []
         self._wanted_cache: dict[str, bool] = {}
+        # mode -> (output layout, collections saving, [(output, batch plan)]) of the concatenations sent whole
+        self._output_plans: dict[Any, tuple[Any, Any, list[tuple[int, Any]]]] = {}
+        # (collections saving, ids of the optimizers' variables, [(name, variable, collections)] saved of them)
+        self._optimizer_chosen: tuple[Any, tuple[int, ...], list[tuple[str, Any, list[Collection]]]] | None = None
+        # (collections saving, {log key: the collections of them that take it}) (see _classify_log)
+        self._logs_classified: tuple[Any, dict[str, list[Collection]]] = (None, {})
         self._restore: list[Callable[[], None]] = []
         # The next `_quiet_left` batches of mode `_quiet_mode` are known to save nothing: the batch callbacks
         # only count them (until `_quiet_deadline`, the next stop-request check); see `_arm_quiet`.
@@ -437,6 +447,9 @@ class KerasHookBase(Hook):
 
     def _collections_changed(self) -> None:
         self._wanted_cache = {}
+        self._output_plans = {}
+        self._optimizer_chosen = None
+        self._logs_classified = (None, {})
         self._quiet_left = 0
         super()._collections_changed()
 
@@ -851,7 +864,7 @@ class KerasHookBase(Hook):
         if left > 0:
             self._quiet_left = int(min(left, 1 << 30))
             self._quiet_mode = mode
-            self._quiet_deadline = self._next_stop_check if self._stop_watch else math.inf
+            self._quiet_deadline = self.counting_deadline()
 
     def _select_function(self, mode: Any, saving: bool) -> None:
         """Keras's compiled step function for this batch: the plain one Keras made (no tensortap op in it) on
@@ -918,13 +931,22 @@ class KerasHookBase(Hook):
         model_opt = getattr(self._model, "optimizer", None)
         if model_opt is not None and all(o is not model_opt for o in opts):
             opts.append(model_opt)
-        chosen = []
-        for opt in opts:
-            for v in getattr(opt, "variables", []):
+        variables = [v for opt in opts for v in getattr(opt, "variables", [])]
+        now = self.collections_to_save()
+        key = tuple(map(id, variables))
+        cached = self._optimizer_chosen
+        if cached is not None and cached[0] is now and cached[1] == key:
+            chosen = cached[2]
+        else:
+            chosen = []
+            for v in variables:
                 name = f"{OPTIMIZER_PREFIX}{getattr(v, 'path', None) or v.name}"
                 colls = self.collections_for(name)
                 if colls:
                     chosen.append((name, v, colls))
+            self._optimizer_chosen = (now, key, chosen)
+        if not chosen:
+            return []
         values = self._read_variables([v for _n, v, _c in chosen])
         return [(name, value, colls) for (name, _v, colls), value in zip(chosen, values, strict=True)]
 
@@ -947,12 +969,64 @@ class KerasHookBase(Hook):
             reader = self._var_readers[key] = (variables, tf.function(read_all, autograph=False))
         return [np.asarray(t) for t in reader[1]()]  # (views of the read's outputs, which nothing changes)
 
+    def _send_outputs(self, mode: Any, outputs: tuple[Any, ...]) -> tuple[set[int], list[str]]:
+        """Send each concatenation the capturing step function returned whose tensors are all saved raw now as
+        one batch, its payload the concatenation's bytes as they are: (the outputs sent, their tensors' names)."""
+        store = self._store
+        layout = store.out_keys.get(mode) if store is not None else None
+        if not layout or self._replica_hooks or self.dry_run:
+            return set(), []
+        now = self.collections_to_save()
+        plans = self._output_plans.get(mode)
+        if plans is None or plans[0] is not layout or plans[1] is not now:
+            plans = self._output_plans[mode] = (layout, now, self._plan_outputs(layout))
+        sent: set[int] = set()
+        names: list[str] = []
+        host = self._host_weights
+        for slot, spec in plans[2]:
+            if host and not host.isdisjoint(spec.names):
+                continue  # (some of them were read before the step)
+            arr = np.asarray(outputs[slot])
+            if arr.dtype != spec.np_dtype or not arr.flags.c_contiguous:
+                continue
+            if self._write_planned(spec, [(arr.ctypes.data, arr.nbytes)]):
+                sent.add(slot)
+                names.extend(spec.names)
+        return sent, names
+
+    def _plan_outputs(self, layout: list[tuple[Any, int, int | None, int, tuple[int, ...]]]) -> list[tuple[int, Any]]:
+        """(output, batch plan) of the concatenations in `layout` whose tensors the collections saving now all
+        take raw."""
+        slots: dict[int, list[tuple[Any, tuple[int, ...]]]] = {}
+        for key, slot, offset, _size, shape in layout:
+            if offset is not None:
+                slots.setdefault(slot, []).append((key, shape))
+        plans = []
+        for slot, entries in slots.items():
+            try:
+                np_dtype = np.dtype(entries[0][0][3])
+            except TypeError:
+                continue  # (a TensorFlow dtype numpy has no name for, e.g. bfloat16: sent tensor by tensor)
+            if np_dtype.kind not in "biuf" or any(key[1] > 0 for key, _s in entries):
+                continue
+            items = [(key[0], self.collections_for(key[0])) for key, _s in entries]
+            if not all(colls for _n, colls in items):
+                continue
+            spec = self._batch_spec(items)
+            if spec.raw_only:
+                spec.shapes = tuple(tuple(shape) for _k, shape in entries)
+                spec.np_dtype = np_dtype
+                plans.append((slot, spec))
+        return plans
+
     def _end_batch(self, mode: Any, batch: int, logs: Any) -> None:
         if self._saving:
             captured: list[tuple[str, int, Any]] = []
             outs, self._step_outputs = self._step_outputs, None
+            sent_names: list[str] = []
             if outs is not None and self._store is not None:
-                captured.extend(self._store.unpack(outs[0], outs[1]))
+                sent, sent_names = self._send_outputs(outs[0], outs[1])
+                captured.extend(self._store.unpack(outs[0], outs[1], sent))
             if self._store is not None:
                 captured.extend(self._store.read(mode))
                 host = self._host_weights
@@ -961,7 +1035,8 @@ class KerasHookBase(Hook):
             captured.extend((n, 0, v) for n, v in self._eager)
             self._eager = []
             if mode is _modes.PREDICT and isinstance(logs, dict) and "outputs" in logs:
-                if not any(n == "predictions" or n.startswith("predictions_") for n, _r, _v in captured):
+                if not any(n == "predictions" or n.startswith("predictions_")
+                           for n in itertools.chain((c[0] for c in captured), sent_names)):
                     captured.extend((n, 0, v) for n, v in _indexed("predictions", _flat(logs["outputs"])))
             logs_items = self._log_items(logs)
             for replica, hook in enumerate([self, *self._replica_hooks]):
@@ -1001,6 +1076,10 @@ class KerasHookBase(Hook):
     def _log_items(self, logs: Any) -> list[tuple[str, Any, list[Collection]]]:
         if not isinstance(logs, dict):
             return []
+        now = self.collections_to_save()
+        classified = self._logs_classified
+        if classified[0] is not now:
+            classified = self._logs_classified = (now, {})
         items = []
         for key, value in logs.items():
             if key in _LOG_SKIP or not isinstance(key, str):
@@ -1011,8 +1090,10 @@ class KerasHookBase(Hook):
                 continue
             if arr.dtype.kind not in "biuf" or arr.size != 1:
                 continue
-            self._classify_log(key)
-            colls = self.collections_for(key)
+            colls = classified[1].get(key)
+            if colls is None:
+                self._classify_log(key)
+                colls = classified[1][key] = self.collections_for(key)
             if colls:
                 items.append((key, arr.reshape(()), colls))
         return items

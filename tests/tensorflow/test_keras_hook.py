@@ -371,3 +371,38 @@ def test_steps_between_saves_counted_across_modes(tmp_path):
             np.testing.assert_array_equal(tr.tensor(f"{layer}/weights/{v_path}").value(s, mode=TRAIN), value)
         assert tr.tensor("loss").value(s, mode=TRAIN) == spy.logs[s]["loss"]
         assert tr.tensor("gradients/sequential/d1/kernelGrad").value(s, mode=TRAIN).shape == (4, 8)
+
+
+def test_collections_saving_at_different_steps_and_with_reductions(tmp_path):
+    """A step saves only some of what the capturing step function returns (weights every 2 steps, gradients
+    every 3, biases as a norm only): every value saved is the one the step saw, nothing else is saved."""
+    import tensortap as tt
+
+    x, y = _data()
+    model = _mlp()
+    hook = ttf.KerasHook(out_dir=str(tmp_path / "run"), save_config=ttf.SaveConfig(save_interval=2),
+                         include_collections=["weights", "biases", "gradients", "losses"])
+    hook.get_collection("gradients").save_config = ttf.SaveConfig(save_interval=3)
+    hook.get_collection("biases").reduction_config = tt.ReductionConfig(norms=["l2"])
+    opt = _recording_adam(target_iteration=3)
+    model.compile(optimizer=hook.wrap_optimizer(opt), loss="sparse_categorical_crossentropy")
+    opt.build(model.trainable_variables)
+    spy = Spy.make()
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, callbacks=[hook, spy], verbose=0)
+    hook.close()
+    assert hook.error_count == 0
+
+    tr = create_trial(str(tmp_path / "run"))
+    kernel, bias = "d1/weights/sequential/d1/kernel", "d1/weights/sequential/d1/bias"
+    assert tr.tensor(kernel).steps() == [0, 2, 4]
+    for s in (0, 2, 4):
+        np.testing.assert_array_equal(tr.tensor(kernel).value(s), spy.weights[s]["sequential/d1/kernel"])
+        b = spy.weights[s]["sequential/d1/bias"]
+        assert tr.tensor(bias).reduction_value(s, "l2") == pytest.approx(np.linalg.norm(b), rel=1e-6)
+        assert tr.tensor("loss").value(s) == spy.logs[s]["loss"]
+    with pytest.raises(tt.exceptions.TensorUnavailableForStep):  # a norm only: no raw value saved
+        tr.tensor(bias).value(0)
+    grads = tr.tensor_names(collection="gradients")
+    assert grads and all(tr.tensor(n).steps() == [0, 3] for n in grads)
+    for path, rec in zip(opt.paths, opt.recorded, strict=True):
+        np.testing.assert_array_equal(tr.tensor(f"gradients/{path}Grad").value(3), rec.numpy())
