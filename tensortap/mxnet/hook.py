@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import math
 import os
 import re
 import sys
@@ -695,7 +694,7 @@ class Hook(BaseHook):
                 mode = clock.mode
                 last = self.schedule.next_saving_step(mode, clock.mode_steps[mode] + 1) - 1
                 if last > clock.mode_steps[mode]:
-                    self._mx_quiet = (mode, last, self._next_stop_check if self._stop_watch else math.inf)
+                    self._mx_quiet = (mode, last, self.counting_deadline())
         except Exception as e:  # noqa: BLE001 - never break the training job
             self._fail("forward pre-hook", e)
 
