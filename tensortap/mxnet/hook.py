@@ -558,10 +558,16 @@ class Hook(BaseHook):
         """Have MXNet's engine copy `arrays` now, in order with the job's operations (read when handed over)."""
         st = self._mx_stage(key, reads, arrays)
         if st is not None:
-            st.copy(self._mx_parity)
-            self._mx_staged.append(st)
-        else:
-            self._mx_copied.extend(zip(reads, _copy_all(reads, arrays), strict=True))
+            try:
+                st.copy(self._mx_parity)
+            except Exception as e:  # noqa: BLE001 - an MXNet whose C API differs: the slower way, not off
+                self._warn_once("mx-c-api", f"tensortap: copying through MXNet's C API failed ({e}); copying "
+                                "with mx.nd operations instead")
+                self._mx_stages[key] = None
+            else:
+                self._mx_staged.append(st)
+                return
+        self._mx_copied.extend(zip(reads, _copy_all(reads, arrays), strict=True))
 
     def on_step_end(self) -> None:
         """Hand over the last saving step's copies (made by MXNet's engine long before: nothing waits), then have

@@ -196,6 +196,32 @@ def test_a_float64_model(tmp_path):
     assert hook.error_count == 0
 
 
+
+def test_copies_through_mxnet_c_api_failing_fall_back_to_mx_nd(tmp_path, monkeypatch, caplog):
+    """If MXNet's C API does not take the hook's direct calls (another MXNet build), it copies with mx.nd
+    operations instead: values still saved, the hook stays on, one warning."""
+    from tensortap.mxnet import hook as mxhook
+
+    def refuse(self):
+        raise mx.base.MXNetError("no such operator")
+
+    monkeypatch.setattr(mxhook._Invoke, "__call__", refuse)
+    out = str(tmp_path / "run")
+    hook = tm.Hook(out, save_config=tm.SaveConfig(save_interval=1),
+                   include_collections=["weights", "biases", "gradients", "losses"])
+    rec: dict = {}
+    with caplog.at_level(logging.WARNING, logger="tensortap"):
+        train(mlp(), 3, hook, record=rec)
+        hook.close()
+    assert hook.error_count == 0
+    assert sum("C API failed" in r.message for r in caplog.records) == 1
+    t = tm.create_trial(out)
+    assert t.steps() == [0, 1, 2]
+    for s in range(3):
+        for name in ("dense0_weight", "dense2_bias", "gradient/dense1_weight", LOSS):
+            assert same(t.tensor(name).value(s), rec[(s, name)]), (s, name)
+
+
 def test_reductions_beside_raw_values_and_instead_of_them(tmp_path):
     """Weights saved as reductions only, gradients raw with a reduction beside them (the writer computes both)."""
     out = str(tmp_path / "run")
