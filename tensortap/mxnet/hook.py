@@ -409,7 +409,7 @@ class Hook(BaseHook):
         # the plan's stages and layouts by what they read: ("w", id(model)), ("g",), ("l", id(loss block));
         # None: another way
         self._mx_stages: dict[tuple, Any] = {}
-        self._mx_specs: dict[tuple[int, ...], BatchSpec] = {}  # (by the ids of the layouts in one batch)
+        self._mx_specs: dict[tuple, BatchSpec] = {}  # (by the layouts in one batch)
         # (step_id(), parity, stages, [(read, copy)]) of the last saving step, handed over when the step after
         # it ends
         self._mx_pending: tuple | None = None
@@ -625,9 +625,11 @@ class Hook(BaseHook):
             for group in groups.values():
                 self._mx_write_stages(at, parity, group)
             return
-        key = tuple(id(x.plan) for x in staged)
+        key = tuple(x.plan for x in staged)  # (the layouts themselves: an id is reused once its object is gone)
         spec = self._mx_specs.get(key)
         if spec is None:
+            if len(self._mx_specs) >= 64:  # (e.g. a loss of another shape at every step)
+                self._mx_specs.clear()
             plans = [x.plan for x in staged]
             reds = tuple(r for lay in plans for r in lay.reductions)
             spec = self._mx_specs[key] = BatchSpec(
@@ -644,6 +646,12 @@ class Hook(BaseHook):
                     items.append((r.name, flat[off:off + r.size].reshape(r.shape), r.colls))
                     off += r.size
             self.write_tensors(items, copy=True, at=at)
+
+    def flush(self, timeout: float | None = 30.0) -> None:
+        """Make everything saved so far visible to readers: the last saving step's tensors handed over now."""
+        if self._mx_pending is not None:
+            self._mx_hand_over()
+        super().flush(timeout)
 
     def on_close(self) -> None:
         if self._mx_pending is not None:
