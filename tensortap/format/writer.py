@@ -289,7 +289,10 @@ class ChunkWriter:
         sealed_chunk_bytes: int = 32 << 20,
         metadata: dict[str, Any] | None = None,
         tensorboard_dir: str | None = None,
+        first_seq: int | None = None,
     ):
+        """`first_seq`: the first free chunk number when the caller knows it (else the writer thread lists the
+        worker's folder)."""
         if backpressure not in ("block", "drop"):
             raise ValueError(f"backpressure must be 'block' or 'drop', not {backpressure!r}")
         #: TensorBoard export of every record this writer persists, off the training thread (docs/tensorboard.md)
@@ -344,7 +347,7 @@ class ChunkWriter:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._kick = threading.Event()  # wakes the writer thread before its next flush
         self._kick_bytes = min(_KICK_BYTES, max_pending_bytes // 4)
-        self._seq = self._first_free_seq()
+        self._seq = -1 if first_seq is None else first_seq  # the chunk being written (-1: not known yet)
         self._idx = self._dat = None
         self._dat_size = 0
         # State of the block being built (writer thread only).
@@ -488,6 +491,14 @@ class ChunkWriter:
     def _run(self) -> None:
         last_flush = time.monotonic()
         try:
+            if not self.sealed_mode:
+                # The chunk's files are made here, beside the job's first steps, not when the first block is due.
+                try:
+                    self._open_chunk()
+                except OSError as e:
+                    if not storage_full(e):
+                        raise
+                    self._storage_full(e, 0)  # (as when the first record finds the disk full)
             while True:
                 timeout = max(0.0, self.flush_interval - (time.monotonic() - last_flush))
                 try:
@@ -570,6 +581,8 @@ class ChunkWriter:
         return max(seqs) + 1 if seqs else 0
 
     def _open_chunk(self) -> None:
+        if self._seq < 0:
+            self._seq = self._first_free_seq()  # (a listing: on the writer thread)
         if self.sealed_mode:
             self._dat = self._idx = True  # marks the chunk open; bytes go to _dat_buf / _idx_buf
             self._dat_buf = bytearray()
@@ -756,6 +769,15 @@ class ChunkWriter:
         value = r.value
         shape = tuple(value.shape) if value is not None else tuple(r.shape or ())
         shape_id = t._id(t.shapes, shape)
+        if (value is not None and r.save_raw and value.nbytes <= INLINE_BYTES and not r.reductions
+                and not r.reduction_values and self.exporter is None):
+            # (the usual scalar: its bytes inline in the entry, nothing else to store)
+            dtype_id = t._id(t.dtypes, codec.dtype_to_str(value.dtype))
+            self._rows.append((name_id, r.mode, RAW, NO_REDUCTION, codec.FLAG_INLINE, dtype_id, shape_id, r.step,
+                               r.mode_step, 0, value.nbytes, 0, value.tobytes()))
+            self.written_records += 1
+            self._encoded += 1
+            return
         wrote_any = False
         if value is not None and r.save_raw:
             buf = _byte_view(value)  # no copy: the record owns its array until the block is written

@@ -327,6 +327,7 @@ class Hook:
         )
         self._writer: ChunkWriter | None = None
         self._storage = None
+        self._first_seq: int | None = None  # the writer's first chunk number, when the claim found it
         self._prepared = False
         self._closed = False
         self._collections_dirty = True
@@ -373,7 +374,8 @@ class Hook:
         """Claim this worker's folder in out_dir for this job, atomically (docs/format.md §1): a second job
         given the same out_dir and worker gets a clear error here instead of interleaving its data."""
         storage = open_storage(self.out_dir)
-        for key in storage.list(layout.worker_dir(self.worker) + "/"):
+        keys = storage.list(layout.worker_dir(self.worker) + "/")
+        for key in keys:
             if key.endswith(layout.INDEX_SUFFIX):
                 raise InvalidConfiguration(
                     f"out_dir {self.out_dir!r} already holds data of {self.worker}: "
@@ -390,6 +392,8 @@ class Hook:
                 f"({storage.describe(layout.claim_key(self.worker))}): use a new out_dir for every training job"
             )
         self._storage = storage
+        # the writer's first chunk number, from this listing (the claim keeps every other writer out of the folder)
+        self._first_seq = max((p[1] for k in keys if (p := layout.parse_chunk_key(k))), default=-1) + 1
 
     @classmethod
     def create_from_json_file(cls, json_file_path: str | None = None, **overrides: Any) -> Hook:
@@ -748,7 +752,7 @@ class Hook:
                                    "instead", e)
                     self.writer_kind = "thread"
             if self._writer is None:
-                self._writer = ChunkWriter(self._storage, self.worker, **kw)
+                self._writer = ChunkWriter(self._storage, self.worker, first_seq=self._first_seq, **kw)
         return self._writer
 
     def _plan(self, name: str, colls: list[Collection]) -> tuple[bool, tuple[tuple[str, bool], ...], bool]:

@@ -15,6 +15,12 @@ each included collection (names as smdebug.xgboost, spec 5.6 and 5.9):
   gbtree after the first saving round as the last values plus the new trees' (tensortap.xgboost.shap);
 * trees  `trees/<column>`: each column of `trees_to_dataframe()` (missing strings saved as "").
 
+A round that saves only metrics, losses or hyperparameters keeps their values (a few µs inside the training
+loop); the kept rounds go to the writer together at the next round that takes the full path (at least every
+50 ms), at `flush()`, at the end of training and at `close()`. Readers find them within that and the writer's
+flush interval; they learn that a round passed when the next full round begins or training ends. A crash loses
+at most what was not flushed yet, as with every hook.
+
 Errors inside the hook turn it off (logged once); boosting goes on.
 """
 
@@ -34,6 +40,8 @@ from tensortap import modes
 from tensortap.collection import Collection, CollectionKeys
 from tensortap.config import ReductionConfig, SaveConfig
 from tensortap.exceptions import InvalidConfiguration
+from tensortap.format import codec
+from tensortap.format.writer import Record
 from tensortap.hooks import base as _base
 from tensortap.hooks.base import Hook as BaseHook
 from tensortap.hooks.base import rank_in_env
@@ -51,6 +59,7 @@ IMPORTANCE_TYPES = ("weight", "gain", "cover", "total_gain", "total_cover")
 _GAIN_METRICS = "auc|aucpr|map|ndcg|pre"
 
 K = CollectionKeys
+_TRAIN, _GLOBAL = modes.TRAIN, modes.GLOBAL
 _REGEXES = {
     K.HYPERPARAMETERS: r"^hyperparameters/.*$",
     K.METRICS: r"^[^/]+-[^/]+$",
@@ -64,6 +73,10 @@ _REGEXES = {
 }
 #: the collections whose tensors the hook computes, each in its own group
 _GROUPS = tuple(_REGEXES)
+#: groups whose values are known without the model: a round that saves only these keeps its values, and they are
+#: handed to the writer together with the other kept rounds' at the next full round (or at flush, close, the end
+#: of training, a change of collections)
+_KEPT_GROUPS = frozenset({K.HYPERPARAMETERS, K.METRICS, K.LOSSES})
 #: seconds at most between two rounds that take the hook's full path (which looks for a stop request); the
 #: rounds in between that save nothing are only counted
 _FULL_ROUND_EVERY = min(0.05, getattr(_base, "STOP_CHECK_INTERVAL", 0.05))
@@ -139,6 +152,8 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             hyperparameters=hyperparameters, **{k: v for k, v in kwargs.items() if k not in ("rank", "world_size")},
         )
         self._explicit_rank = kwargs.get("rank") is not None and identity is None
+        #: rounds whose metrics are kept for the next hand-off: (step, TRAIN step, [(eval, metric, last value)])
+        self._kept: list[tuple[int, int, list[tuple[str, str, Any]]]] = []
         # Without a rank from the caller, the collective or the launcher, the collective may still start before
         # training (xgboost.dask, the tracker): the worker's folder is claimed when training starts.
         self._claim_later = kwargs.get("rank") is None and rank_in_env() is None
@@ -263,6 +278,8 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
                     self._check_out_dir()
                 except InvalidConfiguration as e:
                     self._fail("start of training", e)
+                    return
+                self._get_writer()  # (it opens its chunk beside the first rounds)
 
     def after_training(self, model: Any) -> Any:
         if self.__dict__.get("_is_copy"):
@@ -282,13 +299,24 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
                 rnd = model.num_boosted_rounds() - 1 if isinstance(model, xgb.Booster) else epoch
                 self._round_offset = rnd - epoch
             self._last_epoch = epoch
-            if rnd == self._quiet_next and rnd < self._quiet_until and self.mode is modes.TRAIN \
+            clock = self.clock
+            if rnd == self._quiet_next and rnd < self._full_until and clock.mode is _TRAIN \
                     and time.monotonic() < self._full_round_by:
-                # A round that saves nothing, in the run of them after a full round: only counted. Readers
-                # learn that it passed when the next full round begins (or training ends).
-                self.step = rnd
-                steps = self.mode_steps
-                steps[modes.TRAIN] = steps[modes.GLOBAL] = rnd
+                # A round in the run of them after a full round that saves nothing, or only metrics (kept, and
+                # handed off with the other kept rounds at the next full round): only counted. Readers learn that
+                # it passed when the next full round begins (or training ends).
+                if rnd >= self._quiet_until:
+                    values = []
+                    for d, ms in evals_log.items():
+                        for m, log in ms.items():
+                            if log:
+                                values.append((d, m, log[-1]))
+                    self._kept.append((rnd, rnd, values))
+                    every = self._every
+                    self._quiet_until = rnd + every if every else self._next_saving_round(rnd + 1)[0]
+                clock.step = rnd  # (the hook has no tally: its clock needs no sync)
+                steps = clock.mode_steps
+                steps[_TRAIN] = steps[_GLOBAL] = rnd
                 self._quiet_next = rnd + 1
                 return False
             if self._claim_later:  # (no before_training: the callback driven by hand)
@@ -301,7 +329,7 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
                 if now:
                     self._save_round(model, evals_log, now)
             self._quiet_next = rnd + 1
-            self._quiet_until = self._next_saving_round(rnd + 1)
+            self._quiet_until, self._full_until = self._next_saving_round(rnd + 1)
             self._full_round_by = time.monotonic() + _FULL_ROUND_EVERY
         except Exception as e:  # noqa: BLE001 - never break training (what guard() does, without a generator)
             if isinstance(e, InvalidConfiguration):
@@ -315,38 +343,50 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
         self._round_offset = 0  # round - epoch in this training
         self._quiet_next = -1  # the round that may be only counted next
         self._quiet_until = -1  # the next round at which something saves
+        self._full_until = -1  # the next round at which something other than metrics saves
         self._full_round_by = 0.0  # time.monotonic() by which a round takes the full path again
-        self._train_cfgs: tuple[Any, list[Any]] | None = None  # (key, TRAIN save configs of the included)
+        self._train_cfgs: tuple[Any, list[Any]] | None = None  # (key, [(TRAIN save config, kept)] of the included)
+        self._every = 0  # k when every included collection saves every k rounds from a start, with no end (else 0)
         self._wanted_for: list[Collection] | None = None  # the collections_to_save() list `_wanted_now` is for
         self._wanted_now: set[str] = set()
 
     def _collections_changed(self) -> None:
+        self._hand_off_kept()  # (saved as the collections were when those rounds ended)
         super()._collections_changed()
-        self._quiet_until = -1
+        self._quiet_until = self._full_until = -1
         self._train_cfgs = None
+        self._every = 0
         self._wanted_for = None
 
-    def _next_saving_round(self, rnd: int) -> float:
-        """The first round >= `rnd` at which an included collection saves (inf: none)."""
+    def _next_saving_round(self, rnd: int) -> tuple[float, float]:
+        """(the first round >= `rnd` at which an included collection saves, the first at which one saves that
+        needs the model: not only metrics, losses or hyperparameters); inf: none."""
         if not self.writes:
-            return math.inf
+            return math.inf, math.inf
         if self.save_all:
-            return rnd  # (every collection is included: no shortcut)
+            return rnd, rnd  # (every collection is included: no shortcut)
         key = (len(self.include_collections), self.save_config)
         cfgs = self._train_cfgs
         if cfgs is None or cfgs[0] != key:
             modes_ = []
             for name in self.include_collections:
-                own = self.collection_manager.get(name).save_config
+                coll = self.collection_manager.get(name)
+                own = coll.save_config
                 cfg = own.merge_default(self.save_config) if own is not None else self.save_config
-                modes_.append(cfg.get_save_config(modes.TRAIN))
+                modes_.append((cfg.get_save_config(modes.TRAIN), self._wanted([coll]) <= _KEPT_GROUPS))
             cfgs = self._train_cfgs = (key, modes_)
+            plain = {cfg for cfg, _kept in modes_}
+            cfg = plain.pop() if len(plain) == 1 else None
+            self._every = cfg.save_interval if cfg is not None and not cfg.save_steps and cfg.end_step is None else 0
         best: float = math.inf
-        for cfg in cfgs[1]:
+        full: float = math.inf
+        for cfg, kept in cfgs[1]:
             nxt = cfg.next_save_step(rnd)
             if nxt < best:
                 best = nxt
-        return best
+            if not kept and nxt < full:
+                full = nxt
+        return best, full
 
     def _begin_round(self, rnd: int) -> None:
         if self.mode is not modes.TRAIN:
@@ -374,37 +414,85 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             self._wanted_now = self._wanted(now)
             self._wanted_for = now
         wanted = self._wanted_now
-        items: list[tuple[str, Any, list[Collection]]] = []
-        cv = not isinstance(model, xgb.Booster)
-        collections_for = self.collections_for
-
-        def add(name: str, value: Any) -> None:
-            colls = collections_for(name)
-            if colls:
-                items.append((name, value, colls))
-
-        if K.HYPERPARAMETERS in wanted and self.hyperparameters:
-            for k, v in self.hyperparameters.items():
-                value = self._storable_param(k, v)
-                if value is not None:
-                    add(f"hyperparameters/{k}", value)
-        if (K.METRICS in wanted or K.LOSSES in wanted) and evals_log:
-            for data_name, metrics in evals_log.items():
-                for metric_name, log in metrics.items():
-                    if log:
-                        name = f"{data_name}-{metric_name}"
-                        colls = collections_for(name)
-                        if colls:
-                            last = log[-1]
-                            items.append((name, np.float64(last[0] if isinstance(last, tuple | list) else last),
-                                          colls))
-        model_groups = wanted & {K.PREDICTIONS, K.LABELS, K.FEATURE_IMPORTANCE, K.TREES, K.FULL_SHAP, K.AVERAGE_SHAP}
-        if cv and model_groups:
+        if wanted & _KEPT_GROUPS:  # (handed off with the kept rounds' at the next full round)
+            self._kept.append((self.step, self.mode_step, [(d, m, log[-1]) for d, ms in evals_log.items()
+                                                           for m, log in ms.items() if log]))
+        model_groups = wanted - _KEPT_GROUPS
+        if model_groups and not isinstance(model, xgb.Booster):
             self._warn_once("cv", "tensortap.xgboost: with xgb.cv only hyperparameters and metrics are saved")
         elif model_groups:
+            items: list[tuple[str, Any, list[Collection]]] = []
+            collections_for = self.collections_for
+
+            def add(name: str, value: Any) -> None:
+                colls = collections_for(name)
+                if colls:
+                    items.append((name, value, colls))
+
             self._save_model_groups(model, model_groups, add)
-        if items:
-            self.write_tensors(items, copy=False)
+            if items:
+                self.write_tensors(items, copy=False)
+
+    def _hand_off_kept(self) -> None:
+        """Hand the kept rounds' metrics and hyperparameters to the writer, in one hand-off."""
+        kept = self._kept
+        if not kept:
+            return
+        self._kept = []
+        if not self.active:
+            return
+        try:
+            records: list[Record] = []
+            at = self.schedule.at
+            train = _TRAIN.value
+            last_now = wanted = resolved = None
+            for step, mode_step, values in kept:
+                now = at(_TRAIN, mode_step)
+                if not now:
+                    continue
+                if now is not last_now:
+                    wanted, last_now = self._wanted(now), now
+                    resolved = {}  # (eval, metric) -> (name, save_raw, reductions, save_shape), or None: not saved
+                if K.HYPERPARAMETERS in wanted and self.hyperparameters:
+                    for k, v in self.hyperparameters.items():
+                        value = self._storable_param(k, v)
+                        if value is not None:
+                            plan = self._resolve(f"hyperparameters/{k}", now)
+                            if plan is not None:
+                                records.append(Record(plan[0], step, train, mode_step, codec.as_storable(value),
+                                                      plan[1], plan[2], save_shape=plan[3]))
+                if K.METRICS in wanted or K.LOSSES in wanted:
+                    for d, m, last in values:
+                        plan = resolved.get((d, m), False)
+                        if plan is False:
+                            plan = resolved[(d, m)] = self._resolve(f"{d}-{m}", now)
+                        if plan is not None:
+                            value = np.array(last[0] if isinstance(last, tuple | list) else last, dtype=np.float64)
+                            records.append(Record(plan[0], step, train, mode_step, value, plan[1], plan[2],
+                                                  save_shape=plan[3]))
+            if records and not self.dry_run:
+                self._get_writer().submit_many(records)
+        except Exception as e:  # noqa: BLE001 - never break training
+            self._fail("saving metrics", e)
+
+    def _resolve(self, name: str, now: list[Collection]) -> tuple[str, bool, tuple, bool] | None:
+        """(name, save_raw, reductions, save_shape) of tensor `name` saved with the collections `now`; None: not
+        saved."""
+        colls = self.schedule.for_tensor(name, now)
+        if not colls:
+            return None
+        self._note_membership(name, colls)
+        return (name, *self._plan(name, colls))
+
+    def on_step_end(self) -> None:
+        self._hand_off_kept()  # (before readers learn that those rounds passed)
+
+    def on_close(self) -> None:
+        self._hand_off_kept()
+
+    def flush(self, timeout: float | None = 30.0) -> None:
+        self._hand_off_kept()
+        super().flush(timeout)
 
     def _save_model_groups(self, model: Any, wanted: set[str], add: Any) -> None:
         if wanted & {K.PREDICTIONS, K.LABELS}:

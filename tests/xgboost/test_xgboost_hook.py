@@ -424,3 +424,91 @@ def test_tensortap_disable(tmp_path, dm, monkeypatch) -> None:
     hook.close()
     assert bst.num_boosted_rounds() == 3
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").rglob("*.idx*"))
+
+
+def test_rounds_saving_metrics_only_are_all_saved(tmp_path, dm) -> None:
+    """Rounds that save only metrics, losses and hyperparameters keep their values and hand them off together
+    (at the next full round, a flush, the end of training): every round's values are saved all the same, and
+    a flush during training makes the rounds so far readable (readers learn that they passed at the next full
+    round)."""
+    import time
+
+    dtrain, dval = dm
+    hook = txgb.Hook(out_dir=str(tmp_path), save_config=txgb.SaveConfig(save_interval=1),
+                     include_collections=["metrics", "losses", "hyperparameters", "feature_importance"],
+                     hyperparameters={"max_depth": 3, "objective": "binary:logistic"})
+    hook.get_collection("feature_importance").save_config = txgb.SaveConfig(save_interval=4)
+    seen: dict = {}
+
+    class Probe(xgb.callback.TrainingCallback):
+        def after_iteration(self, model, epoch, evals_log):  # noqa: ANN001, ANN201
+            if epoch == 9:
+                time.sleep(0.06)  # (the next round takes the full path)
+            if epoch == 14:
+                hook.flush()
+                seen["steps"] = txgb.create_trial(str(tmp_path)).steps(show_incomplete_steps=True)
+            return False
+
+    res: dict = {}
+    bst = xgb.train(PARAMS, dtrain, num_boost_round=23, evals=[(dtrain, "train"), (dval, "val")], evals_result=res,
+                    callbacks=[hook, Probe()], verbose_eval=False)
+    hook.close()
+    assert seen["steps"] == list(range(15))
+    t = txgb.create_trial(str(tmp_path))
+    assert t.steps() == list(range(23))
+    for s in range(23):
+        for data in ("train", "val"):
+            for metric in ("logloss", "auc"):
+                assert t.tensor(f"{data}-{metric}").value(s) == res[data][metric][s]
+        assert t.tensor("hyperparameters/max_depth").value(s) == 3
+        assert str(t.tensor("hyperparameters/objective").value(s)) == "binary:logistic"
+    assert set(t.tensor_names(collection="losses")) == {"train-logloss", "val-logloss"}
+    assert t.tensor("feature_importance/weight/f0").steps() == list(range(0, 23, 4))
+    scores = bst[:9].get_score(importance_type="weight")
+    assert t.tensor("feature_importance/weight/f0").value(8) == scores["f0"] / sum(scores.values())
+
+
+_KILLED_JOB = """
+import os, signal, sys
+import numpy as np, xgboost as xgb
+import tensortap.xgboost as txgb
+rng = np.random.default_rng(0)
+x = rng.normal(size=(300, 5)).astype(np.float32)
+y = (x[:, 0] > 0).astype(np.float32)
+d = xgb.DMatrix(x, label=y)
+hook = txgb.Hook(out_dir=sys.argv[1], save_config=txgb.SaveConfig(save_interval=1))
+
+class Kill(xgb.callback.TrainingCallback):
+    def after_iteration(self, model, epoch, evals_log):
+        if epoch == 7:
+            hook.flush()
+        if epoch == 11:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return False
+
+xgb.train({"max_depth": 3, "nthread": 1, "seed": 0, "objective": "binary:logistic", "eval_metric": "logloss"},
+          d, num_boost_round=20, evals=[(d, "train")], callbacks=[hook, Kill()], verbose_eval=False)
+"""
+
+
+def test_killed_job_keeps_its_flushed_rounds(tmp_path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(_KILLED_JOB)
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 5)).astype(np.float32)
+    d = xgb.DMatrix(x, label=(x[:, 0] > 0).astype(np.float32))
+    res: dict = {}
+    xgb.train({"max_depth": 3, "nthread": 1, "seed": 0, "objective": "binary:logistic", "eval_metric": "logloss"},
+              d, num_boost_round=12, evals=[(d, "train")], evals_result=res, verbose_eval=False)
+    t = txgb.create_trial(str(out))
+    steps = t.steps(show_incomplete_steps=True)
+    assert steps[:8] == list(range(8)) and steps == list(range(len(steps))) and len(steps) <= 12
+    for s in steps:
+        assert t.tensor("train-logloss").value(s) == res["train"]["logloss"][s]
