@@ -35,6 +35,10 @@ It is skipped with a message when absent.
 
     .venv-mxnet/bin/python bench/mxnet_overhead.py [--rounds 3] [--libs none,tensortap,smdebug]
 
+`tensortap@PATH` (any tensortap library name, e.g. `tensortap-thread@PATH`) runs that library with the tensortap
+package of another checkout at PATH (e.g. a `git worktree` of an older commit): alternating A/B runs of two
+versions of the hook in one run.
+
 TTBENCH_DRY_RUN=1 makes the tensortap hooks dry runs (everything captured and read, nothing handed to a writer).
 `tensortap` is the default writer (writer="auto": the writer process on x86-64 Linux); `tensortap-thread` and
 `tensortap-process` choose one.
@@ -222,17 +226,23 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
 
 
 def _spawn(python: str, lib: str, interval: int, args) -> dict | None:
+    lib, _at, tree = lib.partition("@")
     cmd = [python, os.path.abspath(__file__), "--child", lib, "--interval", str(interval),
            "--pairs", str(args.pairs * (3 if interval >= 100 else 1)), "--steps", str(args.steps),
            "--collections", args.collections, "--sync-every", str(args.sync_every)] + (
         ["--hybridize"] if args.hybridize else [])
     env = dict(os.environ, **THREAD_ENV)
+    if tree:
+        env["PYTHONPATH"] = os.path.abspath(tree)  # (tensortap of another checkout)
     env.setdefault("PYTHONPATH", os.path.dirname(HERE))  # (tensortap from this checkout if not installed)
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     if res.returncode != 0:
         print(f"  {lib} every {interval}: failed\n{res.stderr[-2000:]}", file=sys.stderr)
         return None
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    if tree:
+        out["lib"] = f"{lib}@{tree}"
+    return out
 
 
 def main() -> None:

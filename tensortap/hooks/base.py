@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -331,6 +331,9 @@ class Hook:
         self._prepared = False
         self._closed = False
         self._collections_dirty = True
+        # step marks held back until a framework hook has handed over the tensors of their steps
+        # (hold_step_marks / release_step_marks): (global step, mode steps) in order; None: not holding
+        self._held_marks: list[tuple[int, dict[str, int]]] | None = None
         # Stop requests (tensortap.format.control): every rank watches, writing or not.
         self._stop_watch = not disabled_by_env()
         self._stop_request: dict | None = None
@@ -677,7 +680,10 @@ class Hook:
             return
         clock.in_step = False
         self.on_step_end()
-        if self._writer is not None and not self.disabled and self.writes and not self._closed:  # (active)
+        if self._held_marks is not None:  # (sent by release_step_marks, after this step's tensors)
+            passed = clock.passed()  # (adds steps counted elsewhere: before the global step is read)
+            self._held_marks.append((clock.step, passed))
+        elif self._writer is not None and not self.disabled and self.writes and not self._closed:  # (active)
             try:  # (what guard() does, without a generator per step)
                 if self._collections_dirty:
                     self._writer.set_collections(self.collection_manager.to_json_dict())
@@ -692,6 +698,30 @@ class Hook:
     def _ensure_step(self) -> None:
         if not self.clock.in_step:
             self.next_step()
+
+    def step_id(self) -> tuple[int, int, int]:
+        """(global step, mode value, mode step) of the current step: where `write_tensors(..., at=)` saves
+        later."""
+        clock = self.clock
+        clock.sync()
+        mode = clock.mode
+        return clock.step, mode.value, clock.mode_steps[mode]
+
+    def hold_step_marks(self) -> None:
+        """The current step's tensors are handed over after it ends (`write_tensors(..., at=step_id())`): its
+        step mark, and those of the steps after it, wait until `release_step_marks()` (close() releases them)."""
+        if self._held_marks is None:
+            self._held_marks = []
+
+    def release_step_marks(self) -> None:
+        """Send the step marks held since `hold_step_marks()` (their steps' tensors are handed over)."""
+        held, self._held_marks = self._held_marks, None
+        if held and self._writer is not None and self.active:
+            if self._collections_dirty:
+                self._writer.set_collections(self.collection_manager.to_json_dict())
+                self._collections_dirty = False
+            step, passed = held[-1]  # (a mark covers every step up to it, in every mode)
+            self._writer.mark_step_passed(step, passed)
 
     def on_step_begin(self) -> None:
         """Called when a step begins (framework hooks override)."""
@@ -781,14 +811,14 @@ class Hook:
             )
         )
 
-    def write_tensors(self, items: Iterable[tuple[str, Any, list[Collection]]], copy: bool = True) -> None:
+    def write_tensors(self, items: Iterable[tuple[str, Any, list[Collection]]], copy: bool = True,
+                      at: tuple[int, int, int] | None = None) -> None:
         """`write_tensor(name, value, colls, copy=copy)` for each item, in one hand-off: the values saved raw,
         of one dtype, go as one batch copied straight into the writer's room (tensortap.capture.batch); the
-        others as records."""
+        others as records. `at`: the `step_id()` of an earlier step to save them at (its mark held until
+        then, see `hold_step_marks`); by default the current step."""
         plans: dict[tuple[int, ...], tuple[bool, tuple[tuple[str, bool], ...], bool]] = {}
-        clock = self.clock
-        clock.sync()
-        step, mode, mode_step = clock.step, clock.mode.value, clock.mode_steps[clock.mode]
+        step, mode, mode_step = at if at is not None else self.step_id()
         records = []
         batch: list[tuple[str, np.ndarray, tuple]] = []
         for name, value, colls in items:
@@ -809,16 +839,17 @@ class Hook:
         if self.dry_run:
             return
         writer = self._get_writer()
-        if batch and not self._send_batch(writer, batch):
+        if batch and not self._send_batch(writer, batch, step, mode, mode_step):
             for name, arr, reds in batch:
                 records.append(Record(name=name, step=step, mode=mode, mode_step=mode_step,
                                       value=arr.copy() if copy else arr, save_raw=True, reductions=reds))
         if records:
             writer.submit_many(records)
 
-    def _send_batch(self, writer: Any, batch: list[tuple[str, np.ndarray, tuple]]) -> bool:
-        """Copy raw values of one dtype into one reservation of `writer` at the current step; False if they
-        cannot go that way (then they go as records)."""
+    def _send_batch(self, writer: Any, batch: list[tuple[str, np.ndarray, tuple]], step: int, mode: int,
+                    mode_step: int) -> bool:
+        """Copy raw values of one dtype into one reservation of `writer` at that step; False if they cannot go
+        that way (then they go as records)."""
         if type(writer) is ChunkWriter and sum(arr.nbytes for _n, arr, _r in batch) < _THREAD_BATCH_MIN_BYTES:
             return False  # (a thread writer queues small records for less than a reservation and its copy cost)
         found = array_sources([arr for _n, arr, _r in batch])
@@ -828,7 +859,7 @@ class Hook:
         reds = tuple(r for _n, _a, r in batch)
         spec = BatchSpec(tuple(n for n, _a, _r in batch), True, reds if any(reds) else None, shapes,
                          np_dtype=batch[0][1].dtype)
-        return self._reserve_and_copy(writer, spec, sources)
+        return self._reserve_and_copy(writer, spec, sources, (step, mode, mode_step))
 
     def _batch_spec(self, items: list[tuple[str, list[Collection]]]) -> BatchSpec:
         """The plan of tensors saved together at every saving step with these collections (membership in them
@@ -843,20 +874,27 @@ class Hook:
         return BatchSpec(tuple(name for name, _c in items), raw_only,
                          tuple(reductions) if any(reductions) else None)
 
-    def _write_planned(self, spec: BatchSpec, sources: list[tuple[int, int]]) -> bool:
+    def _write_planned(self, spec: BatchSpec, sources: Sequence[tuple[int, int]],
+                       at: tuple[int, int, int] | None = None) -> bool:
         """Hand off a planned batch at the current step (`spec` raw only, with its shapes and numpy dtype;
-        `sources` the (address, byte count) of its tensors' bytes, in order): False if it cannot go that way
-        (then hand its tensors to `write_tensors`)."""
+        `sources` the (address, byte count) of its tensors' bytes, in order, readable now): False if it cannot go
+        that way (then hand its tensors to `write_tensors`). `at`: as for `write_tensors`."""
         if self.dry_run or not spec.raw_only:
             return False
         writer = self._writer if self._writer is not None else self._get_writer()
         if type(writer) is ChunkWriter and sum(n for _a, n in sources) < _THREAD_BATCH_MIN_BYTES:
             return False
         self.clock.sync()
-        return self._reserve_and_copy(writer, spec, sources)
+        return self._reserve_and_copy(writer, spec, sources, at)
 
-    def _reserve_and_copy(self, writer: Any, spec: BatchSpec, sources: list[tuple[int, int]]) -> bool:
-        res = spec.reserve(writer, self.clock)
+    def _reserve_and_copy(self, writer: Any, spec: BatchSpec, sources: Sequence[tuple[int, int]],
+                          at: tuple[int, int, int] | None = None) -> bool:
+        if at is None:
+            res = spec.reserve(writer, self.clock)
+        else:
+            step, mode, mode_step = at
+            res = writer.reserve_batch(spec.names, spec.np_dtype, spec.shapes, step, mode, mode_step,
+                                       reductions=spec.reductions)
         if res is None:
             return False
         if res:  # (False: dropped under backpressure, counted by the writer)
@@ -950,6 +988,7 @@ class Hook:
         with self.guard("close"):
             self.end_step()
             self.on_close()
+            self.release_step_marks()
             if self.writes and not self.disabled and not self.dry_run:
                 w = self._get_writer()
                 w.set_collections(self.collection_manager.to_json_dict())

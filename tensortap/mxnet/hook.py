@@ -4,19 +4,25 @@ Names follow smdebug's MXNet naming: parameters `param.name` (e.g. `dense0_weigh
 `gradient/<param.name>`, block I/O `<block.name>_input_<i>` / `<block.name>_output_<i>` (inputs and outputs
 flattened; the index continues when a block runs again in the same step), losses `<loss.name>_output_0`.
 
-When things are read (each value is the one the step computed with or produced):
+When things are read (each value is the one the step computed with or produced); the training thread never
+waits for MXNet's engine:
 - a registered block's forward pre-hook starts a step (one step per forward of a registered model);
-- weights are copied by MXNet's engine in the model's forward hook (one `amp_multicast` per dtype, in order
-  with the job's own operations, nothing waited for): the values this step's forward used, before the
-  optimizer's update (smdebug saved them at the next step's start, after the update);
-- block inputs and outputs (losses too), as the blocks return them, are copied the same way in the forward
-  hooks;
-- gradients are read when the step ends (the next forward, `set_mode`, `close`): the ones this step's backward
-  left in the parameters' gradient buffers (with grad_req="add", zeroing them before the next forward loses
-  them). That is the one wait for MXNet's engine a saving step costs (for this step's backward; the
-  optimizer's update may still run). The copies are read with them, into one host buffer per dtype, and
-  everything goes to the writer in one `write_tensors` call (raw values of one dtype as one batch). Steps
-  that save nothing cost a few microseconds.
+- weights are copied by MXNet's engine in the model's forward hook, in order with the job's own operations:
+  the values this step's forward used, before the optimizer's update (smdebug saved them at the next step's
+  start, after the update);
+- gradients are copied the same way when the step ends (the next forward, `set_mode`, `close`): the ones this
+  step's backward left in the parameters' gradient buffers, before the next backward writes them (with
+  grad_req="add", zeroing them before the next forward loses them);
+- a loss block's output is kept as it returns it and read in place (nothing changes it afterwards: a script
+  that changes it in place before the next step ends changes what is saved); other block inputs and outputs
+  are copied by the engine in the forward hooks.
+A saving step's tensors go to the writer when the step after it ends (or at close), the engine's copies long
+done by then; readers learn that the step passed only after that (`hold_step_marks`). Weights and gradients
+(dense CPU arrays of one dtype, saved raw) are copied into a fixed host buffer per list (a second one when
+a saving step comes before the last one's hand-over) by one operation (`amp_multicast` for float32) called
+straight through MXNet's C API, and go from there into the writer's room as one batch (`_write_planned`);
+anything else is copied into new arrays and handed over with `write_tensors`. Steps that save nothing cost a
+few microseconds.
 A hybridized block runs as one graph: its inner blocks' hooks do not fire, so only its own inputs and
 outputs (and all weights and gradients) are captured.
 
@@ -29,7 +35,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import math
 import os
 import re
 import sys
@@ -38,9 +43,10 @@ from typing import Any
 
 import mxnet as mx
 import numpy as np
-from mxnet.base import _LIB
+from mxnet.base import _LIB, NDArrayHandle, c_str, c_str_array
 from mxnet.base import check_call as _check_call
 
+from tensortap.capture.batch import BatchSpec
 from tensortap.collection import ACTIVATION_COLLECTIONS, Collection, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.hooks.base import Hook as BaseHook
@@ -65,6 +71,12 @@ _Symbol = mx.sym.Symbol
 _pause = mx.autograd.pause
 _multicast = mx.nd.amp_multicast
 _NONE: list = []  # (never mutated)
+_wait_to_read = _LIB.MXNDArrayWaitToRead
+_get_data = _LIB.MXNDArrayGetData
+_invoke = _LIB.MXImperativeInvokeEx
+_set_recording = _LIB.MXAutogradSetIsRecording
+_MULTICAST_DTYPE = np.dtype("float32")  # (amp_multicast's oneDNN kernel takes no other dtype on the CPU)
+_MISSING = object()
 
 
 def horovod_rank() -> tuple[int, int] | None:
@@ -127,7 +139,7 @@ class _Read:
     """A parameter's value or gradient read at saving steps (its shape and dtype are learned once per array:
     MXNet asks its library for both at every asnumpy()), or a block's input or output, copied."""
 
-    __slots__ = ("name", "param", "colls", "grad", "array", "shape", "dtype", "size", "key")
+    __slots__ = ("name", "param", "colls", "grad", "array", "shape", "dtype", "size", "nbytes", "key", "cpu")
 
     def __init__(self, name: str, param: Any, colls: list[Collection], grad: bool) -> None:
         self.name, self.param, self.colls, self.grad = name, param, colls, grad
@@ -138,39 +150,39 @@ class _Read:
         if arr is not self.array:  # (first read, or the parameter was initialised or cast again)
             self.shape, self.dtype = arr.shape, np.dtype(arr.dtype)
             self.size = int(np.prod(self.shape))
+            self.nbytes = self.size * self.dtype.itemsize
+            ctx = arr.context
             # arrays copied by one engine operation (_copy_all): legacy NDArrays of one dtype and context
-            self.key = (self.dtype, arr.context) if type(arr) is _NDArray else None
+            self.key = (self.dtype, ctx) if type(arr) is _NDArray else None
+            self.cpu = ctx.device_type == "cpu"  # (its copies are read in place)
             self.array = arr
         return arr
 
 
-def _read_all(pairs: list[tuple[_Read, Any]]) -> dict[np.dtype, tuple[list[_Read], list[np.ndarray]]]:
-    """Numpy copies of the arrays in `pairs` (each of its read's shape and dtype), once MXNet's engine has
-    written them, per dtype: (reads, copies), the copies views of one new host buffer, in order."""
-    groups: dict[np.dtype, list[tuple[_Read, Any]]] = {}
-    for pair in pairs:
-        groups.setdefault(pair[0].dtype, []).append(pair)
-    out = {}
-    for dt, group in groups.items():
-        flat = np.empty(sum(r.size for r, _a in group), dt)
-        addr, item = flat.ctypes.data, dt.itemsize
-        reads, arrays = [], []
-        i = 0
-        for r, arr in group:
-            n = r.size
-            _check_call(_LIB.MXNDArraySyncCopyToCPU(arr.handle, ctypes.c_void_p(addr + i * item),
-                                                    ctypes.c_size_t(n)))
-            reads.append(r)
-            arrays.append(flat[i:i + n].reshape(r.shape))
-            i += n
-        out[dt] = (reads, arrays)
-    return out
+def _host_items(pairs: list[tuple[_Read, Any]]) -> list[tuple[str, np.ndarray, list[Collection]]]:
+    """(name, value, collections) of each (read, copy) in `pairs` once MXNet's engine has written the copy: on the
+    CPU a numpy view of the copy's own memory (valid while the copy lives), else a host copy of it."""
+    items = []
+    ptr = ctypes.c_void_p()
+    for r, arr in pairs:
+        handle = arr.handle
+        if r.cpu and r.size:
+            _check_call(_wait_to_read(handle))
+            _check_call(_get_data(handle, ctypes.byref(ptr)))  # (a dense array in MXNet's default layout)
+            value = np.frombuffer((ctypes.c_char * r.nbytes).from_address(ptr.value), r.dtype).reshape(r.shape)
+        else:
+            value = np.empty(r.shape, r.dtype)
+            if r.size:
+                _check_call(_LIB.MXNDArraySyncCopyToCPU(handle, ctypes.c_void_p(value.ctypes.data),
+                                                        ctypes.c_size_t(r.size)))
+        items.append((r.name, value, r.colls))
+    return items
 
 
 def _copy_all(reads: list[_Read], arrays: list[Any]) -> list[Any]:
     """New copies of `arrays` (learned by `reads`), made by MXNet's engine in order with the job's operations.
 
-    Arrays of one dtype and context are copied by one `amp_multicast` (one operation instead of one per array:
+    float32 arrays of one context are copied by one `amp_multicast` (one operation instead of one per array:
     with inputs of a single dtype it casts nothing and writes each input into a new output array).
     """
     groups: dict[Any, list[int]] = {}
@@ -179,14 +191,157 @@ def _copy_all(reads: list[_Read], arrays: list[Any]) -> list[Any]:
     out: list[Any] = [None] * len(arrays)
     with _pause():
         for key, idx in groups.items():
-            if key is None or len(idx) == 1:
+            if key is None or len(idx) == 1 or key[0] != _MULTICAST_DTYPE:
                 for i in idx:
-                    out[i] = arrays[i].copy()
+                    arr = arrays[i]
+                    out[i] = arr.copy() if type(arr) in _DENSE else arr.tostype("default")  # (sparse: dense)
                 continue
             copies = _multicast(*[arrays[i] for i in idx], num_outputs=len(idx))
             for i, c in zip(idx, copies, strict=True):
                 out[i] = c
     return out
+
+
+def _op_handle(name: str) -> ctypes.c_void_p:
+    handle = ctypes.c_void_p()
+    _check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
+    return handle
+
+
+class _Invoke:
+    """One MXNet operation on fixed arrays into fixed outputs, called through MXNet's C API as
+    `mx.nd.<op>(..., out=...)` calls it, its arguments built once; never recorded by autograd. Pushed to MXNet's
+    engine like the job's own operations (in order with them), nothing waited for."""
+
+    __slots__ = ("op", "n_in", "ins", "n_out", "outs", "nout", "n_params", "keys", "vals", "stypes", "prev", "keep")
+
+    def __init__(self, op: str, inputs: list[Any], outputs: list[Any], params: dict[str, Any]) -> None:
+        self.op = _op_handle(op)
+        self.n_in = len(inputs)
+        self.ins = (NDArrayHandle * len(inputs))(*[a.handle for a in inputs])
+        self.n_out = len(outputs)
+        outs = (NDArrayHandle * len(outputs))(*[a.handle for a in outputs])
+        self.outs = ctypes.cast(outs, ctypes.POINTER(NDArrayHandle))
+        self.nout = ctypes.c_int(len(outputs))
+        self.n_params = len(params)
+        self.keys = c_str_array(list(params))
+        self.vals = c_str_array([str(v) for v in params.values()])
+        self.stypes = ctypes.POINTER(ctypes.c_int)()
+        self.prev = ctypes.c_int()
+        self.keep = (inputs, outputs, outs)  # (the handles stay valid while these live)
+
+    def __call__(self) -> None:
+        prev = self.prev
+        _check_call(_set_recording(0, ctypes.byref(prev)))
+        try:
+            self.nout.value = self.n_out
+            _check_call(_invoke(self.op, self.n_in, self.ins, ctypes.byref(self.nout), ctypes.byref(self.outs),
+                                self.n_params, self.keys, self.vals, ctypes.byref(self.stypes)))
+        finally:
+            if prev.value:
+                _set_recording(1, ctypes.byref(prev))
+
+
+class _Layout:
+    """What a list of tensors (dense, on the CPU, of one dtype) saved together looks like: their reads, names,
+    shapes, dtype, reductions (per tensor, what the writer computes from it) and bytes, back to back."""
+
+    def __init__(self, reads: list[_Read], reductions: tuple) -> None:
+        self.reads = reads
+        self.names = tuple(r.name for r in reads)
+        self.shapes = tuple(r.shape for r in reads)
+        self.dtype = reads[0].dtype
+        self.reductions = reductions
+        self.total = sum(r.size for r in reads)
+        self.nbytes = self.total * self.dtype.itemsize
+        self.plan = self
+
+    @classmethod
+    def make(cls, hook: Hook, reads: list[_Read], *args: Any) -> Any:
+        """One for `reads` (shapes and dtypes learned), or None when they must be read another way: not all
+        dense legacy NDArrays on the CPU of one dtype, empty, or some saved otherwise than raw (a shape)."""
+        if not reads:
+            return None
+        dtype = reads[0].dtype
+        reds = []
+        for r in reads:
+            if r.key is None or not r.cpu or r.dtype != dtype or not r.size or not r.shape:
+                return None
+            save_raw, r_reds, save_shape = hook._plan(r.name, r.colls)
+            if not save_raw or save_shape:
+                return None
+            reds.append(r_reds)
+        for r in reads:
+            hook._note_membership(r.name, r.colls)  # (once per layout: _write_planned leaves it to the caller)
+        return cls(reads, tuple(reds), *args)
+
+
+class _InPlace:
+    """A block's output (a new array every step, which nothing changes afterwards) read in place when handed
+    over: no copy by the engine. `plan`: its _Layout."""
+
+    __slots__ = ("plan", "arr")
+
+    def __init__(self, plan: _Layout, arr: Any) -> None:
+        self.plan, self.arr = plan, arr
+
+    def addr(self, _parity: int) -> int:
+        """The array's address once MXNet's engine has written it."""
+        return _address(self.arr.handle)
+
+
+def _address(handle: Any) -> int:
+    """The address of a CPU array's data once MXNet's engine has written it (in MXNet's default layout)."""
+    _check_call(_wait_to_read(handle))
+    ptr = ctypes.c_void_p()
+    _check_call(_get_data(handle, ctypes.byref(ptr)))
+    return ptr.value
+
+
+class _Stage(_Layout):
+    """Where MXNet's engine copies a fixed list of arrays (`inputs`: the same at every step, `fits` checks) at
+    saving steps: a host buffer, read in place as one source when the step's tensors are handed over (at the
+    end of the step after it), and a second one made only for a saving step that comes before that."""
+
+    def __init__(self, reads: list[_Read], reductions: tuple, inputs: list[Any]) -> None:
+        super().__init__(reads, reductions)
+        self.inputs = inputs
+        self.bufs: list[Any] = [None, None]
+        self.addrs = [0, 0]
+        self.calls: list[list[_Invoke]] = [[], []]
+
+    def _make(self, parity: int) -> None:
+        """Buffer `parity`, with the operations that copy into it."""
+        inputs, reads = self.inputs, self.reads
+        with _pause():
+            flat = mx.nd.zeros((self.total,), ctx=mx.cpu(), dtype=self.dtype)
+            views, off = [], 0
+            for r in reads:
+                views.append(flat[off:off + r.size].reshape(r.shape))  # (views of `flat`: its engine variable)
+                off += r.size
+        if len(inputs) > 1 and self.dtype == _MULTICAST_DTYPE:
+            # one operation for all (with inputs of one dtype amp_multicast casts nothing: it copies each)
+            calls = [_Invoke("amp_multicast", inputs, views, {"num_outputs": len(inputs)})]
+        else:
+            calls = [_Invoke("_copyto", [a], [v], {}) for a, v in zip(inputs, views, strict=True)]
+        self.addrs[parity] = _address(flat.handle)
+        self.bufs[parity], self.calls[parity] = flat, calls
+
+    def fits(self, arrays: list[Any]) -> bool:
+        """Whether `arrays` are the arrays this stage copies (not re-initialised or cast since)."""
+        mine = self.inputs
+        return len(mine) == len(arrays) and all(a is b for a, b in zip(arrays, mine, strict=True))
+
+    def copy(self, parity: int) -> None:
+        if self.bufs[parity] is None:
+            self._make(parity)
+        for call in self.calls[parity]:
+            call()
+
+    def addr(self, parity: int) -> int:
+        """Buffer `parity`'s address once MXNet's engine has written the copies in it."""
+        _check_call(_wait_to_read(self.bufs[parity].handle))
+        return self.addrs[parity]
 
 
 class _Root:
@@ -248,6 +403,16 @@ class Hook(BaseHook):
         # (read, copy) of this step's weights and block inputs and outputs: copies made by MXNet's engine (in
         # order with the job's own operations, without waiting for them), read when the step ends
         self._mx_copied: list[tuple[_Read, Any]] = []
+        # this step's copies (weights, gradients: _Stage, their buffer _mx_parity) and losses (_InPlace), in order
+        self._mx_staged: list[Any] = []
+        self._mx_parity = 0
+        # the plan's stages and layouts by what they read: ("w", id(model)), ("g",), ("l", id(loss block));
+        # None: another way
+        self._mx_stages: dict[tuple, Any] = {}
+        self._mx_specs: dict[tuple, BatchSpec] = {}  # (by the layouts in one batch)
+        # (step_id(), parity, stages, [(read, copy)]) of the last saving step, handed over when the step after
+        # it ends
+        self._mx_pending: tuple | None = None
         self._mx_io_counts: dict[str, int] = {}
         self._mx_closed = False
         # (mode, mode step, time.monotonic() deadline): until then a registered model's forward only counts a step
@@ -333,9 +498,14 @@ class Hook(BaseHook):
             self._mx_grads = _NONE
             return
         self._mx_saving = True
+        pending = self._mx_pending
+        # (the stages' buffer: the other one while the last saving step's copies wait for their hand-over)
+        self._mx_parity = 1 - pending[1] if pending is not None else 0
         plan = self._mx_plan
         if plan is None or plan[0] is not now:
             plan = self._mx_plan = self._mx_make_plan(now)
+            self._mx_stages = {}
+            self._mx_specs = {}
         _now, self._mx_io, weights, self._mx_grads = plan
         self._mx_weights = dict(weights)
         if self._mx_io:
@@ -377,29 +547,115 @@ class Hook(BaseHook):
         self._mx_config_changed()
         super()._collections_changed()
 
+    def _mx_stage(self, key: tuple, reads: list[_Read], arrays: list[Any]) -> _Stage | None:
+        """The plan's stage for `arrays` (learned by `reads`), made when they are new."""
+        st = self._mx_stages.get(key, _MISSING)
+        if st is _MISSING or (st is not None and not st.fits(arrays)):
+            st = self._mx_stages[key] = _Stage.make(self, reads, arrays)
+        return st
+
+    def _mx_copy(self, key: tuple, reads: list[_Read], arrays: list[Any]) -> None:
+        """Have MXNet's engine copy `arrays` now, in order with the job's operations (read when handed over)."""
+        st = self._mx_stage(key, reads, arrays)
+        if st is not None:
+            try:
+                st.copy(self._mx_parity)
+            except Exception as e:  # noqa: BLE001 - an MXNet whose C API differs: the slower way, not off
+                self._warn_once("mx-c-api", f"tensortap: copying through MXNet's C API failed ({e}); copying "
+                                "with mx.nd operations instead")
+                self._mx_stages[key] = None
+            else:
+                self._mx_staged.append(st)
+                return
+        self._mx_copied.extend(zip(reads, _copy_all(reads, arrays), strict=True))
+
     def on_step_end(self) -> None:
-        """Read this step's gradients and copies, and hand them to the writer at once."""
-        grads, copied = self._mx_grads, self._mx_copied
-        if not grads and not copied:
+        """Hand over the last saving step's copies (made by MXNet's engine long before: nothing waits), then have
+        the engine copy this step's gradients; they are handed over when the next step ends (or at close),
+        this step's mark held until then."""
+        if self._mx_pending is not None:
+            self._mx_hand_over()
+        grads = self._mx_grads
+        if not grads and not self._mx_copied and not self._mx_staged:
             return
-        self._mx_grads, self._mx_copied = _NONE, []
-        if not self.active:
-            return
+        self._mx_grads = _NONE
+        if self.active:
+            try:
+                if grads:
+                    reads, arrays = [], []
+                    for r in grads:
+                        arrs = r.param._grad
+                        if arrs is not None:  # (None: deferred initialisation, the forward did not get that far)
+                            reads.append(r)
+                            arrays.append(r.learn(arrs[0]))
+                    if reads:
+                        # (in order after this step's backward, before the next one writes the gradients again)
+                        self._mx_copy(("g",), reads, arrays)
+                if self._mx_staged or self._mx_copied:
+                    self._mx_pending = (self.step_id(), self._mx_parity, self._mx_staged, self._mx_copied)
+                    self.hold_step_marks()
+            except Exception as e:  # noqa: BLE001 - never break the training job
+                self._fail("step end", e)
+        self._mx_staged, self._mx_copied = [], []
+
+    def _mx_hand_over(self) -> None:
+        """Write the pending step's copies at that step, and send the step marks held for them."""
+        at, parity, stages, pairs = self._mx_pending
+        self._mx_pending = None
         try:
-            pairs = []
-            for r in grads:  # (the first read waits for this step's backward)
-                arrs = r.param._grad
-                if arrs is not None:  # (None: deferred initialisation, this step's forward did not get that far)
-                    pairs.append((r, r.learn(arrs[0])))
-            pairs += copied
-            items = [(r.name, value, r.colls) for reads, arrays in _read_all(pairs).values()
-                     for r, value in zip(reads, arrays, strict=True)]
-            if items:
-                self.write_tensors(items, copy=False)  # (new arrays: raw ones of one dtype go as one batch)
+            if self.active:
+                if stages:
+                    self._mx_write_stages(at, parity, stages)
+                if pairs:
+                    # (copy=True: raw values go into the writer's room straight from the copies, anything else
+                    # is copied off them before they are freed)
+                    self.write_tensors(_host_items(pairs), copy=True, at=at)
+            self.release_step_marks()
         except Exception as e:  # noqa: BLE001 - never break the training job
             self._fail("step end", e)
 
+    def _mx_write_stages(self, at: tuple[int, int, int], parity: int, staged: list[Any]) -> None:
+        """One batch per dtype, straight from the stages' buffers `parity` and the outputs read in place into
+        the writer's room."""
+        dtype = staged[0].plan.dtype
+        if any(x.plan.dtype != dtype for x in staged):
+            groups: dict[np.dtype, list[Any]] = {}
+            for x in staged:
+                groups.setdefault(x.plan.dtype, []).append(x)
+            for group in groups.values():
+                self._mx_write_stages(at, parity, group)
+            return
+        key = tuple(x.plan for x in staged)  # (the layouts themselves: an id is reused once its object is gone)
+        spec = self._mx_specs.get(key)
+        if spec is None:
+            if len(self._mx_specs) >= 64:  # (e.g. a loss of another shape at every step)
+                self._mx_specs.clear()
+            plans = [x.plan for x in staged]
+            reds = tuple(r for lay in plans for r in lay.reductions)
+            spec = self._mx_specs[key] = BatchSpec(
+                tuple(n for lay in plans for n in lay.names), True, reds if any(reds) else None,
+                tuple(sh for lay in plans for sh in lay.shapes), np_dtype=dtype)
+        sources = [(x.addr(parity), x.plan.nbytes) for x in staged]
+        if not self._write_planned(spec, sources, at):
+            # (too large for the writer's room: as records)
+            items = []
+            for x, (addr, nbytes) in zip(staged, sources, strict=True):
+                flat = np.frombuffer((ctypes.c_char * nbytes).from_address(addr), dtype)
+                off = 0
+                for r in x.plan.reads:
+                    items.append((r.name, flat[off:off + r.size].reshape(r.shape), r.colls))
+                    off += r.size
+            self.write_tensors(items, copy=True, at=at)
+
+    def flush(self, timeout: float | None = 30.0) -> None:
+        """Make everything saved so far visible to readers: the last saving step's tensors handed over now."""
+        if self._mx_pending is not None:
+            self._mx_hand_over()
+        super().flush(timeout)
+
     def on_close(self) -> None:
+        if self._mx_pending is not None:
+            self._mx_hand_over()
         self._mx_closed = True
         self._mx_quiet = None
         self._mx_saving = self._mx_io = False
@@ -437,6 +693,8 @@ class Hook(BaseHook):
             if clock.mode is mode and clock.mode_steps[mode] < last and time.monotonic() < deadline:
                 # A step that saves nothing, after one that saved nothing: only counted (readers learn that it
                 # passed when a later step ends).
+                if self._mx_pending is not None:
+                    self._mx_hand_over()  # (the last saving step's, at the end of the step after it)
                 clock.advance()
                 return
             self._mx_quiet = None
@@ -450,7 +708,7 @@ class Hook(BaseHook):
                 mode = clock.mode
                 last = self.schedule.next_saving_step(mode, clock.mode_steps[mode] + 1) - 1
                 if last > clock.mode_steps[mode]:
-                    self._mx_quiet = (mode, last, self._next_stop_check if self._stop_watch else math.inf)
+                    self._mx_quiet = (mode, last, self.counting_deadline())
         except Exception as e:  # noqa: BLE001 - never break the training job
             self._fail("forward pre-hook", e)
 
@@ -461,9 +719,8 @@ class Hook(BaseHook):
             weights = self._mx_weights.pop(id(block), None)  # (once per step)
             if weights:
                 # The values this forward used: copied by MXNet's engine before the optimizer's update (which
-                # comes after the backward), read when the step ends.
-                arrays = [r.learn(r.param._data[0]) for r in weights]
-                self._mx_copied.extend(zip(weights, _copy_all(weights, arrays), strict=True))
+                # comes after the backward), read when they are handed over.
+                self._mx_copy(("w", id(block)), weights, [r.learn(r.param._data[0]) for r in weights])
             if self._mx_io and not self._mx_warned_hybrid and getattr(block, "_active", False) and block._children:
                 self._mx_warned_hybrid = True
                 logger.info("tensortap: %s is hybridized: the inputs and outputs of the blocks inside it are not "
@@ -487,10 +744,41 @@ class Hook(BaseHook):
             if not self._mx_started:
                 # No model registered (or none ran yet): each call of the loss is a step.
                 self.next_step()
-            if self._mx_saving:
+            if self._mx_saving and not (type(outputs) is _NDArray and not self._mx_io
+                                        and self._mx_copy_loss(block, inputs, outputs)):
                 self._mx_write_io(block.name, inputs, outputs)
         except Exception as e:  # noqa: BLE001
             self._fail("loss hook", e)
+
+    def _mx_copy_loss(self, block: mx.gluon.Block, inputs: Any, out: Any) -> bool:
+        """Keep a loss block's one output to read in place when it is handed over (nothing changes it after
+        the loss block made it); False when it goes another way (`_mx_write_io`)."""
+        name = block.name + OUTPUT_SUFFIX
+        counts = self._mx_io_counts
+        if name in counts:  # (called again in this step)
+            return False
+        key = ("l", id(block))
+        lay = self._mx_stages.get(key, _MISSING)
+        if lay is not _MISSING and lay is not None:
+            r = lay.reads[0]
+            if out.shape != r.shape or np.dtype(out.dtype) != r.dtype or out.context.device_type != "cpu":
+                lay = _MISSING
+        if lay is _MISSING:
+            lay = None
+            colls = self.collections_for(name + "0")
+            if colls:
+                r = _Read(name + "0", None, colls, False)
+                r.learn(out)
+                lay = _Layout.make(self, [r])
+            self._mx_stages[key] = lay
+        if lay is None:
+            return False
+        self._mx_staged.append(_InPlace(lay, out))
+        counts[name] = 1
+        arrays: list[Any] = []
+        _flat_arrays(inputs, arrays)
+        counts[block.name + INPUT_SUFFIX] = len(arrays)  # (a second call's inputs are numbered after them)
+        return True
 
     def _mx_write_io(self, name: str, inputs: Any, outputs: Any) -> None:
         arrays_in: list[Any] = []

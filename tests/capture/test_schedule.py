@@ -125,3 +125,44 @@ def test_write_tensors_sends_raw_values_as_one_batch_bit_for_bit(tmp_path, write
             assert got.dtype == values[name].dtype and np.array_equal(got, values[name]), (step, name)
         assert t.tensor("m").reduction_value(step, "max") == pytest.approx(float(values["m"].max()))
     assert hook.dropped_records == 0
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_a_step_handed_over_after_it_ended_is_complete_only_once_its_mark_is_released(tmp_path, writer):
+    """A hook may hand a step's tensors over after the step ended (`write_tensors(..., at=step_id())`, or from
+    (address, bytes) sources with `_write_planned`): readers see that step, and the ones after it, only once
+    the hook releases the marks it held; the values land at their own step, bit for bit."""
+    import numpy as np
+
+    from tensortap.capture.batch import BatchSpec
+
+    hook = tt.Hook(str(tmp_path), writer=writer, save_config=tt.SaveConfig(save_interval=1),
+                   include_collections=["a"])
+    a = [hook.get_collection("a")]
+    hook.next_step()
+    at0 = hook.step_id()
+    hook.hold_step_marks()
+    hook.next_step()  # step 0 ends, its mark held
+    at1 = hook.step_id()
+    hook.next_step()  # step 1 ends, held too
+    hook.flush()
+    assert tt.create_trial(str(tmp_path)).steps() == []
+    v0 = np.arange(6, dtype=np.float32).reshape(2, 3)
+    v1 = np.linspace(-1, 1, 2000, dtype=np.float32)
+    v2 = np.float32(7.5).reshape(())
+    hook.write_tensors([("w", v2, a)])  # the current step (2), handed over first
+    hook.write_tensors([("w", v0, a)], at=at0)
+    hook._note_membership("w", a)
+    spec = BatchSpec(("w",), True, None, (v1.shape,), np_dtype=v1.dtype)
+    assert hook._write_planned(spec, [(v1.ctypes.data, v1.nbytes)], at=at1)
+    hook.release_step_marks()
+    hook.flush()
+    assert tt.create_trial(str(tmp_path)).steps() == [0, 1]  # (step 2 has not ended)
+    hook.close()
+    t = tt.create_trial(str(tmp_path))
+    assert t.steps() == [0, 1, 2]
+    for step, v in enumerate((v0, v1, v2)):
+        got = t.tensor("w").value(step)
+        assert got.dtype == v.dtype and np.array_equal(got, v), step
+    assert hook.dropped_records == 0
+

@@ -21,6 +21,7 @@ from mxnet import autograd, gluon, nd  # noqa: E402
 
 import tensortap.mxnet as tm  # noqa: E402
 from tensortap.exceptions import InvalidConfiguration, TensorUnavailableForStep  # noqa: E402
+from tensortap.trials.state import StepState  # noqa: E402
 
 TRAIN, EVAL = tm.modes.TRAIN, tm.modes.EVAL
 LOSS = "softmaxcrossentropyloss0_output_0"
@@ -116,6 +117,109 @@ def test_values_bit_identical_with_smdebug_names(tmp_path, writer):
         assert same(t.tensor("dense0_relu_output_0").value(s), rec[(s, "dense0_output_0")])
     assert checked == 3 * 19
     assert hook.error_count == 0
+
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_every_step_handed_over_after_it_ends_at_its_own_step(tmp_path, writer):
+    """A saving step's tensors reach the writer when the step after it ends (the loop never waits for MXNet's
+    engine): every step's weights, gradients and loss land at their own step, bit for bit, also when the loss
+    changes shape (a smaller last batch) and for the last step, saved at close. A reader sees a step only
+    once its tensors are written."""
+    out = str(tmp_path / "run")
+    hook = tm.Hook(out, save_config=tm.SaveConfig(save_interval=1), writer=writer,
+                   include_collections=["weights", "biases", "gradients", "losses"])
+    net, loss_fn = mlp(), gluon.loss.SoftmaxCrossEntropyLoss()
+    hook.register_block(net)
+    hook.register_block(loss_fn)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+    params = list(net.collect_params().values())
+    copies = []  # (the script's own engine copies: nothing in the loop waits for the engine)
+    for k in range(6):
+        x, y = batch(k, n=6 if k < 4 else 4)
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        weights = {p.name: p.data().copy() for p in params}
+        loss.backward()
+        grads = {"gradient/" + p.name: p.grad().copy() for p in params}
+        copies.append({**weights, **grads, LOSS: loss.copy()})
+        trainer.step(x.shape[0])
+        if k == 2:
+            hook.flush()
+            live = tm.create_trial(out)
+            assert live.steps() == [0, 1]  # (flush hands over the last step that ended; step 2 has not)
+            # Every step saves: none may look passed without its tensors (a rule would skip it as not saved).
+            states = [live.has_passed_step(s) for s in range(3)]
+            assert StepState.UNAVAILABLE not in states, states
+            for s in live.steps():  # a step shown complete has all its tensors
+                for name, arr in copies[s].items():
+                    assert same(live.tensor(name).value(s), arr.asnumpy()), (s, name)
+    hook.close()
+    t = tm.create_trial(out)
+    assert t.steps() == list(range(6))
+    for s, rec in enumerate(copies):
+        for name, arr in rec.items():
+            assert same(t.tensor(name).value(s), arr.asnumpy()), (s, name)
+    assert t.tensor(LOSS).value(5).shape == (4,)
+    assert hook.error_count == 0 and hook.dropped_records == 0
+
+
+
+def test_a_float64_model(tmp_path):
+    """Weights, gradients and losses of another dtype than float32: every step's values saved as the script read
+    them, in its dtype."""
+    out = str(tmp_path / "run")
+    hook = tm.Hook(out, save_config=tm.SaveConfig(save_interval=1),
+                   include_collections=["weights", "biases", "gradients", "losses"])
+    net, loss_fn = mlp(), gluon.loss.SoftmaxCrossEntropyLoss()
+    net.cast("float64")
+    hook.register_block(net)
+    hook.register_block(loss_fn)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    copies = []
+    for k in range(3):
+        x, y = batch(k)
+        with autograd.record():
+            loss = loss_fn(net(x.astype("float64")), y.astype("float64"))
+        weights = {p.name: p.data().copy() for p in net.collect_params().values()}
+        loss.backward()
+        grads = {"gradient/" + p.name: p.grad().copy() for p in net.collect_params().values()}
+        copies.append({**weights, **grads, LOSS: loss.copy()})
+        trainer.step(x.shape[0])
+    hook.close()
+    t = tm.create_trial(out)
+    assert t.steps() == [0, 1, 2]
+    for s, rec in enumerate(copies):
+        for name, arr in rec.items():
+            assert same(t.tensor(name).value(s), arr.asnumpy()), (s, name)
+    assert t.tensor("gradient/dense0_weight").value(2).dtype == np.float64
+    assert hook.error_count == 0
+
+
+
+def test_copies_through_mxnet_c_api_failing_fall_back_to_mx_nd(tmp_path, monkeypatch, caplog):
+    """If MXNet's C API does not take the hook's direct calls (another MXNet build), it copies with mx.nd
+    operations instead: values still saved, the hook stays on, one warning."""
+    from tensortap.mxnet import hook as mxhook
+
+    def refuse(self):
+        raise mx.base.MXNetError("no such operator")
+
+    monkeypatch.setattr(mxhook._Invoke, "__call__", refuse)
+    out = str(tmp_path / "run")
+    hook = tm.Hook(out, save_config=tm.SaveConfig(save_interval=1),
+                   include_collections=["weights", "biases", "gradients", "losses"])
+    rec: dict = {}
+    with caplog.at_level(logging.WARNING, logger="tensortap"):
+        train(mlp(), 3, hook, record=rec)
+        hook.close()
+    assert hook.error_count == 0
+    assert sum("C API failed" in r.message for r in caplog.records) == 1
+    t = tm.create_trial(out)
+    assert t.steps() == [0, 1, 2]
+    for s in range(3):
+        for name in ("dense0_weight", "dense2_bias", "gradient/dense1_weight", LOSS):
+            assert same(t.tensor(name).value(s), rec[(s, name)]), (s, name)
 
 
 def test_reductions_beside_raw_values_and_instead_of_them(tmp_path):
