@@ -79,13 +79,12 @@ _PAGE = 4096
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14+; Python 3.11 lacks the name
 # The child looks at the ring this often; the training process rings its bell only for control messages
 # or when a quarter of the ring is waiting. A bell costs the training thread ~30 us here (a pipe write
-# that wakes another process), ~20 us per step when it rang every other saving step.
-_POLL = 0.005
-# ... and backs off to this interval while it finds nothing to do: on this 2-vCPU KVM machine every
-# wake-up of an idle process costs ~85 us of CPU, and 200 of them a second (4% of a CPU) slow the training
-# thread beside it. Data latency does not suffer: readers see data at the flush interval, and flushes,
-# drains and close ring the bell.
-_POLL_IDLE = 0.05
+# that wakes another process), ~20 us per step when it rang every other saving step. On this 2-vCPU KVM
+# machine every wake-up of the child costs ~85 us of CPU and slows the training threads beside it, so it
+# wakes seldom, also while data keeps coming (it then handles several saving steps at once, in one write):
+# readers see data at the flush interval, which the child keeps on its own clock, and flushes, drains and
+# close ring the bell.
+_POLL = 0.05
 # Message header: int64 message size, meta size, payload offset, and for batches step, mode, mode step
 # (kept out of the meta so that a batch layout's meta is built once).
 _MSG = MESSAGE_HEADER
@@ -953,18 +952,16 @@ class _ChildWriter(ChunkWriter):
         h = self._hv
         h[_STATE] = _RUNNING
         last_flush = time.monotonic()
-        poll = _POLL
         try:
             while True:
                 target = self._target()
                 if self._tail >= target:
                     wait = max(0.0, self.flush_interval - (time.monotonic() - last_flush))
-                    r, _w, _x = select.select([self._bell], [], [], min(wait, poll))
+                    r, _w, _x = select.select([self._bell], [], [], min(wait, _POLL))
                     if r:
                         if os.read(self._bell, 65536) == b"":
                             self._parent_gone = True
                     target = self._target()
-                    poll = _POLL if self._tail < target or r else min(poll * 2, _POLL_IDLE)
                 while self._tail < target and not self._stop:
                     self._one()
                     if (self._flush_events or self._block_bytes > 64 << 20
