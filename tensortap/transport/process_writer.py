@@ -821,6 +821,7 @@ class _ChildWriter(ChunkWriter):
         self._dio: list[memoryview] = []  # ring regions to write with O_DIRECT at `_dio_off`, in one call
         self._dio_off = 0
         self._dio_bytes = 0
+        self._slept_bytes = 0  # bytes published while the child last slept (0: it found more without sleeping)
         super().__init__(storage, worker, **kw)
 
     # Payload runs of at least this many bytes that start on a page of the ring are written with
@@ -834,8 +835,9 @@ class _ChildWriter(ChunkWriter):
     _DIO_MAX = 8 << 20
 
     def _behind(self) -> bool:
-        """Whether the messages published and not yet handled are a backlog: over 1/8 of the ring."""
-        return load_acquire(self._hdr_addr + 8 * _HEAD) - self._tail > self._rcap // 8
+        """Whether the messages published and not yet handled are a backlog: over 1/8 of the ring more than what
+        came while the child last slept (that much waits at every look, however fast it writes)."""
+        return load_acquire(self._hdr_addr + 8 * _HEAD) - self._tail > self._rcap // 8 + self._slept_bytes
 
     def _open_chunk(self) -> None:
         self._close_direct()  # (pending direct writes go to the chunk they were laid out in)
@@ -962,6 +964,9 @@ class _ChildWriter(ChunkWriter):
                         if os.read(self._bell, 65536) == b"":
                             self._parent_gone = True
                     target = self._target()
+                    self._slept_bytes = target - self._tail
+                else:
+                    self._slept_bytes = 0
                 while self._tail < target and not self._stop:
                     self._one()
                     if (self._flush_events or self._block_bytes > 64 << 20
