@@ -404,6 +404,8 @@ class KerasHookBase(Hook):
         self._optimizer_chosen: tuple[Any, tuple[int, ...], list[tuple[str, Any, list[Collection]]]] | None = None
         # (collections saving, {log key: the collections of them that take it}) (see _classify_log)
         self._logs_classified: tuple[Any, dict[str, list[Collection]]] = (None, {})
+        # (collections saving, the logs' keys, (keys saved, batch plan or None, buffer)) (see _send_logs)
+        self._logs_plan: tuple[Any, tuple[Any, ...], tuple[tuple[str, ...], Any, Any]] | None = None
         self._restore: list[Callable[[], None]] = []
         # The next `_quiet_left` batches of mode `_quiet_mode` are known to save nothing: the batch callbacks
         # only count them (until `_quiet_deadline`, the next stop-request check); see `_arm_quiet`.
@@ -450,6 +452,7 @@ class KerasHookBase(Hook):
         self._output_plans = {}
         self._optimizer_chosen = None
         self._logs_classified = (None, {})
+        self._logs_plan = None
         self._quiet_left = 0
         super()._collections_changed()
 
@@ -1038,7 +1041,7 @@ class KerasHookBase(Hook):
                 if not any(n == "predictions" or n.startswith("predictions_")
                            for n in itertools.chain((c[0] for c in captured), sent_names)):
                     captured.extend((n, 0, v) for n, v in _indexed("predictions", _flat(logs["outputs"])))
-            logs_items = self._log_items(logs)
+            logs_items = [] if not self._replica_hooks and self._send_logs(logs) else self._log_items(logs)
             for replica, hook in enumerate([self, *self._replica_hooks]):
                 items: list[tuple[str, Any, list[Collection]]] = []
                 for name, r, value in captured:
@@ -1072,6 +1075,39 @@ class KerasHookBase(Hook):
             if h.mode is not self.mode:
                 h.set_mode(self.mode)
             h.next_step()
+
+    def _send_logs(self, logs: Any) -> bool:
+        """Send the logs' scalars saved now (Python floats, as Keras hands them to callbacks) as one planned
+        float64 batch; False when they take the general path (`_log_items`) instead."""
+        if not isinstance(logs, dict) or self.dry_run:
+            return False
+        now = self.collections_to_save()
+        keys = tuple(logs)
+        plan = self._logs_plan
+        if plan is None or plan[0] is not now or plan[1] != keys:
+            plan = self._logs_plan = (now, keys, self._plan_logs(logs))
+        chosen, spec, buf = plan[2]
+        if spec is None:
+            return False
+        for i, key in enumerate(chosen):
+            value = logs[key]
+            if type(value) is not float:
+                return False
+            buf[i] = value
+        return self._write_planned(spec, ((buf.ctypes.data, buf.nbytes),))
+
+    def _plan_logs(self, logs: dict[Any, Any]) -> tuple[tuple[str, ...], Any, Any]:
+        """(keys saved now, their batch plan, a float64 buffer for their values) of logs like these; the plan
+        None when they cannot go as one raw batch."""
+        items = self._log_items(logs)
+        if not items or any(type(logs[name]) is not float for name, _v, _c in items):
+            return (), None, None
+        spec = self._batch_spec([(name, colls) for name, _v, colls in items])
+        if not spec.raw_only:
+            return (), None, None
+        spec.shapes = ((),) * len(items)
+        spec.np_dtype = np.dtype(np.float64)
+        return tuple(name for name, _v, _c in items), spec, np.empty(len(items), dtype=np.float64)
 
     def _log_items(self, logs: Any) -> list[tuple[str, Any, list[Collection]]]:
         if not isinstance(logs, dict):

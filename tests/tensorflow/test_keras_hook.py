@@ -280,15 +280,15 @@ def test_injected_failure_turns_hook_off_and_training_goes_on(tmp_path, caplog, 
     hook = ttf.KerasHook(out_dir=str(tmp_path / "run"), save_config=ttf.SaveConfig(save_interval=1),
                          include_collections=["weights", "gradients", "losses"])
     calls = {"n": 0}
-    real = hook.write_tensors
+    real = hook.collections_to_save  # (asked at every step; what a saving step sends goes several ways)
 
-    def broken(items, copy=True):
+    def broken():
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("injected")
-        return real(items, copy=copy)
+        return real()
 
-    monkeypatch.setattr(hook, "write_tensors", broken)
+    monkeypatch.setattr(hook, "collections_to_save", broken)
     model.compile(optimizer=hook.wrap_optimizer(keras.optimizers.SGD(0.1)), loss="sparse_categorical_crossentropy")
     with caplog.at_level(logging.ERROR, logger="tensortap"):
         history = model.fit(x, y, batch_size=8, epochs=2, callbacks=[hook], verbose=0)
