@@ -337,7 +337,8 @@ class Hook:
         # Stop requests (tensortap.format.control): every rank watches, writing or not.
         self._stop_watch = not disabled_by_env()
         self._stop_request: dict | None = None
-        self._next_stop_check = 0.0
+        # (the first look one interval in: a rule asks only after it has read data the job wrote)
+        self._next_stop_check = time.monotonic() + STOP_CHECK_INTERVAL
         self._remote = is_remote(self.out_dir)
         self._stop_thread: threading.Thread | None = None
         self._dropped_here = 0  # values refused before they reached the writer (too large)
