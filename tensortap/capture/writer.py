@@ -10,6 +10,8 @@ Hand-offs, from the cheapest for the training thread:
   contiguous numpy arrays or CPU tensors) and then `commit()`s (or `cancel()`s) it. The writer process's room is
   in its ring (one copy, no host buffer); the writer thread's is a host buffer.
 * `submit_batch(RecordBatch)`: raw tensors already on the host, one hand-off.
+* `submit_scalars(ScalarRows)`: float scalars of several steps (e.g. metrics kept over several rounds), one
+  hand-off.
 * `submit_many(records)` / `submit(record)`: anything, with reductions computed by the writer.
 """
 
@@ -20,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from tensortap.format.writer import Record, RecordBatch
+from tensortap.format.writer import Record, RecordBatch, ScalarRows
 
 __all__ = ["Reservation", "Writer", "open_writer"]
 
@@ -73,6 +75,8 @@ class Writer(Protocol):
     def submit_many(self, records: list[Record] | tuple[Record, ...]) -> int: ...
 
     def submit_batch(self, batch: RecordBatch) -> int: ...
+
+    def submit_scalars(self, rows: ScalarRows) -> int: ...
 
     def mark_step_passed(self, step: int, mode_steps: dict[str, int]) -> None:
         """Nothing more comes for `step` (and these mode steps); readers learn it once its records are written."""

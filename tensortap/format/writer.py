@@ -92,6 +92,30 @@ class RecordBatch:
                 for n, a, r in zip(self.names, self.arrays, reds, strict=True)]
 
 
+class ScalarRows:
+    """Float scalars of several steps of one mode in one hand-off, each saved raw (no reductions): value
+    `values[i]` of tensor `names[name[i]]` at global step `steps[i]` and mode step `mode_steps[i]`, in order.
+    The caller hands the lists over: it must not change them afterwards."""
+
+    __slots__ = ("names", "name", "steps", "mode", "mode_steps", "values")
+
+    def __init__(self, names: list[str], name: list[int], steps: list[int], mode: int, mode_steps: list[int],
+                 values: list[float]):
+        self.names, self.name, self.steps, self.mode = names, name, steps, mode
+        self.mode_steps, self.values = mode_steps, values
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def nbytes(self) -> int:
+        return 64 * len(self.values) + 256
+
+    def records(self) -> list[Record]:
+        names, mode = self.names, self.mode
+        return [Record(names[i], step, mode, mode_step, np.array(v, dtype=np.float64))
+                for i, step, mode_step, v in zip(self.name, self.steps, self.mode_steps, self.values, strict=True)]
+
+
 class HostReservation:
     """A thread writer's `Reservation` (see tensortap.capture.writer): a host buffer the caller copies a batch's
     bytes into; `commit` hands it to the writer thread as one RecordBatch."""
@@ -263,6 +287,8 @@ _STOP = object()
 #: wake-up per hand-off costs both threads more than encoding a few small records)
 _KICK_BYTES = 1 << 20
 _RECORDS = object()  # a queue item of several records handed off together
+_NEVER = float("inf")
+_FLOAT64 = codec.dtype_to_str(np.dtype("<f8"))
 
 
 class ChunkWriter:
@@ -290,9 +316,13 @@ class ChunkWriter:
         metadata: dict[str, Any] | None = None,
         tensorboard_dir: str | None = None,
         first_seq: int | None = None,
+        start_after: float = 0.0,
     ):
         """`first_seq`: the first free chunk number when the caller knows it (else the writer thread lists the
-        worker's folder)."""
+        worker's folder). `start_after`: the writer thread starts at the first hand-off or step mark at least
+        this many seconds after the writer was made (or at a flush, a drain, or a backlog of `_KICK_BYTES`);
+        until then hand-offs wait in the queue, and a writer closed before its thread started writes on the
+        closing thread (docs/format.md §6). 0: the thread starts at once."""
         if backpressure not in ("block", "drop"):
             raise ValueError(f"backpressure must be 'block' or 'drop', not {backpressure!r}")
         #: TensorBoard export of every record this writer persists, off the training thread (docs/tensorboard.md)
@@ -362,8 +392,27 @@ class ChunkWriter:
         self._first_block = True
         self._flush_events: list[threading.Event] = []
         self._closed = False
+        self._made = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"tensortap-writer-{worker}", daemon=True)
-        self._thread.start()
+        #: time.monotonic() from which a hand-off or step mark starts the thread (inf: started)
+        self._start_by = self._made + start_after
+        if start_after <= 0:
+            self._start()
+        elif not self.sealed_mode:
+            # The chunk's files are made now, right after the claim made the folder (the file system's paths are
+            # warm: later, beside the training, the same calls cost ten times more).
+            try:
+                self._open_first_chunk()
+            except BaseException as e:  # never raise into training; the hook checks .error
+                self.error = e
+                logger.exception("tensortap: the writer of %s failed; no more data will be saved", self.worker)
+
+    def _start(self) -> None:
+        if self._start_by != _NEVER:
+            with self._room:
+                if self._start_by != _NEVER:
+                    self._start_by = _NEVER
+                    self._thread.start()
 
     # --- training-thread side ---------------------------------------------------------------
 
@@ -376,6 +425,7 @@ class ChunkWriter:
         """Wait until the writer thread has taken everything handed off so far (not a flush); True when
         done within `timeout`."""
         deadline = time.monotonic() + timeout
+        self._start()
         self._kick.set()
         while self._pending_bytes:
             if self.error is not None or time.monotonic() >= deadline:
@@ -396,7 +446,10 @@ class ChunkWriter:
             return 0
         self._queue.put(records[0] if len(records) == 1 else (_RECORDS, tuple(records), size))  # one hand-off
         if self._pending_bytes > self._kick_bytes:
+            self._start()
             self._kick.set()
+        elif time.monotonic() >= self._start_by:
+            self._start()
         return len(records)
 
     def submit_batch(self, batch: RecordBatch) -> int:
@@ -408,7 +461,22 @@ class ChunkWriter:
             return 0
         self._queue.put(batch)
         if self._pending_bytes > self._kick_bytes:
+            self._start()
             self._kick.set()
+        elif time.monotonic() >= self._start_by:
+            self._start()
+        return n
+
+    def submit_scalars(self, rows: ScalarRows) -> int:
+        """Hand off float scalars of several steps (all or none): how many were accepted."""
+        if self._closed or self.error is not None:
+            return 0
+        n = len(rows)
+        if not self._reserve(rows.nbytes(), 1, n):
+            return 0
+        self._queue.put(rows)
+        if time.monotonic() >= self._start_by:
+            self._start()
         return n
 
     def batch_layout(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
@@ -433,6 +501,7 @@ class ChunkWriter:
     def _reserve(self, size: int, items: int, records: int) -> bool:
         with self._room:
             if self._pending_bytes + size > self.max_pending_bytes:
+                self._start()
                 self._kick.set()
                 if self.backpressure == "block":
                     deadline = time.monotonic() + self.block_timeout
@@ -466,6 +535,8 @@ class ChunkWriter:
         record submitted before it is written.
         """
         self._marks.append((self._submitted, {"step": step, "mode_steps": mode_steps}))
+        if time.monotonic() >= self._start_by:
+            self._start()
 
     def set_collections(self, collections_json: dict[str, Any]) -> None:
         self._queue.put(("collections", collections_json))
@@ -474,6 +545,7 @@ class ChunkWriter:
         """Write out everything handed off so far; True when done within `timeout`."""
         ev = threading.Event()
         self._queue.put(("flush", ev))
+        self._start()
         self._kick.set()
         return ev.wait(timeout)
 
@@ -483,22 +555,20 @@ class ChunkWriter:
             return
         self._closed = True
         self._queue.put(_STOP)
+        if self._start_by != _NEVER:  # (never started: what was handed off is written here)
+            self._start_by = _NEVER
+            self._run()
+            return
         self._kick.set()
         self._thread.join(timeout)
 
     # --- writer thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
-        last_flush = time.monotonic()
+        last_flush = self._made  # (a thread started late writes what waited at once)
         try:
-            if not self.sealed_mode:
-                # The chunk's files are made here, beside the job's first steps, not when the first block is due.
-                try:
-                    self._open_chunk()
-                except OSError as e:
-                    if not storage_full(e):
-                        raise
-                    self._storage_full(e, 0)  # (as when the first record finds the disk full)
+            if not self.sealed_mode and self._dat is None and not self.full:
+                self._open_first_chunk()  # (beside the job's first steps, not when the first block is due)
             while True:
                 timeout = max(0.0, self.flush_interval - (time.monotonic() - last_flush))
                 try:
@@ -523,6 +593,13 @@ class ChunkWriter:
                         self._room.notify_all()
                 elif isinstance(item, Record):
                     self._encode(item)
+                    size = item.nbytes()
+                    item = None
+                    with self._room:
+                        self._pending_bytes -= size
+                        self._room.notify_all()
+                elif isinstance(item, ScalarRows):
+                    self._encode_scalars(item)
                     size = item.nbytes()
                     item = None
                     with self._room:
@@ -574,6 +651,14 @@ class ChunkWriter:
         self._collections = collections_json
         if self.exporter is not None:
             self.exporter.set_collections(collections_json)
+
+    def _open_first_chunk(self) -> None:
+        try:
+            self._open_chunk()
+        except OSError as e:
+            if not storage_full(e):
+                raise
+            self._storage_full(e, 0)  # (as when the first record finds the disk full)
 
     def _first_free_seq(self) -> int:
         keys = self.storage.list(layout.worker_dir(self.worker) + "/")
@@ -746,6 +831,44 @@ class ChunkWriter:
                                   if reds is not None and reds[i] else None)
         self._last_reductions = {}
         self.written_records += len(arrays)
+        self._encoded += 1
+
+    def _encode_scalars(self, rows: ScalarRows) -> None:
+        if self.full or self.exporter is not None:  # (dropped and counted, or each exported)
+            for r in rows.records():
+                self._encode(r)
+            return
+        if self._dat is None:
+            try:
+                self._open_chunk()
+            except OSError as e:
+                if not storage_full(e):
+                    raise
+                self._storage_full(e, len(rows))
+                self._encoded += 1
+                return
+        t = self._tables
+        ids = np.array([t._id(t.names, name) for name in rows.names], dtype=np.uint32)
+        n = len(rows)
+        e = np.zeros(n, dtype=codec.DISK_ENTRY_DTYPE)
+        e["name"] = ids[rows.name]
+        e["mode"] = rows.mode
+        e["kind"] = RAW
+        e["reduction"] = NO_REDUCTION
+        e["flags"] = codec.FLAG_INLINE
+        e["dtype"] = t._id(t.dtypes, _FLOAT64)
+        e["shape"] = t._id(t.shapes, ())
+        e["step"] = rows.steps
+        e["mode_step"] = rows.mode_steps
+        e["length"] = 8
+        inline = np.zeros((n, INLINE_BYTES), dtype=np.uint8)
+        inline[:, :8] = np.asarray(rows.values, dtype="<f8").view(np.uint8).reshape(n, 8)
+        e["inline"] = inline.view(e.dtype["inline"]).reshape(n)
+        if self._rows:
+            self._row_parts.append(np.array(self._rows, dtype=codec.DISK_ENTRY_DTYPE))
+            self._rows.clear()
+        self._row_parts.append(e)
+        self.written_records += n
         self._encoded += 1
 
     def _encode(self, r: Record) -> None:

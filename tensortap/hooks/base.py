@@ -337,7 +337,8 @@ class Hook:
         # Stop requests (tensortap.format.control): every rank watches, writing or not.
         self._stop_watch = not disabled_by_env()
         self._stop_request: dict | None = None
-        self._next_stop_check = 0.0
+        # (the first look one interval in: a rule asks only after it has read data the job wrote)
+        self._next_stop_check = time.monotonic() + STOP_CHECK_INTERVAL
         self._remote = is_remote(self.out_dir)
         self._stop_thread: threading.Thread | None = None
         self._dropped_here = 0  # values refused before they reached the writer (too large)
@@ -360,6 +361,9 @@ class Hook:
 
     #: a framework hook that learns its worker's name only at the first step claims the out_dir then
     _claim_later = False
+    #: a thread writer starts its thread only at the first hand-off a flush interval after it was made; a job
+    #: closed sooner is written by close() (ChunkWriter's `start_after`)
+    _late_writer_thread = False
 
     def _claim_late(self) -> None:
         """Claim the out_dir once the worker is known (a hook with `_claim_later`, at its first step); another job's
@@ -752,7 +756,9 @@ class Hook:
                                    "instead", e)
                     self.writer_kind = "thread"
             if self._writer is None:
-                self._writer = ChunkWriter(self._storage, self.worker, first_seq=self._first_seq, **kw)
+                start_after = self._writer_opts["flush_interval"] if self._late_writer_thread else 0.0
+                self._writer = ChunkWriter(self._storage, self.worker, first_seq=self._first_seq,
+                                           start_after=start_after, **kw)
         return self._writer
 
     def _plan(self, name: str, colls: list[Collection]) -> tuple[bool, tuple[tuple[str, bool], ...], bool]:

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from tensortap.format import codec
-from tensortap.format.writer import ChunkWriter, Record, RecordBatch, storage_full
+from tensortap.format.writer import ChunkWriter, Record, RecordBatch, ScalarRows, storage_full
 from tensortap.storage import open_storage
 from tensortap.storage.base import Storage
 from tensortap.transport.copy import MESSAGE_HEADER, get_mark, load_acquire, put_mark, store_release
@@ -409,6 +409,10 @@ class ProcessChunkWriter:
             metas.append((r.name, r.step, r.mode, r.mode_step, vd, r.save_raw, r.reductions, reds, r.save_shape,
                           r.shape))
         return n if self._send(("records", metas), off, arrays, n) else 0
+
+    def submit_scalars(self, rows: ScalarRows) -> int:
+        """Hand off float scalars of several steps (all or none): how many were accepted."""
+        return self.submit_many(rows.records())
 
     def submit_batch(self, batch: RecordBatch) -> int:
         """Hand off a batch of raw tensors (all or none): how many tensors were accepted."""

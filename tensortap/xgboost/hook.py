@@ -41,7 +41,7 @@ from tensortap.collection import Collection, CollectionKeys
 from tensortap.config import ReductionConfig, SaveConfig
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.format import codec
-from tensortap.format.writer import Record
+from tensortap.format.writer import Record, ScalarRows
 from tensortap.hooks import base as _base
 from tensortap.hooks.base import Hook as BaseHook
 from tensortap.hooks.base import rank_in_env
@@ -100,7 +100,9 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
     values are computed on, `validation_data` what predictions and labels come from: an xgboost.DMatrix
     (QuantileDMatrix too), `(path, "csv"|"libsvm")` (a local file; csv has the label in its first column) or
     `(X, y)`. `reduction_config` is ignored (as in smdebug); `save_config` defaults to every 10 rounds.
-    The writer is a thread (`writer="thread"`) unless `writer=` or $TENSORTAP_WRITER says otherwise.
+    The writer is a thread (`writer="thread"`) unless `writer=` or $TENSORTAP_WRITER says otherwise; the
+    thread starts at the first hand-off a flush interval after training began, so a job that ends sooner is
+    written by `close()` (docs/format.md §7).
 
     Distributed: the rank and world size come from XGBoost's collective (xgboost.dask, the tracker) at the
     start of training; xgboost.dask's workers each rebuild the hook from its configuration (not its data).
@@ -108,6 +110,8 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
 
     builtin_collections = (K.ALL, K.DEFAULT, K.SCALARS, *_GROUPS)
     default_include_collections = (K.METRICS,)
+    # (a short boosting job costs less than a thread's start and join: its data is written at close)
+    _late_writer_thread = True
 
     def __init__(
         self,
@@ -443,6 +447,13 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             return
         try:
             records: list[Record] = []
+            # metrics saved raw only: one ScalarRows (names, and per value: name, step, TRAIN step, value)
+            names: list[str] = []
+            name_ids: dict[str, int] = {}
+            name: list[int] = []
+            steps: list[int] = []
+            train_steps: list[int] = []
+            scalars: list[float] = []
             at = self.schedule.at
             train = _TRAIN.value
             last_now = wanted = resolved = None
@@ -466,11 +477,26 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
                         plan = resolved.get((d, m), False)
                         if plan is False:
                             plan = resolved[(d, m)] = self._resolve(f"{d}-{m}", now)
-                        if plan is not None:
-                            value = np.array(last[0] if isinstance(last, tuple | list) else last, dtype=np.float64)
-                            records.append(Record(plan[0], step, train, mode_step, value, plan[1], plan[2],
-                                                  save_shape=plan[3]))
-            if records and not self.dry_run:
+                        if plan is None:
+                            continue
+                        value = last[0] if isinstance(last, tuple | list) else last
+                        if plan[1] and not plan[2]:  # (raw, no reductions)
+                            i = name_ids.get(plan[0])
+                            if i is None:
+                                i = name_ids[plan[0]] = len(names)
+                                names.append(plan[0])
+                            name.append(i)
+                            steps.append(step)
+                            train_steps.append(mode_step)
+                            scalars.append(float(value))
+                        else:
+                            records.append(Record(plan[0], step, train, mode_step, np.array(value, dtype=np.float64),
+                                                  plan[1], plan[2], save_shape=plan[3]))
+            if self.dry_run:
+                return
+            if scalars:
+                self._get_writer().submit_scalars(ScalarRows(names, name, steps, train, train_steps, scalars))
+            if records:
                 self._get_writer().submit_many(records)
         except Exception as e:  # noqa: BLE001 - never break training
             self._fail("saving metrics", e)
