@@ -837,14 +837,21 @@ class KerasHookBase(Hook):
             self._eager = []
             self._step_outputs = None
             items = []
-            if self._model is not None and len(getattr(self._model, "weights", ())) != self._n_weights:
-                self._collect_weights()
-            in_step = self._weights_in_step.get(mode, ())
-            chosen = [(name, v, colls) for name, v in self._weights
-                      if name not in in_step and (colls := self.collections_for(name))]
-            self._host_weights = {name for name, _v, _c in chosen}
-            values = self._read_variables([v for _n, v, _c in chosen])
-            items.extend((name, value, colls) for (name, _v, colls), value in zip(chosen, values, strict=True))
+            in_step = self._weights_in_step.get(mode)
+            # (a capturing step function collects the weights again whenever it is traced: while it runs,
+            # counting the model's weights at every saving step would find nothing new)
+            if in_step is None or not self._fn_swap:
+                if self._model is not None and len(getattr(self._model, "weights", ())) != self._n_weights:
+                    self._collect_weights()
+                in_step = self._weights_in_step.get(mode, ())
+            if len(in_step) < len(self._weights):
+                chosen = [(name, v, colls) for name, v in self._weights
+                          if name not in in_step and (colls := self.collections_for(name))]
+                self._host_weights = {name for name, _v, _c in chosen}
+                values = self._read_variables([v for _n, v, _c in chosen])
+                items.extend((name, value, colls) for (name, _v, colls), value in zip(chosen, values, strict=True))
+            elif self._host_weights:
+                self._host_weights = set()
             if mode is _modes.TRAIN:
                 items.extend(self._optimizer_items())
             for h in self._replica_hooks:  # mirrored variables: the same values on every device
@@ -1029,20 +1036,22 @@ class KerasHookBase(Hook):
             sent_names: list[str] = []
             if outs is not None and self._store is not None:
                 sent, sent_names = self._send_outputs(outs[0], outs[1])
-                captured.extend(self._store.unpack(outs[0], outs[1], sent))
+                if len(sent) < len(outs[1]):
+                    captured.extend(self._store.unpack(outs[0], outs[1], sent))
             if self._store is not None:
                 captured.extend(self._store.read(mode))
                 host = self._host_weights
                 if host:  # (a step function traced in this step copied weights already read before it)
                     captured = [c for c in captured if c[0] not in host]
-            captured.extend((n, 0, v) for n, v in self._eager)
-            self._eager = []
+            if self._eager:
+                captured.extend((n, 0, v) for n, v in self._eager)
+                self._eager = []
             if mode is _modes.PREDICT and isinstance(logs, dict) and "outputs" in logs:
                 if not any(n == "predictions" or n.startswith("predictions_")
                            for n in itertools.chain((c[0] for c in captured), sent_names)):
                     captured.extend((n, 0, v) for n, v in _indexed("predictions", _flat(logs["outputs"])))
             logs_items = [] if not self._replica_hooks and self._send_logs(logs) else self._log_items(logs)
-            for replica, hook in enumerate([self, *self._replica_hooks]):
+            for replica, hook in enumerate([self, *self._replica_hooks] if captured or logs_items else ()):
                 items: list[tuple[str, Any, list[Collection]]] = []
                 for name, r, value in captured:
                     if r == replica or r < 0:
