@@ -36,15 +36,25 @@ class BatchSpec:
     dtype: Any = None  # ... their dtype as the framework names it (a key), and as numpy's
     np_dtype: Any = None
     sources: list[tuple[int, int]] | None = None  # (address, bytes) of tensors that stay (e.g. weights)
+    # (writer, shapes, np_dtype, writer.batch_layout() of them): what reserving `names` again needs
+    layout: tuple[Any, Any, Any, Any] | None = None
 
     def reserve(self, writer: Any, clock: StepClock, names: tuple[str, ...] | None = None) -> Any:
         """Room for this batch at the clock's step (see `Writer.reserve_batch`); `names`: of the tensors when
         more than `self.names` (the extra ones saved raw only)."""
         reds = self.reductions
-        if names is not None and reds is not None:
-            reds = pad(reds, len(names))
         mode = clock.mode
-        return writer.reserve_batch(names or self.names, self.np_dtype, self.shapes, clock.step, mode._value_,
+        if not names:
+            layout = self.layout
+            if layout is None or layout[0] is not writer or layout[1] is not self.shapes \
+                    or layout[2] is not self.np_dtype:
+                layout = self.layout = (writer, self.shapes, self.np_dtype,
+                                        writer.batch_layout(self.names, self.np_dtype, self.shapes, reds))
+            return writer.reserve_batch(self.names, self.np_dtype, self.shapes, clock.step, mode._value_,
+                                        clock.mode_steps[mode], layout[3], reds)
+        if reds is not None:
+            reds = pad(reds, len(names))
+        return writer.reserve_batch(names, self.np_dtype, self.shapes, clock.step, mode._value_,
                                     clock.mode_steps[mode], reductions=reds)
 
 
