@@ -37,7 +37,7 @@ from tensortap.collection import (
 from tensortap.config import ReductionConfig, SaveConfig
 from tensortap.exceptions import InvalidConfiguration, TensorTapError
 from tensortap.format import codec, layout
-from tensortap.format.writer import ChunkWriter, Record
+from tensortap.format.writer import ChunkWriter, Record, RecordBatch
 from tensortap.modes import ModeKeys
 from tensortap.storage import is_remote, open_storage
 
@@ -845,7 +845,13 @@ class Hook:
         if self.dry_run:
             return
         writer = self._get_writer()
-        if batch and not self._send_batch(writer, batch, step, mode, mode_step):
+        if batch and type(writer) is ChunkWriter and sum(a.nbytes for _n, a, _r in batch) < _THREAD_BATCH_MIN_BYTES:
+            # (a thread writer takes small host values as they are, in one hand-off: no reservation to copy into)
+            reds = tuple(r for _n, _a, r in batch)
+            writer.submit_batch(RecordBatch(tuple(n for n, _a, _r in batch),
+                                            [a.copy() if copy else a for _n, a, _r in batch], None,
+                                            step, mode, mode_step, reds if any(reds) else None))
+        elif batch and not self._send_batch(writer, batch, step, mode, mode_step):
             for name, arr, reds in batch:
                 records.append(Record(name=name, step=step, mode=mode, mode_step=mode_step,
                                       value=arr.copy() if copy else arr, save_raw=True, reductions=reds))
@@ -856,8 +862,6 @@ class Hook:
                     mode_step: int) -> bool:
         """Copy raw values of one dtype into one reservation of `writer` at that step; False if they cannot go
         that way (then they go as records)."""
-        if type(writer) is ChunkWriter and sum(arr.nbytes for _n, arr, _r in batch) < _THREAD_BATCH_MIN_BYTES:
-            return False  # (a thread writer queues small records for less than a reservation and its copy cost)
         found = array_sources([arr for _n, arr, _r in batch])
         if found is None:
             return False

@@ -92,6 +92,31 @@ def _collective_identity() -> tuple[int, int] | None:
     return None
 
 
+class _Scalars:
+    """Float scalars gathered for one hand-off (`ScalarRows`): per value its tensor, step, mode step."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._ids: dict[str, int] = {}
+        self.name: list[int] = []
+        self.steps: list[int] = []
+        self.mode_steps: list[int] = []
+        self.values: list[float] = []
+
+    def add(self, name: str, step: int, mode_step: int, value: float) -> None:
+        i = self._ids.get(name)
+        if i is None:
+            i = self._ids[name] = len(self.names)
+            self.names.append(name)
+        self.name.append(i)
+        self.steps.append(step)
+        self.mode_steps.append(mode_step)
+        self.values.append(value)
+
+    def rows(self, mode: int) -> ScalarRows:
+        return ScalarRows(self.names, self.name, self.steps, mode, self.mode_steps, self.values)
+
+
 class Hook(BaseHook, xgb.callback.TrainingCallback):
     """Captures an XGBoost training job: pass it in `callbacks=[hook]` (xgb.train, xgb.cv, the sklearn API,
     xgboost.dask).
@@ -353,6 +378,8 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
         self._every = 0  # k when every included collection saves every k rounds from a start, with no end (else 0)
         self._wanted_for: list[Collection] | None = None  # the collections_to_save() list `_wanted_now` is for
         self._wanted_now: set[str] = set()
+        #: per scalar tensor name, its `_resolve` plan with the collections `_wanted_for` (None: not saved)
+        self._scalar_plans: dict[str, tuple | None] = {}
 
     def _collections_changed(self) -> None:
         self._hand_off_kept()  # (saved as the collections were when those rounds ended)
@@ -417,6 +444,7 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
         if now is not self._wanted_for:  # (the same list object while the set stays the same)
             self._wanted_now = self._wanted(now)
             self._wanted_for = now
+            self._scalar_plans = {}
         wanted = self._wanted_now
         if wanted & _KEPT_GROUPS:  # (handed off with the kept rounds' at the next full round)
             self._kept.append((self.step, self.mode_step, [(d, m, log[-1]) for d, ms in evals_log.items()
@@ -426,14 +454,28 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             self._warn_once("cv", "tensortap.xgboost: with xgb.cv only hyperparameters and metrics are saved")
         elif model_groups:
             items: list[tuple[str, Any, list[Collection]]] = []
+            scalars = _Scalars()  # (float scalars saved raw: one hand-off)
             collections_for = self.collections_for
+            plans = self._scalar_plans
+            step, mode_step = self.step, self.mode_step
 
             def add(name: str, value: Any) -> None:
+                if isinstance(value, float):  # (np.float64 too)
+                    plan = plans.get(name, False)
+                    if plan is False:
+                        plan = plans[name] = self._resolve(name, now)
+                    if plan is None:
+                        return
+                    if plan[1] and not plan[2]:  # (raw, no reductions)
+                        scalars.add(name, step, mode_step, value)
+                        return
                 colls = collections_for(name)
                 if colls:
                     items.append((name, value, colls))
 
             self._save_model_groups(model, model_groups, add)
+            if scalars.values and not self.dry_run:
+                self._get_writer().submit_scalars(scalars.rows(self.mode.value))
             if items:
                 self.write_tensors(items, copy=False)
 
@@ -447,13 +489,7 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             return
         try:
             records: list[Record] = []
-            # metrics saved raw only: one ScalarRows (names, and per value: name, step, TRAIN step, value)
-            names: list[str] = []
-            name_ids: dict[str, int] = {}
-            name: list[int] = []
-            steps: list[int] = []
-            train_steps: list[int] = []
-            scalars: list[float] = []
+            scalars = _Scalars()  # (metrics saved raw only: one hand-off)
             at = self.schedule.at
             train = _TRAIN.value
             last_now = wanted = resolved = None
@@ -481,21 +517,14 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
                             continue
                         value = last[0] if isinstance(last, tuple | list) else last
                         if plan[1] and not plan[2]:  # (raw, no reductions)
-                            i = name_ids.get(plan[0])
-                            if i is None:
-                                i = name_ids[plan[0]] = len(names)
-                                names.append(plan[0])
-                            name.append(i)
-                            steps.append(step)
-                            train_steps.append(mode_step)
-                            scalars.append(float(value))
+                            scalars.add(plan[0], step, mode_step, float(value))
                         else:
                             records.append(Record(plan[0], step, train, mode_step, np.array(value, dtype=np.float64),
                                                   plan[1], plan[2], save_shape=plan[3]))
             if self.dry_run:
                 return
-            if scalars:
-                self._get_writer().submit_scalars(ScalarRows(names, name, steps, train, train_steps, scalars))
+            if scalars.values:
+                self._get_writer().submit_scalars(scalars.rows(train))
             if records:
                 self._get_writer().submit_many(records)
         except Exception as e:  # noqa: BLE001 - never break training
