@@ -322,9 +322,11 @@ class ChunkWriter:
         worker's folder). `start_after`: the writer thread starts at the first hand-off or step mark at least
         this many seconds after the writer was made (or at a flush, a drain, or a backlog of `_KICK_BYTES`);
         until then hand-offs wait in the queue, and a writer closed before its thread started writes on the
-        closing thread (docs/format.md §6). 0: the thread starts at once."""
+        closing thread (docs/format.md §7). 0: the thread starts at once."""
         if backpressure not in ("block", "drop"):
             raise ValueError(f"backpressure must be 'block' or 'drop', not {backpressure!r}")
+        if isinstance(start_after, bool) or not isinstance(start_after, int | float) or not start_after >= 0:
+            raise ValueError(f"start_after must be a number of seconds >= 0, not {start_after!r}")
         #: TensorBoard export of every record this writer persists, off the training thread (docs/tensorboard.md)
         self.exporter = None
         if tensorboard_dir:
@@ -587,32 +589,21 @@ class ChunkWriter:
                 if isinstance(item, RecordBatch):
                     self._encode_batch(item)
                     size = item.size
-                    item = None  # drop the arrays now: the hook reuses their buffers
-                    with self._room:
-                        self._pending_bytes -= size
-                        self._room.notify_all()
+                    item = None  # drop the arrays now (before the room is freed): the hook reuses their buffers
+                    self._taken(size)
                 elif isinstance(item, Record):
                     self._encode(item)
-                    size = item.nbytes()
+                    self._taken(item.nbytes())
                     item = None
-                    with self._room:
-                        self._pending_bytes -= size
-                        self._room.notify_all()
                 elif isinstance(item, ScalarRows):
                     self._encode_scalars(item)
-                    size = item.nbytes()
+                    self._taken(item.nbytes())
                     item = None
-                    with self._room:
-                        self._pending_bytes -= size
-                        self._room.notify_all()
                 elif isinstance(item, tuple) and item[0] is _RECORDS:
                     for r in item[1]:
                         self._encode(r)
-                    size = item[2]
+                    self._taken(item[2])
                     item = None
-                    with self._room:
-                        self._pending_bytes -= size
-                        self._room.notify_all()
                 elif isinstance(item, tuple):
                     what, arg = item
                     if what == "collections":
@@ -642,6 +633,12 @@ class ChunkWriter:
                         f.close()
                     except OSError:
                         pass
+
+    def _taken(self, size: int) -> None:
+        """A hand-off of `size` bytes is encoded: its room is free again."""
+        with self._room:
+            self._pending_bytes -= size
+            self._room.notify_all()
 
     def _behind(self) -> bool:
         """Whether the records waiting for this writer are a backlog: over 1/8 of what may wait."""

@@ -112,3 +112,9 @@ def test_a_writer_started_late_makes_its_data_visible_within_its_flush_interval(
         assert [trial.tensor("loss").value(s) for s in (0, 1)] == [0.5, 0.25]
     finally:
         w.close()
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), "soon", True])
+def test_a_bad_start_after_is_refused_when_the_writer_is_made(tmp_path, bad):
+    with pytest.raises(ValueError, match="start_after"):
+        ChunkWriter(LocalStorage(str(tmp_path / "run")), "worker_0", start_after=bad)
