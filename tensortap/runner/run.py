@@ -75,7 +75,10 @@ def validate(spec: JobSpec) -> None:
         for r in spec.rules:
             build_rule(r, trial)  # parses the parameters: errors name the rule, parameter and value
     if local:
-        check_local_out_dir(spec.out_dir, create=True)  # last: a refused job leaves no directory behind
+        check_local_out_dir(spec.out_dir, create=True)  # a refused job leaves no directory behind
+    # Last: a run started at the same time on this out_dir passed the checks above too; the claim lets exactly
+    # one go on, and a refused run starts nothing and writes nothing here.
+    st.claim_run(storage, spec.out_dir)
 
 
 def _is_job_dir(p: str) -> bool:
