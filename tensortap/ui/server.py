@@ -196,7 +196,7 @@ def view_params(args: Any, query: bytes, n_jobs: int) -> dict[str, Any]:
     seen: set[int] = set()
     for r in refs:
         if not _INDEX.fullmatch(r) or int(r) >= n_jobs:
-            raise BadRequest(f"job={r[:40]!r}: allowed are the indices 0..{n_jobs - 1}")
+            raise BadRequest(f"job={r[:40]!r}: allowed are 0..{n_jobs - 1} (the indices of the jobs given)")
         if int(r) in seen:
             raise BadRequest(f"job={r} is listed more than once: name each job once")
         seen.add(int(r))
