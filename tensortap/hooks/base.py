@@ -39,7 +39,7 @@ from tensortap.exceptions import InvalidConfiguration, TensorTapError
 from tensortap.format import codec, layout
 from tensortap.format.writer import ChunkWriter, Record, RecordBatch
 from tensortap.modes import ModeKeys
-from tensortap.storage import is_remote, open_storage
+from tensortap.storage import check_access, is_remote, open_storage
 
 logger = logging.getLogger("tensortap")
 
@@ -342,6 +342,9 @@ class Hook:
         self._remote = is_remote(self.out_dir)
         self._stop_thread: threading.Thread | None = None
         self._dropped_here = 0  # values refused before they reached the writer (too large)
+        if not self.disabled and self.writes and not self.dry_run and self._remote:
+            # an object store that cannot be written is a bad out_dir: said now, in one line, not at the first step
+            check_access(self.out_dir)
         if not self.disabled and self.writes and not self.dry_run and not self._claim_later:
             self._check_out_dir()
         # applied at the first step, once a framework subclass has finished its own set-up

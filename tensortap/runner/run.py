@@ -51,7 +51,7 @@ def _labels(rules: list[RuleSpec]) -> list[str]:
 def validate(spec: JobSpec) -> None:
     """Fail before anything starts: unknown rules, bad parameters, an out_dir that already holds a job."""
     from tensortap.runner.rule_worker import build_rule
-    from tensortap.storage import open_storage
+    from tensortap.storage import check_access, open_storage
     from tensortap.trials import create_trial
 
     if not spec.command:
@@ -63,6 +63,7 @@ def validate(spec: JobSpec) -> None:
     local = "://" not in spec.out_dir
     if local:
         check_local_out_dir(spec.out_dir, create=False)
+    check_access(spec.out_dir)  # an object store: reachable, a valid bucket, credentials accepted
     storage = open_storage(spec.out_dir)
     if storage.list("tensortap/") or storage.list("rules/"):
         raise InvalidConfiguration(f"--out-dir {spec.out_dir!r} already holds a job: use a new directory")
