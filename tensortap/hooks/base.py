@@ -919,11 +919,21 @@ class Hook:
         self, tensor_name: str, tensor_value: Any, collections_to_write: str | Iterable[str] = CollectionKeys.DEFAULT
     ) -> None:
         """Save `tensor_value` at the current step in the named collections (created if missing),
-        when their save config saves this step."""
-        if not isinstance(tensor_name, str) or not tensor_name:
-            raise InvalidConfiguration(f"tensor_name={tensor_name!r} must be a non-empty string")
-        names = [collections_to_write] if isinstance(collections_to_write, str) else list(collections_to_write)
+        when their save config saves this step. A name, collection or value that cannot be saved is skipped,
+        counted (dropped_records) and logged once; it never raises into the training loop."""
         if not self.active:
+            return
+        if not isinstance(tensor_name, str) or not tensor_name:
+            self._skip_value(tensor_name, tensor_value, "the tensor name must be a non-empty string")
+            return
+        names = [collections_to_write] if isinstance(collections_to_write, str) else collections_to_write
+        try:
+            names = list(names)
+        except TypeError:
+            names = [names]
+        if not names or not all(isinstance(n, str) and n for n in names):
+            self._skip_value(tensor_name, tensor_value, f"collections_to_write={collections_to_write!r} must be a "
+                                                        "collection name or a list of them")
             return
         if self._too_large(tensor_name, tensor_value):
             return
@@ -941,10 +951,18 @@ class Hook:
             if colls:
                 try:
                     value = codec.as_storable(tensor_value)
-                except (TypeError, ValueError) as e:
-                    self._warn_once(f"unstorable:{tensor_name}", f"tensortap: {tensor_name!r} not saved: {e}")
+                except Exception as e:  # noqa: BLE001 - any object may be handed over: none breaks training
+                    self._skip_value(tensor_name, tensor_value, str(e) or type(e).__name__)
                     return
                 self.write_tensor(tensor_name, value, colls)
+
+    def _skip_value(self, name: Any, value: Any, why: str) -> None:
+        """A value handed over during training that cannot be saved: skipped, counted in dropped_records, and
+        logged once per tensor (naming it and the value's type); the hook and training go on."""
+        self._dropped_here += 1
+        self._warn_once(f"bad-value:{name!r}", f"tensortap: {name!r} not saved: {why} (got a "
+                                               f"{type(value).__module__}.{type(value).__qualname__}); such values "
+                                               "are skipped and counted (dropped_records), training goes on")
 
     def _too_large(self, name: str, value: Any) -> bool:
         """A value larger than the writer may hold (max_pending_bytes) is dropped before anything copies it
@@ -961,15 +979,18 @@ class Hook:
 
     def save_scalar(self, name: str, value: Any, timestamp: float | None = None) -> None:
         """Save a scalar as `scalar/<name>` at the current step, whatever the save config."""
+        if not self.active:
+            return
         if not isinstance(name, str) or not name:
-            raise InvalidConfiguration(f"scalar name {name!r} must be a non-empty string")
+            self._skip_value(name, value, "the scalar name must be a non-empty string")
+            return
         try:
             size = np.size(value)
-        except Exception:  # noqa: BLE001
-            size = -1
-        if size != 1 or value is None or np.asarray(value).dtype.kind not in "biufc":
-            raise InvalidConfiguration(f"save_scalar({name!r}, ...) needs a single number, got {value!r}")
-        if not self.active:
+            kind = np.asarray(value).dtype.kind if size == 1 and value is not None else ""
+        except Exception:  # noqa: BLE001 - any object may be handed over: none breaks training
+            size, kind = -1, ""
+        if size != 1 or kind not in tuple("biufc"):
+            self._skip_value(f"scalar/{name}", value, "save_scalar needs a single number")
             return
         with self.guard("save_scalar"):
             self._ensure_step()
