@@ -265,7 +265,7 @@ class NativeSource(Source):
         self._damage_seen.add((path, offset))
         self.damage.append(Damage(path, offset, reason))
         i = len(self.damage) - 1
-        if self._end_seq.get(c.worker, -1) >= c.seq:  # after the worker's end mark: it held no records
+        if self._end_seq.get(c.worker, -1) == c.seq:  # after the worker's end mark (read before it): no records
             self._lost(i, c.worker, 0, -1, "nothing lost: it lies after the end mark of worker " + c.worker)
         else:
             self._open_damage.setdefault(c.worker, []).append((i, self._after.get(c.worker, -1)))
@@ -287,8 +287,8 @@ class NativeSource(Source):
         d = self.damage[i]
         if words is None:
             if hi is None:
-                words = (f"every step of worker {worker} lost" if lo <= 0 else
-                         f"the steps of worker {worker} after step {lo - 1} lost")
+                words = (f"whatever worker {worker} saved lost" if lo <= 0 else
+                         f"whatever worker {worker} saved after step {lo - 1} lost")
             elif lo < hi:
                 words = f"steps {lo}–{hi} of worker {worker} lost"
             elif lo == hi:
