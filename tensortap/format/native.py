@@ -296,7 +296,7 @@ class NativeSource(Source):
             else:  # records of a step the intact blocks around it hold records of too
                 words = f"part of the records of step {lo - 1 if hi + 1 == lo - 1 else f'{lo - 1}–{hi + 1}'} of " \
                         f"worker {worker} lost"
-        d = self.damage[i] = d._replace(lost=words)
+        d = self.damage[i] = Damage(d.path, d.offset, d.reason, words)
         if hi is None or lo <= hi:
             self.lost_steps.append(LostSteps(worker, lo, hi, d))
         logger.warning("tensortap: index block damaged in %s at offset %d (%s): %s; skipped, the rest stays "
