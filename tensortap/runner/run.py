@@ -73,6 +73,10 @@ def validate(spec: JobSpec) -> None:
     if local:
         check_local_out_dir(spec.out_dir, create=False)
     storage = open_storage(spec.out_dir)
+    if not local:
+        from tensortap.cli.main import check_bucket
+
+        check_bucket(storage)  # the bucket exists and is ours: the rules read it from their first step
     if storage.list("tensortap/") or storage.list("rules/"):
         raise InvalidConfiguration(f"--out-dir {spec.out_dir!r} already holds a job: use a new directory")
     check_collections(spec)
