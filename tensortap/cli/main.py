@@ -22,7 +22,13 @@ def _summarize(trial: Trial) -> dict[str, Any]:
         modes[m.name] = {"count": len(ms), "first": ms[0] if ms else None, "last": ms[-1] if ms else None}
     tensors = {}
     for name in trial.tensor_names():
-        tensors[name] = _step_summary(trial.tensor(name).steps(show_incomplete_steps=True))
+        t = trial.tensor(name)
+        tensors[name] = _step_summary(t.steps(show_incomplete_steps=True))
+        # each mode counts its own steps (smdebug's mode steps): a TRAIN step every 10 and an EVAL pass
+        # per epoch read as two regular series, where their global steps interleave irregularly
+        tensors[name]["modes"] = {
+            m.name: _step_summary(ms) for m in trial.modes() if (ms := t.steps(m, show_incomplete_steps=True))
+        }
     return {
         "path": trial.path,
         "format": type(trial.source).__name__.replace("Source", "").lower(),
@@ -52,16 +58,20 @@ def _step_summary(steps: list[int]) -> dict[str, Any]:
     return out
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def _steps_text(d: dict[str, Any]) -> str:
     if not d["count"]:
         return "-"
     if d["count"] == 1:
-        return f"step {d['first']}"
+        return f"1 step   {d['first']}"
     if d["interval"] is not None:
         every = f"every {d['interval']}"
     else:
         every = f"irregular (gaps {d['gaps'][0]}..{d['gaps'][1]})"
-    return f"{d['first']}..{d['last']}, {every}"
+    return f"{_plural(d['count'], 'step')}  {d['first']}..{d['last']}, {every}"
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -79,16 +89,28 @@ def cmd_ls(args: argparse.Namespace) -> int:
     s = info["steps"]
     p(f"{info['path']}  ({info['format']} format, {'ended' if info['ended'] else 'running or interrupted'})")
     p(f"workers: {', '.join(info['workers']) or '-'}  (expected: {info['num_workers']})")
-    p(f"steps:   {s['count']} saved, global {s['first']}..{s['last']}")
+    p(f"steps:   {s['count']} saved (global steps {s['first']}..{s['last']}); each mode counts its own:")
     for m, d in info["modes"].items():
-        p(f"  {m:<8} {d['count']} steps, {d['first']}..{d['last']}")
-    p("collections:")
-    for c, names in info["collections"].items():
-        p(f"  {c:<20} {len(names)} tensors")
-    p("tensors:")
-    width = max((len(n) for n in info["tensors"]), default=10)
-    for n, d in info["tensors"].items():
-        p(f"  {n:<{width}}  {d['count']:>6} steps  {_steps_text(d)}")
+        span = f"{d['first']}" if d["count"] == 1 else f"{d['first']}..{d['last']}"
+        p(f"  {m:<8} {_plural(d['count'], 'step')}, {span}")
+    shown = {c: names for c, names in info["collections"].items() if names or args.all}
+    hidden = len(info["collections"]) - len(shown)
+    p("collections:" + (f"  ({hidden} without tensors not shown: --all lists them)" if hidden else ""))
+    for c, names in shown.items():
+        p(f"  {c:<20} {_plural(len(names), 'tensor')}")
+    modes = list(info["modes"])
+    if not info["tensors"]:
+        p("tensors: none")
+        return 0
+    # one column per mode, each in that mode's own steps (smdebug's mode steps)
+    width = max(len(n) for n in info["tensors"])
+    cells = {n: [_steps_text(d["modes"][m]) if m in d["modes"] else "-" for m in modes]
+             for n, d in info["tensors"].items()}
+    widths = [max([len(m + " steps")] + [len(c[i]) for c in cells.values()]) for i, m in enumerate(modes)]
+    p(f"{'tensors:':<{width + 2}}  " + "   ".join(f"{m + ' steps':<{w}}" for m, w in zip(modes, widths, strict=True))
+      .rstrip())
+    for n, row in cells.items():
+        p(f"  {n:<{width}}  " + "   ".join(f"{c:<{w}}" for c, w in zip(row, widths, strict=True)).rstrip())
     return 0
 
 
