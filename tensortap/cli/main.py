@@ -89,7 +89,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
     s = info["steps"]
     p(f"{info['path']}  ({info['format']} format, {'ended' if info['ended'] else 'running or interrupted'})")
     p(f"workers: {', '.join(info['workers']) or '-'}  (expected: {info['num_workers']})")
-    p(f"steps:   {s['count']} saved (global steps {s['first']}..{s['last']}); each mode counts its own:")
+    p(f"steps:   {s['count']} saved (global steps {s['first']}..{s['last']}); each mode counts its own:"
+      if s["count"] != 1 else f"steps:   1 saved (global step {s['first']})")
     for m, d in info["modes"].items():
         span = f"{d['first']}" if d["count"] == 1 else f"{d['first']}..{d['last']}"
         p(f"  {m:<8} {_plural(d['count'], 'step')}, {span}")

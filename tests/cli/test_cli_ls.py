@@ -117,7 +117,7 @@ def test_ls_counts_each_modes_own_steps_and_lists_collections_with_tensors(tmp_p
     assert [c.split() for c in collections] == [["losses", "1", "tensor"], ["weights", "1", "tensor"]]
     assert "without tensors not shown: --all lists them" in out
     every = _tensortap("ls", str(tmp_path), "--all").stdout
-    assert "  gradients            0 tensors" in every.splitlines()
+    assert "  default              0 tensors" in every.splitlines()
     assert "1 tensors" not in every and "1 steps" not in every
 
 
