@@ -20,12 +20,14 @@ $(STAMP): pyproject.toml setup.py tensortap/transport/_streamcopy.c tensortap/py
 install: $(STAMP) chromium
 
 # `make demo` installs only what the demo needs (requirements/demo.txt, ~0.9 GB, mostly PyTorch) into the same
-# .venv, which `make test` later completes. --no-compile: Python compiles what the demo imports when it imports
-# it, instead of pip compiling all of PyTorch up front (half of the install's time).
+# .venv, which `make test` later completes. --no-compile, then `demo.py --prepare`: Python compiles the modules
+# the demo imports, once (even where PYTHONDONTWRITEBYTECODE is set), instead of pip compiling all of PyTorch up
+# front (half of the install's time) or each of the demo's processes compiling what it imports.
 $(DEMO_STAMP): pyproject.toml setup.py tensortap/transport/_streamcopy.c tensortap/pytorch/_counting.c requirements/demo.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --no-compile -r requirements/demo.txt
 	$(VPY) -m pip install -q --no-compile --no-build-isolation -e .
+	PYTHONDONTWRITEBYTECODE= $(VPY) examples/demo.py --prepare
 	touch $(DEMO_STAMP)
 
 demo-install: $(DEMO_STAMP)
