@@ -129,18 +129,12 @@ def _check_job_dir(out_dir: str) -> None:
             raise InvalidConfiguration(f"{out_dir}: not a directory")
         if not os.path.isdir(out_dir):
             raise InvalidConfiguration(f"{out_dir}: no such directory")
+    from tensortap.runner.run import check_bucket
+
     storage = open_storage(out_dir)
     if not (is_native_out_dir(storage) or is_smdebug_out_dir(storage)):
         check_bucket(storage)  # a missing bucket is said as such
         raise InvalidConfiguration(f"{out_dir}: not a job's out_dir (it holds no tensortap or smdebug data)")
-
-
-def check_bucket(storage: Any) -> None:
-    """An object store's bucket exists and these credentials may use it (botocore's error otherwise, which the
-    CLI says in one line); nothing for a local directory."""
-    client, bucket = getattr(storage, "client", None), getattr(storage, "bucket", None)
-    if client is not None and bucket:
-        client.head_bucket(Bucket=bucket)
 
 
 def _add_rule_args(p: argparse.ArgumentParser) -> None:

@@ -74,8 +74,6 @@ def validate(spec: JobSpec) -> None:
         check_local_out_dir(spec.out_dir, create=False)
     storage = open_storage(spec.out_dir)
     if not local:
-        from tensortap.cli.main import check_bucket
-
         check_bucket(storage)  # the bucket exists and is ours: the rules read it from their first step
     if storage.list("tensortap/") or storage.list("rules/"):
         raise InvalidConfiguration(f"--out-dir {spec.out_dir!r} already holds a job: use a new directory")
@@ -89,6 +87,14 @@ def validate(spec: JobSpec) -> None:
             build_rule(r, trial)  # parses the parameters: errors name the rule, parameter and value
     if local:
         check_local_out_dir(spec.out_dir, create=True)  # last: a refused job leaves no directory behind
+
+
+def check_bucket(storage: Any) -> None:
+    """An object store's bucket exists and these credentials may use it (botocore's error otherwise, which the
+    CLI says in one line); nothing for a local directory."""
+    client, bucket = getattr(storage, "client", None), getattr(storage, "bucket", None)
+    if client is not None and bucket:
+        client.head_bucket(Bucket=bucket)
 
 
 def check_command(command: list[str]) -> None:
