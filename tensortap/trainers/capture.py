@@ -29,7 +29,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tensortap import modes as _modes
-from tensortap.collection import Collection, CollectionKeys as K
+from tensortap.collection import Collection
+from tensortap.collection import CollectionKeys as K
 from tensortap.config import ReductionConfig, SaveConfig
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.hooks.base import Hook, check_out_dir
