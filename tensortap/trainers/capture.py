@@ -203,7 +203,7 @@ class TrainerCapture:
             full = prefix + name
             colls = h.collections_for(full)
             if colls:
-                items.append((full, host_numpy(_full(t).detach().cpu()), colls))
+                items.append((full, host_numpy(_local(t).detach().cpu()), colls))
         if items:
             h.write_tensors(items, copy=True)
 
@@ -261,7 +261,14 @@ class TrainerCapture:
     def _job_spec(self) -> Any:
         from tensortap.runner.spec import JobSpec
 
-        return JobSpec(out_dir=self.out_dir, rules=self.rule_specs, stop_on_issue=self.stop_on_issue)
+        # A save config given to the callback decides the rules' collections' interval too (as `tensortap run
+        # --save-interval` does); without one, each rule's own default applies.
+        sc = self._hook_kwargs.get("save_config")
+        interval = None
+        if sc is not None:
+            interval = getattr(SaveConfig.coerce(sc).get_save_config(_modes.TRAIN), "save_interval", None)
+        return JobSpec(out_dir=self.out_dir, rules=self.rule_specs, stop_on_issue=self.stop_on_issue,
+                       save_interval=interval)
 
     def _with_rule_collections(self, include: list[Any] | None) -> list[Any]:
         from tensortap.runner.hook_config import rule_collections
@@ -328,10 +335,11 @@ class TrainerCapture:
         return out
 
 
-def _full(t: Any) -> Any:
-    """The full logical tensor of a DTensor (FSDP2 and tensor parallelism), else the tensor."""
-    full = getattr(t, "full_tensor", None)
-    return full() if callable(full) else t
+def _local(t: Any) -> Any:
+    """This process's shard of a DTensor (FSDP2, tensor parallelism: no collective, so ranks that save nothing
+    never wait for each other), else the tensor."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
 
 
 def _as_float(v: Any) -> float | None:
