@@ -3,7 +3,6 @@ tensors it holds, and the statuses and reports of the rules that watch it."""
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from collections import OrderedDict
@@ -11,10 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensortap.trials import Trial, create_trial
+from tensortap.trials.summary import RULE_STATUSES, rule_runs, rule_summary  # noqa: F401 - named here for callers
 from tensortap.ui.series import is_scalar
-
-#: statuses a rule can show; "NoData" is a rule that finished without seeing any data
-RULE_STATUSES = ("InProgress", "IssuesFound", "NoIssuesFound", "NoData", "Error", "Stopped")
 
 #: bytes of per-step statistics a Job keeps for the tensors drawn last (the layers page and the heatmap draw
 #: the same ones); the least recently drawn go first
@@ -26,8 +23,6 @@ _XGB_NON_SCALAR = re.compile(
     r"^(feature_importance|average_shap|full_shap|hyperparameters|trees)/|^(labels|predictions)$")
 _METRIC_COLLECTIONS = ("losses", "metrics", "sm_metrics", "scalars")
 _PARAM_COLLECTIONS = ("weights", "biases")
-#: the files a rule run writes (tensortap.runner.status)
-_RULE_FILES = ("status.json", "report.json")
 _GRAD_PREFIX = re.compile(r"^gradients?/")
 _WEIGHT_PREFIX = re.compile(r"^weights?/")
 
@@ -181,23 +176,8 @@ class Job:
 
     @staticmethod
     def rules_of(storage: Any) -> list[dict[str, Any]]:
-        """Every rule run of a job: {name, run, status, message, fired_steps, explanations, parameters, ...}
-        from the status.json and report.json that `tensortap run` writes under rules/<rule>/ ("live") and
-        `tensortap rules run` under rules/<rule>/offline/ ("offline"); a rule run both ways gives two."""
-        runs: set[tuple[str, str]] = set()
-        for key in storage.list("rules/"):
-            parts = key.split("/")
-            if len(parts) == 3 and parts[2] in _RULE_FILES:
-                runs.add((parts[1], "live"))
-            elif len(parts) == 4 and parts[2] == "offline" and parts[3] in _RULE_FILES:
-                runs.add((parts[1], "offline"))
-        out = []
-        for label, run in sorted(runs):
-            base = f"rules/{label}/" + ("offline/" if run == "offline" else "")
-            status = _read_json(storage, base + "status.json") or {}
-            report = _read_json(storage, base + "report.json") or status.get("report") or {}
-            out.append({**rule_summary(label, status, report), "run": run})
-        return out
+        """Every rule run of a job (tensortap.trials.summary.rule_runs)."""
+        return rule_runs(storage)
 
     def signature(self) -> dict[str, Any]:
         """What changes when the job or its rules move on: the dashboard polls this."""
@@ -209,52 +189,6 @@ class Job:
                 "ended": self.trial.loaded_all_steps,
                 "rules": [(r["name"], r["run"], r["status"], r.get("updated_at")) for r in self.rules()],
             }
-
-
-def _read_json(storage: Any, key: str) -> dict[str, Any] | None:
-    try:
-        d = json.loads(storage.read(key))
-    except (FileNotFoundError, ValueError, OSError):
-        return None
-    return d if isinstance(d, dict) else None
-
-
-def rule_summary(label: str, status: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
-    """One rule's status with its firing steps and explanations. A rule that ended without data says
-    NoData, never NoIssuesFound."""
-    s = status.get("status") or ("IssuesFound" if report.get("triggered") else
-                                 "NoIssuesFound" if report.get("finished") else "InProgress")
-    if s == "NoIssuesFound" and report and not report.get("datapoints") and not report.get("steps_evaluated"):
-        s = "NoData"
-    if s not in RULE_STATUSES:
-        s = "Error"
-    fired = [int(x) for x in report.get("fired_steps") or []]
-    if not fired and status.get("first_step") is not None and s == "IssuesFound":
-        fired = [int(status["first_step"])]
-    explanations: dict[int, list[str]] = {}
-    for v in (report.get("first_violations") or []) + (report.get("last_violations") or []):
-        if not isinstance(v, dict) or v.get("step") is None:
-            continue
-        text = str(v.get("condition", ""))
-        if v.get("tensor"):
-            text = f"{v['tensor']}: {text}"
-        lst = explanations.setdefault(int(v["step"]), [])
-        if text not in lst:
-            lst.append(text)
-    return {
-        "name": label,
-        "rule": status.get("rule") or report.get("rule") or label,
-        "status": s,
-        "message": str(status.get("message") or ""),
-        "fired_steps": fired,
-        "explanations": {str(k): v[:5] for k, v in explanations.items()},
-        "parameters": status.get("params") or report.get("parameters") or {},
-        "steps_evaluated": report.get("steps_evaluated"),
-        "last_step": status.get("last_step", report.get("last_step_evaluated")),
-        "warnings": report.get("warnings") or [],
-        "error": str(status.get("traceback") or "")[-2000:] if s == "Error" else "",
-        "updated_at": status.get("updated_at") or report.get("updated_at"),
-    }
 
 
 class JobSet:
