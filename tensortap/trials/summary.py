@@ -56,12 +56,15 @@ def rule_summary(label: str, status: dict[str, Any], report: dict[str, Any]) -> 
     if not fired and status.get("first_step") is not None and s == "IssuesFound":
         fired = [int(status["first_step"])]
     explanations: dict[int, list[str]] = {}
+    tensors: list[str] = []
     for v in (report.get("first_violations") or []) + (report.get("last_violations") or []):
         if not isinstance(v, dict) or v.get("step") is None:
             continue
         text = str(v.get("condition", ""))
         if v.get("tensor"):
             text = f"{v['tensor']}: {text}"
+            if str(v["tensor"]) not in tensors:
+                tensors.append(str(v["tensor"]))
         lst = explanations.setdefault(int(v["step"]), [])
         if text not in lst:
             lst.append(text)
@@ -72,6 +75,7 @@ def rule_summary(label: str, status: dict[str, Any], report: dict[str, Any]) -> 
         "message": str(status.get("message") or ""),
         "fired_steps": fired,
         "explanations": {str(k): v[:5] for k, v in explanations.items()},
+        "tensors": tensors,
         "parameters": status.get("params") or report.get("parameters") or {},
         "steps_evaluated": report.get("steps_evaluated"),
         "last_step": status.get("last_step", report.get("last_step_evaluated")),

@@ -25,6 +25,11 @@ _METRIC_COLLECTIONS = ("losses", "metrics", "sm_metrics", "scalars")
 _PARAM_COLLECTIONS = ("weights", "biases")
 _GRAD_PREFIX = re.compile(r"^gradients?/")
 _WEIGHT_PREFIX = re.compile(r"^weights?/")
+#: Keras' weight names: `<layer>/weights/<variable path>` (d1/weights/sequential/d1/kernel); its gradient is
+#: gradients/<variable path>Grad
+_KERAS_WEIGHT = re.compile(r"^[^/]+/weights/(.+)$")
+#: bytes of scalar series a Job keeps (the curves and their zoomed windows read them)
+SERIES_CACHE_BYTES = 64 << 20
 
 
 @dataclass
@@ -40,10 +45,14 @@ class Kinds:
 
 def layer_of(name: str) -> str:
     """The layer (parameter) a weight or gradient tensor belongs to: `gradient/Net_fc1.weight` and
-    `Net_fc1.weight` are both `Net_fc1.weight`; Keras' `gradients/denseGrad` is `dense`."""
+    `Net_fc1.weight` are both `Net_fc1.weight`; Keras' `gradients/sequential/d1/kernelGrad` and
+    `d1/weights/sequential/d1/kernel` are both `sequential/d1/kernel`."""
     if _GRAD_PREFIX.match(name):
         base = _GRAD_PREFIX.sub("", name)
         return base[: -len("Grad")] if base.endswith("Grad") else base
+    m = _KERAS_WEIGHT.match(name)
+    if m:
+        return m.group(1)
     return _WEIGHT_PREFIX.sub("", name)
 
 
@@ -103,6 +112,7 @@ class Job:
         self._kinds: Kinds | None = None
         self._kinds_generation = -1
         self._stats: OrderedDict[tuple[str, str | None], tuple[int, dict]] = OrderedDict()
+        self._series: OrderedDict[tuple[str, str], tuple[int, tuple]] = OrderedDict()
 
     @classmethod
     def of_trial(cls, trial: Trial, index: int = 0) -> Job:
@@ -121,6 +131,41 @@ class Job:
                 self._kinds = classify(self.trial)
                 self._kinds_generation = self.trial.generation
             return self._kinds
+
+    @property
+    def is_xgboost(self) -> bool:
+        """Whether this is an XGBoost job: its steps are boosting rounds, never drawn on one axis with a
+        neural net's steps."""
+        return bool(self.kinds.xgboost)
+
+    def scalar(self, name: str, mode: Any) -> tuple[Any, Any, Any]:
+        """(global steps, values, mode steps) of scalar tensor `name` in `mode` (GLOBAL: every step), read
+        once per generation of the trial and kept (up to SERIES_CACHE_BYTES): a zoom re-reads a window of it."""
+        import numpy as np
+
+        from tensortap import modes as _modes
+        from tensortap.ui.series import scalar_series
+
+        with self.lock:
+            key = (name, mode.name)
+            hit = self._series.pop(key, None)
+            if hit is not None and hit[0] == self.trial.generation:
+                got = hit[1]
+            else:
+                steps, vals = scalar_series(self.trial.tensor(name), mode)
+                if mode == _modes.GLOBAL or not len(steps):
+                    gsteps = np.asarray(steps, dtype=np.int64)
+                else:
+                    to_global = self.trial.global_step
+                    gsteps = np.fromiter((-1 if (g := to_global(mode, s)) is None else g for s in steps.tolist()),
+                                         dtype=np.int64, count=len(steps))
+                got = (gsteps, vals, np.asarray(steps, dtype=np.int64))
+            self._series[key] = (self.trial.generation, got)
+            size = sum(sum(a.nbytes for a in e[1]) for e in self._series.values())
+            while len(self._series) > 1 and size > SERIES_CACHE_BYTES:
+                _, (_, old) = self._series.popitem(last=False)
+                size -= sum(a.nbytes for a in old)
+            return got
 
     def stats(self, name: str, worker: str | None = None) -> dict[str, tuple[Any, Any]]:
         """{stat: (steps, values)} of tensor `name`'s L2 norm, min, max and non-finite count at every saved
