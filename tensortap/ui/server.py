@@ -179,7 +179,7 @@ class Server:
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
         self.jobs = JobSet(paths)
         for j in self.jobs.jobs:
-            j.kinds  # noqa: B018 - index the job now, not on the page's first request
+            j.warm()  # index the job and read its curves now, not on the page's first request
         self.app = create_app(self.jobs)
         try:
             self.httpd = make_server(host, port, self.app, threaded=True)

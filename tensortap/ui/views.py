@@ -221,8 +221,7 @@ def _curve(job: Job, name: str, mode: Any, k: int, multi: bool) -> tuple[dict[st
     tr = {"type": "scatter", "mode": "lines" if len(x) >= 60 else "lines+markers", "x": x,
           "y": to_json_values(v[idx]),
           "name": esc(short(name)) + (f" · {esc(short(job.name, 24))}" if multi else ""),
-          "line": {"color": colour, "width": 1.5,
-                   "dash": job_dash(job.index) if multi else DASHES[k % len(DASHES)]},
+          "line": {"color": colour, "width": 1.5, "dash": DASHES[k % len(DASHES)]},  # a job's scalars by dash
           "marker": {"color": colour, "size": 5},
           "meta": {"job": job.index, "tensor": name, "mode": mode.name, "n": int(len(v)),
                    "downsampled": bool(len(idx) < len(v)), "curve": True,
@@ -584,12 +583,28 @@ def heatmap_view(jobs: Job | list[Job], columns: int = HEATMAP_COLUMNS) -> list[
     any_zero = any_bad = False
     for i, (job, (rows, xcol, z, zero, bad)) in enumerate(got, start=1):
         ax = "" if i == 1 else str(i)
-        names = [esc(layer) for layer, _ in rows]
+        if multi:  # every job's rows are the union of layers, in one order: a layer lines up across jobs
+            at = {layer: r for r, (layer, _) in enumerate(rows)}
+            pick = [at.get(layer, -1) for layer in layers]
+
+            def spread(a: np.ndarray, fill: Any, pick: list[int] = pick) -> np.ndarray:
+                out = np.full((len(pick), a.shape[1]), fill, dtype=a.dtype)
+                for r, p in enumerate(pick):
+                    if p >= 0:
+                        out[r] = a[p]
+                return out
+
+            z, zero, bad = spread(z, np.nan), spread(zero, False), spread(bad, False)
+            tensors = [rows[p][1] if p >= 0 else None for p in pick]
+            names = [esc(layer) for layer in layers]
+        else:
+            tensors = [g for _, g in rows]
+            names = [esc(layer) for layer, _ in rows]
         extra = f"<extra>{esc(short(job.name, 24))}</extra>" if multi else "<extra></extra>"
         base = {"x": xcol, "y": names, "xaxis": "x" + ax, "yaxis": "y" + ax}
         data.append({"type": "heatmap", "z": [to_json_values(r) for r in z], **base, "coloraxis": "coloraxis",
                      "hovertemplate": "%{y}<br>step %{x}<br>log10 norm %{z:.2f}" + extra,
-                     "meta": {"tensors": [g for _, g in rows], "columns": len(xcol), "job": job.index}})
+                     "meta": {"tensors": tensors, "columns": len(xcol), "job": job.index}})
         small = len(xcol) <= 60
         for mask, colour, label, mark in ((zero, ZERO_COLOUR, "exactly 0", "0"), (bad, NONFINITE_COLOUR,
                                                                                   "NaN or inf", "✕")):
@@ -607,8 +622,6 @@ def heatmap_view(jobs: Job | list[Job], columns: int = HEATMAP_COLUMNS) -> list[
         xa: dict[str, Any] = step_axis([base], "step" + (f" · {esc(short(job.name, 30))}" if multi else ""))
         layout["xaxis" if i == 1 else f"xaxis{i}"] = xa
         layout["yaxis" if i == 1 else f"yaxis{i}"] = {"automargin": True, "autorange": "reversed",
-                                                      "type": "category", "categoryorder": "array",
-                                                      "categoryarray": [esc(x) for x in layers],
                                                       "showticklabels": i == 1}
     for label, colour, present in (("exactly 0", ZERO_COLOUR, any_zero), ("NaN or inf", NONFINITE_COLOUR, any_bad)):
         if present:  # a legend entry for the cells drawn over the colour scale

@@ -104,7 +104,7 @@
       lines.forEach(function (t) {
         var zx = [];
         t.y = t.y.map(function (v, i) { if (v !== null && v <= 0) { zx.push(t.x[i]); return null; } return v; });
-        if (zx.length && !(t.meta && t.meta.raw)) zeros.push([t, zx]);
+        if (zx.length) zeros.push([t, zx]);  // the saved value (the faint raw curve) or the smoothed one
       });
       var neg = finite.some(function (v) { return v < 0; });
       var la = logAxis(lines.map(function (t) { return t.y; }), zeros.length ? (neg ? "≤ 0" : "0") : null,
@@ -148,7 +148,15 @@
 
   function draw(div) {
     var f = figureOf(div);
-    return Plotly.react(div, f.data, f.layout, PLOT_CONFIG).then(function () {
+    var drawn;
+    try {
+      drawn = Plotly.react(div, f.data, f.layout, PLOT_CONFIG);
+    } catch (e) {
+      drawn = Promise.reject(e);
+    }
+    return drawn.catch(function (e) {
+      throw new Error("figure " + div.dataset.fig + ": " + (e && e.message || e));
+    }).then(function () {
       if (div._tt.curves && !div._ttZoomHooked && zoomSource) {
         div._ttZoomHooked = true;
         div.on("plotly_relayout", function (ev) { onZoom(div, ev); });
@@ -291,8 +299,13 @@
     container.querySelectorAll("div.figure").forEach(function (d) { old[d.dataset.fig] = d; });
     var nodes = [];
     var drawing = [];
-    if (blocks.some(function (b) { return b.type === "figure" && b.curves; })) nodes.push(curveToolbar());
-    blocks.forEach(function (b) {
+    var toolbar = false;
+    blocks.forEach(function (b, i) {
+      // the curve toolbar goes above the first curves (or the note about them just before)
+      if (!toolbar && (b.curves || (b.type === "note" && blocks[i + 1] && blocks[i + 1].curves))) {
+        nodes.push(curveToolbar());
+        toolbar = true;
+      }
       if (b.type === "heading") {
         nodes.push(el("h3", null, b.text));
       } else if (b.type === "note") {
