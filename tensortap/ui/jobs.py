@@ -111,7 +111,7 @@ class Job:
         self.lock = threading.RLock()
         self._kinds: Kinds | None = None
         self._kinds_generation = -1
-        self._stats: OrderedDict[tuple[str, str | None], tuple[int, dict]] = OrderedDict()
+        self._stats: OrderedDict[tuple[str, str | None], tuple[int, dict, set]] = OrderedDict()
         self._series: OrderedDict[tuple[str, str], tuple[int, tuple]] = OrderedDict()
 
     @classmethod
@@ -190,9 +190,11 @@ class Job:
                     if sum(sum(a.nbytes for a in e[1]) for e in self._series.values()) > SERIES_CACHE_BYTES // 2:
                         return
 
-    def stats(self, name: str, worker: str | None = None) -> dict[str, tuple[Any, Any]]:
-        """{stat: (steps, values)} of tensor `name`'s L2 norm, min, max and non-finite count at every saved
-        step (series.stat_series), kept (up to STATS_CACHE_BYTES) and extended as the job grows."""
+    def stats(self, name: str, worker: str | None = None,
+              which: tuple[str, ...] = ("l2", "min", "max", "nonfinite")) -> dict[str, tuple[Any, Any]]:
+        """{stat: (steps, values)} of tensor `name`'s statistics `which` (of L2 norm, min, max, non-finite
+        count) at every saved step (series.stat_series), kept (up to STATS_CACHE_BYTES) and extended as the
+        job grows; a statistic asked for later is read then (the heatmap asks for norms only)."""
         from tensortap.ui.series import stat_series
 
         with self.lock:
@@ -200,14 +202,19 @@ class Job:
             hit = self._stats.pop(key, None)
             tensor = self.trial.tensor(name)
             if hit is not None and hit[0] == self.trial.generation:
-                got = hit[1]
+                got, asked = hit[1], hit[2]
+            elif hit is not None and (ext := self._extended(tensor, hit[1], worker)) is not None:
+                got, asked = ext, hit[2]
             else:
-                got = (self._extended(tensor, hit[1], worker) if hit is not None else None) or \
-                    stat_series(tensor, ("l2", "min", "max", "nonfinite"), worker=worker)
-            self._stats[key] = (self.trial.generation, got)
+                got, asked = stat_series(tensor, which, worker=worker), set(which)
+            missing = tuple(s for s in which if s not in asked)
+            if missing:
+                got = {**got, **stat_series(tensor, missing, worker=worker)}
+                asked = asked | set(missing)
+            self._stats[key] = (self.trial.generation, got, asked)
             size = sum(a.nbytes + b.nbytes for entry in self._stats.values() for a, b in entry[1].values())
             while len(self._stats) > 1 and size > STATS_CACHE_BYTES:
-                _, (_, old) = self._stats.popitem(last=False)
+                _, (_, old, _) = self._stats.popitem(last=False)
                 size -= sum(a.nbytes + b.nbytes for a, b in old.values())
             return got
 

@@ -39,6 +39,10 @@ LAYERS_PER_PAGE = 24
 SMALL_POINTS = 400
 #: columns of the heatmap (step buckets); each shows the largest norm of its steps
 HEATMAP_COLUMNS = 400
+#: points of all the curves of one figure together: with many curves (50 jobs), each is a min/max envelope of
+#: CURVE_BUDGET / curves points (at least MIN_CURVE_POINTS); a zoom re-reads the shown steps at full resolution
+CURVE_BUDGET = 24_000
+MIN_CURVE_POINTS = 200
 #: a mode with at most this many points per curve gets a hint to save it more often
 SPARSE_POINTS = 2
 #: options from which a choice gets a search box
@@ -210,11 +214,12 @@ def rule_markers(rules: list[dict[str, Any]], xs: list[int], ys: list[float | No
     return out
 
 
-def _curve(job: Job, name: str, mode: Any, k: int, multi: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """One scalar's curve in `mode` (its points a min/max envelope beyond MAX_POINTS; `meta.x_mode` the mode
+def _curve(job: Job, name: str, mode: Any, k: int, multi: bool, max_points: int = MAX_POINTS
+           ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """One scalar's curve in `mode` (its points a min/max envelope beyond `max_points`; `meta.x_mode` the mode
     steps of its points, for an x axis of mode steps), and a marker trace of its NaN/inf steps (or None)."""
     g, v, m = job.scalar(name, mode)
-    idx = envelope_index(v)
+    idx = envelope_index(v, max_points)
     colour = job_colour(job.index) if multi else MODE_COLOURS.get(mode.name, PALETTE[0])
     label = esc(name) + (f" · {esc(job.name)}" if multi else "")
     x = [int(s) for s in g[idx].tolist()]
@@ -257,12 +262,15 @@ def _curve_figures(jobs: list[Job], names: list[str] | None, multi: bool, prefix
                    xtitle: str) -> list[dict[str, Any]]:
     per_mode: dict[str, list[dict]] = {}
     rules_by_job = {j.index: j.rules() for j in jobs}
+    chosen = {j.index: [n for n in j.kinds.scalars if names is None or n in names] for j in jobs}
+    curves = max([sum(len(chosen[j.index]) for j in jobs if m in (j.trial.modes() or [_modes.GLOBAL]))
+                  for m in _modes.ModeKeys] or [1])
+    max_points = min(MAX_POINTS, max(MIN_CURVE_POINTS, CURVE_BUDGET // max(curves, 1)))
     for job in jobs:
         with job.lock:
-            chosen = [n for n in job.kinds.scalars if names is None or n in names]
             for mode in job.trial.modes() or [_modes.GLOBAL]:
-                for k, name in enumerate(chosen):
-                    tr, nf = _curve(job, name, mode, k, multi)
+                for k, name in enumerate(chosen[job.index]):
+                    tr, nf = _curve(job, name, mode, k, multi, max_points)
                     if not tr["x"]:
                         continue
                     per_mode.setdefault(mode.name, []).append(tr)
@@ -523,7 +531,7 @@ def _heat_rows(job: Job, columns: int) -> tuple[list[tuple[str, str]], list[int]
     rows = []
     all_steps: set[int] = set()
     for g in grads:
-        st = job.stats(g).get("l2")
+        st = job.stats(g, which=("l2", "nonfinite")).get("l2")
         if st is None:
             continue
         rows.append((g, st))

@@ -393,3 +393,26 @@ def test_heatmap_draws_zero_and_nonfinite_cells_apart_from_the_colour_scale(tmp_
     assert zero["z"][0] == [1, 1, 1, None, None, None] and bad["z"][0] == [None, None, None, None, 1, None]
     assert zero["text"][0][:3] == ["0", "0", "0"] and bad["text"][0][4] == "✕"  # not by colour alone
     assert {t["name"] for t in data if t["type"] == "scatter"} == {"exactly 0", "NaN or inf"}  # the legend
+
+
+def test_statistics_asked_later_are_read_then(tmp_path):
+    """The heatmap asks for norms only; the layers view asks for every statistic of the same tensor after:
+    it gets them all, equal to reading them at once."""
+    from tensortap.ui.jobs import Job
+    from tensortap.ui.series import stat_series
+
+    out = str(tmp_path / "job")
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1),
+                   reduction_config=tt.ReductionConfig(save_raw_tensor=True))
+    rng = np.random.default_rng(3)
+    for _ in range(8):
+        hook.next_step()
+        hook.save_tensor("gradients/fc", rng.standard_normal(5).astype(np.float32), "gradients")
+    hook.close()
+    job = Job(0, out)
+    assert sorted(job.stats("gradients/fc", which=("l2",))) == ["l2"]
+    both = job.stats("gradients/fc")
+    fresh = stat_series(tt.create_trial(out).tensor("gradients/fc"), ("l2", "min", "max", "nonfinite"))
+    assert sorted(both) == sorted(fresh)
+    for k in fresh:
+        np.testing.assert_array_equal(both[k][1], fresh[k][1], err_msg=k)
