@@ -37,8 +37,12 @@ from tensortap.ui.series import (
 LAYERS_PER_PAGE = 24
 #: points of one small multiple's series (a min/max envelope beyond)
 SMALL_POINTS = 400
-#: columns of the heatmap (step buckets); each shows the largest norm of its steps
+#: columns of the heatmap (step buckets); each shows the largest norm of its steps. With many layers, fewer
+#: columns: at most HEATMAP_CELLS cells per job (500 layers: 120 columns; a zoom of the Layers view shows more)
 HEATMAP_COLUMNS = 400
+HEATMAP_CELLS = 60_000
+#: jobs beyond which the layers view leaves out the min/max small multiples (a note says how to see them)
+MINMAX_JOBS = 8
 #: points of all the curves of one figure together: with many curves (50 jobs), each is a min/max envelope of
 #: CURVE_BUDGET / curves points (at least MIN_CURVE_POINTS); a zoom re-reads the shown steps at full resolution
 CURVE_BUDGET = 24_000
@@ -509,9 +513,13 @@ def layers_view(jobs: Job | list[Job], page: int = 0, per_page: int = LAYERS_PER
     blocks.append(figure_block("layers-norms", fig(
         norm_tr, f"{what} L2 norm per layer (log scale; exact zeros on the row marked 0)",
         grid=grid, annotations=annotations, shapes=shapes, legend=legend, **x_axes, **log_axes), height))
-    blocks.append(figure_block("layers-minmax", fig(mm_tr, f"{what} min and max per layer", grid=grid,
-                                                    annotations=annotations, legend=legend, **x_axes,
-                                                    **lin_axes), height))
+    if len(jobs) <= MINMAX_JOBS:
+        blocks.append(figure_block("layers-minmax", fig(mm_tr, f"{what} min and max per layer", grid=grid,
+                                                        annotations=annotations, legend=legend, **x_axes,
+                                                        **lin_axes), height))
+    else:
+        blocks.append(note(f"Min and max per layer: shown for at most {MINMAX_JOBS} jobs at a time (pick them in "
+                           "the header)."))
     bad = {k: v for k, v in nonfinite_total.items() if v}
     if bad:
         blocks.append(figure_block("layers-nonfinite", fig(nf_tr, "Non-finite (NaN/inf) elements per layer",
@@ -528,6 +536,7 @@ def _heat_rows(job: Job, columns: int) -> tuple[list[tuple[str, str]], list[int]
     log10 of the largest positive norm (NaN where none), whether every value was exactly 0, whether a value
     was NaN or inf."""
     grads = sorted(job.kinds.gradients, key=lambda g: natural_key(layer_of(g)))
+    columns = min(columns, max(50, HEATMAP_CELLS // max(len(grads), 1)))
     rows = []
     all_steps: set[int] = set()
     for g in grads:
@@ -690,7 +699,7 @@ def distribution_view(jobs: Job | list[Job], tensor: str | None = None) -> list[
                        "line": {"color": colour, "dash": job_dash(job.index)}, "meta": {"job": job.index}})
     if traces:
         blocks.append(figure_block("distribution", fig(traces, f"Distribution of {esc(tensor)} over steps",
-                                                       xaxis=step_axis(traces, "step"),
+                                                       xaxis=step_axis(traces),
                                                        yaxis={"title": {"text": "value"}})))
     return blocks
 
