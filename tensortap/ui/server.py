@@ -201,13 +201,14 @@ def view_params(args: Any, query: bytes, n_jobs: int) -> dict[str, Any]:
             raise BadRequest(f"job={r} is listed more than once: name each job once")
         seen.add(int(r))
     params: dict[str, Any] = {"job": refs}
-    for k in ("tensor", "page"):
+    for k in ("tensor", "page", "find"):
         got = args.getlist(k)
         if len(got) > 1:
             raise BadRequest(f"{k} is given {len(got)} times: give it once")
         params[k] = got[0] if got else None
-    if params["tensor"] is not None and len(params["tensor"]) > MAX_TENSOR_NAME:
-        raise BadRequest(f"tensor name of {len(params['tensor'])} characters: at most {MAX_TENSOR_NAME}")
+    for k in ("tensor", "find"):
+        if params[k] is not None and len(params[k]) > MAX_TENSOR_NAME:
+            raise BadRequest(f"{k} of {len(params[k])} characters: at most {MAX_TENSOR_NAME}")
     page = params["page"]
     if page is not None and not (_INDEX.fullmatch(page) and int(page) <= MAX_PAGE):
         raise BadRequest(f"page={page[:40]!r}: allowed are 0..{MAX_PAGE}")
@@ -300,6 +301,33 @@ def create_app(jobs: JobSet, hosts: tuple[frozenset[str], bool, int] | None = No
             return reply({"error": f"{type(e).__name__}: {e}"}, 500)
         return reply({"view": view, "blocks": blocks, "jobs": sigs})
 
+    @app.get("/api/series")
+    def api_series() -> Response:
+        """One curve's points for a zoom: ?job=I&tensor=NAME&mode=TRAIN&lo=STEP&hi=STEP (views.series_window)."""
+        from tensortap.ui.views import series_window
+
+        try:
+            params = view_params(request.args, request.query_string, len(jobs.jobs))
+        except BadRequest as e:
+            return reply({"error": str(e)}, e.status)
+        if len(params["job"]) != 1:
+            return reply({"error": f"give one job=I (allowed are 0..{len(jobs.jobs) - 1})"}, 400)
+        job = jobs.get(params["job"][0])
+        why = gone.reason(job)
+        if why is not None:
+            return reply({"error": why}, 410)
+        try:
+            lo, hi = float(request.args.get("lo", "")), float(request.args.get("hi", ""))
+            if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+                raise ValueError
+            return reply(series_window(job, request.args.get("tensor", ""), request.args.get("mode", "GLOBAL"),
+                                       lo, hi))
+        except KeyError as e:
+            return reply({"error": str(e.args[0] if e.args else e)}, 404)
+        except ValueError as e:
+            return reply({"error": f"lo, hi: two finite steps, lo <= hi; mode: TRAIN, EVAL, PREDICT or GLOBAL "
+                                   f"({e})"}, 400)
+
     @app.get("/api/poll")
     def api_poll() -> Response:
         return reply({"jobs": signatures(jobs, refresh=True, gone=gone)})
@@ -316,7 +344,7 @@ class Server:
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
         self.jobs = JobSet(paths)
         for j in self.jobs.jobs:
-            j.kinds  # noqa: B018 - index the job now, not on the page's first request
+            j.warm()  # index the job and read its curves now, not on the page's first request
         self.app = create_app(self.jobs)
         try:
             self.httpd = make_server(host, port, self.app, threaded=True)

@@ -123,11 +123,18 @@ def test_request_parameters_are_bounded(ui):
         ("page=" + "9" * 40, "page"),
         ("page=1&page=2", "page is given 2 times"),
         ("tensor=a&tensor=b", "tensor is given 2 times"),
-        ("tensor=" + "x" * 5000, "tensor name"),
+        ("tensor=" + "x" * 5000, "tensor of 5000 characters"),
+        ("find=a&find=b", "find is given 2 times"),
+        ("find=" + "y" * 5000, "find of 5000 characters"),
     ]:
         status, body = ui.get("/api/view/layers?" + query)
         assert status == 400, (query[:60], status)
         assert words in body["error"], (query[:60], body)
+    status, body = ui.get("/api/series?job=1&tensor=scalar/loss&mode=GLOBAL&lo=0&hi=5")
+    assert status == 200 and body["x"], body
+    for query in ("job=0&job=0", "job=7", "tensor=loss", "job=0&tensor=" + "z" * 5000):
+        status, body = ui.get("/api/series?lo=0&hi=5&" + query)
+        assert status == 400 and "error" in body, (query[:60], status)
     status, body = ui.get("/api/view/overview?" + "&".join(f"x{i}=1" for i in range(2000)))
     assert status in (400, 414), status
     assert "query string" in body["error"]
@@ -157,6 +164,8 @@ def test_a_job_whose_folder_is_deleted_shows_as_gone(ui, jobs):
     notes = [b["text"] for b in body["blocks"] if b["type"] == "note"]
     assert any("no longer exists" in n and jobs[0] in n for n in notes)
     assert any(b["type"] == "figure" for b in body["blocks"])
+    status, body = ui.get("/api/series?job=0&tensor=scalar/loss&mode=GLOBAL&lo=0&hi=5")
+    assert status == 410 and "no longer exists" in body["error"]
     # a new folder made where the old one was is not the job the dashboard read
     _write_job(jobs[0], steps=3)
     time.sleep(0.01)
