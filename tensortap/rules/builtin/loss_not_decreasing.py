@@ -26,7 +26,8 @@ class LossNotDecreasing(Rule):
     Method (a trend, not two noisy points): per loss, a judgement at saved step s compares the median of the
     latest `window` saved values (the current window) with the median of the `window` values saved before it,
     at steps <= s - num_steps (the previous window). Judgements are at least `num_steps` steps apart (smdebug's
-    anchor) and start once the loss has WARMUP_WINDOWS (4) windows of saved values. The loss did not decrease
+    anchor) and start once the loss has WARMUP_WINDOWS (4) windows of saved values (two values with `window=1`,
+    for losses without mini-batch noise such as boosting metrics). The loss did not decrease
     when current >= previous * (1 - diff_percent/100). That fires unless the loss has clearly fallen since its
     first `window` values (current < first * (1 - min_drop_percent/100)): a loss that fell that much and then
     levels off has converged, which is not this rule's issue (Overtraining's). Fewer than MIN_JUDGED judgements
@@ -94,7 +95,8 @@ class LossNotDecreasing(Rule):
             anchor, hsteps, hvals = st
             hsteps.append(ms)
             hvals.append(float(cur_v))
-            if len(hvals) < self.WARMUP_WINDOWS * w or (anchor is not None and ms - anchor < self.num_steps):
+            warm_up = self.WARMUP_WINDOWS * w if w > 1 else 2  # window=1: exact values (e.g. boosting metrics)
+            if len(hvals) < warm_up or (anchor is not None and ms - anchor < self.num_steps):
                 continue
             end = min(len(hvals) - w, bisect.bisect_right(hsteps, ms - self.num_steps))
             if end < w:
