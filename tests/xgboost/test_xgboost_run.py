@@ -55,7 +55,7 @@ def test_plain_script_is_captured_and_judged_live(tmp_path) -> None:
     script.write_text(PLAIN)
     out = str(tmp_path / "job")
     r = tensortap("run", "--out-dir", out, "--save-interval", "5", "--collection", "hyperparameters",
-                  "--rule", "tree_depth", "--rule", "class_imbalance",
+                  "--rule", "tree_depth:depth=4", "--rule", "class_imbalance",
                   "--rule", "overtraining:patience_train=1,window=1",
                   "--json", "--", sys.executable, str(script), cwd=str(tmp_path))
     assert r.returncode == 1, (r.stdout, r.stderr[-3000:])
@@ -63,7 +63,7 @@ def test_plain_script_is_captured_and_judged_live(tmp_path) -> None:
     status = {x["name"]: x["status"] for x in doc["rules"]}
     # trees grown to the last sample overfit: the validation loss rises
     assert status == {"tree_depth": "IssuesFound", "class_imbalance": "IssuesFound",
-                      "overtraining": "IssuesFound"}
+                      "overtraining": "IssuesFound"}  # (tree_depth: smdebug's depth 4; the default is 6)
     t = tt.create_trial(out)
     assert t.tensor("validation-logloss").value(15) > t.tensor("validation-logloss").value(5)
     assert t.steps() == [0, 5, 10, 15]
