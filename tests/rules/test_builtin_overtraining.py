@@ -33,7 +33,7 @@ def test_validation_patience_counts_evaluations(job, run_rule):
     trial = job(13 * 20, {"loss": ("losses", loss)}, mode_of=mode_of)
     rep = run_rule(Overtraining(trial, patience_validation="4"))
     # the validation loss is best (0.5) at evaluation 5 and flat after: the 4th evaluation after it fires
-    assert rep.first_fired_step == 9 * 13 + 10
+    assert rep.first_fired_step == 9 * 13 + 12  # judged once the evaluation is complete (3 EVAL steps)
     assert "for 4 evaluations (patience_validation 4)" in rep.first_violations[0].condition
 
 

@@ -19,7 +19,8 @@ class Overtraining(Rule):
     the validation loss has not improved on its best by more than `delta` for `patience_validation`
     evaluations, or the training loss for `patience_train` saved steps.
 
-    Validation: one value per evaluation (a run of EVAL steps: the mean of its losses). Training (TRAIN steps, or
+    Validation: one value per evaluation (a run of EVAL steps: the mean of its losses), judged once it has as
+    many values as the evaluation before it. Training (TRAIN steps, or
     steps without a mode): the median of the last `window` saved values at each saved step, so a noisy
     mini-batch loss is judged by its trend; the first `window` - 1 steps are not judged. `delta` is absolute, as
     in smdebug. smdebug counted single (noisy) values and EVAL steps; tensortap counts smoothed values and
@@ -41,7 +42,7 @@ class Overtraining(Rule):
         self.set_parameters(patience_train=self.patience_train, patience_validation=self.patience_validation,
                             delta=self.delta, window=self.window)
         # per tensor: training [recent values, best, steps since best]; validation [current evaluation's values,
-        # best, evaluations since best, in an evaluation]
+        # best, evaluations since best, in an evaluation, values of the previous evaluation]
         self._train: dict[str, list[Any]] = {}
         self._val: dict[str, list[Any]] = {}
 
@@ -78,12 +79,12 @@ class Overtraining(Rule):
                            f"{st[2]} saved steps (patience_train {self.patience_train})", name, m)
 
     def _validation(self, step: int, name: str, v: float) -> None:
-        st = self._val.setdefault(name, [[], None, 0, False])
+        st = self._val.setdefault(name, [[], None, 0, False, 0])
         if not st[3]:
             st[0], st[3] = [], True
         st[0].append(v)
-        if st[1] is None:
-            return
+        if st[1] is None or len(st[0]) < st[4]:
+            return  # judged once the evaluation has as many values as the one before (complete)
         m = float(np.mean(st[0]))
         since = st[2] + (0 if m < st[1] - self.delta else 1)
         if since >= self.patience_validation:
@@ -95,7 +96,7 @@ class Overtraining(Rule):
         st = self._val.get(name)
         if st is None or not st[3]:
             return
-        st[3] = False
+        st[3], st[4] = False, len(st[0])
         m = float(np.mean(st[0]))
         if st[1] is None or m < st[1] - self.delta:
             st[1], st[2] = m, 0
