@@ -185,6 +185,10 @@ class Hook:
     builtin_collections: tuple[str, ...] = (CollectionKeys.ALL, CollectionKeys.DEFAULT, CollectionKeys.SCALARS)
     #: saved when include_collections is None
     default_include_collections: tuple[str, ...] = (CollectionKeys.DEFAULT, CollectionKeys.SCALARS)
+    #: saved in addition to whatever include_collections names (smdebug's "default collections saved": PyTorch and
+    #: MXNet losses, XGBoost metrics, Keras losses, metrics and sm_metrics); one is turned off by giving it a save
+    #: config that saves no step, e.g. `hook.get_collection("losses").save_config = SaveConfig(end_step=0)`
+    always_include_collections: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -292,6 +296,7 @@ class Hook:
             elif not isinstance(c, str):
                 raise InvalidConfiguration(f"include_collections entry {c!r} must be a collection name or Collection")
             included.append(c)
+        included.extend(self.always_include_collections)
         if include_regex and CollectionKeys.DEFAULT not in included:
             included.append(CollectionKeys.DEFAULT)
         if save_all:
@@ -956,10 +961,20 @@ class Hook:
             return True
         return False
 
-    def save_scalar(self, name: str, value: Any, timestamp: float | None = None) -> None:
-        """Save a scalar as `scalar/<name>` at the current step, whatever the save config."""
+    def save_scalar(self, name: str, value: Any, sm_metric: bool = False, timestamp: float | None = None) -> None:
+        """Save a scalar as `scalar/<name>` at the current step, whatever the save config (smdebug's signature).
+
+        `sm_metric=True` also puts it in the `sm_metrics` collection (smdebug sends such scalars to SageMaker
+        Metrics; here they are the job's metrics, shown with its losses). `timestamp` (UNIX seconds) is accepted
+        for smdebug's scripts; tensortap's store keeps no wall time per value (docs/migration.md)."""
         if not isinstance(name, str) or not name:
             raise InvalidConfiguration(f"scalar name {name!r} must be a non-empty string")
+        if not isinstance(sm_metric, bool):
+            raise InvalidConfiguration(f"save_scalar({name!r}, ..., sm_metric={sm_metric!r}): sm_metric must be True "
+                                       "or False (the third parameter is sm_metric, as in smdebug; pass timestamp=)")
+        if timestamp is not None and (isinstance(timestamp, bool) or not isinstance(timestamp, int | float)):
+            raise InvalidConfiguration(f"save_scalar({name!r}, ..., timestamp={timestamp!r}): timestamp must be None "
+                                       "or a number of seconds")
         try:
             size = np.size(value)
         except Exception:  # noqa: BLE001
@@ -970,9 +985,11 @@ class Hook:
             return
         with self.guard("save_scalar"):
             self._ensure_step()
-            coll = self.collection_manager.get(CollectionKeys.SCALARS)
+            colls = [self.collection_manager.get(CollectionKeys.SCALARS)]
+            if sm_metric:
+                colls.append(self.collection_manager.get(CollectionKeys.SM_METRICS))
             full = f"scalar/{name}"
-            self._note_membership(full, [coll])
+            self._note_membership(full, colls)
             if not self.dry_run:
                 arr = np.asarray(value).reshape(())
                 self._get_writer().submit(

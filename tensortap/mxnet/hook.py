@@ -376,6 +376,7 @@ class Hook(BaseHook):
         *_ACTIVATION_KEYS,
     )
     default_include_collections = (K.LOSSES, K.SCALARS)
+    always_include_collections = (K.LOSSES,)
 
     def __init__(self, out_dir: str, *args: Any, rank: int | None = None, world_size: int | None = None,
                  **kwargs: Any):

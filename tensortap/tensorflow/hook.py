@@ -409,6 +409,7 @@ class KerasHookBase(Hook):
         *(c for pair in ACTIVATION_COLLECTIONS.values() for c in pair),
     )
     default_include_collections = (K.DEFAULT, K.SCALARS, K.LOSSES, K.METRICS, K.SM_METRICS)
+    always_include_collections = (K.METRICS, K.LOSSES, K.SM_METRICS)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if kwargs.get("rank") is None and kwargs.get("world_size") is None:
