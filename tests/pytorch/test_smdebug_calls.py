@@ -156,7 +156,7 @@ def test_save_scalar_as_smdebugs_test_calls_it(tmp_path):
     hook.save_scalar("pt_before_train", 1, sm_metric=False, timestamp=None)
     hook.set_mode(TRAIN)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for i in range(4):
+    for _ in range(4):
         x, y = torch.rand(6, 8), torch.randint(0, 4, (6,))
         opt.zero_grad()
         loss = criterion(model(x), y)
