@@ -72,6 +72,7 @@ _REGEXES = {
     K.FULL_SHAP: r"^full_shap/(?!bias$)",
     K.TREES: r"^trees/.*",
 }
+_SCALAR_ONLY = frozenset({K.SCALARS, K.SM_METRICS})
 #: the collections whose tensors the hook computes, each in its own group
 _GROUPS = tuple(_REGEXES)
 #: groups whose values are known without the model: a round that saves only these keeps its values, and they are
@@ -185,6 +186,8 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
         self._explicit_rank = kwargs.get("rank") is not None and identity is None
         #: rounds whose metrics are kept for the next hand-off: (step, TRAIN step, [(eval, metric, last value)])
         self._kept: list[tuple[int, int, list[tuple[str, str, Any]]]] = []
+        #: save_scalar calls made outside a boosting round, saved at the next one: (name, value, sm_metric, time)
+        self._outside_scalars: list[tuple[str, np.ndarray, bool, float | None]] = []
         # Without a rank from the caller, the collective or the launcher, the collective may still start before
         # training (xgboost.dask, the tracker): the worker's folder is claimed when training starts.
         self._claim_later = kwargs.get("rank") is None and rank_in_env() is None
@@ -432,13 +435,17 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             self._warn_once("rounds-restart", f"tensortap.xgboost: boosting round {rnd} after step {step}: this "
                             f"hook already saw those rounds (a new training?); its steps go on counting from {step}")
         self.next_step()
+        if self._outside_scalars:
+            self._save_outside_scalars()
 
     # --- saving -----------------------------------------------------------------------------
 
     def _wanted(self, now: list[Collection]) -> set[str]:
         """The groups whose tensors may be saved now."""
         names = {c.name for c in now}
-        if K.ALL in names or any(c.name not in _REGEXES and (c.include_regex or c.tensor_names) for c in now):
+        # (save_scalar's collections name only its scalars: no group computed for them)
+        if K.ALL in names or any(c.name not in _REGEXES and (c.include_regex or (
+                c.tensor_names and c.name not in _SCALAR_ONLY)) for c in now):
             return set(_GROUPS)
         return names
 
@@ -546,6 +553,32 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
 
     def on_close(self) -> None:
         self._hand_off_kept()
+        if self._outside_scalars:  # (saved after the last round: a step of their own, after it)
+            self.set_mode(_GLOBAL)
+            self._save_outside_scalars()
+
+    def save_scalar(self, name: str, value: Any, sm_metric: bool = False, timestamp: float | None = None) -> None:
+        """Save a scalar as `scalar/<name>` (smdebug's signature): in a boosting round at its step; outside one
+        (before `xgb.train`, between trainings) at the next round's step, as smdebug does, so that steps stay
+        rounds; one saved after the last training, at `close()`, at a GLOBAL step after the last round."""
+        if self.clock.in_step or not self.active:
+            super().save_scalar(name, value, sm_metric, timestamp)
+            return
+        try:
+            arr = np.asarray(value)
+            fine = (isinstance(name, str) and name and isinstance(sm_metric, bool) and arr.size == 1
+                    and arr.dtype.kind in "biufc" and (timestamp is None or isinstance(timestamp, int | float)))
+        except Exception:  # noqa: BLE001 - the base says what is wrong with it
+            fine = False
+        if not fine:
+            super().save_scalar(name, value, sm_metric, timestamp)  # (a bad value: the base's answer)
+            return
+        self._outside_scalars.append((name, arr.reshape(()).copy(), sm_metric, timestamp))
+
+    def _save_outside_scalars(self) -> None:
+        kept, self._outside_scalars = self._outside_scalars, []
+        for name, value, sm_metric, timestamp in kept:
+            super().save_scalar(name, value, sm_metric, timestamp)
 
     def flush(self, timeout: float | None = 30.0) -> None:
         self._hand_off_kept()
