@@ -162,7 +162,7 @@ def test_unknown_keys_warn_once_naming_the_key_and_are_ignored(caplog):
     d = {
         "LocalPath": "/o",
         "S3OutputPath": "s3://bucket/prefix",  # SageMaker's: known, nothing to say
-        "RuleConfigurations": [],
+        "ProfilerConfig": {},
         "HookParameters": {"save_intervall": 5, "save_interval": "7", "sagemaker_only": "x"},
         "CollectionConfigurations": [
             {"CollectionName": "weights", "CollectionParameters": {"save_interval": "3", "x": 1},
@@ -175,7 +175,7 @@ def test_unknown_keys_warn_once_naming_the_key_and_are_ignored(caplog):
     assert cfg.save_config.get_save_config(TRAIN).save_interval == 7
     assert cfg.collection_configs["weights"].save_config.get_save_config(TRAIN).save_interval == 3
     warned = [r.getMessage() for r in caplog.records]
-    for key in ("'save_intervall'", "'sagemaker_only'", "'RuleConfigurations'", "'x'", "'Extra'"):
+    for key in ("'save_intervall'", "'sagemaker_only'", "'ProfilerConfig'", "'x'", "'Extra'"):
         assert sum(key in m for m in warned) == 1, (key, warned)
     assert not any("S3OutputPath" in m.split(" is ignored")[0] for m in warned)
     hp = next(m for m in warned if "save_intervall" in m)

@@ -152,6 +152,7 @@ class Hook(BaseHook):
     )
     default_include_collections = (K.LOSSES, K.SCALARS)
     always_include_collections = (K.LOSSES,)
+    _scalars_wait_for_step = True  # (steps begin at the model's forward)
 
     def __init__(self, out_dir: str, *args: Any, rank: int | None = None, world_size: int | None = None,
                  **kwargs: Any):

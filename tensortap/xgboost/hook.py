@@ -140,6 +140,7 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
     always_include_collections = (K.METRICS,)
     # (a short boosting job costs less than a thread's start and join: its data is written at close)
     _late_writer_thread = True
+    _scalars_wait_for_step = True  # (steps are boosting rounds)
 
     def __init__(
         self,
@@ -186,8 +187,6 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
         self._explicit_rank = kwargs.get("rank") is not None and identity is None
         #: rounds whose metrics are kept for the next hand-off: (step, TRAIN step, [(eval, metric, last value)])
         self._kept: list[tuple[int, int, list[tuple[str, str, Any]]]] = []
-        #: save_scalar calls made outside a boosting round, saved at the next one: (name, value, sm_metric, time)
-        self._outside_scalars: list[tuple[str, np.ndarray, bool, float | None]] = []
         # Without a rank from the caller, the collective or the launcher, the collective may still start before
         # training (xgboost.dask, the tracker): the worker's folder is claimed when training starts.
         self._claim_later = kwargs.get("rank") is None and rank_in_env() is None
@@ -435,8 +434,6 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             self._warn_once("rounds-restart", f"tensortap.xgboost: boosting round {rnd} after step {step}: this "
                             f"hook already saw those rounds (a new training?); its steps go on counting from {step}")
         self.next_step()
-        if self._outside_scalars:
-            self._save_outside_scalars()
 
     # --- saving -----------------------------------------------------------------------------
 
@@ -553,32 +550,6 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
 
     def on_close(self) -> None:
         self._hand_off_kept()
-        if self._outside_scalars:  # (saved after the last round: a step of their own, after it)
-            self.set_mode(_GLOBAL)
-            self._save_outside_scalars()
-
-    def save_scalar(self, name: str, value: Any, sm_metric: bool = False, timestamp: float | None = None) -> None:
-        """Save a scalar as `scalar/<name>` (smdebug's signature): in a boosting round at its step; outside one
-        (before `xgb.train`, between trainings) at the next round's step, as smdebug does, so that steps stay
-        rounds; one saved after the last training, at `close()`, at a GLOBAL step after the last round."""
-        if self.clock.in_step or not self.active:
-            super().save_scalar(name, value, sm_metric, timestamp)
-            return
-        try:
-            arr = np.asarray(value)
-            fine = (isinstance(name, str) and name and isinstance(sm_metric, bool) and arr.size == 1
-                    and arr.dtype.kind in "biufc" and (timestamp is None or isinstance(timestamp, int | float)))
-        except Exception:  # noqa: BLE001 - the base says what is wrong with it
-            fine = False
-        if not fine:
-            super().save_scalar(name, value, sm_metric, timestamp)  # (a bad value: the base's answer)
-            return
-        self._outside_scalars.append((name, arr.reshape(()).copy(), sm_metric, timestamp))
-
-    def _save_outside_scalars(self) -> None:
-        kept, self._outside_scalars = self._outside_scalars, []
-        for name, value, sm_metric, timestamp in kept:
-            super().save_scalar(name, value, sm_metric, timestamp)
 
     def flush(self, timeout: float | None = 30.0) -> None:
         self._hand_off_kept()

@@ -176,8 +176,11 @@ def test_save_scalar_as_smdebugs_test_calls_it(tmp_path):
     assert set(t.tensor_names(collection="sm_metrics")) == {"scalar/pt_num_steps", "scalar/pt_loss"}
     assert set(t.tensor_names(collection="scalars")) == scalars
     assert t.tensor("scalar/pt_loss").steps(mode=TRAIN) == [0, 1, 2, 3]  # (every step, whatever the config)
-    assert float(t.tensor("scalar/pt_num_steps").value(t.tensor("scalar/pt_num_steps").steps()[0])) == 4
-    assert float(t.tensor("scalar/pt_after_train").value(t.tensor("scalar/pt_after_train").steps()[0])) == 1.5
+    # before training: saved at the first step, whose global step stays 0 (as in smdebug); after the loop: in its
+    # last step, still open
+    assert t.tensor("scalar/pt_num_steps").steps() == [0] and t.steps(mode=TRAIN) == [0, 1, 2, 3]
+    assert float(t.tensor("scalar/pt_num_steps").value(0, mode=TRAIN)) == 4
+    assert float(t.tensor("scalar/pt_after_train").value(3, mode=TRAIN)) == 1.5
     assert t.tensor("Net_fc1.weight").steps(mode=TRAIN) == [0, 2]
     assert t.tensor("Net_fc1.weight").steps(mode=EVAL) == [0, 1, 2]
     assert t.tensor("NLLLoss_output_0").steps(mode=TRAIN) == [0, 2]  # (losses: saved though not named)
