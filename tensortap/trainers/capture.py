@@ -51,6 +51,8 @@ class TrainerHook(Hook):
 
     builtin_collections = (*Hook.builtin_collections, K.WEIGHTS, K.BIASES, K.GRADIENTS, K.LOSSES, K.METRICS)
     default_include_collections = (K.LOSSES, K.METRICS, K.SCALARS)
+    #: saved whatever include_collections names (smdebug's framework defaults: the loss and the metrics)
+    always_include_collections = (K.LOSSES, K.METRICS)
 
     def __init__(self, out_dir: str, **kwargs: Any):
         super().__init__(out_dir, **kwargs)

@@ -95,10 +95,13 @@ def test_manual_optimization_steps_and_gradients(tmp_path):
     record = []
     module = make_module(L, record, automatic=False)
     out = str(tmp_path / "job")
-    trainer = _trainer([TensortapCallback(out_dir=out, save_config=3, include_collections=["gradients", "losses"])],
+    trainer = _trainer([TensortapCallback(out_dir=out, save_config=3, include_collections=["gradients"])],
                        max_steps=9, limit_val_batches=0)
     trainer.fit(module, loaders()[0])
     trial = create_trial(out)
+    # the loss and the metrics are saved whatever include_collections names (smdebug's default collections)
+    assert trial.tensor("loss").steps(mode=modes.TRAIN) == [0, 3, 6]
+    assert "train_acc" in trial.tensor_names(collection="metrics")
     assert trial.tensor("gradient/Tiny_net.2.weight").steps(mode=modes.TRAIN) == [0, 3, 6]
     for k in (0, 3, 6):
         assert np.array_equal(trial.tensor("gradient/Tiny_net.2.weight").value(k, mode=modes.TRAIN),
