@@ -171,3 +171,39 @@ def test_tensortap_run_saves_an_unmodified_hf_scripts_loss(tmp_path):
     trial = create_trial(out)
     assert trial.tensor("loss").steps(mode=modes.TRAIN) == [0, 2, 4]
     assert all(np.isfinite(trial.tensor("loss").value(k, mode=modes.TRAIN)) for k in (0, 2, 4))
+
+
+def test_tensortap_run_stops_an_unmodified_hf_script_through_the_trainer(tmp_path):
+    """`tensortap run --stop-on-issue` on a script with no tensortap code whose loss turns NaN at step 3: the
+    runner's rule asks for a stop, the callback the runner added ends train() through
+    control.should_training_stop (the script's own code after train runs), and the run exits 1."""
+    out = str(tmp_path / "job")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        import torch
+        sys.path.insert(0, {str(HERE)!r})
+        from _hf_job import dataset, model
+        from transformers import Trainer, TrainerCallback, TrainingArguments
+
+        class Poison(TrainerCallback):
+            def on_step_begin(self, args, state, control, model=None, **kw):
+                if state.global_step == 3:
+                    with torch.no_grad():
+                        model.classifier.weight.fill_(float("nan"))
+
+        args = TrainingArguments(output_dir={str(tmp_path / "hf")!r}, per_device_train_batch_size=8,
+                                 max_steps=100_000, report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True,
+                                 logging_steps=1000, logging_nan_inf_filter=False)
+        trainer = Trainer(model=model(), args=args, train_dataset=dataset(256), callbacks=[Poison()])
+        trainer.train()
+        print("TRAIN RETURNED AT", trainer.state.global_step, flush=True)
+    """))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.run([sys.executable, "-m", "tensortap.cli.main", "run", "--out-dir", out, "--save-interval",
+                           "1", "--rule", "exploding_tensor", "--stop-on-issue", "--", sys.executable, str(script)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("TRAIN RETURNED AT"))
+    assert 3 < int(line.split()[-1]) < 100_000
