@@ -195,6 +195,8 @@ def cmd_rules_list(args: argparse.Namespace) -> int:
             p["name"] + ("" if p["required"] else f"={p['default']!r}") for p in r["parameters"]
         )
         print(f"{r['snake_name']:<32} {r['description']}")
+        if r.get("compares"):
+            print(f"{'':<32} compares: {r['compares']}")
         print(f"{'':<32} parameters: {params or '-'}")
         print(f"{'':<32} reads: {', '.join(r['collections']) or 'the collections you name'}")
     return 0

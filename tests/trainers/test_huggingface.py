@@ -91,11 +91,11 @@ def test_values_steps_modes_logs_with_accumulation_and_clipping(tmp_path):
     assert trial.tensor("grad_norm").steps(mode=modes.TRAIN) == [1, 3, 5, 7]
     assert [trial.tensor("learning_rate").value(k, mode=modes.TRAIN) for k in (1, 3, 5, 7)] == pytest.approx(
         [h["learning_rate"] for h in trainer.state.log_history if "learning_rate" in h])
-    # evaluation: two runs of two batches, EVAL steps 0..3, every 2 saved; eval_loss at the end of each run
+    # evaluation: two runs of two batches, EVAL steps 0..3, the loss saved at every one (losses are saved at
+    # every EVAL step); eval_loss at the end of each run
     assert len(losses.eval) == 4
-    assert trial.tensor("loss").steps(mode=modes.EVAL) == [0, 2]
-    assert [trial.tensor("loss").value(s, mode=modes.EVAL) for s in (0, 2)] == pytest.approx(
-        [losses.eval[0], losses.eval[2]], rel=1e-6)
+    assert trial.tensor("loss").steps(mode=modes.EVAL) == [0, 1, 2, 3]
+    assert [trial.tensor("loss").value(s, mode=modes.EVAL) for s in range(4)] == pytest.approx(losses.eval, rel=1e-6)
     evals = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
     assert [trial.tensor("eval_loss").value(s, mode=modes.EVAL) for s in (1, 3)] == pytest.approx(evals)
 
