@@ -232,6 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
     from tensortap.tensorboard.cli import add_parser as add_tensorboard_parser
 
     add_tensorboard_parser(sub)
+    from tensortap.cli import compare, export
+
+    export.add_parser(sub)
+    compare.add_parser(sub)
     return parser
 
 

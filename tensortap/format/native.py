@@ -65,6 +65,8 @@ class NativeSource(Source):
         self._shape_ids: dict[tuple, int] = {}
         self._num_workers_seen: dict[str, int] = {}
         self._last_key: dict[str, str] = {}
+        #: (worker id, largest global step, header `time`) of each ingested block with entries: wall times
+        self.block_times: list[tuple[int, int, float]] = []
 
     @property
     def location(self) -> str:
@@ -250,6 +252,8 @@ class NativeSource(Source):
         n = len(disk)
         if n == 0:
             return self.empty()
+        if isinstance(header.get("time"), int | float):
+            self.block_times.append((wid, int(disk["step"].max()), float(header["time"])))
         name_map = np.array([self._intern(self._name_ids, self.names, s) for s in header["names"]], dtype="<u4")
         dtype_map = np.array(
             [self._intern(self._dtype_ids, self.dtypes, s, _safe_dtype(s)) for s in header["dtypes"]],

@@ -20,7 +20,7 @@ from tensortap.exceptions import (
     StepUnavailable,
     TensorUnavailable,
 )
-from tensortap.format.entries import ENTRY_DTYPE, REDUCTION, reduction_name
+from tensortap.format.entries import ENTRY_DTYPE
 from tensortap.format.source import CollectionInfo, Source
 from tensortap.modes import ModeKeys
 from tensortap.trials import args as _args
@@ -387,6 +387,19 @@ class Trial:
 
     # --- bulk / export ----------------------------------------------------------------------
 
+    def _extract(self, names: Iterable[str] | None, regex: str | None, collection: str | None,
+                 mode: ModeKeys | str) -> Any:
+        from tensortap.export.columns import Extract
+
+        mode = _modes.parse_mode(mode)
+        if names is None:
+            names = self.tensor_names(regex=regex, collection=collection)
+        elif isinstance(names, str) or not isinstance(names, Iterable) or not all(isinstance(n, str) for n in names):
+            raise InvalidConfiguration(f"names={names!r} must be a list of tensor names")
+        else:
+            self.maybe_refresh()
+        return Extract(self, list(names), None if mode == _modes.GLOBAL else mode.value, complete_only=True)
+
     def to_dataframe(
         self,
         names: Iterable[str] | None = None,
@@ -397,74 +410,53 @@ class Trial:
         reductions: bool = True,
     ) -> Any:
         """A long-form pandas DataFrame (tensor, worker, step, mode, mode_step, reduction, value) of every
-        scalar tensor and saved reduction; for a tensor saved raw with no reduction at a step, its statistics
-        (l2, min, max, mean, nonfinite) computed from the raw value, so weights and gradients have curves
-        without any configuration at capture time. Needs pandas (tensortap[pandas])."""
+        scalar tensor (reduction None) and saved reduction of the complete steps; for a tensor saved raw with
+        no reduction at a step, its statistics (l2, min, max, mean, nonfinite) computed from the raw value, so
+        weights and gradients have curves without any configuration at capture time. Needs pandas
+        (tensortap[pandas]). `to_arrow()` gives the same rows in the export's schema (docs/export.md)."""
         import pandas as pd
 
-        mode = _modes.parse_mode(mode)
-        if names is None:
-            names = self.tensor_names(regex=regex, collection=collection)
-        elif isinstance(names, str) or not isinstance(names, Iterable) or not all(isinstance(n, str) for n in names):
-            raise InvalidConfiguration(f"names={names!r} must be a list of tensor names")
-        rows: dict[str, list] = {k: [] for k in ("tensor", "worker", "step", "mode", "mode_step", "reduction",
-                                                 "value")}
-        for name in names:
-            e = self._entries_of(name)
-            if mode != _modes.GLOBAL:
-                e = e[e["mode"] == mode.value]
-            raw = e[(e["kind"] == 0)]
-            raw = raw[[self.source.shapes[i] in ((), (1,)) for i in raw["shape"]]] if len(raw) else raw
-            sel = [raw]
-            if reductions:
-                sel.append(e[e["kind"] == REDUCTION])
-            for part in sel:
-                if not len(part):
-                    continue
-                vals = self.source.read_values(part)
-                rows["tensor"] += [name] * len(part)
-                rows["worker"] += [self.source.workers[w] for w in part["worker"]]
-                rows["step"] += part["step"].tolist()
-                rows["mode"] += [ModeKeys(m).name for m in part["mode"]]
-                rows["mode_step"] += part["mode_step"].tolist()
-                rows["reduction"] += [
-                    None if k != REDUCTION else ("abs_" if reduction_name(r)[1] else "") + reduction_name(r)[0]
-                    for k, r in zip(part["kind"], part["reduction"], strict=True)
-                ]
-                rows["value"] += [np.asarray(v).reshape(-1)[0].item() for v in vals]
-            if reductions:
-                self._statistics_rows(name, e, rows)
-        return pd.DataFrame(rows)
+        from tensortap.export.columns import MODE_NAMES, STATISTICS
 
-    def _statistics_rows(self, name: str, e: np.ndarray, rows: dict[str, list]) -> None:
-        """Rows of computed statistics for raw, non-scalar values at steps where no reduction was saved."""
-        from tensortap.format.writer import compute_reduction
+        s = self._extract(names, regex, collection, mode).scalars(reductions=reductions)
+        stats = np.array([None if x == "value" else x for x in STATISTICS], dtype=object)
+        modes = np.array([MODE_NAMES.get(i) for i in range(5)], dtype=object)
+        return pd.DataFrame({
+            "tensor": np.array(s.tensors, dtype=object)[s.tensor] if s.tensors else np.empty(0, object),
+            "worker": np.array(s.workers, dtype=object)[s.worker] if s.workers else np.empty(0, object),
+            "step": s.step, "mode": modes[s.mode], "mode_step": s.mode_step,
+            "reduction": stats[s.statistic], "value": s.value,
+        })
 
-        if not len(e):
-            return
-        kinds = e["kind"]
-        reduced = {(w, st, m) for w, st, m in zip(e["worker"][kinds == REDUCTION].tolist(),
-                                                   e["step"][kinds == REDUCTION].tolist(),
-                                                   e["mode"][kinds == REDUCTION].tolist(), strict=True)}
-        raw = e[kinds == 0]
-        keep = [self.source.shapes[sh] not in ((), (1,)) and (w, st, m) not in reduced
-                for sh, w, st, m in zip(raw["shape"].tolist(), raw["worker"].tolist(), raw["step"].tolist(),
-                                        raw["mode"].tolist(), strict=True)]
-        raw = raw[np.asarray(keep, dtype=bool)] if len(raw) else raw
-        if not len(raw):
-            return
-        for entry, value in zip(raw, self.source.read_values(raw), strict=True):
-            value = np.asarray(value)
-            if value.dtype.kind not in "biufV" or value.size == 0:
-                continue
-            for red in _STATISTICS:
-                rows["tensor"].append(name)
-                rows["worker"].append(self.source.workers[int(entry["worker"])])
-                rows["step"].append(int(entry["step"]))
-                rows["mode"].append(ModeKeys(int(entry["mode"])).name)
-                rows["mode_step"].append(int(entry["mode_step"]))
-                rows["reduction"].append(red)
-                rows["value"].append(compute_reduction(value, red, False).item())
+    def to_arrow(
+        self,
+        names: Iterable[str] | None = None,
+        *,
+        regex: str | None = None,
+        collection: str | None = None,
+        mode: ModeKeys | str = _modes.GLOBAL,
+        table: str = "scalars",
+        max_elements: int = 4096,
+        job: str | None = None,
+    ) -> Any:
+        """The complete steps as a pyarrow Table in the export's schema (docs/export.md): `table="scalars"`
+        (scalars, saved reductions and statistics computed from raw values, one row per value) or
+        `"tensors"` (raw values that are not scalars: elements as a list up to `max_elements`, beyond that a
+        pointer into the native store). `job` names the job column (default: the trial's name). Needs pyarrow
+        (tensortap[export])."""
+        if table not in ("scalars", "tensors"):
+            raise InvalidConfiguration(f"table={table!r} must be 'scalars' or 'tensors'")
+        if isinstance(max_elements, bool) or not isinstance(max_elements, int) or max_elements < 0:
+            raise InvalidConfiguration(f"max_elements={max_elements!r} must be a non-negative int")
+        from tensortap.export import arrow
+        from tensortap.export.columns import collections_of
+
+        ex = self._extract(names, regex, collection, mode)
+        per_tensor = collections_of(self, ex.tensors)
+        job = self.name if job is None else job
+        if table == "scalars":
+            return arrow.scalars_table(ex.scalars(), job, per_tensor)
+        return arrow.tensors_table(ex.tensors_table(max_elements), job, per_tensor)
 
     def _repr_html_(self) -> str:
         """Jupyter's rich display: a short HTML summary (tensortap.ui.summary)."""
@@ -477,10 +469,6 @@ class Trial:
             f"<{type(self).__name__} {self.name!r} path={self.path!r} steps={len(self._sorted_steps)} "
             f"workers={self.workers()}>"
         )
-
-
-#: what to_dataframe() computes for a tensor saved raw without reductions
-_STATISTICS = ("l2", "min", "max", "mean", "nonfinite")
 
 
 class LocalTrial(Trial):
