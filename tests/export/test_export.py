@@ -11,6 +11,7 @@ import pytest
 
 import tensortap as tt
 from tensortap.cli.main import main as cli_main
+from tensortap.export import export
 
 from .conftest import FIXTURES, assert_same_values, expected_scalars, numpy_job, torch_job, xgboost_job
 
@@ -94,33 +95,33 @@ def test_exporting_again_adds_only_new_steps_of_a_live_job(tmp_path):
     hook.flush()
     trial = tt.create_trial(out)
     trial.wait_for_steps([4], timeout=30)
-    first = tt.export.export(out, dest)["jobs"]["job"]
+    first = export(out, dest)["jobs"]["job"]
     done = first["exported_upto"]
     assert not first["ended"] and 4 <= done <= 5
     steps = sorted({r[0] for r in duck(dest, cols="step")})
     assert steps == list(range(done + 1))  # complete steps only
     numpy_job(out, steps=range(6, 12), hook=hook)  # the job goes on and ends
-    second = tt.export.export(out, dest)["jobs"]["job"]
+    second = export(out, dest)["jobs"]["job"]
     assert second["ended"] and second["exported_upto"] == 11
     rows = duck(dest)
     assert_same_values(rows, expected_scalars(tt.create_trial(out)))  # every value exactly once
     files = sorted(f for _, _, fs in os.walk(dest) for f in fs if f.endswith(".parquet"))
     assert [f for f in files if f.startswith("part-000001")] and [f for f in files if f.startswith("part-000002")]
-    third = tt.export.export(out, dest)["jobs"]["job"]
+    third = export(out, dest)["jobs"]["job"]
     assert third["rows"]["scalars"] == 0 and len(duck(dest)) == len(rows)
 
 
 def test_an_interrupted_export_leaves_no_rows_behind(tmp_path):
     out, dest = str(tmp_path / "job"), tmp_path / "dest"
     numpy_job(out)
-    tt.export.export(out, str(dest))
+    export(out, str(dest))
     n = len(duck(dest))
     # files of a generation that never committed (an export killed before writing its state)
     stray = dest / "scalars" / "job=job" / "worker=worker_0" / "step_block=0" / "part-000002-0000.parquet"
     stray.write_bytes((dest / "scalars" / "job=job" / "worker=worker_0" / "step_block=0" /
                        "part-000001-0000.parquet").read_bytes())
     assert len(duck(dest)) == 2 * n
-    tt.export.export(out, str(dest))  # nothing new, and the stray generation is gone
+    export(out, str(dest))  # nothing new, and the stray generation is gone
     assert len(duck(dest)) == n and not stray.exists()
     state = json.loads((dest / "_tensortap" / "export.json").read_text())
     assert state["schema_version"] == 1 and state["generation"] == 2
@@ -141,7 +142,7 @@ def test_events_hold_rule_statuses_the_stop_and_the_first_nonfinite_step(tmp_pat
 def test_large_tensors_are_pointers_into_the_native_store(tmp_path):
     out, dest = str(tmp_path / "job"), str(tmp_path / "dest")
     numpy_job(out, steps=range(3))
-    tt.export.export(out, dest, max_elements=10)
+    export(out, dest, max_elements=10)
     rows = duck(dest, "tensors", cols="tensor, step, dtype, shape, \"values\", store_path, store_offset, store_length")
     assert rows and all(r[4] is None for r in rows)
     trial = tt.create_trial(out)
