@@ -176,6 +176,10 @@ def cmd_rules_run(args: argparse.Namespace) -> int:
 
     from tensortap.runner.run import run_rules_offline
 
+    if args.dask:
+        from tensortap.cli.rules_dask import run_on_cluster
+
+        return run_on_cluster(args)
     _check_job_dir(args.out_dir)
     return run_rules_offline(_spec_from_args(args, []))
 
@@ -221,7 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--json", action="store_true")
     rl.set_defaults(func=cmd_rules_list)
     rr = rsub.add_parser("run", help="evaluate rules on a finished or running job")
-    rr.add_argument("out_dir")
+    rr.add_argument("out_dir", help="the job's out_dir; with --dask also a glob of jobs ('runs/*')")
+    rr.add_argument("--dask", metavar="ADDRESS", help="evaluate on every job matched at once, on this Dask cluster")
     _add_rule_args(rr)
     rr.set_defaults(func=cmd_rules_run)
 
