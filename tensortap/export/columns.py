@@ -78,9 +78,11 @@ class Tensors:
         return len(self.step)
 
 
-def _empty_codes(n: int = 0) -> dict[str, np.ndarray]:
-    return {"tensor": np.empty(n, np.int32), "worker": np.empty(n, np.int32), "mode": np.empty(n, np.uint8),
-            "step": np.empty(n, np.int64), "mode_step": np.empty(n, np.int64)}
+def take(e: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """e[idx] for a packed structured array, moving rows as bytes (numpy's fancy indexing copies such rows field
+    by field, many times slower)."""
+    e = np.ascontiguousarray(e)
+    return np.take(e.view(np.uint8).reshape(len(e), -1), idx, axis=0).view(e.dtype).reshape(-1)
 
 
 class Extract:
@@ -117,16 +119,16 @@ class Extract:
         if workers is not None:
             wids = [i for i, w in enumerate(src.workers) if w in set(workers)]
             keep &= np.isin(e["worker"], np.asarray(wids, dtype=np.uint16))
-        self.entries = e[keep] if not keep.all() else e
+        self.entries = take(e, np.flatnonzero(keep)) if not keep.all() else e
         # stable tables: tensors sorted by name, workers in natural order
         from tensortap.trials.trial import natural_key
 
-        present = np.unique(self.entries["name"]) if len(self.entries) else np.empty(0, np.uint32)
+        present = np.flatnonzero(np.bincount(self.entries["name"], minlength=1))
         order = sorted(present.tolist(), key=lambda i: src.names[i])
         self.tensors = [src.names[i] for i in order]
         self._tensor_code = np.full(max(len(src.names), 1), -1, dtype=np.int32)
         self._tensor_code[np.asarray(order, dtype=np.int64)] = np.arange(len(order), dtype=np.int32)
-        wpresent = np.unique(self.entries["worker"]).tolist() if len(self.entries) else []
+        wpresent = np.flatnonzero(np.bincount(self.entries["worker"], minlength=1)).tolist()
         worder = sorted(wpresent, key=lambda i: natural_key(src.workers[i]))
         self.workers = [src.workers[i] for i in worder]
         self._worker_code = np.full(max(len(src.workers), 1), -1, dtype=np.int32)
@@ -139,31 +141,36 @@ class Extract:
 
     # --- shared pieces ----------------------------------------------------------------------
 
-    def _codes(self, e: np.ndarray) -> dict[str, np.ndarray]:
-        return {"tensor": self._tensor_code[e["name"]], "worker": self._worker_code[e["worker"]],
-                "mode": e["mode"].copy(), "step": e["step"].copy(), "mode_step": e["mode_step"].copy()}
+    def _codes(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        """The key columns of the entries at positions `idx`, taken field by field."""
+        e = self.entries
+        return {"tensor": self._tensor_code[e["name"][idx]], "worker": self._worker_code[e["worker"][idx]],
+                "mode": e["mode"][idx], "step": e["step"][idx], "mode_step": e["mode_step"][idx]}
 
-    def _wall_time(self, e: np.ndarray) -> np.ndarray:
-        out = np.full(len(e), np.nan)
-        if self._wall is None or not len(e):
+    def _wall_time(self, worker: np.ndarray, step: np.ndarray) -> np.ndarray:
+        """Wall times of rows of (worker id, global step)."""
+        out = np.full(len(step), np.nan)
+        if self._wall is None or not len(step):
             return out
+        only = len(self._wall) == 1 and len(self.source.workers) == 1
         for wid, (max_steps, times) in self._wall.items():
-            sel = np.nonzero(e["worker"] == wid)[0]
+            sel = np.arange(len(step)) if only else np.nonzero(worker == wid)[0]
             if not len(sel):
                 continue
-            i = np.searchsorted(max_steps, e["step"][sel], side="left")
+            i = np.searchsorted(max_steps, step[sel], side="left")
             ok = i < len(times)
             out[sel[ok]] = times[i[ok]]
         return out
 
-    def _inline_scalars(self, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(float64 values, ok mask) of inline one-element entries, decoded by (dtype, length) group."""
-        out = np.full(len(e), np.nan)
-        ok = np.zeros(len(e), dtype=bool)
-        if not len(e):
+    def _inline_scalars(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(float64 values, ok mask) of the inline one-element entries at `idx`, decoded by (dtype, length) group."""
+        out = np.full(len(idx), np.nan)
+        ok = np.zeros(len(idx), dtype=bool)
+        if not len(idx):
             return out, ok
-        raw = np.frombuffer(e["inline"].tobytes(), dtype=np.uint8).reshape(len(e), -1)
-        key = e["dtype"].astype(np.int64) * 64 + e["length"].astype(np.int64)
+        e = self.entries
+        raw = np.ascontiguousarray(e["inline"][idx]).view(np.uint8).reshape(len(idx), -1)
+        key = e["dtype"][idx].astype(np.int64) * 64 + e["length"][idx].astype(np.int64)
         for k in np.unique(key).tolist():
             dt = self.source.dtypes[k // 64]
             n = k % 64
@@ -192,7 +199,7 @@ class Extract:
         if not reductions:
             fast &= ~is_red
         idx = np.nonzero(fast)[0]
-        vals, ok = self._inline_scalars(e[idx])
+        vals, ok = self._inline_scalars(idx)
         idx, vals = idx[ok], vals[ok]
         stat = np.where(is_red[idx], _STAT_OF_CODE[e["reduction"][idx]], _VALUE).astype(np.int16)
         parts = [(idx, stat, vals, np.zeros(len(idx), dtype=bool))]
@@ -203,8 +210,8 @@ class Extract:
         big: list[int] = []  # raw non-scalars found by reading (unknown shape)
         if len(sidx):
             got_i, got_s, got_v = [], [], []
-            readable = self._readable(e[sidx])
-            values = self._read(e[sidx[readable]])
+            readable = self._readable(take(e, sidx))
+            values = self._read(take(e, sidx[readable]))
             for i, v in zip(sidx[readable].tolist(), values, strict=True):
                 a = np.asarray(v)
                 if int(kind[i]) == RAW and a.size != 1:
@@ -224,12 +231,14 @@ class Extract:
         stat = np.concatenate([p[1] for p in parts])
         value = np.concatenate([p[2] for p in parts])
         computed = np.concatenate([p[3] for p in parts])
-        sub = e[all_idx]
-        cols = self._codes(sub)
-        order = np.lexsort((cols["step"], cols["worker"], stat, cols["tensor"]))
+        cols = self._codes(all_idx)
+        # rows by tensor name; within a tensor the entries' order (statistic, step, worker) is kept: a stable
+        # sort of runs, near linear
+        order = np.argsort(cols["tensor"], kind="stable")
         return Scalars(self.tensors, self.workers, cols["tensor"][order], cols["worker"][order],
                        cols["mode"][order], cols["step"][order], cols["mode_step"][order], stat[order],
-                       value[order], computed[order], self._wall_time(sub)[order])
+                       value[order], computed[order],
+                       self._wall_time(e["worker"][all_idx][order], cols["step"][order]))
 
     def _readable(self, e: np.ndarray) -> np.ndarray:
         from tensortap.format.smdebug import NO_EVENT_FILE
@@ -254,9 +263,9 @@ class Extract:
         empty = (np.empty(0, np.int64), np.empty(0, np.int16), np.empty(0), np.empty(0, bool))
         if not len(idx):
             return empty
-        red = e[e["kind"] == REDUCTION]
+        red = take(e, np.flatnonzero(e["kind"] == REDUCTION))
         if len(red):
-            reduced = np.isin(_key(e[idx]), _key(red))
+            reduced = np.isin(_key(take(e, idx)), _key(red))
             idx = idx[~reduced]
         if not len(idx):
             return empty
@@ -286,8 +295,8 @@ class Extract:
                 out[j] = cache[i]
         if todo:
             sub_idx = idx[np.asarray(todo, dtype=np.int64)]
-            readable = self._readable(e[sub_idx])
-            vals = self._read(e[sub_idx[readable]])
+            readable = self._readable(take(e, sub_idx))
+            vals = self._read(take(e, sub_idx[readable]))
             it = iter(vals)
             for j, ok in zip(todo, readable.tolist(), strict=True):
                 if ok:
@@ -305,10 +314,10 @@ class Extract:
         idx = self._raw_nonscalar()
         if raw_values:
             idx = np.union1d(idx, np.fromiter(raw_values, dtype=np.int64))
-        sub = e[idx]
-        cols = self._codes(sub)
+        sub = take(e, idx)
+        cols = self._codes(idx)
         t = Tensors(self.tensors, self.workers, cols["tensor"], cols["worker"], cols["mode"], cols["step"],
-                    cols["mode_step"], self._wall_time(sub))
+                    cols["mode_step"], self._wall_time(sub["worker"], sub["step"]))
         src = self.source
         native_chunks = getattr(src, "_chunks", None)
         sizes = [int(np.prod(src.shapes[s])) if self._known_shape[s] else -1 for s in sub["shape"].tolist()]

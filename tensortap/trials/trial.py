@@ -123,10 +123,17 @@ class Trial:
     def _consolidate(self) -> None:
         if not self._dirty:
             return
-        all_ = np.concatenate([self._all, *self._chunks]) if self._chunks else self._all
+        parts = [p for p in (self._all, *self._chunks) if len(p)]
+        # (joined as bytes: numpy copies a packed structured dtype field by field)
+        if len(parts) > 1:
+            rows = [np.ascontiguousarray(p).view(np.uint8).reshape(len(p), -1) for p in parts]
+            all_ = np.concatenate(rows).view(ENTRY_DTYPE).reshape(-1)
+        else:
+            all_ = parts[0] if parts else self._all
         self._chunks = []
         order = np.lexsort((all_["worker"], all_["step"], all_["reduction"], all_["kind"], all_["name"]))
-        all_ = all_[order]
+        # rows moved as bytes: numpy's fancy indexing of a packed structured dtype copies field by field
+        all_ = np.take(all_.view(np.uint8).reshape(len(all_), -1), order, axis=0).view(ENTRY_DTYPE).reshape(-1)
         names = all_["name"]
         uniq, starts = np.unique(names, return_index=True)
         ends = np.append(starts[1:], len(names))
@@ -419,13 +426,15 @@ class Trial:
         from tensortap.export.columns import MODE_NAMES, STATISTICS
 
         s = self._extract(names, regex, collection, mode).scalars(reductions=reductions)
-        stats = np.array([None if x == "value" else x for x in STATISTICS], dtype=object)
-        modes = np.array([MODE_NAMES.get(i) for i in range(5)], dtype=object)
+        # strings as categoricals: one small table each, codes per row (reduction NaN for a scalar's own value)
         return pd.DataFrame({
-            "tensor": np.array(s.tensors, dtype=object)[s.tensor] if s.tensors else np.empty(0, object),
-            "worker": np.array(s.workers, dtype=object)[s.worker] if s.workers else np.empty(0, object),
-            "step": s.step, "mode": modes[s.mode], "mode_step": s.mode_step,
-            "reduction": stats[s.statistic], "value": s.value,
+            "tensor": pd.Categorical.from_codes(s.tensor, categories=s.tensors),
+            "worker": pd.Categorical.from_codes(s.worker, categories=s.workers),
+            "step": s.step, "mode": pd.Categorical.from_codes(s.mode.astype(np.int8) - 1,
+                                                              categories=[MODE_NAMES[i] for i in (1, 2, 3, 4)]),
+            "mode_step": s.mode_step,
+            "reduction": pd.Categorical.from_codes(s.statistic - 1, categories=list(STATISTICS[1:])),
+            "value": s.value,
         })
 
     def to_arrow(
