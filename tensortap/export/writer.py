@@ -240,10 +240,12 @@ def _write_partitions(store: Any, table: str, tbl: Any, worker: np.ndarray, work
 
 
 def _write(store: Any, key: str, tbl: Any, compression: str) -> None:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     buf = io.BytesIO()
-    pq.write_table(tbl, buf, compression=compression)
+    strings = [f.name for f in tbl.schema if pa.types.is_dictionary(f.type) or f.name == "collections"]
+    pq.write_table(tbl, buf, compression=compression, use_dictionary=strings)
     store.write(key, buf.getvalue())
 
 

@@ -15,6 +15,7 @@ import numpy as np
 from tensortap.exceptions import CorruptData
 from tensortap.format import codec, layout
 from tensortap.format.entries import ENTRY_DTYPE, INLINE_CHUNK, SHAPE
+from tensortap.format.entries import concat as entries_concat
 from tensortap.format.source import CollectionInfo, Damage, Source
 from tensortap.storage.base import Storage
 
@@ -182,7 +183,7 @@ class NativeSource(Source):
                 c.sealed = True
         if not out:
             return self.empty()
-        entries = np.concatenate(out)
+        entries = entries_concat(out)
         if self.range_steps is not None:
             lo, hi = self.range_steps
             keep = np.ones(len(entries), dtype=bool)

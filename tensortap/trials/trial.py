@@ -21,6 +21,7 @@ from tensortap.exceptions import (
     TensorUnavailable,
 )
 from tensortap.format.entries import ENTRY_DTYPE
+from tensortap.format.entries import concat as entries_concat
 from tensortap.format.source import CollectionInfo, Source
 from tensortap.modes import ModeKeys
 from tensortap.trials import args as _args
@@ -123,13 +124,7 @@ class Trial:
     def _consolidate(self) -> None:
         if not self._dirty:
             return
-        parts = [p for p in (self._all, *self._chunks) if len(p)]
-        # (joined as bytes: numpy copies a packed structured dtype field by field)
-        if len(parts) > 1:
-            rows = [np.ascontiguousarray(p).view(np.uint8).reshape(len(p), -1) for p in parts]
-            all_ = np.concatenate(rows).view(ENTRY_DTYPE).reshape(-1)
-        else:
-            all_ = parts[0] if parts else self._all
+        all_ = entries_concat([self._all, *self._chunks])
         self._chunks = []
         order = np.lexsort((all_["worker"], all_["step"], all_["reduction"], all_["kind"], all_["name"]))
         # rows moved as bytes: numpy's fancy indexing of a packed structured dtype copies field by field
