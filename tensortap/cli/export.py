@@ -28,6 +28,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-elements", type=int, default=4096,
                    help="raw tensors with more elements are exported as a pointer into the store (default 4096)")
     p.add_argument("--full", action="store_true", help="delete what DEST holds of these jobs and export them anew")
+    p.add_argument("--all", action="store_true", dest="assume_ended",
+                   help="also export steps not every worker finished (a job that was interrupted)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=cmd_export)
     return p
@@ -42,7 +44,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     summary = export(args.out_dirs, args.parquet, job_names=args.job_name or None,
                      tables=args.table or ("scalars", "tensors", "events"), step_block=args.step_block,
-                     max_elements=args.max_elements, full=args.full)
+                     max_elements=args.max_elements, full=args.full,
+                     assume_ended=args.assume_ended)
     if args.json:
         json.dump(summary, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -91,11 +91,13 @@ def export(
     step_block: int | None = None,
     max_elements: int = 4096,
     full: bool = False,
+    assume_ended: bool = False,
     compression: str = "zstd",
 ) -> dict[str, Any]:
     """Export each job (local path, glob or s3://) into `dest`, appending what is new since the last export there:
     the complete steps after the last exported step of each job. `full=True` deletes the job's exported data
-    and exports it again. Returns a summary: per job the rows written per table and the steps exported."""
+    and exports it again; `assume_ended=True` exports steps not every worker finished (a job whose process died).
+    Returns a summary: per job the rows written per table and the steps exported."""
     from tensortap.export.arrow import SCHEMA_VERSION
     from tensortap.storage import open_storage
     from tensortap.trials import create_trial
@@ -140,7 +142,10 @@ def export(
         if prev is not None and prev.get("source") != path:
             raise InvalidConfiguration(f"{dest} already holds a job {name!r} exported from {prev.get('source')}, "
                                        f"not {path}: give this one another name (--job-name)")
-        trials.append(create_trial(path, name=name))
+        trial = create_trial(path, name=name)
+        if assume_ended:
+            trial.assume_ended()
+        trials.append(trial)
     summary: dict[str, Any] = {"dest": dest, "generation": gen, "jobs": {}}
     obsolete: list[str] = []
     for trial, path, name in zip(trials, paths, names, strict=True):

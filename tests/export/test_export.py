@@ -172,3 +172,14 @@ def test_import_tensortap_does_not_import_pyarrow():
             "print([m for m in ('pyarrow', 'dask', 'duckdb', 'polars', 'pandas') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_an_interrupted_job_is_exported_whole_with_all(tmp_path):
+    src = os.path.join(FIXTURES, "dtypes")  # written without an end marker: its last steps are not complete
+    dest = str(tmp_path / "dest")
+    before = export(src, dest)["jobs"]["dtypes"]
+    assert not before["ended"]
+    assert cli_main(["export", src, "--parquet", dest, "--all"]) == 0
+    trial = tt.create_trial(src)
+    trial.assume_ended()
+    assert_same_values(duck(dest), expected_scalars(trial))
