@@ -312,8 +312,15 @@ class Extract:
         store beyond (smdebug values are always inline: their records are not plain arrays)."""
         e = self.entries
         idx = self._raw_nonscalar()
-        if raw_values:
-            idx = np.union1d(idx, np.fromiter(raw_values, dtype=np.int64))
+        cache = raw_values if raw_values is not None else {}
+        # raw values whose shape the index does not say (smdebug without shapes): read to know
+        unknown = np.flatnonzero((e["kind"] == RAW) & ~self._known_shape[e["shape"]])
+        unknown = np.asarray([i for i in unknown.tolist() if i not in cache], dtype=np.int64)
+        for i, v in zip(unknown.tolist(), self._values_of(unknown, cache), strict=True):
+            if v is None or np.asarray(v).size == 1:
+                cache.pop(i, None)
+        if cache:
+            idx = np.union1d(idx, np.fromiter(cache, dtype=np.int64))
         sub = take(e, idx)
         cols = self._codes(idx)
         t = Tensors(self.tensors, self.workers, cols["tensor"], cols["worker"], cols["mode"], cols["step"],
@@ -323,7 +330,7 @@ class Extract:
         sizes = [int(np.prod(src.shapes[s])) if self._known_shape[s] else -1 for s in sub["shape"].tolist()]
         pointer_ok = native_chunks is not None
         want = [i for i, n in zip(idx.tolist(), sizes, strict=True) if not (pointer_ok and n > max_elements)]
-        values = dict(zip(want, self._values_of(np.asarray(want, dtype=np.int64), raw_values), strict=True))
+        values = dict(zip(want, self._values_of(np.asarray(want, dtype=np.int64), cache), strict=True))
         for i, ent in zip(idx.tolist(), sub, strict=True):
             v = values.get(i)
             ptr = None

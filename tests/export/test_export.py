@@ -49,6 +49,14 @@ def check_tensors(trial, rows) -> int:
     return n
 
 
+def _has_raw(t, step, worker) -> bool:
+    try:
+        t.value(step, worker=worker)
+        return True
+    except tt.exceptions.TensorUnavailableForStep:
+        return False
+
+
 def make(kind, path):
     if kind == "pytorch":
         torch_job(path)
@@ -78,6 +86,9 @@ def test_exported_job_reads_back_with_the_trials_values(kind, tmp_path):
                            ["tensor", "statistic", "worker", "step", "value"]).to_pylist()], expected)
     # raw tensors: every raw non-scalar value, elements inline (all are small here)
     raw = duck(dest, "tensors", cols="tensor, worker, step, dtype, shape, \"values\"")
+    assert len(raw) == sum(np.asarray(trial.tensor(n).value(s, worker=w)).size != 1 for n in trial.tensor_names()
+                           for w in trial.workers() for s in trial.tensor(n).steps()
+                           if w in trial.tensor(n).workers(s) and _has_raw(trial.tensor(n), s, w))
     if kind in ("pytorch", "numpy", "pytorch_job"):
         assert raw
     assert check_tensors(trial, raw) == len(raw)
