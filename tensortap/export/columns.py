@@ -96,9 +96,14 @@ class Extract:
     def __init__(self, trial: Any, names: Iterable[str] | None = None, mode: int | None = None,
                  steps: tuple[float, float] | None = None, complete_only: bool = False,
                  workers: Iterable[str] | None = None):
-        trial._consolidate()
+        from tensortap.format.entries import concat
+
         self.trial = trial
         self.source = src = trial.source
+        # The trial's entries as they are, without its per-tensor sort (rows are ordered by tensor below): the
+        # entries read since the last sort are joined to the sorted ones, which the trial's next sort keeps.
+        if trial._chunks:
+            trial._all, trial._chunks = concat([trial._all, *trial._chunks]), []
         e = trial._all
         keep = e["kind"] != 2  # shape-only entries carry no value
         if names is not None:

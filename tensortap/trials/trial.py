@@ -394,13 +394,16 @@ class Trial:
         from tensortap.export.columns import Extract
 
         mode = _modes.parse_mode(mode)
-        if names is None:
+        if names is None and regex is None and collection is None:
+            self.maybe_refresh()  # every tensor: no name list needed
+        elif names is None:
             names = self.tensor_names(regex=regex, collection=collection)
         elif isinstance(names, str) or not isinstance(names, Iterable) or not all(isinstance(n, str) for n in names):
             raise InvalidConfiguration(f"names={names!r} must be a list of tensor names")
         else:
             self.maybe_refresh()
-        return Extract(self, list(names), None if mode == _modes.GLOBAL else mode.value, complete_only=True)
+        return Extract(self, None if names is None else list(names), None if mode == _modes.GLOBAL else mode.value,
+                       complete_only=True)
 
     def to_dataframe(
         self,
