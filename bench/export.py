@@ -102,9 +102,12 @@ import sys, time
 sys.path.insert(0, sys.argv[1])
 import pandas
 from tensortap.trials import create_trial
-t0 = time.perf_counter(); trial = create_trial(sys.argv[2]); trial.steps(); t1 = time.perf_counter()
-df = trial.to_dataframe(); t2 = time.perf_counter()
-print(t1 - t0, t2 - t1, len(df))
+c0, t0 = time.process_time(), time.perf_counter()
+trial = create_trial(sys.argv[2]); trial.steps()
+c1, t1 = time.process_time(), time.perf_counter()
+df = trial.to_dataframe()
+c2, t2 = time.process_time(), time.perf_counter()
+print(t1 - t0, t2 - t1, len(df), c1 - c0, c2 - c1)
 """
 
 
@@ -144,6 +147,8 @@ def bench_to_frames(tmp: str, repeat: int, old: str | None) -> dict:
             assert int(out[2]) == n
             res["old_open"].append(float(out[0]))
             res["old_to_dataframe"].append(float(out[1]))
+            cpu["old_open"].append(float(out[3]))
+            cpu["old_to_dataframe"].append(float(out[4]))
     return {"values": n, **{k: summary(n, v, cpu[k]) for k, v in res.items() if v}}
 
 
