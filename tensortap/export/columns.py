@@ -334,7 +334,9 @@ class Extract:
         native_chunks = getattr(src, "_chunks", None)
         sizes = [int(np.prod(src.shapes[s])) if self._known_shape[s] else -1 for s in sub["shape"].tolist()]
         pointer_ok = native_chunks is not None
-        want = [i for i, n in zip(idx.tolist(), sizes, strict=True) if not (pointer_ok and n > max_elements)]
+        inline = (sub["chunk"] == INLINE_CHUNK).tolist()
+        want = [i for i, n, inl in zip(idx.tolist(), sizes, inline, strict=True)
+                if inl or not (pointer_ok and n > max_elements)]
         values = dict(zip(want, self._values_of(np.asarray(want, dtype=np.int64), cache), strict=True))
         for i, ent in zip(idx.tolist(), sub, strict=True):
             v = values.get(i)
@@ -347,8 +349,9 @@ class Extract:
                 a = np.asarray(v)
                 t.dtype.append(a.dtype.name if a.dtype.kind == "V" else a.dtype.str)
                 t.shape.append(tuple(a.shape))
-                t.values.append(a.reshape(-1).astype(np.float64) if a.dtype.kind in _NUMERIC and a.size <= max(
-                    max_elements, 0 if pointer_ok else a.size) else None)
+                inline_only = ptr is None  # no pointer to give: the elements always
+                t.values.append(a.reshape(-1).astype(np.float64) if a.dtype.kind in _NUMERIC and (
+                    inline_only or a.size <= max_elements) else None)
             else:
                 dt = src.dtypes[int(ent["dtype"])]
                 t.dtype.append(dt.name if dt.kind == "V" else dt.str)
