@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from typing import Any
 
 
@@ -25,6 +26,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=["TRAIN", "EVAL", "PREDICT", "GLOBAL"], help="compare only this mode")
     p.add_argument("--limit", type=int, default=20, help="divergences shown per run in text output (default 20)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.description = textwrap.fill(p.description or "", 100)  # kept as written under an examples epilog
     p.set_defaults(func=cmd_compare)
     return p
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from typing import Any
 
 
@@ -31,6 +32,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", dest="assume_ended",
                    help="also export steps not every worker finished (a job that was interrupted)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.description = textwrap.fill(p.description or "", 100)  # kept as written under an examples epilog
     p.set_defaults(func=cmd_export)
     return p
 

@@ -466,8 +466,8 @@ class Trial:
         return arrow.tensors_table(ex.tensors_table(max_elements), job, per_tensor)
 
     def _repr_html_(self) -> str:
-        """Jupyter's rich display: a short HTML summary (tensortap.ui.summary)."""
-        from tensortap.ui.summary import trial_html
+        """Jupyter's rich display: a short HTML summary (tensortap.trials.summary)."""
+        from tensortap.trials.summary import trial_html
 
         return trial_html(self)
 
