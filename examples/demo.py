@@ -2,8 +2,8 @@
 
 1. `tensortap run` starts examples/train_saturating.py — plain PyTorch with a real bug (saturated
    sigmoids, so the gradients vanish and the loss never falls) and no tensortap code in it — with three
-   rules watching in real time. VanishingGradient fires at step 0 and LossNotDecreasing (judging the TRAIN
-   loss) once it has two points 50 steps apart; the first verdict stops the job early.
+   rules watching in real time. VanishingGradient fires at step 0 (LossNotDecreasing would judge the TRAIN
+   loss's trend once it has 20 saved values); the first verdict stops the job early.
 2. The same script with its bug fixed (--healthy) runs to the end, alongside job 1 (its output is shown
    when job 1 is done); every rule judges its data and reports NoIssuesFound.
 3. `tensortap report` writes one HTML page comparing the two jobs (the gradients dying from the last layer to

@@ -79,6 +79,8 @@ class TensortapCallback(TrainerCallback):
             self._handle = model.register_forward_hook(self._after_forward, with_kwargs=True)
 
     def _after_forward(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        if module.training and not self.capture.saving:
+            return  # (a loss is read, a host sync on a GPU, only where it is saved; eval steps begin after it)
         try:
             loss = getattr(output, "loss", None)
             if loss is None and isinstance(output, dict):

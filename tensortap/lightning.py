@@ -140,17 +140,19 @@ class _TensortapCallbackMixin:
 
     def _train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any) -> None:
         cap = self.capture
-        loss = _loss_of(outputs)
-        if loss is not None:
-            self._losses.append(loss)
+        if cap.saving:  # (a loss is read, a host sync on a GPU, only where it is saved)
+            loss = _loss_of(outputs)
+            if loss is not None:
+                self._losses.append(loss)
         stepped = self._stepped or (cap.current() is not None and trainer.global_step != cap.current()[1])
         if stepped and cap.current() is not None and cap.current()[0] is _modes.TRAIN:
-            if self._losses:
+            if self._losses and cap.saving:
                 automatic = getattr(pl_module, "automatic_optimization", True)
                 # (automatic optimization hands back each micro-batch's loss divided by the window's length)
                 value = sum(self._losses) if automatic else sum(self._losses) / len(self._losses)
                 cap.save_scalars({LOSS: value}, "losses")
-            self._save_metrics(trainer, eval_names=False)
+            if cap.saving:
+                self._save_metrics(trainer, eval_names=False)
             self._losses = []
             self._stepped = False
         self._check_stop(trainer)
@@ -173,7 +175,7 @@ class _TensortapCallbackMixin:
             self.capture.begin(mode)
 
     def _eval_batch_end(self, trainer: Any, outputs: Any) -> None:
-        if trainer.sanity_checking:
+        if trainer.sanity_checking or not self.capture.saving:
             return
         loss = _loss_of(outputs)
         if loss is not None:

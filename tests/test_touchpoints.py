@@ -18,9 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tensortap"
 INTERNALS = ROOT / "docs" / "internals.md"
 
-# Names that look private but are not a library's internals: Enum's documented `_value_`, tensortap's own
-# attributes on its own objects (a reservation's writer), and the markers tensortap puts on objects it wraps.
-_NOT_TOUCHPOINTS = {"_value_", "_w"}
+# Names that look private but are not a library's internals: Enum's documented `_value_`, the documented
+# `os._exit`, tensortap's own attributes on its own objects (a reservation's writer), and the markers tensortap
+# puts on objects it wraps.
+_NOT_TOUCHPOINTS = {"_value_", "_exit", "_w"}
 _OWN_PREFIX = "_tensortap"
 
 

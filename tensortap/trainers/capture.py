@@ -51,6 +51,8 @@ class TrainerHook(Hook):
 
     builtin_collections = (*Hook.builtin_collections, K.WEIGHTS, K.BIASES, K.GRADIENTS, K.LOSSES, K.METRICS)
     default_include_collections = (K.LOSSES, K.METRICS, K.SCALARS)
+    #: saved whatever include_collections names (smdebug's framework defaults: the loss and the metrics)
+    always_include_collections = (K.LOSSES, K.METRICS)
 
     def __init__(self, out_dir: str, **kwargs: Any):
         super().__init__(out_dir, **kwargs)
@@ -128,6 +130,8 @@ class TrainerCapture:
         self._rule_procs: list[tuple[str, subprocess.Popen]] = []
         self._rules_tmp: str | None = None
         self._failed = False
+        #: whether anything saves at the open step (found when it begins: every later check is this flag)
+        self.saving = False
 
     # --- life ---------------------------------------------------------------------------------
 
@@ -171,6 +175,9 @@ class TrainerCapture:
     def begin(self, mode: _modes.ModeKeys, mode_step: int | None = None) -> None:
         if self.active:
             self.hook.begin(mode, mode_step)
+            self.saving = bool(self.hook.collections_to_save())
+        else:
+            self.saving = False
 
     def current(self) -> tuple[_modes.ModeKeys, int] | None:
         """(mode, mode step) of the open step, or None."""
@@ -186,15 +193,19 @@ class TrainerCapture:
 
     def save_weights(self) -> None:
         """The weights and biases as they are now (what the forward of this step used)."""
-        self._save_tensors(self._params, "")
+        if self.saving:
+            self._save_tensors(self._params, "")
 
     def save_gradients(self) -> None:
         """The gradients as they are now (call where they are what the optimizer consumes)."""
-        self._save_tensors([(n, p.grad) for n, p in self._params if p.grad is not None], "gradient/")
+        if self.saving:
+            self._save_tensors([(n, p.grad) for n, p in self._params if p.grad is not None], "gradient/")
 
     def _save_tensors(self, named: list[tuple[str, Any]], prefix: str) -> None:
+        if not self.saving:
+            return
         h = self.hook
-        if not self.active or not h.clock.in_step or not h.collections_to_save():
+        if not self.active or not h.clock.in_step:
             return
         from tensortap.pytorch._tensors import host_numpy
 

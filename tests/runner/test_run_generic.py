@@ -64,7 +64,7 @@ def _doc(r):
 def test_broken_training_is_stopped_by_the_rule_that_fires(tmp_path, train_py):
     out = str(tmp_path / "job")
     r = tensortap("run", "--out-dir", out, "--save-interval", "1", "--rule", "vanishing_gradient",
-                  "--rule", "loss_not_decreasing:num_steps=5", "--stop-on-issue", "--json",
+                  "--rule", "loss_not_decreasing:num_steps=5,window=1", "--stop-on-issue", "--json",
                   "--", sys.executable, train_py, "10", "2000")
     doc = _doc(r)
     assert r.returncode == 1, r.stderr
@@ -90,7 +90,7 @@ def test_broken_training_is_stopped_by_the_rule_that_fires(tmp_path, train_py):
 def test_healthy_training_ends_with_no_issues(tmp_path, train_py):
     out = str(tmp_path / "job")
     r = tensortap("run", "--out-dir", out, "--save-interval", "2", "--rule", "VanishingGradient",
-                  "--rule", "exploding_tensor", "--rule", "loss_not_decreasing:num_steps=4", "--json",
+                  "--rule", "exploding_tensor", "--rule", "loss_not_decreasing:num_steps=4,window=1", "--json",
                   "--", sys.executable, train_py, "-1", "30")
     doc = _doc(r)
     assert r.returncode == 0, (r.stdout, r.stderr)

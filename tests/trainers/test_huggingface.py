@@ -91,11 +91,11 @@ def test_values_steps_modes_logs_with_accumulation_and_clipping(tmp_path):
     assert trial.tensor("grad_norm").steps(mode=modes.TRAIN) == [1, 3, 5, 7]
     assert [trial.tensor("learning_rate").value(k, mode=modes.TRAIN) for k in (1, 3, 5, 7)] == pytest.approx(
         [h["learning_rate"] for h in trainer.state.log_history if "learning_rate" in h])
-    # evaluation: two runs of two batches, EVAL steps 0..3, every 2 saved; eval_loss at the end of each run
+    # evaluation: two runs of two batches, EVAL steps 0..3, the loss saved at every one (losses are saved at
+    # every EVAL step); eval_loss at the end of each run
     assert len(losses.eval) == 4
-    assert trial.tensor("loss").steps(mode=modes.EVAL) == [0, 2]
-    assert [trial.tensor("loss").value(s, mode=modes.EVAL) for s in (0, 2)] == pytest.approx(
-        [losses.eval[0], losses.eval[2]], rel=1e-6)
+    assert trial.tensor("loss").steps(mode=modes.EVAL) == [0, 1, 2, 3]
+    assert [trial.tensor("loss").value(s, mode=modes.EVAL) for s in range(4)] == pytest.approx(losses.eval, rel=1e-6)
     evals = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
     assert [trial.tensor("eval_loss").value(s, mode=modes.EVAL) for s in (1, 3)] == pytest.approx(evals)
 
@@ -171,3 +171,39 @@ def test_tensortap_run_saves_an_unmodified_hf_scripts_loss(tmp_path):
     trial = create_trial(out)
     assert trial.tensor("loss").steps(mode=modes.TRAIN) == [0, 2, 4]
     assert all(np.isfinite(trial.tensor("loss").value(k, mode=modes.TRAIN)) for k in (0, 2, 4))
+
+
+def test_tensortap_run_stops_an_unmodified_hf_script_through_the_trainer(tmp_path):
+    """`tensortap run --stop-on-issue` on a script with no tensortap code whose loss turns NaN at step 3: the
+    runner's rule asks for a stop, the callback the runner added ends train() through
+    control.should_training_stop (the script's own code after train runs), and the run exits 1."""
+    out = str(tmp_path / "job")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        import torch
+        sys.path.insert(0, {str(HERE)!r})
+        from _hf_job import dataset, model
+        from transformers import Trainer, TrainerCallback, TrainingArguments
+
+        class Poison(TrainerCallback):
+            def on_step_begin(self, args, state, control, model=None, **kw):
+                if state.global_step == 3:
+                    with torch.no_grad():
+                        model.classifier.weight.fill_(float("nan"))
+
+        args = TrainingArguments(output_dir={str(tmp_path / "hf")!r}, per_device_train_batch_size=8,
+                                 max_steps=100_000, report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True,
+                                 logging_steps=1000, logging_nan_inf_filter=False)
+        trainer = Trainer(model=model(), args=args, train_dataset=dataset(256), callbacks=[Poison()])
+        trainer.train()
+        print("TRAIN RETURNED AT", trainer.state.global_step, flush=True)
+    """))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.run([sys.executable, "-m", "tensortap.cli.main", "run", "--out-dir", out, "--save-interval",
+                           "1", "--rule", "exploding_tensor", "--stop-on-issue", "--", sys.executable, str(script)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("TRAIN RETURNED AT"))
+    assert 3 < int(line.split()[-1]) < 100_000

@@ -79,11 +79,10 @@ def test_values_steps_modes_with_accumulation_and_clipping(tmp_path):
     assert total == pytest.approx(0.05, rel=1e-3)
 
     # a validation of two batches every 6 training batches (the sanity check saves nothing): EVAL steps 0..7,
-    # saved every 2
+    # the loss saved at every one (losses are saved at every EVAL step)
     assert len(val_losses) == 8
-    assert trial.tensor("loss").steps(mode=modes.EVAL) == [0, 2, 4, 6]
-    assert [trial.tensor("loss").value(s, mode=modes.EVAL) for s in (0, 2, 4, 6)] == pytest.approx(
-        val_losses[0::2], rel=1e-6)
+    assert trial.tensor("loss").steps(mode=modes.EVAL) == list(range(8))
+    assert [trial.tensor("loss").value(s, mode=modes.EVAL) for s in range(8)] == pytest.approx(val_losses, rel=1e-6)
     # the logged val_loss (an epoch aggregate) at the end of each validation, whatever the interval
     assert trial.tensor("val_loss").steps(mode=modes.EVAL) == [1, 3, 5, 7]
     assert "val_loss" in trial.tensor_names(collection="metrics")
@@ -95,10 +94,13 @@ def test_manual_optimization_steps_and_gradients(tmp_path):
     record = []
     module = make_module(L, record, automatic=False)
     out = str(tmp_path / "job")
-    trainer = _trainer([TensortapCallback(out_dir=out, save_config=3, include_collections=["gradients", "losses"])],
+    trainer = _trainer([TensortapCallback(out_dir=out, save_config=3, include_collections=["gradients"])],
                        max_steps=9, limit_val_batches=0)
     trainer.fit(module, loaders()[0])
     trial = create_trial(out)
+    # the loss and the metrics are saved whatever include_collections names (smdebug's default collections)
+    assert trial.tensor("loss").steps(mode=modes.TRAIN) == [0, 3, 6]
+    assert "train_acc" in trial.tensor_names(collection="metrics")
     assert trial.tensor("gradient/Tiny_net.2.weight").steps(mode=modes.TRAIN) == [0, 3, 6]
     for k in (0, 3, 6):
         assert np.array_equal(trial.tensor("gradient/Tiny_net.2.weight").value(k, mode=modes.TRAIN),
@@ -216,3 +218,37 @@ def test_tensortap_run_saves_an_unmodified_lightning_scripts_loss(tmp_path):
     trial = create_trial(out)
     assert trial.tensor("loss").steps(mode=modes.TRAIN) == [0, 2, 4, 6]
     assert all(np.isfinite(trial.tensor("loss").value(k, mode=modes.TRAIN)) for k in (0, 2, 4, 6))
+
+
+def test_tensortap_run_stops_an_unmodified_lightning_script_through_the_trainer(tmp_path):
+    """`tensortap run --stop-on-issue` on a script with no tensortap code whose loss turns NaN at step 3: the
+    runner's rule asks for a stop, the callback the runner added ends fit through trainer.should_stop (the
+    script's own code after fit runs), and the run exits 1 (a rule found an issue)."""
+    out = str(tmp_path / "job")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        import torch
+        import lightning as L
+        sys.path.insert(0, {str(HERE)!r})
+        from _lightning_job import loaders, make_module
+
+        class Poison(L.Callback):
+            def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+                if trainer.global_step == 3:
+                    with torch.no_grad():
+                        pl_module.net[2].weight.fill_(float("nan"))
+
+        torch.manual_seed(0)
+        trainer = L.Trainer(max_steps=200_000, max_epochs=-1, logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                            limit_val_batches=0, callbacks=[Poison()])
+        trainer.fit(make_module(L), loaders(n=64)[0])
+        print("FIT RETURNED AT", trainer.global_step, flush=True)
+    """))
+    proc = subprocess.run([sys.executable, "-m", "tensortap.cli.main", "run", "--out-dir", out, "--save-interval",
+                           "1", "--rule", "exploding_tensor", "--stop-on-issue", "--", sys.executable, str(script)],
+                          env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("FIT RETURNED AT"))
+    assert 3 < int(line.split()[-1]) < 200_000
