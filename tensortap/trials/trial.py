@@ -410,7 +410,7 @@ class Trial:
 
     def _extract(self, names: Iterable[str] | None, regex: str | None, collection: str | None,
                  mode: ModeKeys | str) -> Any:
-        from tensortap.export.columns import Extract
+        from tensortap.trials.columns import Extract
 
         mode = _modes.parse_mode(mode)
         if names is None and regex is None and collection is None:
@@ -440,7 +440,7 @@ class Trial:
         (tensortap[pandas]). `to_arrow()` gives the same rows in the export's schema (docs/export.md)."""
         import pandas as pd
 
-        from tensortap.export.columns import MODE_NAMES, STATISTICS
+        from tensortap.trials.columns import MODE_NAMES, STATISTICS
 
         s = self._extract(names, regex, collection, mode).scalars(reductions=reductions)
         # strings as categoricals: one small table each, codes per row (reduction NaN for a scalar's own value)
@@ -474,8 +474,8 @@ class Trial:
             raise InvalidConfiguration(f"table={table!r} must be 'scalars' or 'tensors'")
         if isinstance(max_elements, bool) or not isinstance(max_elements, int) or max_elements < 0:
             raise InvalidConfiguration(f"max_elements={max_elements!r} must be a non-negative int")
-        from tensortap.export import arrow
-        from tensortap.export.columns import collections_of
+        from tensortap.trials import arrow
+        from tensortap.trials.columns import collections_of
 
         ex = self._extract(names, regex, collection, mode)
         per_tensor = collections_of(self, ex.tensors)
