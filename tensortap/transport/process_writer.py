@@ -189,6 +189,19 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+# The child imports what it runs (storage, format, transport) and numpy, not the package's front (hooks,
+# collections, trials): `tensortap` is entered as a bare namespace over the same folder, which halves the child's
+# start-up.
+_CHILD_BOOT = ("import sys, types\n"
+               "import importlib.util as u\n"
+               "spec = u.find_spec('tensortap')\n"
+               "p = types.ModuleType('tensortap'); p.__path__ = list(spec.submodule_search_locations)\n"
+               "p.__spec__ = spec; p.__file__ = spec.origin\n"
+               "sys.modules['tensortap'] = p\n"
+               "from tensortap.transport.process_writer import _child_main\n"
+               "_child_main()\n")
+
+
 class WriterProcessDied(RuntimeError):
     """The writer process ended unexpectedly."""
 
@@ -244,19 +257,19 @@ class ProcessChunkWriter:
         self._head = 0
         self._bell_at = cap // 4
         self._last_bell = 0
-        self._shm = shared_memory.SharedMemory(create=True, size=_HDR + cap)
+        # The ring is an anonymous shared file (memfd) whose descriptor the child inherits: it has no name, so
+        # nothing (the resource tracker, a crash) can unlink it while a writer still needs it, and a training
+        # process killed before the child attached leaves the child the ring all the same.
+        self._ring_fd = _ring_file(_HDR + cap)
         try:
-            # Reserve the ring's pages now: on a full /dev/shm (Docker's default is 64 MB) touching an
-            # unbacked page later would kill the training process with SIGBUS; here it is an OSError.
-            if hasattr(os, "posix_fallocate") and getattr(self._shm, "_fd", -1) >= 0:
-                os.posix_fallocate(self._shm._fd, 0, _HDR + cap)
-        except OSError:
-            self._shm.close()
-            self._shm.unlink()
+            self._mm = mmap.mmap(self._ring_fd, _HDR + cap)
+        except BaseException:
+            os.close(self._ring_fd)
             raise
-        self._h = self._shm.buf[:_SLOTS * 8].cast("q")
-        self._u8 = np.ndarray((cap,), dtype=np.uint8, buffer=self._shm.buf, offset=_HDR)
-        self._ring_mv = self._shm.buf[_HDR:_HDR + cap]
+        self._mem = memoryview(self._mm)
+        self._h = self._mem[:_SLOTS * 8].cast("q")
+        self._u8 = np.ndarray((cap,), dtype=np.uint8, buffer=self._mm, offset=_HDR)
+        self._ring_mv = self._mem[_HDR:_HDR + cap]
         #: address of the ring's first byte in this process (to copy payloads to at `Reservation.offset`)
         self.ring_address: int = self._u8.ctypes.data
         self._hdr_addr = self.ring_address - _HDR
@@ -273,7 +286,7 @@ class ProcessChunkWriter:
         # wake-up here; a drain at the end of a saving step's interval took 6 of them).
         self._answer, wfd = os.pipe()
         os.set_blocking(self._answer, False)
-        cfg = dict(url=self.url, worker=worker, shm=self._shm.name, size=_HDR + cap, bell=rfd, answer=wfd,
+        cfg = dict(url=self.url, worker=worker, ring=self._ring_fd, size=_HDR + cap, bell=rfd, answer=wfd,
                    num_workers=num_workers, flush_interval=flush_interval, chunk_bytes=chunk_bytes,
                    max_pending_bytes=max_pending_bytes, metadata=metadata or {}, tensorboard_dir=tensorboard_dir)
         import tensortap
@@ -283,14 +296,13 @@ class ProcessChunkWriter:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-c", "from tensortap.transport.process_writer import _child_main; _child_main()",
-                 json.dumps(cfg)],
-                stdin=subprocess.DEVNULL, pass_fds=(rfd, wfd), env=env, close_fds=True,
+                [sys.executable, "-c", _CHILD_BOOT, json.dumps(cfg)],
+                stdin=subprocess.DEVNULL, pass_fds=(rfd, wfd, self._ring_fd), env=env, close_fds=True,
             )
         except BaseException:
             for fd in (rfd, wfd, self._bell, self._answer):
                 os.close(fd)
-            self._release_shm(unlink=True)
+            self._release_ring()
             raise
         os.close(rfd)
         os.close(wfd)
@@ -301,7 +313,7 @@ class ProcessChunkWriter:
         4 KB inside saving steps until the ring has wrapped once (measured: the copy of a saving step
         that writes fresh ring pages takes ~3x as long)."""
         try:
-            self._shm._mmap.madvise(_MADV_POPULATE_WRITE)
+            self._mm.madvise(_MADV_POPULATE_WRITE)
         except (AttributeError, OSError, ValueError):  # kernel < 5.14, not Linux
             self._u8[::_PAGE] = 0
 
@@ -312,7 +324,7 @@ class ProcessChunkWriter:
         """The child's writer failed (like ChunkWriter.error); a killed child is not an error, only drops."""
         if self._error is None and self._final is None and self._h[_STATE] == _FAILED:
             n = self._h[_ERR_LEN]
-            text = bytes(self._shm.buf[_ERR_AT:_ERR_AT + n]).decode("utf-8", "replace")
+            text = bytes(self._mem[_ERR_AT:_ERR_AT + n]).decode("utf-8", "replace")
             self._error = RuntimeError(f"tensortap writer process failed: {text}")
         return self._error
 
@@ -742,20 +754,22 @@ class ProcessChunkWriter:
                 os.close(fd)
             except OSError:
                 pass
-        self._release_shm(unlink=True)
+        self._release_ring()
 
-    def _release_shm(self, unlink: bool) -> None:
+    def _release_ring(self) -> None:
         self._h.release()
         self._u8 = None
         try:
             self._ring_mv.release()
-            self._shm.close()
+            self._mem.release()
+            self._mm.close()
         except BufferError:
-            # somebody still holds a view of the ring (e.g. a tensor over it): the mapping goes when
-            # they do; the segment's name is unlinked all the same
+            # somebody still holds a view of the ring (e.g. a tensor over it): the mapping goes when they do
             logger.debug("tensortap: the writer's ring is still referenced at close")
-        if unlink:
-            self._shm.unlink()
+        try:
+            os.close(self._ring_fd)
+        except OSError:
+            pass
         self._h = _Closed()
 
     def __del__(self) -> None:
@@ -786,6 +800,27 @@ def _unlink(name: str) -> None:
 
 
 # --- child process --------------------------------------------------------------------------------
+
+
+def _ring_file(size: int) -> int:
+    """A descriptor of a new anonymous shared file of `size` bytes, its pages reserved: on a full memory
+    filesystem touching an unbacked page later would kill the training process with SIGBUS; here it is an
+    OSError."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("tensortap-ring", os.MFD_CLOEXEC)
+    else:  # (no memfd: a file in /dev/shm, unlinked at once)
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="tensortap-ring-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        os.unlink(path)
+    try:
+        os.ftruncate(fd, size)
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _open_segment(name: str, size: int) -> Any:
@@ -1159,7 +1194,8 @@ def _child_main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the training process, which closes us
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     cfg = json.loads(sys.argv[1])
-    mem = _open_segment(cfg["shm"], cfg["size"])
+    mem = mmap.mmap(cfg["ring"], cfg["size"])
+    os.close(cfg["ring"])
     storage = open_storage(cfg["url"])
     if cfg.get("answer", -1) >= 0:
         os.set_blocking(cfg["answer"], False)
