@@ -348,11 +348,8 @@ class Hook:
         self._pending_collection_configs = runner_cfg.collection_configs if runner_cfg is not None else None
         # Nothing lost: a job that forgets close() still gets its data flushed and its end marked.
         atexit.register(_close_at_exit, weakref.ref(self))
-        if self.active and not self.dry_run and not self._claim_later:
-            # The writer starts now, beside the job's own start-up, not at the first saving step: the first
-            # steps reach readers (and rules watching them) as soon as they are flushed.
-            with self.guard("start of the writer"):
-                self._get_writer()
+        # The writer (a thread or a process) starts at the first hand-off: a hook that never saves starts neither,
+        # and its close() writes the end of the job itself.
 
     # --- construction helpers ---------------------------------------------------------------
 
@@ -761,6 +758,18 @@ class Hook:
                                            start_after=start_after, **kw)
         return self._writer
 
+    def _end_writer(self) -> ChunkWriter:
+        """The writer of a hook that handed nothing over: the end of the job written on the closing thread (a
+        writer thread that is never started), not a writer process started only to be stopped."""
+        if self._storage is None:
+            self._storage = open_storage(self.out_dir)
+        self._writer = ChunkWriter(self._storage, self.worker, first_seq=self._first_seq,
+                                   start_after=self._writer_opts["flush_interval"], num_workers=self.num_workers,
+                                   metadata={"rank": self.rank, "world_size": self.world_size,
+                                             "hook": type(self).__name__},
+                                   **self._writer_opts)
+        return self._writer
+
     def _plan(self, name: str, colls: list[Collection]) -> tuple[bool, tuple[tuple[str, bool], ...], bool]:
         """(save_raw, reductions, save_shape) for a tensor saved in `colls` now."""
         save_raw = False
@@ -1000,7 +1009,7 @@ class Hook:
             self.on_close()
             self.release_step_marks()
             if self.writes and not self.disabled and not self.dry_run:
-                w = self._get_writer()
+                w = self._writer if self._writer is not None else self._end_writer()
                 w.set_collections(self.collection_manager.to_json_dict())
                 w.close()
                 if w.error is not None:

@@ -286,9 +286,19 @@ class ProcessChunkWriter:
         # wake-up here; a drain at the end of a saving step's interval took 6 of them).
         self._answer, wfd = os.pipe()
         os.set_blocking(self._answer, False)
+        # The ring's reader: one byte in a pipe, taken by the child when it attaches, or by close() when the child
+        # has not attached yet (a short job: close() then writes the ring itself instead of waiting for the child
+        # to start). Whoever reads the byte reads the ring; the other finds the pipe empty.
+        self._token, twfd = os.pipe()
+        os.write(twfd, b"\0")
+        os.close(twfd)
+        os.set_blocking(self._token, False)
+        self._storage = storage
+        self._opts = dict(num_workers=num_workers, flush_interval=flush_interval, chunk_bytes=chunk_bytes,
+                          max_pending_bytes=max_pending_bytes, metadata=metadata or {},
+                          tensorboard_dir=tensorboard_dir)
         cfg = dict(url=self.url, worker=worker, ring=self._ring_fd, size=_HDR + cap, bell=rfd, answer=wfd,
-                   num_workers=num_workers, flush_interval=flush_interval, chunk_bytes=chunk_bytes,
-                   max_pending_bytes=max_pending_bytes, metadata=metadata or {}, tensorboard_dir=tensorboard_dir)
+                   token=self._token, **self._opts)
         import tensortap
 
         root = os.path.dirname(os.path.dirname(os.path.abspath(tensortap.__file__)))
@@ -297,10 +307,10 @@ class ProcessChunkWriter:
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-c", _CHILD_BOOT, json.dumps(cfg)],
-                stdin=subprocess.DEVNULL, pass_fds=(rfd, wfd, self._ring_fd), env=env, close_fds=True,
+                stdin=subprocess.DEVNULL, pass_fds=(rfd, wfd, self._ring_fd, self._token), env=env, close_fds=True,
             )
         except BaseException:
-            for fd in (rfd, wfd, self._bell, self._answer):
+            for fd in (rfd, wfd, self._bell, self._answer, self._token):
                 os.close(fd)
             self._release_ring()
             raise
@@ -309,13 +319,28 @@ class ProcessChunkWriter:
         _LIVE.add(self)
 
     def _prefault(self) -> None:
-        """Map every page of the ring now, once (~17 ms for 64 MB here), rather than taking a page fault per
-        4 KB inside saving steps until the ring has wrapped once (measured: the copy of a saving step
-        that writes fresh ring pages takes ~3x as long)."""
-        try:
-            self._mm.madvise(_MADV_POPULATE_WRITE)
-        except (AttributeError, OSError, ValueError):  # kernel < 5.14, not Linux
-            self._u8[::_PAGE] = 0
+        """Map every page of the ring once, rather than taking a page fault per 4 KB inside saving steps until the
+        ring has wrapped once (measured: the copy of a saving step that writes fresh ring pages takes ~3x as
+        long). On a thread of its own that does not hold the GIL (50 ms for 64 MB on a loaded machine): the
+        training thread goes on; a copy that meets a page not mapped yet maps it itself."""
+        addr, size = self._hdr_addr, _HDR + self._cap
+
+        def populate() -> None:
+            try:
+                import ctypes
+
+                libc = ctypes.CDLL(None, use_errno=True)
+                if libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(size), _MADV_POPULATE_WRITE) == 0:
+                    return
+            except (AttributeError, OSError):  # not Linux
+                pass
+            u8 = self._u8  # kernel < 5.14: touch each page
+            if u8 is not None:
+                for at in range(0, len(u8), 1 << 20):
+                    u8[at:at + (1 << 20):_PAGE] = 0
+
+        self._prefaulting = threading.Thread(target=populate, name="tensortap-ring-pages", daemon=True)
+        self._prefaulting.start()
 
     # --- status ------------------------------------------------------------------------------
 
@@ -731,13 +756,16 @@ class ProcessChunkWriter:
         if not self._dead and self._proc.poll() is None and self._h[_STATE] != _FAILED:
             self._send(("stop",), 0, [], 0, control=True)
         self._closed = True
-        try:
-            self._proc.wait(timeout if timeout is not None else self.close_timeout)
-        except subprocess.TimeoutExpired:
+        wait = timeout if timeout is not None else self.close_timeout
+        if self._take_ring():
+            self._write_ring_here()
+        elif not self._await_end(wait):
             logger.error("tensortap: the writer process of %s did not finish within %s s; stopping it",
-                         self.worker, timeout)
+                         self.worker, wait)
             self._proc.kill()
-            self._proc.wait()
+        # Its exit (and the ring's memory, freed when the last holder lets go) is not waited for: the process is
+        # reaped when it has gone.
+        _reap_later(self._proc)
         if self._h[_STATE] != _ENDED and self._h[_STATE] != _FAILED:
             self._died()
         elif not self._child_dropped_counted:
@@ -749,28 +777,65 @@ class ProcessChunkWriter:
         for cum, name in self._big_names:  # segments the child never took
             if cum > done:
                 _unlink(name)
-        for fd in (self._bell, self._answer):
+        for fd in (self._bell, self._answer, self._token):
             try:
                 os.close(fd)
             except OSError:
                 pass
         self._release_ring()
 
+    def _take_ring(self) -> bool:
+        """Become the ring's reader if the child has not attached yet (it then exits as soon as it starts)."""
+        if self._dead or self._proc.poll() is not None:
+            return False
+        try:
+            return os.read(self._token, 1) == b"\0"
+        except (BlockingIOError, OSError):
+            return False
+
+    def _write_ring_here(self) -> None:
+        """What the child would have done, on this thread: write every message in the ring up to the stop."""
+        self._proc.kill()
+        rfd, wfd = os.pipe()
+        try:
+            reader = _ChildWriter(self._storage, self.worker, self._mm, rfd, -1, **self._opts)
+            reader._thread.join()
+            reader.release()
+        finally:
+            os.close(rfd)
+            os.close(wfd)
+
+    def _await_end(self, timeout: float) -> bool:
+        """Wait until the child has written everything up to the stop, or has gone (not for the rest of its exit);
+        False if it is still at work after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while self._h[_STATE] not in (_ENDED, _FAILED) and self._proc.poll() is None:
+            if time.monotonic() >= deadline:
+                return False
+            self._await_answer(deadline)
+        return True
+
     def _release_ring(self) -> None:
         self._h.release()
         self._u8 = None
-        try:
-            self._ring_mv.release()
-            self._mem.release()
-            self._mm.close()
-        except BufferError:
-            # somebody still holds a view of the ring (e.g. a tensor over it): the mapping goes when they do
-            logger.debug("tensortap: the writer's ring is still referenced at close")
-        try:
-            os.close(self._ring_fd)
-        except OSError:
-            pass
+        self._ring_mv.release()
+        self._mem.release()
         self._h = _Closed()
+        mm, fd = self._mm, self._ring_fd
+
+        def release() -> None:
+            try:
+                mm.close()
+            except BufferError:
+                # somebody still holds a view of the ring (e.g. a tensor over it): the mapping goes when they do
+                logger.debug("tensortap: the writer's ring is still referenced at close")
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+        # Unmapping 64 MB and freeing it takes ~30 ms on a loaded machine: not on the closing thread.
+        threading.Thread(target=release, name="tensortap-ring-release", daemon=True).start()
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
@@ -790,6 +855,15 @@ class _Closed:
         pass
 
 
+_ENDING: list[subprocess.Popen] = []  # writer processes that have written everything and are exiting
+
+
+def _reap_later(proc: subprocess.Popen) -> None:
+    """Collect `proc`'s exit status once it has gone (now, or at a later call), without waiting for it."""
+    _ENDING.append(proc)
+    _ENDING[:] = [p for p in _ENDING if p.poll() is None]
+
+
 def _unlink(name: str) -> None:
     try:
         import _posixshmem
@@ -803,9 +877,9 @@ def _unlink(name: str) -> None:
 
 
 def _ring_file(size: int) -> int:
-    """A descriptor of a new anonymous shared file of `size` bytes, its pages reserved: on a full memory
-    filesystem touching an unbacked page later would kill the training process with SIGBUS; here it is an
-    OSError."""
+    """A descriptor of a new anonymous shared file of `size` bytes. Without memfd its pages are reserved in
+    /dev/shm now: on a full /dev/shm (Docker's default is 64 MB) touching an unbacked page later would kill the
+    training process with SIGBUS; here it is an OSError."""
     if hasattr(os, "memfd_create"):
         fd = os.memfd_create("tensortap-ring", os.MFD_CLOEXEC)
     else:  # (no memfd: a file in /dev/shm, unlinked at once)
@@ -815,8 +889,8 @@ def _ring_file(size: int) -> int:
         os.unlink(path)
     try:
         os.ftruncate(fd, size)
-        if hasattr(os, "posix_fallocate"):
-            os.posix_fallocate(fd, 0, size)
+        if not hasattr(os, "memfd_create") and hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, size)  # (a memfd is not on /dev/shm, whose size a container may limit)
     except BaseException:
         os.close(fd)
         raise
@@ -877,6 +951,12 @@ class _ChildWriter(ChunkWriter):
         """Whether the messages published and not yet handled are a backlog: over 1/8 of the ring more than what
         came while the child last slept (that much waits at every look, however fast it writes)."""
         return load_acquire(self._hdr_addr + 8 * _HEAD) - self._tail > self._rcap // 8 + self._slept_bytes
+
+    def release(self) -> None:
+        """Drop this reader's views of the ring (when it ran in the training process, which unmaps it)."""
+        self._hv.release()
+        self._ring = None
+        self._mem = None
 
     def _open_chunk(self) -> None:
         self._close_direct()  # (pending direct writes go to the chunk they were laid out in)
@@ -1052,6 +1132,10 @@ class _ChildWriter(ChunkWriter):
             h[_ERR_LEN] = len(text)
             h[_STATE] = _FAILED
         finally:
+            try:
+                os.write(self._answer, b"\0")  # (a close() waiting for the end wakes at once)
+            except OSError:
+                pass
             if self.exporter is not None:
                 self.exporter.close()
             self._close_direct()
@@ -1194,6 +1278,12 @@ def _child_main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the training process, which closes us
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     cfg = json.loads(sys.argv[1])
+    try:
+        token = os.read(cfg["token"], 1) if "token" in cfg else b"\0"
+    except BlockingIOError:
+        token = b""
+    if token != b"\0":
+        os._exit(0)  # the training process's close() writes the ring itself
     mem = mmap.mmap(cfg["ring"], cfg["size"])
     os.close(cfg["ring"])
     storage = open_storage(cfg["url"])
@@ -1204,4 +1294,5 @@ def _child_main() -> None:
                      max_pending_bytes=cfg["max_pending_bytes"], metadata=cfg["metadata"],
                      tensorboard_dir=cfg.get("tensorboard_dir"))
     w._thread.join()
-    sys.exit(1 if w.error is not None else 0)
+    logging.shutdown()
+    os._exit(1 if w.error is not None else 0)  # (everything is written: no interpreter teardown to wait for)

@@ -270,14 +270,15 @@ def test_forked_copy_of_the_training_process_leaves_the_writer_alone(tmp_path):
 
 
 def test_no_room_for_the_ring_falls_back_to_the_writer_thread(tmp_path, monkeypatch, caplog):
-    """A full /dev/shm (Docker's default is 64 MB) must not kill training with SIGBUS: the ring's pages
-    are reserved up front, and when that fails the hook writes from a thread instead."""
+    """A ring that cannot be made (no memory for it, no file descriptor left) must not stop training: the hook
+    writes from a thread instead. (The ring is a memfd, not a file in /dev/shm, whose size a container may
+    limit: touching its pages cannot meet a full file system.)"""
     import errno
 
-    def full(fd, offset, length):
-        raise OSError(errno.ENOSPC, "No space left on device")
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
 
-    monkeypatch.setattr(os, "posix_fallocate", full)
+    monkeypatch.setattr(os, "memfd_create", full)
     out = str(tmp_path / "run")
     hook = tt.Hook(out, writer="process", save_config=tt.SaveConfig(save_interval=1))
     with caplog.at_level(logging.WARNING, logger="tensortap"):
