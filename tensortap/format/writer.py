@@ -352,17 +352,17 @@ class ChunkWriter:
         self._dat_buf = bytearray()
         self._idx_buf = bytearray()
         self._chunk_started = time.monotonic()
-        self._unpublished: list[tuple[int, bytes, bytes]] = []  # (seq, data, index) awaiting upload
+        self._unpublished: list[tuple[int, bytes, bytes, int]] = []  # (seq, data, index, records) awaiting upload
         self._unpublished_bytes = 0
         self._retry_at = 0.0
         self._retry_delay = 0.5
         self.outage = False  # publishing is failing; new records are dropped once the buffer is full
-        self.lost_records = 0
         self.metadata = dict(metadata or {})
         self.close_timeout = 30.0
         self.dropped_records = 0
         self.written_records = 0  # records taken into a block (in memory or written)
-        self.durable_records = 0  # records in index blocks written (what a reader finds)
+        self.durable_records = 0  # records in index blocks written (what a reader finds; object stores: published)
+        self._sealed_records = 0  # (object stores) records in the chunks sealed so far
         self.full = False  # the storage ran out of space: no more payloads are written
         self.error: BaseException | None = None
 
@@ -1065,7 +1065,8 @@ class ChunkWriter:
                 raise
             self._idx_size = start + len(block)
         self._first_block = False
-        self.durable_records = self.written_records
+        if not self.sealed_mode:
+            self.durable_records = self.written_records
         self._durable_dat = self._dat_size
         if self.exporter is not None:
             self.exporter.flush()
@@ -1096,9 +1097,17 @@ class ChunkWriter:
     def _seal(self) -> None:
         """Close the in-memory chunk and publish it (data object first, then its index)."""
         dat, idx = bytes(self._dat_buf), bytes(self._idx_buf)
-        self._unpublished.append((self._seq, dat, idx))
-        with self._room:
-            self._unpublished_bytes += len(dat) + len(idx)
+        records, self._sealed_records = self.written_records - self._sealed_records, self.written_records
+        if self._unpublished and self._unpublished_bytes + len(dat) + len(idx) > self.max_pending_bytes:
+            # (the store has been down for a while: what waits for it is bounded; this chunk is lost, counted)
+            self.dropped_records += records
+            logger.warning("tensortap: %s is still unreachable and %d bytes wait for it: %d records dropped "
+                           "(dropped_records)", self.storage.url, self._unpublished_bytes, records)
+            records = 0
+        else:
+            self._unpublished.append((self._seq, dat, idx, records))
+            with self._room:
+                self._unpublished_bytes += len(dat) + len(idx)
         self._seq += 1
         self._dat = self._idx = None  # the next record opens a new chunk
         self._dat_buf = bytearray()
@@ -1108,7 +1117,7 @@ class ChunkWriter:
     def _publish_pending(self) -> None:
         """Upload sealed chunks in order; on failure keep them and retry later with backoff."""
         while self._unpublished:
-            seq, dat, idx = self._unpublished[0]
+            seq, dat, idx, records = self._unpublished[0]
             try:
                 if dat:
                     self.storage.write(layout.chunk_key(self.worker, seq, layout.DATA_SUFFIX), dat)
@@ -1122,6 +1131,7 @@ class ChunkWriter:
                 self._retry_delay = min(self._retry_delay * 2, 10.0)
                 return
             self._unpublished.pop(0)
+            self.durable_records += records
             with self._room:
                 self._unpublished_bytes -= len(dat) + len(idx)
                 self._room.notify_all()
@@ -1136,5 +1146,8 @@ class ChunkWriter:
             if self._unpublished:
                 time.sleep(min(self._retry_delay, max(0.0, deadline - time.monotonic())))
         if self._unpublished:
-            logger.error("tensortap: %d chunks could not be written to %s and are lost",
-                         len(self._unpublished), self.storage.url)
+            lost = sum(r for _s, _d, _i, r in self._unpublished)
+            self.dropped_records += lost
+            logger.error("tensortap: %d chunks (%d records) could not be written to %s and are lost (counted in "
+                         "dropped_records)", len(self._unpublished), lost, self.storage.url)
+            self._unpublished.clear()

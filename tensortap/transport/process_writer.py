@@ -252,6 +252,7 @@ class ProcessChunkWriter:
         self._big_sent = 0  # bytes of own-segment messages sent
         self._big_names: deque[tuple[int, str]] = deque()  # (cumulative bytes, name) not yet freed
         self._open: deque[Reservation] = deque()  # reservations not yet committed, in ring order
+        self._lost_keys: set[tuple[int, int, str]] = set()  # (step, mode, name) counted as dropped (see _lose)
         cap = max(_ALIGN * 64, min(int(ring_bytes), int(max_pending_bytes)) // _ALIGN * _ALIGN)
         self._cap = cap
         self._head = 0
@@ -398,7 +399,29 @@ class ProcessChunkWriter:
         if self.dropped_records == 0 and not self._dead:
             logger.warning("tensortap: storage is falling behind (%d bytes pending); dropping records "
                            "(policy %r). Training continues.", self._head - self._h[_TAIL], self.backpressure)
-        self.dropped_records += n
+        self._lose(n)
+
+    # What the hand-off being made holds, for `_lose`: (step, mode, names) of a batch, or its records.
+    _hand: Any = None
+
+    def _lose(self, n: int) -> None:
+        """Count the `n` records of the hand-off being made as dropped, each (step, mode, name) once: a hook whose
+        hand-off is refused may offer the same tensors again another way (a loss on its own after a batch)."""
+        hand = self._hand
+        if hand is None:
+            self.dropped_records += n
+            return
+        if isinstance(hand, tuple):
+            step, mode, names = hand
+            keys = [(step, mode, name) for name in names[:n]]
+        else:
+            keys = [(r.step, r.mode, r.name) for r in hand[:n]]
+        seen = self._lost_keys
+        fresh = [k for k in keys if k not in seen]
+        if len(seen) > 4096:  # (only a step's retries need remembering)
+            seen.clear()
+        seen.update(fresh)
+        self.dropped_records += len(fresh)
 
     def _died(self) -> None:
         """The child is gone: log once, count what it had not written, drop from now on."""
@@ -426,9 +449,10 @@ class ProcessChunkWriter:
     def submit_many(self, records: list[Record] | tuple[Record, ...]) -> int:
         """Hand off several records at once (all or none): how many were accepted."""
         n = len(records)
+        self._hand = records
         if not self._accepting():
             if self._dead:
-                self.dropped_records += n
+                self._lose(n)
             return 0
         metas = []
         arrays = []
@@ -454,9 +478,10 @@ class ProcessChunkWriter:
     def submit_batch(self, batch: RecordBatch) -> int:
         """Hand off a batch of raw tensors (all or none): how many tensors were accepted."""
         n = len(batch.arrays)
+        self._hand = (batch.step, batch.mode, batch.names)
         if not self._accepting():
             if self._dead:
-                self.dropped_records += n
+                self._lose(n)
             return 0
         flat = batch.flat
         if flat is not None and flat.flags.c_contiguous and flat.nbytes == sum(a.nbytes for a in batch.arrays):
@@ -560,6 +585,7 @@ class ProcessChunkWriter:
             layout = self._layouts.get((names, dtype, shapes, reductions))
             if layout is None:
                 layout = self.batch_layout(names, dtype, shapes, reductions)
+        self._hand = (step, mode, names)
         return self._reserve(layout, step, mode, mode_step)
 
     def _reserve(self, layout: tuple, step: int, mode: int, mode_step: int) -> Reservation | bool | None:
@@ -567,7 +593,7 @@ class ProcessChunkWriter:
         if self._closed or self._dead or self._forked or self._error is not None or self._h[_STATE] == _FAILED:
             if not self._accepting():
                 if self._dead:
-                    self.dropped_records += n
+                    self._lose(n)
                 return False
         if need > self._cap // 2:
             return None
@@ -665,7 +691,7 @@ class ProcessChunkWriter:
             if self._dead or self._proc.poll() is not None:
                 self._died()
                 if not control:
-                    self.dropped_records += n_records
+                    self._lose(n_records)
                 return None
             if self.backpressure == "drop" and not control:
                 self._drop(n_records)
@@ -687,7 +713,7 @@ class ProcessChunkWriter:
         while self._big_sent - self._h[_BIG_DONE] + payload_bytes > limit and self._big_sent > self._h[_BIG_DONE]:
             if self._proc.poll() is not None:
                 self._died()
-                self.dropped_records += n_records
+                self._lose(n_records)
                 return False
             if self.backpressure == "drop" or time.monotonic() >= deadline:
                 self._drop(n_records)
@@ -706,7 +732,7 @@ class ProcessChunkWriter:
         self._big_names.append((self._big_sent, seg.name))
         ok = self._send_locked(("big", seg.name, payload_bytes, meta), 0, [], n_records, control=True, hdr=hdr)
         if not ok:
-            self.dropped_records += n_records
+            self._lose(n_records)
         return ok
 
     def mark_step_passed(self, step: int, mode_steps: dict[str, int]) -> None:
