@@ -222,7 +222,9 @@ def _write_all(f: Any, buf: Any) -> None:
 
 #: errors that mean the storage is full: the writer stops writing payloads and counts every record as dropped
 STORAGE_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
-RESERVE_BYTES = 256 << 10  # set aside for the index blocks a writer still writes once the disk is full
+#: set aside for the index blocks a writer still writes once the disk is full (docs/format.md §4): the block of
+#: what fitted (fewer records while it does not fit, their payloads cut off the data file) and the end of the job
+RESERVE_BYTES = 16 << 10
 _MAX_MARKS = 4096  # step marks waiting for their records (older ones are superseded by newer ones)
 
 
@@ -964,38 +966,111 @@ class ChunkWriter:
                 raise
             if not self.full:
                 self._storage_full(e, 0)
+            # The block of what fitted, in the space set aside; while it does not fit, it keeps fewer records (their
+            # payloads cut off the data file), down to the marks and the end alone.
+            while True:
                 try:
-                    self._write_block_now(end)  # (the marks and the end, in the space set aside)
+                    self._write_block_now(end)
+                    break
                 except OSError as e2:
                     if not storage_full(e2):
                         raise
+                    if self._shed(keep_fraction=0.5):
+                        continue
+                    if self._collections is not None:  # (the end before a late change of the collections)
+                        self._collections = None
+                        continue
+                    break
             for ev in self._flush_events:
                 ev.set()
             self._flush_events.clear()
 
     def _storage_full(self, e: OSError, failed: int) -> None:
-        """The storage is full: forget the block being built (its payloads are cut off the data file), free the
-        space set aside, and from now on count every record as dropped. `failed`: records of the hand-off
-        being encoded when it happened (not yet counted as written)."""
-        lost = self.written_records - self.durable_records + failed
-        self.written_records = self.durable_records
-        self.dropped_records += lost
+        """The storage is full: free the space set aside, keep the records of the block being built whose payloads
+        are all in the data file (the rest is cut off it), and from now on count every record as dropped.
+        `failed`: records of the hand-off being encoded when it happened (not yet counted as written)."""
         self.full = True
-        self._forget_block()
-        if not self.sealed_mode and self._dat is not None:
-            try:
-                self._truncate_data(self._durable_dat)
-            except OSError:
-                pass
-        self._dat_size = self._durable_dat
         try:
             self.storage.delete(layout.reserve_key(self.worker))
         except OSError:
             pass
-        logger.warning("tensortap: no space left for the data of %s in %s (%s): %d records not yet indexed are "
+        kept = self._keep_fitted()
+        lost = self.written_records - self.durable_records + failed - kept
+        self.written_records = self.durable_records + kept
+        self.dropped_records += lost
+        logger.warning("tensortap: no space left for the data of %s in %s (%s): %d records that did not fit are "
                        "dropped, and every later one is dropped and counted (dropped_records). What was saved "
                        "before stays readable. Training continues.", self.worker, self.storage.url,
                        os.strerror(e.errno or errno.ENOSPC), lost)
+
+    def _block_entries(self) -> np.ndarray:
+        """The entries of the block being built, in order, as one array (which then stands for them)."""
+        if self._rows:
+            self._row_parts.append(np.array(self._rows, dtype=codec.DISK_ENTRY_DTYPE))
+            self._rows.clear()
+        parts = self._row_parts
+        if not parts:
+            rows = np.empty(0, dtype=codec.DISK_ENTRY_DTYPE)
+        elif len(parts) == 1:
+            rows = parts[0]
+        else:
+            rows = np.frombuffer(b"".join([p.tobytes() for p in parts]), dtype=codec.DISK_ENTRY_DTYPE)
+        self._row_parts = [rows] if len(rows) else []
+        return rows
+
+    def _keep_fitted(self) -> int:
+        """Keep the block's records whose payloads all reached the data file (entries of a record go or stay
+        together); cut the data file after the last of them. How many records stay."""
+        if self.sealed_mode or self._dat is None:
+            self._forget_block()
+            return 0
+        self._discard_unwritten()
+        try:
+            on_disk = os.fstat(self._dat.fileno()).st_size
+        except (AttributeError, OSError, ValueError):
+            on_disk = self._durable_dat
+        rows = self._block_entries()
+        keys = rows[["name", "mode", "step"]]
+        inline = (rows["flags"] & codec.FLAG_INLINE) != 0
+        fits = inline | (rows["offset"] + rows["length"] <= on_disk)
+        keep = ~np.isin(keys, np.unique(keys[~fits])) if not fits.all() else fits
+        return self._keep_rows(rows, keep)
+
+    def _shed(self, keep_fraction: float) -> bool:
+        """Keep only the first `keep_fraction` of the block's records (the others dropped and counted): room for
+        its index block. False when it holds none."""
+        rows = self._block_entries()
+        if not len(rows):
+            return False
+        keys = rows[["name", "mode", "step"]]
+        _u, first = np.unique(keys, return_index=True)
+        order = np.sort(first)
+        stay = keys[order[:int(len(order) * keep_fraction)]]
+        before = len(order)
+        kept = self._keep_rows(rows, np.isin(keys, stay))
+        self.written_records -= before - kept
+        self.dropped_records += before - kept
+        if not kept:
+            self._forget_block()  # (its tables too: the header of the marks and the end alone)
+        return True
+
+    def _keep_rows(self, rows: np.ndarray, keep: np.ndarray) -> int:
+        """Make `rows[keep]` the block's entries, the data file cut after their payloads; how many records they
+        hold."""
+        rows = rows[keep]
+        self._row_parts = [rows] if len(rows) else []
+        outline = rows[(rows["flags"] & codec.FLAG_INLINE) == 0]
+        end = max(int((outline["offset"] + outline["length"]).max()) if len(outline) else 0, self._durable_dat)
+        try:
+            self._truncate_data(end)
+        except OSError:
+            pass
+        self._dat_size = end
+        return len(np.unique(rows[["name", "mode", "step"]])) if len(rows) else 0
+
+    def _discard_unwritten(self) -> None:
+        """Forget payload bytes gathered and not written yet (the disk is full: they did not fit)."""
+        self._pend = bytearray()
 
     def _forget_block(self) -> None:
         self._rows.clear()
@@ -1039,15 +1114,7 @@ class ChunkWriter:
             header["collections"] = self._collections
         if end:
             header["end"] = True
-        if self._rows:
-            self._row_parts.append(np.array(self._rows, dtype=codec.DISK_ENTRY_DTYPE))
-        parts = self._row_parts
-        if not parts:
-            entries = np.empty(0, dtype=codec.DISK_ENTRY_DTYPE)
-        elif len(parts) == 1:
-            entries = parts[0]
-        else:  # (np.concatenate of structured arrays is slow: join their bytes)
-            entries = np.frombuffer(b"".join([p.tobytes() for p in parts]), dtype=codec.DISK_ENTRY_DTYPE)
+        entries = self._block_entries()  # (np.concatenate of structured arrays is slow: it joins their bytes)
         # Payloads first (most are written already), then the index block that points at them.
         block = codec.encode_block(header, entries)
         if self.sealed_mode:

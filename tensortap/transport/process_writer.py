@@ -1048,6 +1048,11 @@ class _ChildWriter(ChunkWriter):
             self._storage_full(e, 0)
         self._publish_done()
 
+    def _discard_unwritten(self) -> None:
+        super()._discard_unwritten()
+        self._dio = []
+        self._dio_bytes = 0
+
     def _forget_block(self) -> None:
         super()._forget_block()
         self._dio = []
