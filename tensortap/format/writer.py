@@ -539,8 +539,30 @@ class ChunkWriter:
         record submitted before it is written.
         """
         self._marks.append((self._submitted, {"step": step, "mode_steps": mode_steps}))
-        if time.monotonic() >= self._start_by:
+        if self._prompt_done < self._prompt_seq:
+            self._await_prompt()  # (the step before this one handed something over: it is readable when this ends)
+        if self._submitted != self._prompt_submitted and not self._closed:
+            # The step handed something over: readable by the time the next step ends (docs/format.md §7).
+            self._prompt_submitted = self._submitted
+            self._prompt_seq += 1
             self._start()
+            self._kick.set()
+        elif time.monotonic() >= self._start_by:
+            self._start()
+
+    _prompt_submitted = 0  # hand-offs before the newest step mark that asked for an index block
+    _prompt_seq = 0  # step marks that asked for one
+    _prompt_done = 0  # ... made readable by the writer thread
+
+    def _await_prompt(self) -> None:
+        """Wait (a flush interval at most) until the writer thread has made the last prompted step readable."""
+        deadline = time.monotonic() + self.flush_interval
+        with self._room:
+            while self._prompt_done < self._prompt_seq and self.error is None and self._thread.is_alive():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._room.wait(left)
 
     def set_collections(self, collections_json: dict[str, Any]) -> None:
         self._queue.put(("collections", collections_json))
@@ -614,7 +636,15 @@ class ChunkWriter:
                         self._flush_events.append(arg)
                         self._write_block()
                         last_flush = time.monotonic()
-                if time.monotonic() - last_flush >= self.flush_interval or self._block_bytes > _BLOCK_BYTES:
+                prompt = self._prompt_seq
+                if prompt != self._prompt_done and self._queue.empty():
+                    # (a step mark asks for its records to be readable: every hand-off before it is encoded)
+                    self._write_block()
+                    last_flush = time.monotonic()
+                    with self._room:
+                        self._prompt_done = prompt
+                        self._room.notify_all()
+                elif time.monotonic() - last_flush >= self.flush_interval or self._block_bytes > _BLOCK_BYTES:
                     self._write_block()
                     last_flush = time.monotonic()
                 if self._unpublished and time.monotonic() >= self._retry_at:

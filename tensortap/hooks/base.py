@@ -350,6 +350,10 @@ class Hook:
         atexit.register(_close_at_exit, weakref.ref(self))
         # The writer (a thread or a process) starts at the first hand-off: a hook that never saves starts neither,
         # and its close() writes the end of the job itself.
+        if self.active and not self.dry_run:
+            from tensortap.format import live
+
+            live.register(self.out_dir, self._settle)  # (a trial made in this process reads what was handed over)
 
     # --- construction helpers ---------------------------------------------------------------
 
@@ -999,6 +1003,15 @@ class Hook:
                     self._writer.set_collections(self.collection_manager.to_json_dict())
                     self._collections_dirty = False
                 self._writer.flush(timeout)
+
+    def _settle(self) -> None:
+        """A reader in this process (on the training thread) is about to read out_dir: the current step ends and
+        everything handed over so far is written, as at the end of training."""
+        if self._writer is None or self._closed or not self.active:
+            return
+        with self.guard("end of training"):
+            self.end_step()
+            self.flush()
 
     def close(self) -> None:
         """End the step, flush, and mark this worker's job as ended."""

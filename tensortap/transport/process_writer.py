@@ -66,7 +66,8 @@ _ERR_LEN = 15
 _URGENT = 16  # control messages sent: the child processes everything published before one at once
 _DURABLE = 17  # records in index blocks the child has written (what readers find)
 _DROPPED = 18  # records the child dropped (its storage is full)
-_SLOTS = 19
+_PROMPTED = 19  # the newest step mark the child has adopted and made readable (an index block written)
+_SLOTS = 20
 _ERR_AT = 256  # error text of a failed child
 _ERR_MAX = 3840
 _HDR = 4096  # the ring starts here
@@ -295,6 +296,7 @@ class ProcessChunkWriter:
         os.close(twfd)
         os.set_blocking(self._token, False)
         self._storage = storage
+        self._flush_interval = flush_interval
         self._opts = dict(num_workers=num_workers, flush_interval=flush_interval, chunk_bytes=chunk_bytes,
                           max_pending_bytes=max_pending_bytes, metadata=metadata or {},
                           tensorboard_dir=tensorboard_dir)
@@ -746,6 +748,24 @@ class ProcessChunkWriter:
             return
         put_mark(self._hdr_addr + 8 * _MARK_SEQ, self._mark_seq, self._sent, step, train, eval_, predict, global_)
         self._mark_seq += 2
+        if self._h[_PROMPTED] < self._prompt_mark:
+            self._await_prompt()  # (the step before this one handed something over: it is readable when this ends)
+        if self._sent != self._prompt_sent:
+            # The step handed something over: readable by the time the next step ends (docs/format.md §7).
+            self._prompt_sent, self._prompt_mark = self._sent, self._mark_seq
+            self._ring_bell(self._head)
+
+    _prompt_sent = 0  # messages sent before the newest step mark that asked for an index block
+    _prompt_mark = 0  # ... and that mark's number (what _PROMPTED reaches once it is readable)
+
+    def _await_prompt(self) -> None:
+        """Wait (a flush interval at most) until the child has made the last prompted step readable. Not while the
+        child is starting: the training thread never waits for that; those steps are readable once it runs."""
+        deadline = time.monotonic() + self._flush_interval
+        while self._h[_PROMPTED] < self._prompt_mark and self._h[_STATE] == _RUNNING and not self._dead:
+            if time.monotonic() >= deadline or self._proc.poll() is not None:
+                return
+            self._await_answer(deadline)
 
     def set_collections(self, collections_json: dict[str, Any]) -> None:
         if self._accepting():
@@ -1136,6 +1156,14 @@ class _ChildWriter(ChunkWriter):
                     except OSError:  # full (nobody waits) or closed (the parent is gone)
                         pass
                 self._take_mark()
+                if self._adopted > h[_PROMPTED]:  # a step mark the training process waits for: readable now
+                    self._write_block()
+                    last_flush = time.monotonic()
+                    h[_PROMPTED] = self._adopted
+                    try:
+                        os.write(self._answer, b"\0")
+                    except OSError:
+                        pass
                 if self._stop:
                     self._write_block(end=True)
                     self._drain_unpublished(deadline=time.monotonic() + self.close_timeout)
@@ -1179,6 +1207,7 @@ class _ChildWriter(ChunkWriter):
 
     _flush_events_done = 0
     _urgent_seen = 0
+    _adopted = 0  # the newest step mark adopted
 
     def _target(self) -> int:
         """Ring position to handle messages up to: everything published. (Handling it at each look rather
@@ -1204,7 +1233,7 @@ class _ChildWriter(ChunkWriter):
         while seen and seen[0][1] <= self._done_msgs:
             best = seen.popleft()
         if best is not None:
-            _seq, _msgs, step, *modes = best
+            self._adopted, _msgs, step, *modes = best
             self._marks.append((self._encoded, {"step": step, "mode_steps": {
                 n: v for n, v in zip(_MODE_NAMES, modes, strict=True) if v >= 0}}))
 
