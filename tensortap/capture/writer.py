@@ -55,6 +55,9 @@ class Writer(Protocol):
 
     dropped_records: int  # records handed over and not saved (counted, reported once)
     error: BaseException | None  # the writer failed: no more data is saved
+    #: a step mark with records handed over since the last makes them readable at once, and the next mark waits
+    #: for that (docs/format.md §7); False when the caller closes the writer next
+    prompt_marks: bool
 
     @property
     def written_records(self) -> int: ...

@@ -7,6 +7,7 @@ drops; "drop" drops at once. Drops are counted (`dropped_records`) and warned ab
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
@@ -135,11 +136,9 @@ class HostReservation:
         self._done = False
 
     def copy_in(self, sources: list[tuple[int, int]], at: int = 0) -> None:
-        from tensortap.transport.copy import gather_into
-
         if at + sum(n for _a, n in sources) > self.nbytes:
             raise ValueError("copy_in: the sources do not fit the reservation")
-        gather_into(self._flat.ctypes.data + at, sources)
+        self._writer.gather(self._flat.ctypes.data + at, sources)
 
     def shrink(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...]) -> None:
         count = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
@@ -165,6 +164,16 @@ class HostReservation:
 
     def cancel(self) -> None:
         self._done = True
+
+
+def memmove_gather(address: int, sources: list[tuple[int, int]]) -> int:
+    """Copy each (source address, byte count) back to back to `address`; the bytes copied. (A writer's default
+    `gather`: the hooks give it tensortap.transport.copy's, with streaming stores where built.)"""
+    total = 0
+    for src, n in sources:
+        ctypes.memmove(address + total, src, n)
+        total += n
+    return total
 
 
 def compute_reduction(arr: np.ndarray, name: str, abs_: bool) -> np.ndarray:
@@ -316,26 +325,30 @@ class ChunkWriter:
         seal_interval: float = 2.0,
         sealed_chunk_bytes: int = 32 << 20,
         metadata: dict[str, Any] | None = None,
-        tensorboard_dir: str | None = None,
+        exporter: Any = None,
         first_seq: int | None = None,
         start_after: float = 0.0,
+        gather: Any = None,
     ):
         """`first_seq`: the first free chunk number when the caller knows it (else the writer thread lists the
         worker's folder). `start_after`: the writer thread starts at the first hand-off or step mark at least
         this many seconds after the writer was made (or at a flush, a drain, or a backlog of `_KICK_BYTES`);
         until then hand-offs wait in the queue, and a writer closed before its thread started writes on the
-        closing thread (docs/format.md §7). 0: the thread starts at once."""
+        closing thread (docs/format.md §7). 0: the thread starts at once. `exporter`: a sink given every record
+        written (below). `gather`: the copy a reservation's `copy_in` uses (default: `memmove_gather`)."""
         if backpressure not in ("block", "drop"):
             raise ValueError(f"backpressure must be 'block' or 'drop', not {backpressure!r}")
         if isinstance(start_after, bool) or not isinstance(start_after, int | float) or not start_after >= 0:
             raise ValueError(f"start_after must be a number of seconds >= 0, not {start_after!r}")
-        #: TensorBoard export of every record this writer persists, off the training thread (docs/tensorboard.md)
-        self.exporter = None
-        if tensorboard_dir:
-            from tensortap.tensorboard.export import EventExporter
-
-            self.exporter = EventExporter(tensorboard_dir, worker)
-            self.exporter.behind = self._behind  # histograms wait while the queue has a backlog
+        #: a sink the caller attaches (the TensorBoard export, tensortap.tensorboard.export.EventExporter) that
+        #: gets every record this writer persists, off the training thread: add(name, step, mode, mode_step,
+        #: value, reductions), set_collections(json), flush() at each index block, close(); its `behind` is set to
+        #: a function telling whether this writer has a backlog (histograms wait then)
+        self.exporter = exporter
+        if exporter is not None:
+            exporter.behind = self._behind
+        #: gather(address, sources): copies a reservation's sources in (see HostReservation.copy_in)
+        self.gather = gather or memmove_gather
         self.storage = storage
         self.worker = worker
         self.num_workers = num_workers
@@ -541,7 +554,7 @@ class ChunkWriter:
         self._marks.append((self._submitted, {"step": step, "mode_steps": mode_steps}))
         if self._prompt_done < self._prompt_seq:
             self._await_prompt()  # (the step before this one handed something over: it is readable when this ends)
-        if self._submitted != self._prompt_submitted and not self._closed:
+        if self._submitted != self._prompt_submitted and self.prompt_marks and not self._closed:
             # The step handed something over: readable by the time the next step ends (docs/format.md §7).
             self._prompt_submitted = self._submitted
             self._prompt_seq += 1
@@ -550,6 +563,9 @@ class ChunkWriter:
         elif time.monotonic() >= self._start_by:
             self._start()
 
+    #: a step mark with records handed over since the last asks for an index block at once (False: the caller
+    #: closes the writer next, which writes everything)
+    prompt_marks = True
     _prompt_submitted = 0  # hand-offs before the newest step mark that asked for an index block
     _prompt_seq = 0  # step marks that asked for one
     _prompt_done = 0  # ... made readable by the writer thread
@@ -570,6 +586,7 @@ class ChunkWriter:
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Write out everything handed off so far; True when done within `timeout`."""
         ev = threading.Event()
+        self._prompt_submitted = self._submitted  # (what was handed over is readable: the next mark asks for none)
         self._queue.put(("flush", ev))
         self._start()
         self._kick.set()

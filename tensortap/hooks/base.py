@@ -757,9 +757,17 @@ class Hook:
                                    "instead", e)
                     self.writer_kind = "thread"
             if self._writer is None:
+                from tensortap.transport.copy import gather_into
+
                 start_after = self._writer_opts["flush_interval"] if self._late_writer_thread else 0.0
+                tb_dir = kw.pop("tensorboard_dir")
+                exporter = None
+                if tb_dir:
+                    from tensortap.tensorboard.export import EventExporter
+
+                    exporter = EventExporter(tb_dir, self.worker)
                 self._writer = ChunkWriter(self._storage, self.worker, first_seq=self._first_seq,
-                                           start_after=start_after, **kw)
+                                           start_after=start_after, exporter=exporter, gather=gather_into, **kw)
         return self._writer
 
     def _end_writer(self) -> ChunkWriter:
@@ -1004,13 +1012,19 @@ class Hook:
                     self._collections_dirty = False
                 self._writer.flush(timeout)
 
+    #: a hook whose steps end implicitly (at the next forward pass: PyTorch, MXNet) ends its current step when a
+    #: reader in the training thread asks (`create_trial` after a training loop); one driven by next_step() and
+    #: end_step() leaves its steps to the caller
+    _settle_ends_step = False
+
     def _settle(self) -> None:
-        """A reader in this process (on the training thread) is about to read out_dir: the current step ends and
-        everything handed over so far is written, as at the end of training."""
+        """A reader in this process (on the training thread) is about to read out_dir: everything handed over so
+        far is written (the current step ended first where steps end implicitly), as at the end of training."""
         if self._writer is None or self._closed or not self.active:
             return
         with self.guard("end of training"):
-            self.end_step()
+            if self._settle_ends_step:
+                self.end_step()
             self.flush()
 
     def close(self) -> None:
@@ -1018,6 +1032,8 @@ class Hook:
         if self._closed:
             return
         with self.guard("close"):
+            if self._writer is not None:
+                self._writer.prompt_marks = False  # (the close writes the last step with the end of the job)
             self.end_step()
             self.on_close()
             self.release_step_marks()

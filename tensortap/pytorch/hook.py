@@ -146,6 +146,9 @@ class _Plan:
 class Hook(BaseHook):
     """Captures a PyTorch training job; `register_module(model)` and `register_loss(loss_fn)` hook it up."""
 
+    #: a step ends at the next forward pass: `create_trial` in the training thread after the loop ends it (issue #35)
+    _settle_ends_step = True
+
     builtin_collections = (
         K.ALL, K.DEFAULT, K.SCALARS, K.WEIGHTS, K.BIASES, K.GRADIENTS, K.LOSSES, K.INPUTS, K.OUTPUTS,
         K.OPTIMIZER_VARIABLES, *(c for pair in ACTIVATION_COLLECTIONS.values() for c in pair),

@@ -67,7 +67,8 @@ _URGENT = 16  # control messages sent: the child processes everything published 
 _DURABLE = 17  # records in index blocks the child has written (what readers find)
 _DROPPED = 18  # records the child dropped (its storage is full)
 _PROMPTED = 19  # the newest step mark the child has adopted and made readable (an index block written)
-_SLOTS = 20
+_ASKED = 20  # the newest step mark the training process asked to be made readable at once
+_SLOTS = 21
 _ERR_AT = 256  # error text of a failed child
 _ERR_MAX = 3840
 _HDR = 4096  # the ring starts here
@@ -175,6 +176,7 @@ class Reservation:
 
 
 _new_reservation = object.__new__
+_RECORDS = object()  # (see ProcessChunkWriter._hand)
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # writers of this process
 
@@ -403,26 +405,30 @@ class ProcessChunkWriter:
                            "(policy %r). Training continues.", self._head - self._h[_TAIL], self.backpressure)
         self._lose(n)
 
-    # What the hand-off being made holds, for `_lose`: (step, mode, names) of a batch, or its records.
+    # What the hand-off being made holds, for `_lose`: (step, mode, names) of a batch, or _RECORDS (the records
+    # in `_hand_records`).
     _hand: Any = None
+    _hand_records: Any = ()
 
     def _lose(self, n: int) -> None:
-        """Count the `n` records of the hand-off being made as dropped, each (step, mode, name) once: a hook whose
-        hand-off is refused may offer the same tensors again another way (a loss on its own after a batch)."""
+        """Count the `n` records of the hand-off being made as dropped. A refused reservation may be offered again
+        another way (a hook then hands the same step's tensors over in smaller batches): its (step, mode, name)s
+        are remembered, and a later refusal counts none of them again."""
         hand = self._hand
         if hand is None:
             self.dropped_records += n
             return
-        if isinstance(hand, tuple):
-            step, mode, names = hand
-            keys = [(step, mode, name) for name in names[:n]]
+        if hand is _RECORDS:
+            keys = [(r.step, r.mode, r.name) for r in self._hand_records[:n]]
         else:
-            keys = [(r.step, r.mode, r.name) for r in hand[:n]]
+            step, mode, names = hand[:3]
+            keys = [(step, mode, name) for name in names[:n]]
         seen = self._lost_keys
         fresh = [k for k in keys if k not in seen]
-        if len(seen) > 4096:  # (only a step's retries need remembering)
-            seen.clear()
-        seen.update(fresh)
+        if len(hand) == 4:  # (a reservation)
+            if len(seen) > 4096:  # (only a step's offers need remembering)
+                seen.clear()
+            seen.update(fresh)
         self.dropped_records += len(fresh)
 
     def _died(self) -> None:
@@ -451,7 +457,7 @@ class ProcessChunkWriter:
     def submit_many(self, records: list[Record] | tuple[Record, ...]) -> int:
         """Hand off several records at once (all or none): how many were accepted."""
         n = len(records)
-        self._hand = records
+        self._hand, self._hand_records = _RECORDS, records
         if not self._accepting():
             if self._dead:
                 self._lose(n)
@@ -471,7 +477,9 @@ class ProcessChunkWriter:
                     for k, rv in r.reduction_values.items() for a in (codec.as_storable(rv),)]
             metas.append((r.name, r.step, r.mode, r.mode_step, vd, r.save_raw, r.reductions, reds, r.save_shape,
                           r.shape))
-        return n if self._send(("records", metas), off, arrays, n) else 0
+        ok = self._send(("records", metas), off, arrays, n)
+        self._hand_records = ()
+        return n if ok else 0
 
     def submit_scalars(self, rows: ScalarRows) -> int:
         """Hand off float scalars of several steps (all or none): how many were accepted."""
@@ -587,7 +595,7 @@ class ProcessChunkWriter:
             layout = self._layouts.get((names, dtype, shapes, reductions))
             if layout is None:
                 layout = self.batch_layout(names, dtype, shapes, reductions)
-        self._hand = (step, mode, names)
+        self._hand = (step, mode, names, True)
         return self._reserve(layout, step, mode, mode_step)
 
     def _reserve(self, layout: tuple, step: int, mode: int, mode_step: int) -> Reservation | bool | None:
@@ -750,12 +758,16 @@ class ProcessChunkWriter:
         self._mark_seq += 2
         if self._h[_PROMPTED] < self._prompt_mark:
             self._await_prompt()  # (the step before this one handed something over: it is readable when this ends)
-        if self._sent != self._prompt_sent:
+        if self._accepted != self._prompt_accepted and self.prompt_marks:
             # The step handed something over: readable by the time the next step ends (docs/format.md §7).
-            self._prompt_sent, self._prompt_mark = self._sent, self._mark_seq
+            self._prompt_accepted, self._prompt_mark = self._accepted, self._mark_seq
+            self._h[_ASKED] = self._mark_seq
             self._ring_bell(self._head)
 
-    _prompt_sent = 0  # messages sent before the newest step mark that asked for an index block
+    #: a step mark with records handed over since the last asks for an index block at once (False: the caller
+    #: closes the writer next, which writes everything)
+    prompt_marks = True
+    _prompt_accepted = 0  # records accepted before the newest step mark that asked for an index block
     _prompt_mark = 0  # ... and that mark's number (what _PROMPTED reaches once it is readable)
 
     def _await_prompt(self) -> None:
@@ -779,6 +791,7 @@ class ProcessChunkWriter:
         seq = self._flush_seq
         if not self._send(("flush", seq), 0, [], 0, control=True):
             return False
+        self._prompt_accepted = self._accepted  # (what was handed over is readable: the next mark asks for none)
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._h[_FLUSHED] < seq:
             if self._h[_STATE] in (_FAILED, _ENDED) or self._proc.poll() is not None:
@@ -957,7 +970,8 @@ def _open_segment(name: str, size: int) -> Any:
 class _ChildWriter(ChunkWriter):
     """A ChunkWriter whose writer thread reads messages from the shared ring instead of a queue."""
 
-    def __init__(self, storage: Storage, worker: str, mem: Any, bell: int, answer: int = -1, **kw: Any):
+    def __init__(self, storage: Storage, worker: str, mem: Any, bell: int, answer: int = -1,
+                 tensorboard_dir: str | None = None, **kw: Any):
         self._mem = mem
         self._hv = memoryview(mem)[:_SLOTS * 8].cast("q")
         self._ring = np.frombuffer(mem, dtype=np.uint8, offset=_HDR)
@@ -981,7 +995,12 @@ class _ChildWriter(ChunkWriter):
         self._dio_off = 0
         self._dio_bytes = 0
         self._slept_bytes = 0  # bytes published while the child last slept (0: it found more without sleeping)
-        super().__init__(storage, worker, **kw)
+        exporter = None
+        if tensorboard_dir:  # (the TensorBoard export, attached to the writer as its sink)
+            from tensortap.tensorboard.export import EventExporter
+
+            exporter = EventExporter(tensorboard_dir, worker)
+        super().__init__(storage, worker, exporter=exporter, **kw)
 
     # Payload runs of at least this many bytes that start on a page of the ring are written with
     # O_DIRECT: the disk reads them from the ring, so the child neither copies them into the page cache
@@ -1156,7 +1175,8 @@ class _ChildWriter(ChunkWriter):
                     except OSError:  # full (nobody waits) or closed (the parent is gone)
                         pass
                 self._take_mark()
-                if self._adopted > h[_PROMPTED]:  # a step mark the training process waits for: readable now
+                if self._adopted > h[_PROMPTED] and h[_ASKED] > h[_PROMPTED]:
+                    # (a step mark at or past the one the training process asked for: readable now)
                     self._write_block()
                     last_flush = time.monotonic()
                     h[_PROMPTED] = self._adopted
