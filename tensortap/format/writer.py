@@ -1006,6 +1006,12 @@ class ChunkWriter:
         return reductions
 
     def _write_block(self, end: bool = False) -> None:
+        if self.full and not end and not self._rows and not self._row_parts:
+            # (the disk is full: the room left is for the end of the job; step marks wait for it)
+            for ev in self._flush_events:
+                ev.set()
+            self._flush_events.clear()
+            return
         try:
             self._write_block_now(end)
         except OSError as e:

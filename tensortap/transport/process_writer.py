@@ -418,14 +418,16 @@ class ProcessChunkWriter:
         if hand is None:
             self.dropped_records += n
             return
+        reserving = False
         if hand is _RECORDS:
             keys = [(r.step, r.mode, r.name) for r in self._hand_records[:n]]
         else:
             step, mode, names = hand[:3]
             keys = [(step, mode, name) for name in names[:n]]
+            reserving = len(hand) == 4
         seen = self._lost_keys
         fresh = [k for k in keys if k not in seen]
-        if len(hand) == 4:  # (a reservation)
+        if reserving:
             if len(seen) > 4096:  # (only a step's offers need remembering)
                 seen.clear()
             seen.update(fresh)
