@@ -334,9 +334,18 @@ class ProcessChunkWriter:
             try:
                 import ctypes
 
-                libc = ctypes.CDLL(None, use_errno=True)
-                if libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(size), _MADV_POPULATE_WRITE) == 0:
+                madvise = ctypes.CDLL(None, use_errno=True).madvise
+                # 1 MB at a time: the call holds the process's memory-map lock, which the training thread's own
+                # allocations (and thread starts) may need meanwhile
+                step = 1 << 20
+                for at in range(0, size, step):
+                    if madvise(ctypes.c_void_p(addr + at), ctypes.c_size_t(min(step, size - at)),
+                               _MADV_POPULATE_WRITE) != 0:
+                        break
+                else:
                     return
+                if at:
+                    return  # (the ring was released meanwhile)
             except (AttributeError, OSError):  # not Linux
                 pass
             u8 = self._u8  # kernel < 5.14: touch each page
@@ -859,8 +868,10 @@ class ProcessChunkWriter:
         self._proc.kill()
         rfd, wfd = os.pipe()
         try:
-            reader = _ChildWriter(self._storage, self.worker, self._mm, rfd, -1, **self._opts)
-            reader._thread.join()
+            # (a writer thread that is never started: its loop runs here, up to the stop message)
+            reader = _ChildWriter(self._storage, self.worker, self._mm, rfd, -1, start_after=3600.0, **self._opts)
+            reader._start_by = float("inf")
+            reader._run()
             reader.release()
         finally:
             os.close(rfd)
@@ -882,9 +893,21 @@ class ProcessChunkWriter:
         self._ring_mv.release()
         self._mem.release()
         self._h = _Closed()
-        mm, fd = self._mm, self._ring_fd
+        mm, fd, proc, addr, size = self._mm, self._ring_fd, self._proc, self._hdr_addr, _HDR + self._cap
+        prefaulting = self._prefaulting
 
         def release() -> None:
+            # Once the child has gone (it no longer reads the ring): drop this mapping's pages and free the
+            # file's, without the GIL (mmap.close() holds it while it unmaps ~30 ms of populated pages).
+            try:
+                proc.wait(60)
+                prefaulting.join()
+                import ctypes
+
+                ctypes.CDLL(None, use_errno=True).madvise(ctypes.c_void_p(addr), ctypes.c_size_t(size), 4)
+                os.ftruncate(fd, 0)  # (MADV_DONTNEED above, then the file's pages go)
+            except Exception:  # noqa: BLE001 - not Linux, or the child did not end: unmapped as it is
+                pass
             try:
                 mm.close()
             except BufferError:
@@ -895,7 +918,8 @@ class ProcessChunkWriter:
             except OSError:
                 pass
 
-        # Unmapping 64 MB and freeing it takes ~30 ms on a loaded machine: not on the closing thread.
+        # Unmapping 64 MB and freeing it takes ~30 ms on a loaded machine: not on the closing thread, and not
+        # holding the GIL.
         threading.Thread(target=release, name="tensortap-ring-release", daemon=True).start()
 
     def __del__(self) -> None:
