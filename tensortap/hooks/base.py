@@ -276,6 +276,10 @@ class Hook:
         self.tensorboard_dir = tensorboard_dir
         #: where the writer exports TensorBoard event files (docs/tensorboard.md); None: no export
         self._tb_dir = _tensorboard_dir(self.out_dir, export_tensorboard, tensorboard_dir)
+        if self._tb_dir:  # (the export starts with the writer, at the first hand-off: a bad budget is refused now)
+            from tensortap.tensorboard.export import histogram_budget_from_env
+
+            histogram_budget_from_env()
 
         self.collection_manager = CollectionManager()
         for name in self.builtin_collections:
