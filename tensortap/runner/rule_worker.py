@@ -91,6 +91,7 @@ def run(job: dict[str, Any]) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
+    rule: Any = None
     publish(force=True)
     try:
         trial = create_trial(out_dir)
@@ -132,7 +133,10 @@ def run(job: dict[str, Any]) -> int:
         publish(force=True, status=st.ISSUES_FOUND, first_step=e.step, last_step=e.step, message=msg, report=report)
         return 1
     except KeyboardInterrupt:
-        publish(force=True, status=st.STOPPED, message="stopped before the job ended")
+        judged = {}
+        if rule is not None:  # what it had judged when stopped
+            judged = {"report": rule.report.to_dict()}
+        publish(force=True, status=st.STOPPED, message="stopped before the job ended", **judged)
         return 2
     except Exception as e:  # noqa: BLE001 - any failure of the rule is its status, not a crash of the run
         publish(force=True, status=st.ERROR, message=f"{type(e).__name__}: {e}",

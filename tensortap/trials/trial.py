@@ -467,8 +467,8 @@ class Trial:
                 rows["value"].append(compute_reduction(value, red, False).item())
 
     def _repr_html_(self) -> str:
-        """Jupyter's rich display: a short HTML summary (tensortap.ui.summary)."""
-        from tensortap.ui.summary import trial_html
+        """Jupyter's rich display: a short HTML summary (tensortap.trials.summary)."""
+        from tensortap.trials.summary import trial_html
 
         return trial_html(self)
 
