@@ -235,6 +235,10 @@ STORAGE_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 #: what fitted (fewer records while it does not fit, their payloads cut off the data file) and the end of the job
 RESERVE_BYTES = 16 << 10
 _MAX_MARKS = 4096  # step marks waiting for their records (older ones are superseded by newer ones)
+#: a step mark asks for an index block at once (and the next one waits for it) at most once per this share of the
+#: flush interval (50 ms by default): on the MLP of bench/pytorch_overhead.py (1 ms steps) a block and a wake-up of
+#: the writer at every step cost the training thread +214 to +295 us a step (docs/format.md §7, bench/RESULTS.md)
+PROMPT_GAP = 0.1
 
 
 def storage_full(e: BaseException) -> bool:
@@ -554,8 +558,10 @@ class ChunkWriter:
         self._marks.append((self._submitted, {"step": step, "mode_steps": mode_steps}))
         if self._prompt_done < self._prompt_seq:
             self._await_prompt()  # (the step before this one handed something over: it is readable when this ends)
-        if self._submitted != self._prompt_submitted and self.prompt_marks and not self._closed:
+        if self._submitted != self._prompt_submitted and self.prompt_marks and not self._closed and (
+                time.monotonic() - self._prompt_time >= self.flush_interval * PROMPT_GAP):
             # The step handed something over: readable by the time the next step ends (docs/format.md §7).
+            self._prompt_time = time.monotonic()
             self._prompt_submitted = self._submitted
             self._prompt_seq += 1
             self._start()
@@ -566,6 +572,7 @@ class ChunkWriter:
     #: a step mark with records handed over since the last asks for an index block at once (False: the caller
     #: closes the writer next, which writes everything)
     prompt_marks = True
+    _prompt_time = 0.0  # time.monotonic() of the last step mark that asked for an index block
     _prompt_submitted = 0  # hand-offs before the newest step mark that asked for an index block
     _prompt_seq = 0  # step marks that asked for one
     _prompt_done = 0  # ... made readable by the writer thread

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from tensortap.format import codec
-from tensortap.format.writer import ChunkWriter, Record, RecordBatch, ScalarRows, storage_full
+from tensortap.format.writer import PROMPT_GAP, ChunkWriter, Record, RecordBatch, ScalarRows, storage_full
 from tensortap.storage import open_storage
 from tensortap.storage.base import Storage
 from tensortap.transport.copy import MESSAGE_HEADER, get_mark, load_acquire, put_mark, store_release
@@ -769,8 +769,10 @@ class ProcessChunkWriter:
         self._mark_seq += 2
         if self._h[_PROMPTED] < self._prompt_mark:
             self._await_prompt()  # (the step before this one handed something over: it is readable when this ends)
-        if self._accepted != self._prompt_accepted and self.prompt_marks:
+        if self._accepted != self._prompt_accepted and self.prompt_marks and (
+                time.monotonic() - self._prompt_time >= self._flush_interval * PROMPT_GAP):
             # The step handed something over: readable by the time the next step ends (docs/format.md §7).
+            self._prompt_time = time.monotonic()
             self._prompt_accepted, self._prompt_mark = self._accepted, self._mark_seq
             self._h[_ASKED] = self._mark_seq
             self._ring_bell(self._head)
@@ -778,6 +780,7 @@ class ProcessChunkWriter:
     #: a step mark with records handed over since the last asks for an index block at once (False: the caller
     #: closes the writer next, which writes everything)
     prompt_marks = True
+    _prompt_time = 0.0  # time.monotonic() of the last step mark that asked for an index block
     _prompt_accepted = 0  # records accepted before the newest step mark that asked for an index block
     _prompt_mark = 0  # ... and that mark's number (what _PROMPTED reaches once it is readable)
 
