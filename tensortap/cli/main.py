@@ -206,6 +206,10 @@ def cmd_rules_run(args: argparse.Namespace) -> int:
 
     from tensortap.runner.run import run_rules_offline
 
+    if args.dask:
+        from tensortap.cli.rules_dask import run_on_cluster
+
+        return run_on_cluster(args)
     _check_job_dir(args.out_dir)
     return run_rules_offline(_spec_from_args(args, []))
 
@@ -265,6 +269,8 @@ EXAMPLES = {
     "report": ["tensortap report runs/job1 runs/job2 -o report.html"],
     "tensorboard": ["tensortap tensorboard runs/job1 --logdir tb/job1   # then: tensorboard --logdir tb",
                     "tensortap tensorboard runs/job1 --serve --follow"],
+    "export": ["tensortap export 'runs/*' --parquet lake/   # then: read_parquet('lake/scalars/**/*.parquet', ...)"],
+    "compare": ["tensortap compare runs/baseline runs/candidate --tensor loss"],
 }
 
 
@@ -316,7 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--json", action="store_true")
     rl.set_defaults(func=cmd_rules_list)
     rr = rsub.add_parser("run", help="evaluate rules on a finished or running job")
-    rr.add_argument("out_dir")
+    rr.add_argument("out_dir", help="the job's out_dir; with --dask also a glob of jobs ('runs/*')")
+    rr.add_argument("--dask", metavar="ADDRESS", help="evaluate on every job matched at once, on this Dask cluster")
     _add_rule_args(rr)
     rr.set_defaults(func=cmd_rules_run)
 
@@ -327,6 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
     from tensortap.tensorboard.cli import add_parser as add_tensorboard_parser
 
     _with_examples(add_tensorboard_parser(sub), "tensorboard")
+    from tensortap.cli import compare, export
+
+    _with_examples(export.add_parser(sub), "export")
+    _with_examples(compare.add_parser(sub), "compare")
     return parser
 
 

@@ -13,6 +13,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -90,7 +91,8 @@ def run(job: dict[str, Any]) -> int:
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_term)
+    if threading.current_thread() is threading.main_thread():  # not in a thread of a Dask worker (tensortap.dask)
+        signal.signal(signal.SIGTERM, on_term)
     rule: Any = None
     publish(force=True)
     try:

@@ -182,7 +182,7 @@ def test_version_and_help_with_an_example_per_subcommand():
     assert r.returncode == 0 and r.stdout.strip() == f"tensortap {tt.__version__}"
     r = _tensortap("--help")
     assert r.returncode == 0
-    for sub in ("ls", "run", "rules", "ui", "report", "tensorboard"):
+    for sub in ("ls", "run", "rules", "ui", "report", "tensorboard", "export", "compare"):
         assert f"\n  tensortap {sub} " in r.stdout, sub  # an example of each in the overview
         h = _tensortap(*sub.split(), "--help")
         assert h.returncode == 0 and "example" in h.stdout and f"tensortap {sub} " in h.stdout.split("example")[-1]
