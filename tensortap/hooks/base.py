@@ -1055,10 +1055,11 @@ class Hook:
                     self._collections_dirty = False
                 self._writer.flush(timeout)
 
-    #: a hook whose steps end implicitly (at the next forward pass: PyTorch, MXNet) ends its current step when a
-    #: reader in the training thread asks (`create_trial` after a training loop); one driven by next_step() and
-    #: end_step() leaves its steps to the caller
-    _settle_ends_step = False
+    def _step_is_over(self) -> bool:
+        """Whether a reader in the training thread may end the current step (`create_trial` after a training
+        loop): a hook whose steps end implicitly (at the next forward pass: PyTorch, MXNet) says so once the step's
+        work is done; one driven by next_step() and end_step() leaves its steps to the caller."""
+        return False
 
     def _settle(self) -> None:
         """A reader in this process (on the training thread) is about to read out_dir: everything handed over so
@@ -1066,7 +1067,7 @@ class Hook:
         if self._writer is None or self._closed or not self.active:
             return
         with self.guard("end of training"):
-            if self._settle_ends_step:
+            if self._step_is_over():
                 self.end_step()
             self.flush()
 
