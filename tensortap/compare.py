@@ -61,7 +61,7 @@ def _json_num(v: float) -> float | str:
 
 
 def _table(trial: Any, names: list[str] | None, mode: int | None) -> Any:
-    from tensortap.export.columns import Extract
+    from tensortap.trials.columns import Extract
 
     return Extract(trial, names, mode, complete_only=True).scalars()
 
@@ -78,7 +78,7 @@ def _keys(s: Any, tensors: list[str], workers: list[str]) -> np.ndarray:
 def compare_trials(reference: Any, other: Any, *, rtol: float = 1e-5, atol: float = 1e-8,
                    names: list[str] | None = None, mode: int | None = None) -> Comparison:
     """Compare `other` to `reference` (Trials): per (tensor, statistic, worker), the first differing step."""
-    from tensortap.export.columns import MODE_NAMES, STATISTICS
+    from tensortap.trials.columns import MODE_NAMES, STATISTICS
 
     for k, v in (("rtol", rtol), ("atol", atol)):
         if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0:

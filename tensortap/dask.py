@@ -142,7 +142,7 @@ def read_partition(part: Partition, mode: int | None = None, names: list[str] | 
     import numpy as np
     import pandas as pd
 
-    from tensortap.export.columns import MODE_NAMES, STATISTICS, Extract
+    from tensortap.trials.columns import MODE_NAMES, STATISTICS, Extract
 
     if part.format == "native":
         trial = _native_trial(part)

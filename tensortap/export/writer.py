@@ -98,9 +98,9 @@ def export(
     the complete steps after the last exported step of each job. `full=True` deletes the job's exported data
     and exports it again; `assume_ended=True` exports steps not every worker finished (a job whose process died).
     Returns a summary: per job the rows written per table and the steps exported."""
-    from tensortap.export.arrow import SCHEMA_VERSION
     from tensortap.storage import open_storage
     from tensortap.trials import create_trial
+    from tensortap.trials.arrow import SCHEMA_VERSION
 
     tables = list(tables)
     for t in tables:
@@ -174,8 +174,8 @@ def _job_of(key: str) -> str | None:
 
 def _export_job(store: Any, trial: Any, name: str, js: dict[str, Any], gen: int, block: int, tables: list[str],
                 max_elements: int, compression: str) -> dict[str, int]:
-    from tensortap.export import arrow
-    from tensortap.export.columns import STATISTICS, Extract, collections_of
+    from tensortap.trials import arrow
+    from tensortap.trials.columns import STATISTICS, Extract, collections_of
 
     trial.refresh_data()
     upto = trial.last_complete_step

@@ -79,7 +79,7 @@ def xgboost_job(out_dir: str) -> None:
 def expected_scalars(trial) -> dict[tuple, np.float64]:
     """(job-less) rows the scalars table must hold, from the trial's own API: scalar values, saved reductions, and
     the statistics computed from raw values saved without reductions. Key: (tensor, statistic, worker, step)."""
-    from tensortap.export.columns import COMPUTED
+    from tensortap.trials.columns import COMPUTED
 
     out: dict[tuple, np.float64] = {}
     for name in trial.tensor_names():

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tensortap.export.columns import MODE_NAMES, STATISTICS, Scalars, Tensors
+from tensortap.trials.columns import MODE_NAMES, STATISTICS, Scalars, Tensors
 
 #: bumped on any change a reader could notice (a column removed, renamed or retyped); new columns keep it
 SCHEMA_VERSION = 1
