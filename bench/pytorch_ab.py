@@ -8,6 +8,7 @@ Variants are named in VARIANTS below: each is a function (hook, model, on: bool)
 bench/pytorch_overhead.py to resolve is worth keeping.
 
     .venv/bin/python bench/pytorch_ab.py counter_c --interval 10 --rounds 60
+    .venv/bin/python bench/pytorch_ab.py prompt_marks --interval 1 --rounds 30
 """
 
 from __future__ import annotations
@@ -43,7 +44,13 @@ def _counter_c(hook, model, on: bool) -> None:
     hook._roots[0].counter = hook.clock.tally = new
 
 
-VARIANTS = {"counter_c": _counter_c}
+def _prompt_marks(hook, model, on: bool) -> None:
+    """B: a step that saved is readable by the time the next one ends (an index block at its mark, the next
+    mark waits for it; issue #35); A: at the writer's flush interval."""
+    (hook._writer if hook._writer is not None else hook._get_writer()).prompt_marks = on
+
+
+VARIANTS = {"counter_c": _counter_c, "prompt_marks": _prompt_marks}
 
 
 def main() -> None:

@@ -55,6 +55,9 @@ class Writer(Protocol):
 
     dropped_records: int  # records handed over and not saved (counted, reported once)
     error: BaseException | None  # the writer failed: no more data is saved
+    #: a step mark with records handed over since the last makes them readable at once, and the next mark waits
+    #: for that (docs/format.md §7); False when the caller closes the writer next
+    prompt_marks: bool
 
     @property
     def written_records(self) -> int: ...
@@ -90,11 +93,15 @@ class Writer(Protocol):
 
 def open_writer(kind: str, storage: Any, worker: str, **options: Any) -> Writer:
     """A writer of `kind` ("thread" or "process") for `worker` on `storage`. A writer process that cannot start
-    (e.g. /dev/shm too small) raises OSError; the caller then opens a thread writer."""
+    (e.g. no memory for its ring) raises OSError; the caller then opens a thread writer. A thread writer's
+    TensorBoard export is a sink the caller attaches (`exporter=`); a writer process takes `tensorboard_dir=`
+    and attaches it in the child."""
     if kind == "process":
         from tensortap.transport.process_writer import ProcessChunkWriter
 
         return ProcessChunkWriter(storage, worker, **options)
     from tensortap.format.writer import ChunkWriter
+    from tensortap.transport.copy import gather_into
 
+    options.setdefault("gather", gather_into)
     return ChunkWriter(storage, worker, **options)

@@ -7,6 +7,7 @@ drops; "drop" drops at once. Drops are counted (`dropped_records`) and warned ab
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
@@ -135,11 +136,9 @@ class HostReservation:
         self._done = False
 
     def copy_in(self, sources: list[tuple[int, int]], at: int = 0) -> None:
-        from tensortap.transport.copy import gather_into
-
         if at + sum(n for _a, n in sources) > self.nbytes:
             raise ValueError("copy_in: the sources do not fit the reservation")
-        gather_into(self._flat.ctypes.data + at, sources)
+        self._writer.gather(self._flat.ctypes.data + at, sources)
 
     def shrink(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...]) -> None:
         count = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
@@ -165,6 +164,16 @@ class HostReservation:
 
     def cancel(self) -> None:
         self._done = True
+
+
+def memmove_gather(address: int, sources: list[tuple[int, int]]) -> int:
+    """Copy each (source address, byte count) back to back to `address`; the bytes copied. (A writer's default
+    `gather`: the hooks give it tensortap.transport.copy's, with streaming stores where built.)"""
+    total = 0
+    for src, n in sources:
+        ctypes.memmove(address + total, src, n)
+        total += n
+    return total
 
 
 def compute_reduction(arr: np.ndarray, name: str, abs_: bool) -> np.ndarray:
@@ -222,8 +231,14 @@ def _write_all(f: Any, buf: Any) -> None:
 
 #: errors that mean the storage is full: the writer stops writing payloads and counts every record as dropped
 STORAGE_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
-RESERVE_BYTES = 256 << 10  # set aside for the index blocks a writer still writes once the disk is full
+#: set aside for the index blocks a writer still writes once the disk is full (docs/format.md §4): the block of
+#: what fitted (fewer records while it does not fit, their payloads cut off the data file) and the end of the job
+RESERVE_BYTES = 16 << 10
 _MAX_MARKS = 4096  # step marks waiting for their records (older ones are superseded by newer ones)
+#: a step mark asks for an index block at once (and the next one waits for it) at most once per this share of the
+#: flush interval (50 ms by default): on the MLP of bench/pytorch_overhead.py (1 ms steps) a block and a wake-up of
+#: the writer at every step cost the training thread +214 to +295 us a step (docs/format.md §7, bench/RESULTS.md)
+PROMPT_GAP = 0.1
 
 
 def storage_full(e: BaseException) -> bool:
@@ -314,26 +329,30 @@ class ChunkWriter:
         seal_interval: float = 2.0,
         sealed_chunk_bytes: int = 32 << 20,
         metadata: dict[str, Any] | None = None,
-        tensorboard_dir: str | None = None,
+        exporter: Any = None,
         first_seq: int | None = None,
         start_after: float = 0.0,
+        gather: Any = None,
     ):
         """`first_seq`: the first free chunk number when the caller knows it (else the writer thread lists the
         worker's folder). `start_after`: the writer thread starts at the first hand-off or step mark at least
         this many seconds after the writer was made (or at a flush, a drain, or a backlog of `_KICK_BYTES`);
         until then hand-offs wait in the queue, and a writer closed before its thread started writes on the
-        closing thread (docs/format.md §7). 0: the thread starts at once."""
+        closing thread (docs/format.md §7). 0: the thread starts at once. `exporter`: a sink given every record
+        written (below). `gather`: the copy a reservation's `copy_in` uses (default: `memmove_gather`)."""
         if backpressure not in ("block", "drop"):
             raise ValueError(f"backpressure must be 'block' or 'drop', not {backpressure!r}")
         if isinstance(start_after, bool) or not isinstance(start_after, int | float) or not start_after >= 0:
             raise ValueError(f"start_after must be a number of seconds >= 0, not {start_after!r}")
-        #: TensorBoard export of every record this writer persists, off the training thread (docs/tensorboard.md)
-        self.exporter = None
-        if tensorboard_dir:
-            from tensortap.tensorboard.export import EventExporter
-
-            self.exporter = EventExporter(tensorboard_dir, worker)
-            self.exporter.behind = self._behind  # histograms wait while the queue has a backlog
+        #: a sink the caller attaches (the TensorBoard export, tensortap.tensorboard.export.EventExporter) that
+        #: gets every record this writer persists, off the training thread: add(name, step, mode, mode_step,
+        #: value, reductions), set_collections(json), flush() at each index block, close(); its `behind` is set to
+        #: a function telling whether this writer has a backlog (histograms wait then)
+        self.exporter = exporter
+        if exporter is not None:
+            exporter.behind = self._behind
+        #: gather(address, sources): copies a reservation's sources in (see HostReservation.copy_in)
+        self.gather = gather or memmove_gather
         self.storage = storage
         self.worker = worker
         self.num_workers = num_workers
@@ -352,17 +371,17 @@ class ChunkWriter:
         self._dat_buf = bytearray()
         self._idx_buf = bytearray()
         self._chunk_started = time.monotonic()
-        self._unpublished: list[tuple[int, bytes, bytes]] = []  # (seq, data, index) awaiting upload
+        self._unpublished: list[tuple[int, bytes, bytes, int]] = []  # (seq, data, index, records) awaiting upload
         self._unpublished_bytes = 0
         self._retry_at = 0.0
         self._retry_delay = 0.5
         self.outage = False  # publishing is failing; new records are dropped once the buffer is full
-        self.lost_records = 0
         self.metadata = dict(metadata or {})
         self.close_timeout = 30.0
         self.dropped_records = 0
         self.written_records = 0  # records taken into a block (in memory or written)
-        self.durable_records = 0  # records in index blocks written (what a reader finds)
+        self.durable_records = 0  # records in index blocks written (what a reader finds; object stores: published)
+        self._sealed_records = 0  # (object stores) records in the chunks sealed so far
         self.full = False  # the storage ran out of space: no more payloads are written
         self.error: BaseException | None = None
 
@@ -537,8 +556,36 @@ class ChunkWriter:
         record submitted before it is written.
         """
         self._marks.append((self._submitted, {"step": step, "mode_steps": mode_steps}))
-        if time.monotonic() >= self._start_by:
+        if self._prompt_done < self._prompt_seq:
+            self._await_prompt()  # (the step before this one handed something over: it is readable when this ends)
+        if self._submitted != self._prompt_submitted and self.prompt_marks and not self._closed and (
+                time.monotonic() - self._prompt_time >= self.flush_interval * PROMPT_GAP):
+            # The step handed something over: readable by the time the next step ends (docs/format.md §7).
+            self._prompt_time = time.monotonic()
+            self._prompt_submitted = self._submitted
+            self._prompt_seq += 1
             self._start()
+            self._kick.set()
+        elif time.monotonic() >= self._start_by:
+            self._start()
+
+    #: a step mark with records handed over since the last asks for an index block at once (False: the caller
+    #: closes the writer next, which writes everything)
+    prompt_marks = True
+    _prompt_time = 0.0  # time.monotonic() of the last step mark that asked for an index block
+    _prompt_submitted = 0  # hand-offs before the newest step mark that asked for an index block
+    _prompt_seq = 0  # step marks that asked for one
+    _prompt_done = 0  # ... made readable by the writer thread
+
+    def _await_prompt(self) -> None:
+        """Wait (a flush interval at most) until the writer thread has made the last prompted step readable."""
+        deadline = time.monotonic() + self.flush_interval
+        with self._room:
+            while self._prompt_done < self._prompt_seq and self.error is None and self._thread.is_alive():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._room.wait(left)
 
     def set_collections(self, collections_json: dict[str, Any]) -> None:
         self._queue.put(("collections", collections_json))
@@ -546,6 +593,7 @@ class ChunkWriter:
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Write out everything handed off so far; True when done within `timeout`."""
         ev = threading.Event()
+        self._prompt_submitted = self._submitted  # (what was handed over is readable: the next mark asks for none)
         self._queue.put(("flush", ev))
         self._start()
         self._kick.set()
@@ -612,7 +660,15 @@ class ChunkWriter:
                         self._flush_events.append(arg)
                         self._write_block()
                         last_flush = time.monotonic()
-                if time.monotonic() - last_flush >= self.flush_interval or self._block_bytes > _BLOCK_BYTES:
+                prompt = self._prompt_seq
+                if prompt != self._prompt_done and self._queue.empty():
+                    # (a step mark asks for its records to be readable: every hand-off before it is encoded)
+                    self._write_block()
+                    last_flush = time.monotonic()
+                    with self._room:
+                        self._prompt_done = prompt
+                        self._room.notify_all()
+                elif time.monotonic() - last_flush >= self.flush_interval or self._block_bytes > _BLOCK_BYTES:
                     self._write_block()
                     last_flush = time.monotonic()
                 if self._unpublished and time.monotonic() >= self._retry_at:
@@ -957,6 +1013,12 @@ class ChunkWriter:
         return reductions
 
     def _write_block(self, end: bool = False) -> None:
+        if self.full and not end and not self._rows and not self._row_parts:
+            # (the disk is full: the room left is for the end of the job; step marks wait for it)
+            for ev in self._flush_events:
+                ev.set()
+            self._flush_events.clear()
+            return
         try:
             self._write_block_now(end)
         except OSError as e:
@@ -964,38 +1026,111 @@ class ChunkWriter:
                 raise
             if not self.full:
                 self._storage_full(e, 0)
+            # The block of what fitted, in the space set aside; while it does not fit, it keeps fewer records (their
+            # payloads cut off the data file), down to the marks and the end alone.
+            while True:
                 try:
-                    self._write_block_now(end)  # (the marks and the end, in the space set aside)
+                    self._write_block_now(end)
+                    break
                 except OSError as e2:
                     if not storage_full(e2):
                         raise
+                    if self._shed(keep_fraction=0.5):
+                        continue
+                    if self._collections is not None:  # (the end before a late change of the collections)
+                        self._collections = None
+                        continue
+                    break
             for ev in self._flush_events:
                 ev.set()
             self._flush_events.clear()
 
     def _storage_full(self, e: OSError, failed: int) -> None:
-        """The storage is full: forget the block being built (its payloads are cut off the data file), free the
-        space set aside, and from now on count every record as dropped. `failed`: records of the hand-off
-        being encoded when it happened (not yet counted as written)."""
-        lost = self.written_records - self.durable_records + failed
-        self.written_records = self.durable_records
-        self.dropped_records += lost
+        """The storage is full: free the space set aside, keep the records of the block being built whose payloads
+        are all in the data file (the rest is cut off it), and from now on count every record as dropped.
+        `failed`: records of the hand-off being encoded when it happened (not yet counted as written)."""
         self.full = True
-        self._forget_block()
-        if not self.sealed_mode and self._dat is not None:
-            try:
-                self._truncate_data(self._durable_dat)
-            except OSError:
-                pass
-        self._dat_size = self._durable_dat
         try:
             self.storage.delete(layout.reserve_key(self.worker))
         except OSError:
             pass
-        logger.warning("tensortap: no space left for the data of %s in %s (%s): %d records not yet indexed are "
+        kept = self._keep_fitted()
+        lost = self.written_records - self.durable_records + failed - kept
+        self.written_records = self.durable_records + kept
+        self.dropped_records += lost
+        logger.warning("tensortap: no space left for the data of %s in %s (%s): %d records that did not fit are "
                        "dropped, and every later one is dropped and counted (dropped_records). What was saved "
                        "before stays readable. Training continues.", self.worker, self.storage.url,
                        os.strerror(e.errno or errno.ENOSPC), lost)
+
+    def _block_entries(self) -> np.ndarray:
+        """The entries of the block being built, in order, as one array (which then stands for them)."""
+        if self._rows:
+            self._row_parts.append(np.array(self._rows, dtype=codec.DISK_ENTRY_DTYPE))
+            self._rows.clear()
+        parts = self._row_parts
+        if not parts:
+            rows = np.empty(0, dtype=codec.DISK_ENTRY_DTYPE)
+        elif len(parts) == 1:
+            rows = parts[0]
+        else:
+            rows = np.frombuffer(b"".join([p.tobytes() for p in parts]), dtype=codec.DISK_ENTRY_DTYPE)
+        self._row_parts = [rows] if len(rows) else []
+        return rows
+
+    def _keep_fitted(self) -> int:
+        """Keep the block's records whose payloads all reached the data file (entries of a record go or stay
+        together); cut the data file after the last of them. How many records stay."""
+        if self.sealed_mode or self._dat is None:
+            self._forget_block()
+            return 0
+        self._discard_unwritten()
+        try:
+            on_disk = os.fstat(self._dat.fileno()).st_size
+        except (AttributeError, OSError, ValueError):
+            on_disk = self._durable_dat
+        rows = self._block_entries()
+        keys = rows[["name", "mode", "step"]]
+        inline = (rows["flags"] & codec.FLAG_INLINE) != 0
+        fits = inline | (rows["offset"] + rows["length"] <= on_disk)
+        keep = ~np.isin(keys, np.unique(keys[~fits])) if not fits.all() else fits
+        return self._keep_rows(rows, keep)
+
+    def _shed(self, keep_fraction: float) -> bool:
+        """Keep only the first `keep_fraction` of the block's records (the others dropped and counted): room for
+        its index block. False when it holds none."""
+        rows = self._block_entries()
+        if not len(rows):
+            return False
+        keys = rows[["name", "mode", "step"]]
+        _u, first = np.unique(keys, return_index=True)
+        order = np.sort(first)
+        stay = keys[order[:int(len(order) * keep_fraction)]]
+        before = len(order)
+        kept = self._keep_rows(rows, np.isin(keys, stay))
+        self.written_records -= before - kept
+        self.dropped_records += before - kept
+        if not kept:
+            self._forget_block()  # (its tables too: the header of the marks and the end alone)
+        return True
+
+    def _keep_rows(self, rows: np.ndarray, keep: np.ndarray) -> int:
+        """Make `rows[keep]` the block's entries, the data file cut after their payloads; how many records they
+        hold."""
+        rows = rows[keep]
+        self._row_parts = [rows] if len(rows) else []
+        outline = rows[(rows["flags"] & codec.FLAG_INLINE) == 0]
+        end = max(int((outline["offset"] + outline["length"]).max()) if len(outline) else 0, self._durable_dat)
+        try:
+            self._truncate_data(end)
+        except OSError:
+            pass
+        self._dat_size = end
+        return len(np.unique(rows[["name", "mode", "step"]])) if len(rows) else 0
+
+    def _discard_unwritten(self) -> None:
+        """Forget payload bytes gathered and not written yet (the disk is full: they did not fit)."""
+        self._pend = bytearray()
 
     def _forget_block(self) -> None:
         self._rows.clear()
@@ -1039,15 +1174,7 @@ class ChunkWriter:
             header["collections"] = self._collections
         if end:
             header["end"] = True
-        if self._rows:
-            self._row_parts.append(np.array(self._rows, dtype=codec.DISK_ENTRY_DTYPE))
-        parts = self._row_parts
-        if not parts:
-            entries = np.empty(0, dtype=codec.DISK_ENTRY_DTYPE)
-        elif len(parts) == 1:
-            entries = parts[0]
-        else:  # (np.concatenate of structured arrays is slow: join their bytes)
-            entries = np.frombuffer(b"".join([p.tobytes() for p in parts]), dtype=codec.DISK_ENTRY_DTYPE)
+        entries = self._block_entries()  # (np.concatenate of structured arrays is slow: it joins their bytes)
         # Payloads first (most are written already), then the index block that points at them.
         block = codec.encode_block(header, entries)
         if self.sealed_mode:
@@ -1065,7 +1192,8 @@ class ChunkWriter:
                 raise
             self._idx_size = start + len(block)
         self._first_block = False
-        self.durable_records = self.written_records
+        if not self.sealed_mode:
+            self.durable_records = self.written_records
         self._durable_dat = self._dat_size
         if self.exporter is not None:
             self.exporter.flush()
@@ -1096,9 +1224,17 @@ class ChunkWriter:
     def _seal(self) -> None:
         """Close the in-memory chunk and publish it (data object first, then its index)."""
         dat, idx = bytes(self._dat_buf), bytes(self._idx_buf)
-        self._unpublished.append((self._seq, dat, idx))
-        with self._room:
-            self._unpublished_bytes += len(dat) + len(idx)
+        records, self._sealed_records = self.written_records - self._sealed_records, self.written_records
+        if self._unpublished and self._unpublished_bytes + len(dat) + len(idx) > self.max_pending_bytes:
+            # (the store has been down for a while: what waits for it is bounded; this chunk is lost, counted)
+            self.dropped_records += records
+            logger.warning("tensortap: %s is still unreachable and %d bytes wait for it: %d records dropped "
+                           "(dropped_records)", self.storage.url, self._unpublished_bytes, records)
+            records = 0
+        else:
+            self._unpublished.append((self._seq, dat, idx, records))
+            with self._room:
+                self._unpublished_bytes += len(dat) + len(idx)
         self._seq += 1
         self._dat = self._idx = None  # the next record opens a new chunk
         self._dat_buf = bytearray()
@@ -1108,7 +1244,7 @@ class ChunkWriter:
     def _publish_pending(self) -> None:
         """Upload sealed chunks in order; on failure keep them and retry later with backoff."""
         while self._unpublished:
-            seq, dat, idx = self._unpublished[0]
+            seq, dat, idx, records = self._unpublished[0]
             try:
                 if dat:
                     self.storage.write(layout.chunk_key(self.worker, seq, layout.DATA_SUFFIX), dat)
@@ -1122,6 +1258,7 @@ class ChunkWriter:
                 self._retry_delay = min(self._retry_delay * 2, 10.0)
                 return
             self._unpublished.pop(0)
+            self.durable_records += records
             with self._room:
                 self._unpublished_bytes -= len(dat) + len(idx)
                 self._room.notify_all()
@@ -1136,5 +1273,8 @@ class ChunkWriter:
             if self._unpublished:
                 time.sleep(min(self._retry_delay, max(0.0, deadline - time.monotonic())))
         if self._unpublished:
-            logger.error("tensortap: %d chunks could not be written to %s and are lost",
-                         len(self._unpublished), self.storage.url)
+            lost = sum(r for _s, _d, _i, r in self._unpublished)
+            self.dropped_records += lost
+            logger.error("tensortap: %d chunks (%d records) could not be written to %s and are lost (counted in "
+                         "dropped_records)", len(self._unpublished), lost, self.storage.url)
+            self._unpublished.clear()

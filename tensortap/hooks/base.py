@@ -280,6 +280,10 @@ class Hook:
         self.tensorboard_dir = tensorboard_dir
         #: where the writer exports TensorBoard event files (docs/tensorboard.md); None: no export
         self._tb_dir = _tensorboard_dir(self.out_dir, export_tensorboard, tensorboard_dir)
+        if self._tb_dir:  # (the export starts with the writer, at the first hand-off: a bad budget is refused now)
+            from tensortap.tensorboard.export import histogram_budget_from_env
+
+            histogram_budget_from_env()
 
         self.collection_manager = CollectionManager()
         for name in self.builtin_collections:
@@ -358,11 +362,12 @@ class Hook:
         self._pending_collection_configs = runner_cfg.collection_configs if runner_cfg is not None else None
         # Nothing lost: a job that forgets close() still gets its data flushed and its end marked.
         atexit.register(_close_at_exit, weakref.ref(self))
-        if self.active and not self.dry_run and not self._claim_later:
-            # The writer starts now, beside the job's own start-up, not at the first saving step: the first
-            # steps reach readers (and rules watching them) as soon as they are flushed.
-            with self.guard("start of the writer"):
-                self._get_writer()
+        # The writer (a thread or a process) starts at the first hand-off: a hook that never saves starts neither,
+        # and its close() writes the end of the job itself.
+        if self.active and not self.dry_run:
+            from tensortap.format import live
+
+            live.register(self.out_dir, self._settle)  # (a trial made in this process reads what was handed over)
 
     # --- construction helpers ---------------------------------------------------------------
 
@@ -771,9 +776,29 @@ class Hook:
                                    "instead", e)
                     self.writer_kind = "thread"
             if self._writer is None:
+                from tensortap.transport.copy import gather_into
+
                 start_after = self._writer_opts["flush_interval"] if self._late_writer_thread else 0.0
+                tb_dir = kw.pop("tensorboard_dir")
+                exporter = None
+                if tb_dir:
+                    from tensortap.tensorboard.export import EventExporter
+
+                    exporter = EventExporter(tb_dir, self.worker)
                 self._writer = ChunkWriter(self._storage, self.worker, first_seq=self._first_seq,
-                                           start_after=start_after, **kw)
+                                           start_after=start_after, exporter=exporter, gather=gather_into, **kw)
+        return self._writer
+
+    def _end_writer(self) -> ChunkWriter:
+        """The writer of a hook that handed nothing over: the end of the job written on the closing thread (a
+        writer thread that is never started), not a writer process started only to be stopped."""
+        if self._storage is None:
+            self._storage = open_storage(self.out_dir)
+        self._writer = ChunkWriter(self._storage, self.worker, first_seq=self._first_seq,
+                                   start_after=self._writer_opts["flush_interval"], num_workers=self.num_workers,
+                                   metadata={"rank": self.rank, "world_size": self.world_size,
+                                             "hook": type(self).__name__},
+                                   **self._writer_opts)
         return self._writer
 
     def _plan(self, name: str, colls: list[Collection]) -> tuple[bool, tuple[tuple[str, bool], ...], bool]:
@@ -1056,11 +1081,29 @@ class Hook:
                     self._collections_dirty = False
                 self._writer.flush(timeout)
 
+    def _step_is_over(self) -> bool:
+        """Whether a reader in the training thread may end the current step (`create_trial` after a training
+        loop): a hook whose steps end implicitly (at the next forward pass: PyTorch, MXNet) says so once the step's
+        work is done; one driven by next_step() and end_step() leaves its steps to the caller."""
+        return False
+
+    def _settle(self) -> None:
+        """A reader in this process (on the training thread) is about to read out_dir: everything handed over so
+        far is written (the current step ended first where steps end implicitly), as at the end of training."""
+        if self._writer is None or self._closed or not self.active:
+            return
+        with self.guard("end of training"):
+            if self._step_is_over():
+                self.end_step()
+            self.flush()
+
     def close(self) -> None:
         """End the step, flush, and mark this worker's job as ended."""
         if self._closed:
             return
         with self.guard("close"):
+            if self._writer is not None:
+                self._writer.prompt_marks = False  # (the close writes the last step with the end of the job)
             self.end_step()
             self.on_close()
             if self._outside_scalars:  # (saved after the last step: a GLOBAL step of their own, after it)
@@ -1070,7 +1113,7 @@ class Hook:
                 self.end_step()
             self.release_step_marks()
             if self.writes and not self.disabled and not self.dry_run:
-                w = self._get_writer()
+                w = self._writer if self._writer is not None else self._end_writer()
                 w.set_collections(self.collection_manager.to_json_dict())
                 w.close()
                 if w.error is not None:

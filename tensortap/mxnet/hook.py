@@ -371,6 +371,11 @@ class _Root:
 class Hook(BaseHook):
     """Captures an MXNet Gluon training job; `register_block(net)` and `register_block(loss_fn)` hook it up."""
 
+    def _step_is_over(self) -> bool:
+        """A step ends at the next forward pass: `create_trial` in the training thread after the loop ends it
+        (issue #35)."""
+        return True
+
     builtin_collections = (
         K.ALL, K.DEFAULT, K.SCALARS, K.WEIGHTS, K.BIASES, K.GRADIENTS, K.LOSSES, K.INPUTS, K.OUTPUTS,
         *_ACTIVATION_KEYS,

@@ -393,6 +393,12 @@ class Hook(BaseHook):
         self._disarm()
         super().end_step()
 
+    def _step_is_over(self) -> bool:
+        """A step ends at the next forward pass; `create_trial` in the training thread after the loop ends it
+        (issue #35) once it saves nothing more: it saves nothing, saves no gradients, or its gradients were read."""
+        return (not self._saving or not self._grad_targets or self._grad_res is not None or bool(self._pending_grads)
+                or self._grad_batch is not None)
+
     def _io_hook(self, name: str, module: nn.Module, inputs: Any, outputs: Any) -> None:
         if not self._saving or self.disabled:
             return

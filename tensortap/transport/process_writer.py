@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from tensortap.format import codec
-from tensortap.format.writer import ChunkWriter, Record, RecordBatch, ScalarRows, storage_full
+from tensortap.format.writer import PROMPT_GAP, ChunkWriter, Record, RecordBatch, ScalarRows, storage_full
 from tensortap.storage import open_storage
 from tensortap.storage.base import Storage
 from tensortap.transport.copy import MESSAGE_HEADER, get_mark, load_acquire, put_mark, store_release
@@ -66,7 +66,9 @@ _ERR_LEN = 15
 _URGENT = 16  # control messages sent: the child processes everything published before one at once
 _DURABLE = 17  # records in index blocks the child has written (what readers find)
 _DROPPED = 18  # records the child dropped (its storage is full)
-_SLOTS = 19
+_PROMPTED = 19  # the newest step mark the child has adopted and made readable (an index block written)
+_ASKED = 20  # the newest step mark the training process asked to be made readable at once
+_SLOTS = 21
 _ERR_AT = 256  # error text of a failed child
 _ERR_MAX = 3840
 _HDR = 4096  # the ring starts here
@@ -174,6 +176,7 @@ class Reservation:
 
 
 _new_reservation = object.__new__
+_RECORDS = object()  # (see ProcessChunkWriter._hand)
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # writers of this process
 
@@ -187,6 +190,19 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# The child imports what it runs (storage, format, transport) and numpy, not the package's front (hooks,
+# collections, trials): `tensortap` is entered as a bare namespace over the same folder, which halves the child's
+# start-up.
+_CHILD_BOOT = ("import sys, types\n"
+               "import importlib.util as u\n"
+               "spec = u.find_spec('tensortap')\n"
+               "p = types.ModuleType('tensortap'); p.__path__ = list(spec.submodule_search_locations)\n"
+               "p.__spec__ = spec; p.__file__ = spec.origin\n"
+               "sys.modules['tensortap'] = p\n"
+               "from tensortap.transport.process_writer import _child_main\n"
+               "_child_main()\n")
 
 
 class WriterProcessDied(RuntimeError):
@@ -239,24 +255,25 @@ class ProcessChunkWriter:
         self._big_sent = 0  # bytes of own-segment messages sent
         self._big_names: deque[tuple[int, str]] = deque()  # (cumulative bytes, name) not yet freed
         self._open: deque[Reservation] = deque()  # reservations not yet committed, in ring order
+        self._lost_keys: set[tuple[int, int, str]] = set()  # (step, mode, name) counted as dropped (see _lose)
         cap = max(_ALIGN * 64, min(int(ring_bytes), int(max_pending_bytes)) // _ALIGN * _ALIGN)
         self._cap = cap
         self._head = 0
         self._bell_at = cap // 4
         self._last_bell = 0
-        self._shm = shared_memory.SharedMemory(create=True, size=_HDR + cap)
+        # The ring is an anonymous shared file (memfd) whose descriptor the child inherits: it has no name, so
+        # nothing (the resource tracker, a crash) can unlink it while a writer still needs it, and a training
+        # process killed before the child attached leaves the child the ring all the same.
+        self._ring_fd = _ring_file(_HDR + cap)
         try:
-            # Reserve the ring's pages now: on a full /dev/shm (Docker's default is 64 MB) touching an
-            # unbacked page later would kill the training process with SIGBUS; here it is an OSError.
-            if hasattr(os, "posix_fallocate") and getattr(self._shm, "_fd", -1) >= 0:
-                os.posix_fallocate(self._shm._fd, 0, _HDR + cap)
-        except OSError:
-            self._shm.close()
-            self._shm.unlink()
+            self._mm = mmap.mmap(self._ring_fd, _HDR + cap)
+        except BaseException:
+            os.close(self._ring_fd)
             raise
-        self._h = self._shm.buf[:_SLOTS * 8].cast("q")
-        self._u8 = np.ndarray((cap,), dtype=np.uint8, buffer=self._shm.buf, offset=_HDR)
-        self._ring_mv = self._shm.buf[_HDR:_HDR + cap]
+        self._mem = memoryview(self._mm)
+        self._h = self._mem[:_SLOTS * 8].cast("q")
+        self._u8 = np.ndarray((cap,), dtype=np.uint8, buffer=self._mm, offset=_HDR)
+        self._ring_mv = self._mem[_HDR:_HDR + cap]
         #: address of the ring's first byte in this process (to copy payloads to at `Reservation.offset`)
         self.ring_address: int = self._u8.ctypes.data
         self._hdr_addr = self.ring_address - _HDR
@@ -273,9 +290,20 @@ class ProcessChunkWriter:
         # wake-up here; a drain at the end of a saving step's interval took 6 of them).
         self._answer, wfd = os.pipe()
         os.set_blocking(self._answer, False)
-        cfg = dict(url=self.url, worker=worker, shm=self._shm.name, size=_HDR + cap, bell=rfd, answer=wfd,
-                   num_workers=num_workers, flush_interval=flush_interval, chunk_bytes=chunk_bytes,
-                   max_pending_bytes=max_pending_bytes, metadata=metadata or {}, tensorboard_dir=tensorboard_dir)
+        # The ring's reader: one byte in a pipe, taken by the child when it attaches, or by close() when the child
+        # has not attached yet (a short job: close() then writes the ring itself instead of waiting for the child
+        # to start). Whoever reads the byte reads the ring; the other finds the pipe empty.
+        self._token, twfd = os.pipe()
+        os.write(twfd, b"\0")
+        os.close(twfd)
+        os.set_blocking(self._token, False)
+        self._storage = storage
+        self._flush_interval = flush_interval
+        self._opts = dict(num_workers=num_workers, flush_interval=flush_interval, chunk_bytes=chunk_bytes,
+                          max_pending_bytes=max_pending_bytes, metadata=metadata or {},
+                          tensorboard_dir=tensorboard_dir)
+        cfg = dict(url=self.url, worker=worker, ring=self._ring_fd, size=_HDR + cap, bell=rfd, answer=wfd,
+                   token=self._token, **self._opts)
         import tensortap
 
         root = os.path.dirname(os.path.dirname(os.path.abspath(tensortap.__file__)))
@@ -283,27 +311,50 @@ class ProcessChunkWriter:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-c", "from tensortap.transport.process_writer import _child_main; _child_main()",
-                 json.dumps(cfg)],
-                stdin=subprocess.DEVNULL, pass_fds=(rfd, wfd), env=env, close_fds=True,
+                [sys.executable, "-c", _CHILD_BOOT, json.dumps(cfg)],
+                stdin=subprocess.DEVNULL, pass_fds=(rfd, wfd, self._ring_fd, self._token), env=env, close_fds=True,
             )
         except BaseException:
-            for fd in (rfd, wfd, self._bell, self._answer):
+            for fd in (rfd, wfd, self._bell, self._answer, self._token):
                 os.close(fd)
-            self._release_shm(unlink=True)
+            self._release_ring()
             raise
         os.close(rfd)
         os.close(wfd)
         _LIVE.add(self)
 
     def _prefault(self) -> None:
-        """Map every page of the ring now, once (~17 ms for 64 MB here), rather than taking a page fault per
-        4 KB inside saving steps until the ring has wrapped once (measured: the copy of a saving step
-        that writes fresh ring pages takes ~3x as long)."""
-        try:
-            self._shm._mmap.madvise(_MADV_POPULATE_WRITE)
-        except (AttributeError, OSError, ValueError):  # kernel < 5.14, not Linux
-            self._u8[::_PAGE] = 0
+        """Map every page of the ring once, rather than taking a page fault per 4 KB inside saving steps until the
+        ring has wrapped once (measured: the copy of a saving step that writes fresh ring pages takes ~3x as
+        long). On a thread of its own that does not hold the GIL (50 ms for 64 MB on a loaded machine): the
+        training thread goes on; a copy that meets a page not mapped yet maps it itself."""
+        addr, size = self._hdr_addr, _HDR + self._cap
+
+        def populate() -> None:
+            try:
+                import ctypes
+
+                madvise = ctypes.CDLL(None, use_errno=True).madvise
+                # 1 MB at a time: the call holds the process's memory-map lock, which the training thread's own
+                # allocations (and thread starts) may need meanwhile
+                step = 1 << 20
+                for at in range(0, size, step):
+                    if madvise(ctypes.c_void_p(addr + at), ctypes.c_size_t(min(step, size - at)),
+                               _MADV_POPULATE_WRITE) != 0:
+                        break
+                else:
+                    return
+                if at:
+                    return  # (the ring was released meanwhile)
+            except (AttributeError, OSError):  # not Linux
+                pass
+            u8 = self._u8  # kernel < 5.14: touch each page
+            if u8 is not None:
+                for at in range(0, len(u8), 1 << 20):
+                    u8[at:at + (1 << 20):_PAGE] = 0
+
+        self._prefaulting = threading.Thread(target=populate, name="tensortap-ring-pages", daemon=True)
+        self._prefaulting.start()
 
     # --- status ------------------------------------------------------------------------------
 
@@ -312,7 +363,7 @@ class ProcessChunkWriter:
         """The child's writer failed (like ChunkWriter.error); a killed child is not an error, only drops."""
         if self._error is None and self._final is None and self._h[_STATE] == _FAILED:
             n = self._h[_ERR_LEN]
-            text = bytes(self._shm.buf[_ERR_AT:_ERR_AT + n]).decode("utf-8", "replace")
+            text = bytes(self._mem[_ERR_AT:_ERR_AT + n]).decode("utf-8", "replace")
             self._error = RuntimeError(f"tensortap writer process failed: {text}")
         return self._error
 
@@ -361,7 +412,35 @@ class ProcessChunkWriter:
         if self.dropped_records == 0 and not self._dead:
             logger.warning("tensortap: storage is falling behind (%d bytes pending); dropping records "
                            "(policy %r). Training continues.", self._head - self._h[_TAIL], self.backpressure)
-        self.dropped_records += n
+        self._lose(n)
+
+    # What the hand-off being made holds, for `_lose`: (step, mode, names) of a batch, or _RECORDS (the records
+    # in `_hand_records`).
+    _hand: Any = None
+    _hand_records: Any = ()
+
+    def _lose(self, n: int) -> None:
+        """Count the `n` records of the hand-off being made as dropped. A refused reservation may be offered again
+        another way (a hook then hands the same step's tensors over in smaller batches): its (step, mode, name)s
+        are remembered, and a later refusal counts none of them again."""
+        hand = self._hand
+        if hand is None:
+            self.dropped_records += n
+            return
+        reserving = False
+        if hand is _RECORDS:
+            keys = [(r.step, r.mode, r.name) for r in self._hand_records[:n]]
+        else:
+            step, mode, names = hand[:3]
+            keys = [(step, mode, name) for name in names[:n]]
+            reserving = len(hand) == 4
+        seen = self._lost_keys
+        fresh = [k for k in keys if k not in seen]
+        if reserving:
+            if len(seen) > 4096:  # (only a step's offers need remembering)
+                seen.clear()
+            seen.update(fresh)
+        self.dropped_records += len(fresh)
 
     def _died(self) -> None:
         """The child is gone: log once, count what it had not written, drop from now on."""
@@ -389,9 +468,10 @@ class ProcessChunkWriter:
     def submit_many(self, records: list[Record] | tuple[Record, ...]) -> int:
         """Hand off several records at once (all or none): how many were accepted."""
         n = len(records)
+        self._hand, self._hand_records = _RECORDS, records
         if not self._accepting():
             if self._dead:
-                self.dropped_records += n
+                self._lose(n)
             return 0
         metas = []
         arrays = []
@@ -408,7 +488,9 @@ class ProcessChunkWriter:
                     for k, rv in r.reduction_values.items() for a in (codec.as_storable(rv),)]
             metas.append((r.name, r.step, r.mode, r.mode_step, vd, r.save_raw, r.reductions, reds, r.save_shape,
                           r.shape))
-        return n if self._send(("records", metas), off, arrays, n) else 0
+        ok = self._send(("records", metas), off, arrays, n)
+        self._hand_records = ()
+        return n if ok else 0
 
     def submit_scalars(self, rows: ScalarRows) -> int:
         """Hand off float scalars of several steps (all or none): how many were accepted."""
@@ -417,9 +499,10 @@ class ProcessChunkWriter:
     def submit_batch(self, batch: RecordBatch) -> int:
         """Hand off a batch of raw tensors (all or none): how many tensors were accepted."""
         n = len(batch.arrays)
+        self._hand = (batch.step, batch.mode, batch.names)
         if not self._accepting():
             if self._dead:
-                self.dropped_records += n
+                self._lose(n)
             return 0
         flat = batch.flat
         if flat is not None and flat.flags.c_contiguous and flat.nbytes == sum(a.nbytes for a in batch.arrays):
@@ -523,6 +606,7 @@ class ProcessChunkWriter:
             layout = self._layouts.get((names, dtype, shapes, reductions))
             if layout is None:
                 layout = self.batch_layout(names, dtype, shapes, reductions)
+        self._hand = (step, mode, names, True)
         return self._reserve(layout, step, mode, mode_step)
 
     def _reserve(self, layout: tuple, step: int, mode: int, mode_step: int) -> Reservation | bool | None:
@@ -530,7 +614,7 @@ class ProcessChunkWriter:
         if self._closed or self._dead or self._forked or self._error is not None or self._h[_STATE] == _FAILED:
             if not self._accepting():
                 if self._dead:
-                    self.dropped_records += n
+                    self._lose(n)
                 return False
         if need > self._cap // 2:
             return None
@@ -628,7 +712,7 @@ class ProcessChunkWriter:
             if self._dead or self._proc.poll() is not None:
                 self._died()
                 if not control:
-                    self.dropped_records += n_records
+                    self._lose(n_records)
                 return None
             if self.backpressure == "drop" and not control:
                 self._drop(n_records)
@@ -650,7 +734,7 @@ class ProcessChunkWriter:
         while self._big_sent - self._h[_BIG_DONE] + payload_bytes > limit and self._big_sent > self._h[_BIG_DONE]:
             if self._proc.poll() is not None:
                 self._died()
-                self.dropped_records += n_records
+                self._lose(n_records)
                 return False
             if self.backpressure == "drop" or time.monotonic() >= deadline:
                 self._drop(n_records)
@@ -669,7 +753,7 @@ class ProcessChunkWriter:
         self._big_names.append((self._big_sent, seg.name))
         ok = self._send_locked(("big", seg.name, payload_bytes, meta), 0, [], n_records, control=True, hdr=hdr)
         if not ok:
-            self.dropped_records += n_records
+            self._lose(n_records)
         return ok
 
     def mark_step_passed(self, step: int, mode_steps: dict[str, int]) -> None:
@@ -683,6 +767,31 @@ class ProcessChunkWriter:
             return
         put_mark(self._hdr_addr + 8 * _MARK_SEQ, self._mark_seq, self._sent, step, train, eval_, predict, global_)
         self._mark_seq += 2
+        if self._h[_PROMPTED] < self._prompt_mark:
+            self._await_prompt()  # (the step before this one handed something over: it is readable when this ends)
+        if self._accepted != self._prompt_accepted and self.prompt_marks and (
+                time.monotonic() - self._prompt_time >= self._flush_interval * PROMPT_GAP):
+            # The step handed something over: readable by the time the next step ends (docs/format.md §7).
+            self._prompt_time = time.monotonic()
+            self._prompt_accepted, self._prompt_mark = self._accepted, self._mark_seq
+            self._h[_ASKED] = self._mark_seq
+            self._ring_bell(self._head)
+
+    #: a step mark with records handed over since the last asks for an index block at once (False: the caller
+    #: closes the writer next, which writes everything)
+    prompt_marks = True
+    _prompt_time = 0.0  # time.monotonic() of the last step mark that asked for an index block
+    _prompt_accepted = 0  # records accepted before the newest step mark that asked for an index block
+    _prompt_mark = 0  # ... and that mark's number (what _PROMPTED reaches once it is readable)
+
+    def _await_prompt(self) -> None:
+        """Wait (a flush interval at most) until the child has made the last prompted step readable. Not while the
+        child is starting: the training thread never waits for that; those steps are readable once it runs."""
+        deadline = time.monotonic() + self._flush_interval
+        while self._h[_PROMPTED] < self._prompt_mark and self._h[_STATE] == _RUNNING and not self._dead:
+            if time.monotonic() >= deadline or self._proc.poll() is not None:
+                return
+            self._await_answer(deadline)
 
     def set_collections(self, collections_json: dict[str, Any]) -> None:
         if self._accepting():
@@ -696,6 +805,7 @@ class ProcessChunkWriter:
         seq = self._flush_seq
         if not self._send(("flush", seq), 0, [], 0, control=True):
             return False
+        self._prompt_accepted = self._accepted  # (what was handed over is readable: the next mark asks for none)
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._h[_FLUSHED] < seq:
             if self._h[_STATE] in (_FAILED, _ENDED) or self._proc.poll() is not None:
@@ -719,13 +829,16 @@ class ProcessChunkWriter:
         if not self._dead and self._proc.poll() is None and self._h[_STATE] != _FAILED:
             self._send(("stop",), 0, [], 0, control=True)
         self._closed = True
-        try:
-            self._proc.wait(timeout if timeout is not None else self.close_timeout)
-        except subprocess.TimeoutExpired:
+        wait = timeout if timeout is not None else self.close_timeout
+        if self._take_ring():
+            self._write_ring_here()
+        elif not self._await_end(wait):
             logger.error("tensortap: the writer process of %s did not finish within %s s; stopping it",
-                         self.worker, timeout)
+                         self.worker, wait)
             self._proc.kill()
-            self._proc.wait()
+        # Its exit (and the ring's memory, freed when the last holder lets go) is not waited for: the process is
+        # reaped when it has gone.
+        _reap_later(self._proc)
         if self._h[_STATE] != _ENDED and self._h[_STATE] != _FAILED:
             self._died()
         elif not self._child_dropped_counted:
@@ -737,26 +850,80 @@ class ProcessChunkWriter:
         for cum, name in self._big_names:  # segments the child never took
             if cum > done:
                 _unlink(name)
-        for fd in (self._bell, self._answer):
+        for fd in (self._bell, self._answer, self._token):
             try:
                 os.close(fd)
             except OSError:
                 pass
-        self._release_shm(unlink=True)
+        self._release_ring()
 
-    def _release_shm(self, unlink: bool) -> None:
+    def _take_ring(self) -> bool:
+        """Become the ring's reader if the child has not attached yet (it then exits as soon as it starts)."""
+        if self._dead or self._proc.poll() is not None:
+            return False
+        try:
+            return os.read(self._token, 1) == b"\0"
+        except (BlockingIOError, OSError):
+            return False
+
+    def _write_ring_here(self) -> None:
+        """What the child would have done, on this thread: write every message in the ring up to the stop."""
+        self._proc.kill()
+        rfd, wfd = os.pipe()
+        try:
+            # (a writer thread that is never started: its loop runs here, up to the stop message)
+            reader = _ChildWriter(self._storage, self.worker, self._mm, rfd, -1, start_after=3600.0, **self._opts)
+            reader._start_by = float("inf")
+            reader._run()
+            reader.release()
+        finally:
+            os.close(rfd)
+            os.close(wfd)
+
+    def _await_end(self, timeout: float) -> bool:
+        """Wait until the child has written everything up to the stop, or has gone (not for the rest of its exit);
+        False if it is still at work after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while self._h[_STATE] not in (_ENDED, _FAILED) and self._proc.poll() is None:
+            if time.monotonic() >= deadline:
+                return False
+            self._await_answer(deadline)
+        return True
+
+    def _release_ring(self) -> None:
         self._h.release()
         self._u8 = None
-        try:
-            self._ring_mv.release()
-            self._shm.close()
-        except BufferError:
-            # somebody still holds a view of the ring (e.g. a tensor over it): the mapping goes when
-            # they do; the segment's name is unlinked all the same
-            logger.debug("tensortap: the writer's ring is still referenced at close")
-        if unlink:
-            self._shm.unlink()
+        self._ring_mv.release()
+        self._mem.release()
         self._h = _Closed()
+        mm, fd, proc, addr, size = self._mm, self._ring_fd, self._proc, self._hdr_addr, _HDR + self._cap
+        prefaulting = self._prefaulting
+
+        def release() -> None:
+            # Once the child has gone (it no longer reads the ring): drop this mapping's pages and free the
+            # file's, without the GIL (mmap.close() holds it while it unmaps ~30 ms of populated pages).
+            try:
+                proc.wait(60)
+                prefaulting.join()
+                import ctypes
+
+                ctypes.CDLL(None, use_errno=True).madvise(ctypes.c_void_p(addr), ctypes.c_size_t(size), 4)
+                os.ftruncate(fd, 0)  # (MADV_DONTNEED above, then the file's pages go)
+            except Exception:  # noqa: BLE001 - not Linux, or the child did not end: unmapped as it is
+                pass
+            try:
+                mm.close()
+            except BufferError:
+                # somebody still holds a view of the ring (e.g. a tensor over it): the mapping goes when they do
+                logger.debug("tensortap: the writer's ring is still referenced at close")
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+        # Unmapping 64 MB and freeing it takes ~30 ms on a loaded machine: not on the closing thread, and not
+        # holding the GIL.
+        threading.Thread(target=release, name="tensortap-ring-release", daemon=True).start()
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
@@ -776,6 +943,15 @@ class _Closed:
         pass
 
 
+_ENDING: list[subprocess.Popen] = []  # writer processes that have written everything and are exiting
+
+
+def _reap_later(proc: subprocess.Popen) -> None:
+    """Collect `proc`'s exit status once it has gone (now, or at a later call), without waiting for it."""
+    _ENDING.append(proc)
+    _ENDING[:] = [p for p in _ENDING if p.poll() is None]
+
+
 def _unlink(name: str) -> None:
     try:
         import _posixshmem
@@ -786,6 +962,27 @@ def _unlink(name: str) -> None:
 
 
 # --- child process --------------------------------------------------------------------------------
+
+
+def _ring_file(size: int) -> int:
+    """A descriptor of a new anonymous shared file of `size` bytes. Without memfd its pages are reserved in
+    /dev/shm now: on a full /dev/shm (Docker's default is 64 MB) touching an unbacked page later would kill the
+    training process with SIGBUS; here it is an OSError."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("tensortap-ring", os.MFD_CLOEXEC)
+    else:  # (no memfd: a file in /dev/shm, unlinked at once)
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="tensortap-ring-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        os.unlink(path)
+    try:
+        os.ftruncate(fd, size)
+        if not hasattr(os, "memfd_create") and hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, size)  # (a memfd is not on /dev/shm, whose size a container may limit)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _open_segment(name: str, size: int) -> Any:
@@ -802,7 +999,8 @@ def _open_segment(name: str, size: int) -> Any:
 class _ChildWriter(ChunkWriter):
     """A ChunkWriter whose writer thread reads messages from the shared ring instead of a queue."""
 
-    def __init__(self, storage: Storage, worker: str, mem: Any, bell: int, answer: int = -1, **kw: Any):
+    def __init__(self, storage: Storage, worker: str, mem: Any, bell: int, answer: int = -1,
+                 tensorboard_dir: str | None = None, **kw: Any):
         self._mem = mem
         self._hv = memoryview(mem)[:_SLOTS * 8].cast("q")
         self._ring = np.frombuffer(mem, dtype=np.uint8, offset=_HDR)
@@ -826,7 +1024,12 @@ class _ChildWriter(ChunkWriter):
         self._dio_off = 0
         self._dio_bytes = 0
         self._slept_bytes = 0  # bytes published while the child last slept (0: it found more without sleeping)
-        super().__init__(storage, worker, **kw)
+        exporter = None
+        if tensorboard_dir:  # (the TensorBoard export, attached to the writer as its sink)
+            from tensortap.tensorboard.export import EventExporter
+
+            exporter = EventExporter(tensorboard_dir, worker)
+        super().__init__(storage, worker, exporter=exporter, **kw)
 
     # Payload runs of at least this many bytes that start on a page of the ring are written with
     # O_DIRECT: the disk reads them from the ring, so the child neither copies them into the page cache
@@ -842,6 +1045,12 @@ class _ChildWriter(ChunkWriter):
         """Whether the messages published and not yet handled are a backlog: over 1/8 of the ring more than what
         came while the child last slept (that much waits at every look, however fast it writes)."""
         return load_acquire(self._hdr_addr + 8 * _HEAD) - self._tail > self._rcap // 8 + self._slept_bytes
+
+    def release(self) -> None:
+        """Drop this reader's views of the ring (when it ran in the training process, which unmaps it)."""
+        self._hv.release()
+        self._ring = None
+        self._mem = None
 
     def _open_chunk(self) -> None:
         self._close_direct()  # (pending direct writes go to the chunk they were laid out in)
@@ -906,6 +1115,11 @@ class _ChildWriter(ChunkWriter):
                 raise
             self._storage_full(e, 0)
         self._publish_done()
+
+    def _discard_unwritten(self) -> None:
+        super()._discard_unwritten()
+        self._dio = []
+        self._dio_bytes = 0
 
     def _forget_block(self) -> None:
         super()._forget_block()
@@ -990,6 +1204,15 @@ class _ChildWriter(ChunkWriter):
                     except OSError:  # full (nobody waits) or closed (the parent is gone)
                         pass
                 self._take_mark()
+                if self._adopted > h[_PROMPTED] and h[_ASKED] > h[_PROMPTED]:
+                    # (a step mark at or past the one the training process asked for: readable now)
+                    self._write_block()
+                    last_flush = time.monotonic()
+                    h[_PROMPTED] = self._adopted
+                    try:
+                        os.write(self._answer, b"\0")
+                    except OSError:
+                        pass
                 if self._stop:
                     self._write_block(end=True)
                     self._drain_unpublished(deadline=time.monotonic() + self.close_timeout)
@@ -1017,6 +1240,10 @@ class _ChildWriter(ChunkWriter):
             h[_ERR_LEN] = len(text)
             h[_STATE] = _FAILED
         finally:
+            try:
+                os.write(self._answer, b"\0")  # (a close() waiting for the end wakes at once)
+            except OSError:
+                pass
             if self.exporter is not None:
                 self.exporter.close()
             self._close_direct()
@@ -1029,6 +1256,7 @@ class _ChildWriter(ChunkWriter):
 
     _flush_events_done = 0
     _urgent_seen = 0
+    _adopted = 0  # the newest step mark adopted
 
     def _target(self) -> int:
         """Ring position to handle messages up to: everything published. (Handling it at each look rather
@@ -1054,7 +1282,7 @@ class _ChildWriter(ChunkWriter):
         while seen and seen[0][1] <= self._done_msgs:
             best = seen.popleft()
         if best is not None:
-            _seq, _msgs, step, *modes = best
+            self._adopted, _msgs, step, *modes = best
             self._marks.append((self._encoded, {"step": step, "mode_steps": {
                 n: v for n, v in zip(_MODE_NAMES, modes, strict=True) if v >= 0}}))
 
@@ -1159,7 +1387,14 @@ def _child_main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the training process, which closes us
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     cfg = json.loads(sys.argv[1])
-    mem = _open_segment(cfg["shm"], cfg["size"])
+    try:
+        token = os.read(cfg["token"], 1) if "token" in cfg else b"\0"
+    except BlockingIOError:
+        token = b""
+    if token != b"\0":
+        os._exit(0)  # the training process's close() writes the ring itself
+    mem = mmap.mmap(cfg["ring"], cfg["size"])
+    os.close(cfg["ring"])
     storage = open_storage(cfg["url"])
     if cfg.get("answer", -1) >= 0:
         os.set_blocking(cfg["answer"], False)
@@ -1168,4 +1403,5 @@ def _child_main() -> None:
                      max_pending_bytes=cfg["max_pending_bytes"], metadata=cfg["metadata"],
                      tensorboard_dir=cfg.get("tensorboard_dir"))
     w._thread.join()
-    sys.exit(1 if w.error is not None else 0)
+    logging.shutdown()
+    os._exit(1 if w.error is not None else 0)  # (everything is written: no interpreter teardown to wait for)

@@ -91,6 +91,9 @@ def create_trial(
                 f"range_steps={range_steps!r} must be (begin, end) of non-negative ints or None with begin < end"
             )
         range_steps = tuple(range_steps)
+    from tensortap.format.live import settle
+
+    settle(path)  # (a hook of this process writing `path`: what it was handed is readable first)
     try:
         storage = open_storage(path)
     except ValueError as e:

@@ -318,7 +318,8 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
         if self.__dict__.get("_is_copy"):
             self.close()  # a copy serves one training call, in a process that may end without exit handlers
         elif self.active:
-            self.end_step()  # (the writer makes it visible within its flush interval; close() completes the job)
+            self.end_step()
+            self.flush()  # every round saved is readable when xgb.train returns; close() completes the job
         return model
 
     def after_iteration(self, model: Any, epoch: int, evals_log: dict[str, Any]) -> bool:

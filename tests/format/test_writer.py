@@ -36,8 +36,10 @@ def test_scalar_rows_read_back_bit_for_bit_beside_other_records(tmp_path, kind):
     opts: dict = {}
     if kind == "thread-late":
         opts["start_after"] = 60.0
-    if kind == "thread-tensorboard":
-        opts["tensorboard_dir"] = str(tmp_path / "tb")
+    if kind == "thread-tensorboard":  # (the export: a sink attached to the writer)
+        from tensortap.tensorboard.export import EventExporter
+
+        opts["exporter"] = EventExporter(str(tmp_path / "tb"), "worker_0")
     w = open_writer(kind.split("-")[0], LocalStorage(out), "worker_0", **opts)
     try:
         other = np.arange(40, dtype=np.float32)
