@@ -71,7 +71,8 @@ def test_zero_script_change_captures_what_an_explicit_hook_captures(tmp_path, ba
     for mode in (tt.modes.TRAIN, tt.modes.EVAL):
         assert auto.steps(mode=mode) == explicit.steps(mode=mode)
     assert auto.steps(mode=tt.modes.TRAIN) == [0, 3, 6]
-    assert auto.steps(mode=tt.modes.EVAL) == [0, 3]  # 2 + 2 validation batches, then 2 of evaluate
+    # 2 + 2 validation batches, then 2 of evaluate: the losses of every EVAL step are saved (the default)
+    assert auto.steps(mode=tt.modes.EVAL) == [0, 1, 2, 3, 4, 5]
     for n in names:
         assert auto.tensor(n).steps() == explicit.tensor(n).steps(), n
         for s in auto.tensor(n).steps():
