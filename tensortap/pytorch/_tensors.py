@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from tensortap.pytorch._dtensor import is_dtensor
+
 # torch dtypes numpy lacks, stored through ml_dtypes when it is installed (else upcast to float32).
 _ML_DTYPE_NAMES = {
     torch.bfloat16: "bfloat16",
@@ -40,7 +42,9 @@ def iter_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
 
 def capturable(t: torch.Tensor) -> bool:
     """Whether `t` holds real, dense data we can copy (not sparse, meta, fake or nested)."""
-    return t.layout is torch.strided and not t.is_meta and not getattr(t, "is_nested", False)
+    # (a DTensor has no storage of its own: its local shard is what is captured, see _dtensor)
+    return (t.layout is torch.strided and not t.is_meta and not getattr(t, "is_nested", False)
+            and not is_dtensor(t))
 
 
 def host_numpy(t: torch.Tensor) -> np.ndarray:
@@ -92,7 +96,10 @@ def ring_sources(tensors: list[torch.Tensor], shapes: tuple[tuple[int, ...], ...
             return None
         if same and t.shape != shapes[i]:
             same = False
-        sources.append((t.data_ptr(), t.nbytes))
+        ptr = t.data_ptr()
+        if not ptr and t.nbytes:
+            return None  # a wrapper with no storage of its own (a DTensor)
+        sources.append((ptr, t.nbytes))
         i += 1
     return sources, shapes if same else tuple(tuple(t.shape) for t in tensors)
 
