@@ -179,3 +179,54 @@ def _layout(parts: list[torch.Tensor]) -> list[tuple[int, int, tuple[int, ...]]]
         out.append((off, off + k, tuple(p.shape)))
         off += k
     return out
+
+
+_FOREACH_MAX = getattr(torch, "_foreach_max", None)
+_TORCH_REDUCTION = {
+    "min": torch.min, "max": torch.max, "mean": torch.mean, "sum": torch.sum, "prod": torch.prod,
+    "median": lambda x: x.median(), "std": lambda x: x.std(correction=0), "variance": lambda x: x.var(correction=0),
+}
+
+
+def device_reductions(tensors: list[torch.Tensor], reds: list[tuple[tuple[str, bool], ...]]
+                      ) -> list[dict[tuple[str, bool], np.ndarray]]:
+    """The reductions `reds[i]` of each `tensors[i]`, computed where the tensors live: the norms (and plain
+    maxima) of all the tensors in one batched kernel each (`torch._foreach_norm`), the rest per tensor, and
+    every value brought to the host in one transfer. Values are 0-d arrays of the tensor's numpy dtype (int64 for
+    `nonfinite`), as the writer's own reductions are (tensortap.format.writer.compute_reduction)."""
+    out: list[tuple[int, tuple[str, bool]]] = []
+    vals: list[torch.Tensor | None] = []
+    batched: dict[tuple[str, float], list[int]] = {}  # (kind, order): positions in `vals`, in tensor order
+    batched_src: dict[tuple[str, float], list[torch.Tensor]] = {}
+    for i, (t, rs) in enumerate(zip(tensors, reds, strict=True)):
+        x = t if t.dtype.is_floating_point or t.dtype.is_complex else t.double()
+        for key in rs:
+            name, abs_ = key
+            out.append((i, key))
+            if name in ("l1", "l2") or (name == "max" and abs_):
+                order = {"l1": 1.0, "l2": 2.0}.get(name, float("inf"))
+                batched.setdefault(("norm", order), []).append(len(vals))
+                batched_src.setdefault(("norm", order), []).append(x)
+                vals.append(None)
+            elif name == "max" and _FOREACH_MAX is not None and x.numel():
+                batched.setdefault(("max", 0.0), []).append(len(vals))
+                batched_src.setdefault(("max", 0.0), []).append(x)
+                vals.append(None)
+            elif name == "nonfinite":
+                vals.append(x.numel() - torch.isfinite(x).sum() if x.is_floating_point() else x.new_zeros(()))
+            else:
+                vals.append(_TORCH_REDUCTION[name](x.abs() if abs_ else x))
+    for (kind, order), pos in batched.items():
+        src = batched_src[(kind, order)]
+        res = torch._foreach_norm(src, order) if kind == "norm" else _FOREACH_MAX(src)
+        for p, r in zip(pos, res, strict=True):
+            vals[p] = r
+    host = torch.stack([v.detach().reshape(()).to(torch.float64) for v in vals]).cpu().numpy() if vals else []
+    result: list[dict[tuple[str, bool], np.ndarray]] = [{} for _ in tensors]
+    for (i, key), v in zip(out, host, strict=True):
+        if key[0] == "nonfinite":
+            result[i][key] = np.asarray(np.int64(v))
+        else:
+            nd = numpy_dtype(tensors[i].dtype) if tensors[i].dtype.is_floating_point else None
+            result[i][key] = np.asarray(v, dtype=nd if nd is not None else np.float64)
+    return result

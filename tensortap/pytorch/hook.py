@@ -30,7 +30,7 @@ from tensortap import modes as _modes
 from tensortap.capture.batch import BatchSpec, StepLayout
 from tensortap.collection import ACTIVATION_COLLECTIONS, Collection, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
-from tensortap.format.writer import RecordBatch
+from tensortap.format.writer import Record, RecordBatch
 from tensortap.hooks.base import Hook as BaseHook
 from tensortap.hooks.base import rank_in_env
 from tensortap.pytorch import _dtensor, _step_counter, singleton
@@ -38,6 +38,7 @@ from tensortap.pytorch._step_counter import CountingHooks
 from tensortap.pytorch._tensors import (
     HostBatch,
     capturable,
+    device_reductions,
     host_numpy,
     iter_tensors,
     numpy_dtype,
@@ -177,6 +178,10 @@ class _Plan:
     grad_spec: BatchSpec | None = None
     step_layout: StepLayout | None = None  # of one message for weights and gradients, once learned
     sharded: bool = False  # some parameter is a DTensor: its local shard is saved (see _dtensor)
+    # the reductions of each weight / gradient when they are all saved as reductions only (statistics
+    # computed where the tensors live, see device_reductions), else None; False: not yet known
+    weight_reds: Any = False
+    grad_reds: Any = False
 
 
 class Hook(BaseHook):
@@ -248,6 +253,7 @@ class Hook(BaseHook):
         self._module_io_seen = False  # a module input/output hook ran in the current saving step
         self._forward_unseen = False  # registered modules run compiled: their forwards are never seen
         self._scalers: list[Any] = []
+        self._grad_reduced: list[dict] | None = None  # the step's gradient statistics, computed at capture
         self._step_handles_kept: list[Any] = []  # hooks kept until close
         self._activation_keys: dict[str, str] = {}  # "<module>_output_": its activation collection
         singleton.set_hook(self)
@@ -665,6 +671,13 @@ class Hook(BaseHook):
                         break
                     grads.append(g)
                 if usual:
+                    if plan.grad_reds is False:
+                        plan.grad_reds = self._reductions_only(plan.grad_items)
+                    if plan.grad_reds is not None:
+                        # statistics only: computed now, where the gradients live (a later call replaces them)
+                        self._pending_grads = {}
+                        self._grad_reduced = device_reductions(grads, plan.grad_reds)
+                        return
                     # the usual case: every gradient, in one copy (a later backward of this step replaces it)
                     self._pending_grads = {}
                     if plan.grad_spec is None:
@@ -941,6 +954,11 @@ class Hook(BaseHook):
             if spec is not None:
                 spec.sources = None
             plan.step_layout = None  # (learned again: the parameters' shapes or dtype may have changed)
+        if plan.weight_reds is False:
+            plan.weight_reds = self._reductions_only(plan.weight_items)
+        if plan.weight_reds is not None and not plan.some_odd:
+            self._write_reduced(device_reductions(views, plan.weight_reds), plan.weight_items)
+            return
         if not plan.some_odd:
             if spec is None:
                 spec = plan.weight_spec = self._batch_spec(plan.weight_items)
@@ -959,9 +977,15 @@ class Hook(BaseHook):
             self._stage_or_write([views[i] for i in keep], [plan.weight_items[i] for i in keep])
 
     def _stage_or_write(self, tensors: list[torch.Tensor], items: list[tuple[str, list[Collection]]],
-                        spec: BatchSpec | None = None, reuse: bool = False) -> None:
+                        spec: BatchSpec | None = None, reuse: bool = False, reds: Any = False) -> None:
         if not tensors:
             return
+        if spec is None or not spec.raw_only:
+            if reds is False:
+                reds = self._reductions_only(items)
+            if reds is not None:
+                self._write_reduced(device_reductions(tensors, reds), items)
+                return
         if spec is not None:
             res = self._ring_batch(tensors, spec, reuse=reuse)
             if res is not None:
@@ -1020,8 +1044,9 @@ class Hook(BaseHook):
 
     def _hand_off_grads(self) -> None:
         if (self._grad_res is None and self._grad_batch is None and not self._pending_grads and not self._small
-                and self._step_res is None):
+                and self._step_res is None and self._grad_reduced is None):
             return  # (every step that saved no gradients)
+        reduced, self._grad_reduced = self._grad_reduced, None
         active = self._saving and not self.disabled and not self._closed  # (writes: it made `res`)
         if self._step_res is not None:
             self._split_step_res(send=active)  # (unless it holds the gradients: then it is `res`)
@@ -1041,6 +1066,9 @@ class Hook(BaseHook):
                 res.cancel()
         if not active or not self.writes:
             return
+        if reduced is not None and plan is not None:
+            with self.guard("gradients"):
+                self._write_reduced(reduced, plan.grad_items)
         if small:
             with self.guard("small tensors"):
                 self.write_tensors([(name, host_numpy(t), colls) for name, t, colls in small], copy=False)
@@ -1158,6 +1186,31 @@ class Hook(BaseHook):
             self._raw_only_cache.clear()
             self._io_skip.clear()
             self._invalidate_caches()
+
+    def _reductions_only(self, items: list[tuple[str, list[Collection]]]) -> list[tuple] | None:
+        """The reductions of each item when every item is saved as reductions alone (no raw value, no shape),
+        else None."""
+        out = []
+        for name, colls in items:
+            save_raw, reds, save_shape = self._plan(name, colls)
+            if save_raw or save_shape or not reds:
+                return None
+            out.append(reds)
+        return out
+
+    def _write_reduced(self, values: list[dict], items: list[tuple[str, list[Collection]]]) -> None:
+        """Reductions computed here (device_reductions) to the writer, in one hand-off."""
+        if self.dry_run:
+            for name, colls in items:
+                self._note_membership(name, colls)
+            return
+        step, mode, mode_step = self.step_id()
+        records = []
+        for (name, colls), rv in zip(items, values, strict=True):
+            self._note_membership(name, colls)
+            records.append(Record(name=name, step=step, mode=mode, mode_step=mode_step, value=None, save_raw=False,
+                                  reduction_values=rv))
+        self._get_writer().submit_many(records)
 
     def _raw_only(self, name: str, colls: list[Collection]) -> bool:
         key = (name, tuple(map(id, colls)))
