@@ -37,6 +37,7 @@ from tensortap.pytorch import _dtensor, _step_counter, singleton
 from tensortap.pytorch._step_counter import CountingHooks
 from tensortap.pytorch._tensors import (
     HostBatch,
+    ReductionProgram,
     capturable,
     device_reductions,
     host_numpy,
@@ -182,6 +183,8 @@ class _Plan:
     # computed where the tensors live, see device_reductions), else None; False: not yet known
     weight_reds: Any = False
     grad_reds: Any = False
+    weight_prog: ReductionProgram | None = None
+    grad_prog: ReductionProgram | None = None
 
 
 class Hook(BaseHook):
@@ -254,6 +257,7 @@ class Hook(BaseHook):
         self._forward_unseen = False  # registered modules run compiled: their forwards are never seen
         self._scalers: list[Any] = []
         self._grad_reduced: list[dict] | None = None  # the step's gradient statistics, computed at capture
+        self._reduced_records: list[Record] = []  # the step's statistics, handed over when it ends
         self._step_handles_kept: list[Any] = []  # hooks kept until close
         self._activation_keys: dict[str, str] = {}  # "<module>_output_": its activation collection
         singleton.set_hook(self)
@@ -676,7 +680,10 @@ class Hook(BaseHook):
                     if plan.grad_reds is not None:
                         # statistics only: computed now, where the gradients live (a later call replaces them)
                         self._pending_grads = {}
-                        self._grad_reduced = device_reductions(grads, plan.grad_reds)
+                        prog = plan.grad_prog
+                        if prog is None or prog.dtypes != tuple(g.dtype for g in grads):
+                            prog = plan.grad_prog = ReductionProgram(grads, plan.grad_reds)
+                        self._grad_reduced = prog.run(grads)
                         return
                     # the usual case: every gradient, in one copy (a later backward of this step replaces it)
                     self._pending_grads = {}
@@ -957,7 +964,10 @@ class Hook(BaseHook):
         if plan.weight_reds is False:
             plan.weight_reds = self._reductions_only(plan.weight_items)
         if plan.weight_reds is not None and not plan.some_odd:
-            self._write_reduced(device_reductions(views, plan.weight_reds), plan.weight_items)
+            prog = plan.weight_prog
+            if prog is None or prog.dtypes != tuple(v.dtype for v in views):
+                prog = plan.weight_prog = ReductionProgram(views, plan.weight_reds)
+            self._write_reduced(prog.run(views), plan.weight_items)
             return
         if not plan.some_odd:
             if spec is None:
@@ -1044,7 +1054,7 @@ class Hook(BaseHook):
 
     def _hand_off_grads(self) -> None:
         if (self._grad_res is None and self._grad_batch is None and not self._pending_grads and not self._small
-                and self._step_res is None and self._grad_reduced is None):
+                and self._step_res is None and self._grad_reduced is None and not self._reduced_records):
             return  # (every step that saved no gradients)
         reduced, self._grad_reduced = self._grad_reduced, None
         active = self._saving and not self.disabled and not self._closed  # (writes: it made `res`)
@@ -1065,10 +1075,15 @@ class Hook(BaseHook):
             else:
                 res.cancel()
         if not active or not self.writes:
+            self._reduced_records = []
             return
         if reduced is not None and plan is not None:
             with self.guard("gradients"):
                 self._write_reduced(reduced, plan.grad_items)
+        if self._reduced_records:
+            records, self._reduced_records = self._reduced_records, []
+            with self.guard("statistics"):
+                self._get_writer().submit_many(records)
         if small:
             with self.guard("small tensors"):
                 self.write_tensors([(name, host_numpy(t), colls) for name, t, colls in small], copy=False)
@@ -1205,12 +1220,14 @@ class Hook(BaseHook):
                 self._note_membership(name, colls)
             return
         step, mode, mode_step = self.step_id()
-        records = []
+        records = self._reduced_records if self._saving else []
         for (name, colls), rv in zip(items, values, strict=True):
             self._note_membership(name, colls)
             records.append(Record(name=name, step=step, mode=mode, mode_step=mode_step, value=None, save_raw=False,
                                   reduction_values=rv))
-        self._get_writer().submit_many(records)
+        if not self._saving:
+            self._get_writer().submit_many(records)
+        # (else handed over with the step's other statistics when it ends: one hand-off per step)
 
     def _raw_only(self, name: str, colls: list[Collection]) -> bool:
         key = (name, tuple(map(id, colls)))
