@@ -37,6 +37,8 @@ PLAIN = textwrap.dedent(
         loss.backward()
         opt.step()
     model.eval()
+    if explicit:  # (else the three forwards would be one step: the optimizer's steps are over, see docs/pytorch.md)
+        hook.set_mode(tp.modes.EVAL)
     with torch.no_grad():
         for _ in range(3):
             loss_fn(model(x), y)
@@ -124,7 +126,7 @@ def test_zero_script_change_captures_what_an_explicit_hook_captures(tmp_path):
     assert names == explicit.tensor_names()
     assert "Sequential_0.weight" in names and "gradient/Sequential_2.bias" in names
     assert "CrossEntropyLoss_output_0" in names
-    # The explicit script never calls set_mode (everything is GLOBAL there); the automatic capture
+    # The explicit script sets only the EVAL mode (its training steps are GLOBAL); the automatic capture
     # follows model.train()/model.eval(). Global steps are the same.
     for n in names:
         assert auto.tensor(n).steps() == explicit.tensor(n).steps(), n
