@@ -3,11 +3,12 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.demo-installed
 # smdebug 1.0.34 in its own venv, for the differential test (tests/differential)
 SMD_VENV := .venv-smdebug
 SMD_STAMP := $(SMD_VENV)/.installed
 
-.PHONY: install smdebug-venv test demo lint bench clean chromium
+.PHONY: install demo-install smdebug-venv test demo lint bench clean chromium
 
 $(STAMP): pyproject.toml setup.py tensortap/transport/_streamcopy.c tensortap/pytorch/_counting.c requirements/test.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -17,6 +18,19 @@ $(STAMP): pyproject.toml setup.py tensortap/transport/_streamcopy.c tensortap/py
 	touch $(STAMP)
 
 install: $(STAMP) chromium
+
+# `make demo` installs only what the demo needs (requirements/demo.txt, ~0.9 GB, mostly PyTorch) into the same
+# .venv, which `make test` later completes. --no-compile, then `demo.py --prepare`: Python compiles the modules
+# the demo imports, once (even where PYTHONDONTWRITEBYTECODE is set), instead of pip compiling all of PyTorch up
+# front (half of the install's time) or each of the demo's processes compiling what it imports.
+$(DEMO_STAMP): pyproject.toml setup.py tensortap/transport/_streamcopy.c tensortap/pytorch/_counting.c requirements/demo.txt
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --no-compile -r requirements/demo.txt
+	$(VPY) -m pip install -q --no-compile --no-build-isolation -e .
+	PYTHONDONTWRITEBYTECODE= $(VPY) examples/demo.py --prepare
+	touch $(DEMO_STAMP)
+
+demo-install: $(DEMO_STAMP)
 
 # The browser tests (tests/ui) drive Debian's chromium; install it when we can (root and apt-get), else
 # those tests skip with a message saying so.
@@ -68,7 +82,7 @@ clean-mxnet:
 lint: install
 	$(VPY) -m ruff check tensortap tests bench
 
-demo: install
+demo: $(DEMO_STAMP)
 	$(VPY) examples/demo.py
 
 clean:

@@ -1,4 +1,4 @@
-"""Dashboard speed and report size (issue #25).
+"""Dashboard speed and report size (issues #25, #42).
 
 Writes a job of STEPS steps × 100 tensors with the generic hook (a loss and an accuracy every step,
 49 weights and 49 gradients of 16 float32 each, raw, every step: 1,000,000 saved values at 10,000 steps),
@@ -8,6 +8,13 @@ of the first view is drawn (0 = navigation start). Also the paint of the layers 
 server's resident memory, and the size of `tensortap report` for a 1,000-step job of the same shape.
 
     .venv/bin/python bench/ui_paint.py [--steps 10000] [--rounds 5]
+    .venv/bin/python bench/ui_paint.py --scale [--big-steps 1000000] [--big-tensors 1000] [--jobs 50]
+
+`--scale` (issue #42) instead measures a synthetic job of BIG_STEPS steps (a loss and an accuracy saved at
+every step) and BIG_TENSORS tensors (half weights, half gradients; their L2 norm, min and max saved at every
+BIG_EVERY-th step: the tensor list is BIG_TENSORS long, the steps span BIG_STEPS), and JOBS jobs side by side
+(each 10,000 steps of a loss and 10 layers): cold first paint, each tab, a search of the layers, and a zoom
+that re-reads 1 % of the steps at full resolution.
 """
 
 from __future__ import annotations
@@ -236,13 +243,181 @@ def live_latency(rounds: int) -> list[float]:
     return lat
 
 
+def write_big_job(out: str, steps: int, tensors: int, every: int) -> float:
+    """A loss and an accuracy at every step; `tensors` tensors' L2 norm, min and max at every `every`-th."""
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1), include_collections=["weights", "gradients"],
+                   reduction_config=tt.ReductionConfig(norms=["l2"], reductions=["min", "max"],
+                                                       save_raw_tensor=False))
+    rng = np.random.default_rng(0)
+    noise = rng.standard_normal(steps).astype(np.float32)
+    layers = tensors // 2
+    for step in range(steps):
+        hook.set_mode(modes.TRAIN)
+        hook.next_step()
+        loss = 2.0 / (1 + step / 10_000) + 0.05 * float(noise[step])
+        if step == steps // 3:
+            loss = 100.0  # one spike: every zoom level must show it
+        hook.save_scalar("loss", loss)
+        hook.save_scalar("accuracy", 1 - 1 / (1 + step / 10_000))
+        if step % every == 0:
+            g = rng.standard_normal((layers, 16)).astype(np.float32)
+            for i in range(layers):
+                hook.save_tensor(f"weights/block{i}/dense", g[i] + 1, "weights")
+                hook.save_tensor(f"gradients/block{i}/dense", g[i] * 1e-3, "gradients")
+    hook.close()
+    return time.perf_counter() - t0
+
+
+def write_many_jobs(root: str, n: int, steps: int = 10_000, layers: int = 10) -> float:
+    """`n` jobs: a loss at every step, `layers` weights and gradients (16 floats, raw) at every 100th."""
+    shutil.rmtree(root, ignore_errors=True)
+    t0 = time.perf_counter()
+    for j in range(n):
+        hook = tt.Hook(os.path.join(root, f"run{j:02d}"), save_config=tt.SaveConfig(save_interval=1),
+                       include_collections=["weights", "gradients"],
+                       reduction_config=tt.ReductionConfig(save_raw_tensor=True))
+        rng = np.random.default_rng(j)
+        for step in range(steps):
+            hook.set_mode(modes.TRAIN)
+            hook.next_step()
+            hook.save_scalar("loss", (1 + j / n) / (1 + step / 1000) + 0.02 * rng.random())
+            if step % 100 == 0:
+                g = rng.standard_normal((layers, 16)).astype(np.float32)
+                for i in range(layers):
+                    hook.save_tensor(f"weights/layer{i}", g[i] + 1, "weights")
+                    hook.save_tensor(f"gradients/layer{i}", g[i] * 0.1, "gradients")
+        hook.close()
+    return time.perf_counter() - t0
+
+
+def measure_scale(paths: list[str], rounds: int, zoom: bool) -> dict:
+    """Cold first paints of the overview, then each tab, a search of the layers and (zoom) a zoom to 1 % of
+    the steps, for a dashboard of `paths` started in its own process."""
+    from playwright.sync_api import sync_playwright
+
+    exe = os.path.join(os.path.dirname(sys.executable), "tensortap")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([exe, "ui", *paths, "--port", "0"], stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    res: dict = {"server_start_s": time.perf_counter() - t0, "paint_ms": [], "tabs": {}, "marks": []}
+    url = line.split(" at ", 1)[1].split()[0]
+    try:
+        with sync_playwright() as p:
+            b = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu",
+                                                                  "--disable-background-networking"])
+            floor_url, floor_stop = plotly_only_page()
+            res["floor_ms"] = []
+            for _ in range(rounds):  # cold loads, alternated with a page that loads plotly.js alone
+                for target, key in ((url, "paint_ms"), (floor_url, "floor_ms")):
+                    ctx = b.new_context(viewport={"width": 1280, "height": 900})
+                    page = ctx.new_page()
+                    page.goto(target)
+                    res[key].append(wait(page, "window.ttPaintedAt" if key == "paint_ms" else "window.ttLoadedAt",
+                                         timeout=300))
+                    if key == "paint_ms":
+                        res["marks"].append(page.evaluate(MARKS_JS))
+                    ctx.close()
+            floor_stop()
+            ctx = b.new_context(viewport={"width": 1280, "height": 900})
+            page = ctx.new_page()
+            page.goto(url)
+            wait(page, "window.ttPaintedAt", timeout=300)
+            if zoom:
+                res["zoom_ms"] = []
+                for k in range(rounds):
+                    n = page.evaluate("window.ttZooms || 0")
+                    lo = 100_000 + k * 50_000
+                    t = time.perf_counter()
+                    page.evaluate("r => Plotly.relayout(document.querySelector('div.figure[data-fig=scalars-TRAIN]'), "
+                                  "{'xaxis.range': r})", [lo, lo + 9_999])
+                    wait(page, f"(window.ttZooms || 0) > {n}", timeout=120)
+                    res["zoom_ms"].append((time.perf_counter() - t) * 1000)
+                res["zoom_points"] = page.evaluate(
+                    "(() => { const t = document.querySelector('div.figure[data-fig=scalars-TRAIN]').data"
+                    ".find(t => t.meta && t.meta.curve && t.meta.tensor.includes('loss')); "
+                    "return [t.x.length, t.meta.n_inside, "
+                    "Math.max(...t.y.filter(v => v !== null))]; })()")
+            for tab in ("layers", "heatmap", "distribution"):
+                n = page.evaluate("window.ttRenders")
+                t = time.perf_counter()
+                page.click(f"nav button[data-view={tab}]")
+                wait(page, f"window.ttRenders > {n}", timeout=300)
+                total = (time.perf_counter() - t) * 1000
+                req, kb = page.evaluate(
+                    "v => { const e = performance.getEntriesByType('resource').filter(e => "
+                    "e.name.includes('/api/view/' + v)).pop(); return [e.responseEnd - e.startTime, "
+                    "e.encodedBodySize / 1024]; }", tab)
+                res["tabs"][tab] = (total, req, kb)
+                if tab == "layers" and zoom:
+                    n = page.evaluate("window.ttRenders")
+                    t = time.perf_counter()
+                    page.fill("input[data-param=find]", "block77" if zoom else "layer7")
+                    page.keyboard.press("Enter")
+                    wait(page, f"window.ttRenders > {n}", timeout=300)
+                    res["search_ms"] = (time.perf_counter() - t) * 1000
+                if tab == "distribution":
+                    t = time.perf_counter()
+                    page.fill("input[data-search=tensor]", "block4")
+                    res["filter_ms"] = (time.perf_counter() - t) * 1000
+                    res["options"] = page.evaluate("document.querySelectorAll('select[data-param=tensor] option')"
+                                                   ".length")
+            ctx.close()
+            b.close()
+        res["rss_end_mb"], res["hwm_mb"] = (x / 1024 for x in rss_kb(proc.pid))
+    finally:
+        proc.terminate()
+        proc.wait()
+    return res
+
+
+def report_scale(name: str, res: dict) -> None:
+    pm = res["paint_ms"]
+    m = res["marks"][-1]
+    print(f"{name}: server start {res['server_start_s']:.1f} s; first complete paint, cold, {len(pm)} loads: median "
+          f"{statistics.median(pm):.0f} ms (min {min(pm):.0f}, max {max(pm):.0f})  {[round(x) for x in pm]}; "
+          f"{m['figures']} figures, {m['points']} points, view JSON {m.get('view-kb', 0):.0f} KB; plotly.js alone "
+          f"(alternated) median {statistics.median(res['floor_ms']):.0f} ms")
+    if "zoom_ms" in res:
+        z = res["zoom_ms"]
+        print(f"  zoom to 10,000 steps: re-read and drawn in median {statistics.median(z):.0f} ms (max {max(z):.0f}); "
+              f"points drawn / saved steps in the window / highest value drawn: {res['zoom_points']}")
+    print("  tabs, click to drawn (the view's request; JSON): " + ", ".join(
+        f"{k} {t:.0f} ms ({r:.0f} ms; {kb:.0f} KB)" for k, (t, r, kb) in res["tabs"].items()))
+    search = f"layer search to drawn {res['search_ms']:.0f} ms; " if "search_ms" in res else ""
+    print(f"  {search}tensor list of {res['options']} filtered in "
+          f"{res['filter_ms']:.0f} ms; server RSS after {res['rss_end_mb']:.0f} MB (peak {res['hwm_mb']:.0f} MB); "
+          f"load average {os.getloadavg()[0]:.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--scale", action="store_true", help="the large-job and many-jobs cases (issue #42)")
+    ap.add_argument("--big-steps", type=int, default=1_000_000)
+    ap.add_argument("--big-tensors", type=int, default=1000)
+    ap.add_argument("--big-every", type=int, default=1000)
+    ap.add_argument("--jobs", type=int, default=50)
     ap.add_argument("--steps", type=int, default=10000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--report-steps", type=int, default=1000)
     ap.add_argument("--reuse", action="store_true", help="keep jobs written by an earlier run")
     args = ap.parse_args()
+    if args.scale:
+        big = os.path.join(OUT, f"big_{args.big_steps}x{args.big_tensors}")
+        if not (args.reuse and os.path.isdir(big)):
+            print(f"writing {args.big_steps} steps x {args.big_tensors} tensors ...", flush=True)
+            print(f"  written in {write_big_job(big, args.big_steps, args.big_tensors, args.big_every):.0f} s",
+                  flush=True)
+        report_scale(f"{args.big_steps:,} steps x {args.big_tensors:,} tensors",
+                     measure_scale([big], args.rounds, zoom=True))
+        many = os.path.join(OUT, f"many_{args.jobs}")
+        if not (args.reuse and os.path.isdir(many)):
+            print(f"writing {args.jobs} jobs ...", flush=True)
+            print(f"  written in {write_many_jobs(many, args.jobs):.0f} s", flush=True)
+        paths = sorted(os.path.join(many, d) for d in os.listdir(many))
+        report_scale(f"{len(paths)} jobs side by side", measure_scale(paths, args.rounds, zoom=False))
+        return
     job = os.path.join(OUT, f"job_{args.steps}")
     print(f"writing {args.steps} steps x 100 tensors ...", flush=True)
     if not (args.reuse and os.path.isdir(job)):

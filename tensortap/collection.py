@@ -101,6 +101,19 @@ def _compile(regex: Any) -> re.Pattern[str]:
         raise InvalidConfiguration(f"include_regex {regex!r} is not a valid regular expression: {e}") from None
 
 
+def _check_io(method: str, inputs: Any, outputs: Any) -> None:
+    for flag, value in (("inputs", inputs), ("outputs", outputs)):
+        if not isinstance(value, bool):
+            raise InvalidConfiguration(f"{method}(..., {flag}={value!r}): {flag} must be True or False")
+
+
+def _layer_name(layer: Any, method: str, kind: str) -> str:
+    name = getattr(layer, "name", None)
+    if not isinstance(name, str) or not name:
+        raise InvalidConfiguration(f"{method} takes {kind} (an object with a name), not {type(layer).__name__}")
+    return name
+
+
 class Collection:
     """A named group of tensors: exact `tensor_names` plus `include_regex` patterns (re.search anywhere)."""
 
@@ -119,6 +132,8 @@ class Collection:
         self._include_regex: list[str] = []
         self._patterns: list[re.Pattern[str]] = []
         self._match_cache: dict[str, bool] = {}
+        # PyTorch modules given to add_module_tensors: id -> (module, inputs, outputs), until a hook names them
+        self._pending_modules: dict[int, tuple[Any, bool, bool]] = {}
         self.include_regex = include_regex
         self.tensor_names = tensor_names
         self.reduction_config = reduction_config
@@ -234,6 +249,46 @@ class Collection:
                 self._match_cache.clear()
             self._match_cache[name] = hit
         return hit
+
+    # -- a layer's inputs and outputs (smdebug's framework collections) -----------------------------------
+
+    def add_module_tensors(self, module: Any, inputs: bool = False, outputs: bool = True) -> None:
+        """(PyTorch) Save this torch.nn.Module's inputs and/or outputs in this collection: exactly its
+        `<module>_input_<i>` / `<module>_output_<i>`. The module gets its name when the hook's registered model
+        holds it (at `register_module` or the first step); a module in no registered model is warned about then."""
+        _check_io("add_module_tensors", inputs, outputs)
+        if not hasattr(module, "named_modules"):
+            raise InvalidConfiguration(f"add_module_tensors takes a torch.nn.Module, not {type(module).__name__}")
+        if inputs or outputs:
+            self._pending_modules[id(module)] = (module, inputs, outputs)
+
+    def add_block_tensors(self, block: Any, inputs: bool = False, outputs: bool = True) -> None:
+        """(MXNet) Save this Gluon block's inputs and/or outputs in this collection: exactly its
+        `<block.name>_input_<i>` / `<block.name>_output_<i>`."""
+        _check_io("add_block_tensors", inputs, outputs)
+        name = _layer_name(block, "add_block_tensors", "an mxnet.gluon.Block")
+        self._include_io(name, r"_input_\d+$" if inputs else None, r"_output_\d+$" if outputs else None)
+
+    def add_keras_layer(self, layer: Any, inputs: bool = False, outputs: bool = True) -> None:
+        """(Keras) Save this layer's inputs and/or outputs in this collection: exactly its
+        `<layer.name>/inputs` / `<layer.name>/outputs` (`_<i>` appended when there are several)."""
+        _check_io("add_keras_layer", inputs, outputs)
+        name = _layer_name(layer, "add_keras_layer", "a Keras layer").replace("/", "_")
+        self._include_io(name, r"/inputs(_\d+)?$" if inputs else None, r"/outputs(_\d+)?$" if outputs else None)
+
+    def _include_io(self, name: str, input_suffix: str | None, output_suffix: str | None) -> None:
+        self.include([f"^{re.escape(name)}{s}" for s in (input_suffix, output_suffix) if s is not None])
+
+    def pending_modules(self) -> list[tuple[Any, bool, bool]]:
+        """The (module, inputs, outputs) given to add_module_tensors that no hook has named yet."""
+        return list(self._pending_modules.values())
+
+    def name_module(self, module: Any, name: str) -> None:
+        """A hook found `module` (given to add_module_tensors) as `name`: its tensors join the collection."""
+        found = self._pending_modules.pop(id(module), None)
+        if found is not None:
+            _m, inputs, outputs = found
+            self._include_io(name, r"_input_\d+$" if inputs else None, r"_output_\d+$" if outputs else None)
 
     # -- serialization ------------------------------------------------------------------------------------
 

@@ -233,7 +233,8 @@ class SaveConfig:
         object.__setattr__(self, "_modes", tuple(modes))
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"SaveConfig is immutable (cannot set {name!r})")
+        raise AttributeError(f"SaveConfig is immutable (cannot set {name!r}): give the collection or hook a new one, "
+                             f"e.g. collection.save_config = SaveConfig({name}=...)")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (SaveConfig, (self.mode_save_configs,))

@@ -2,13 +2,15 @@
 
 Differences from smdebug (its bugs, fixed): save_steps may be a JSON list; save_raw_tensor / save_shape may
 be "true"/"false" strings and are read even without `reductions`; median, bare l1/l2 and abs_l1/abs_l2 are
-accepted; dry_run is read; unknown keys are errors instead of being ignored; LocalPath is required.
+accepted; dry_run is read; LocalPath is required. A key tensortap does not know is ignored, as smdebug does,
+with a warning naming it (once per process): configs written for SageMaker carry keys of their own.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -62,6 +64,12 @@ COLLECTION_PARAMETER_KEYS: tuple[str, ...] = (
     "save_histogram",
 )
 INCLUDE_WORKERS = ("one", "all")
+#: the top-level keys read (S3OutputPath / S3Path: where SageMaker uploads LocalPath; nothing for the hook to do)
+TOP_LEVEL_KEYS: tuple[str, ...] = ("LocalPath", "HookParameters", "CollectionConfigurations", "export_tensorboard",
+                                   "tensorboard_dir", "S3OutputPath", "S3Path")
+
+logger = logging.getLogger("tensortap")
+_warned_keys: set[tuple[str, str]] = set()
 
 
 @dataclass(frozen=True)
@@ -96,10 +104,17 @@ class HookConfig:
         }
 
 
-def _check_keys(params: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
-    unknown = [k for k in params if k not in allowed]
-    if unknown:
-        raise InvalidConfiguration(f"unknown key {unknown[0]!r} in {where}: allowed keys are {', '.join(allowed)}")
+def _known(params: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> dict[str, Any]:
+    """`params` without the keys not in `allowed`; each left out is warned about once per process."""
+    known = {}
+    for k, v in params.items():
+        if k in allowed:
+            known[k] = v
+        elif (where, str(k)) not in _warned_keys:
+            _warned_keys.add((where, str(k)))
+            logger.warning("tensortap: hook config: unknown key %r in %s is ignored (known keys: %s)",
+                           k, where, ", ".join(allowed))
+    return known
 
 
 def _save_values_per_mode(params: Mapping[str, Any]) -> dict[ModeKeys, dict[str, Any]]:
@@ -195,10 +210,11 @@ def parse_hook_config(d: Mapping[str, Any], default_save_config: Mapping[str, An
     if default_save_config is not None:
         SaveConfigMode.from_dict(default_save_config)  # validate once, with its own message
 
+    d = _known(d, TOP_LEVEL_KEYS, "the config's top level")
     hook_params = d.get("HookParameters") or {}
     if not isinstance(hook_params, Mapping):
         raise InvalidConfiguration(f"'HookParameters' must be an object, not {type(hook_params).__name__}")
-    _check_keys(hook_params, HOOK_PARAMETER_KEYS, "HookParameters")
+    hook_params = _known(hook_params, HOOK_PARAMETER_KEYS, "HookParameters")
 
     hook_modes = _save_values_per_mode(hook_params)
     save_config = _save_config(hook_modes, default_save_config, "HookParameters")
@@ -230,11 +246,12 @@ def parse_hook_config(d: Mapping[str, Any], default_save_config: Mapping[str, An
         name = entry["CollectionName"]
         if not isinstance(name, str) or not name:
             raise InvalidConfiguration(f"CollectionConfigurations[{i}] 'CollectionName'={name!r} must be a string")
+        _known(entry, ("CollectionName", "CollectionParameters"), f"CollectionConfigurations entry {name!r}")
         where = f"CollectionParameters of {name!r}"
         params = entry.get("CollectionParameters") or {}
         if not isinstance(params, Mapping):
             raise InvalidConfiguration(f"{where} must be an object, not {type(params).__name__}")
-        _check_keys(params, COLLECTION_PARAMETER_KEYS, where)
+        params = _known(params, COLLECTION_PARAMETER_KEYS, where)
         coll_modes = _save_values_per_mode(params)
         merged = {mode: {**hook_modes[mode], **coll_modes[mode]} for mode in ALLOWED_MODES}
         coll = collection_configs.get(name) or Collection(name)

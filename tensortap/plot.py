@@ -42,8 +42,9 @@ def _figure(blocks: list[dict[str, Any]], which: int = 0) -> Any:
 
 
 def curves(trial: Trial | Iterable[Trial], names: Iterable[str] | None = None, mode: str | None = None) -> Any:
-    """Losses and metrics over global steps (one or several trials overlaid), in `mode` (TRAIN, EVAL, ...;
-    default the first mode saved), with an x at each step where a rule fired."""
+    """Losses and metrics over global steps (one or several trials overlaid, each in its colour), in `mode`
+    (TRAIN, EVAL, ...; default the first mode saved), with an x at each step where a rule fired. XGBoost
+    trials' metrics are drawn per boosting round, never on one axis with a neural net's steps."""
     from tensortap.ui.views import scalars_view
 
     trials = [trial] if isinstance(trial, Trial) else list(trial)
@@ -53,10 +54,10 @@ def curves(trial: Trial | Iterable[Trial], names: Iterable[str] | None = None, m
     blocks = scalars_view(jobs, list(names) if names is not None else None)
     figs = [b for b in blocks if b["type"] == "figure"]
     if mode is not None:
-        want = f"scalars-{str(mode).upper()}"
-        match = [i for i, b in enumerate(figs) if b["id"] == want]
+        want = str(mode).upper()
+        match = [i for i, b in enumerate(figs) if b.get("mode") == want]
         if not match:
-            raise ValueError(f"mode={mode!r}: this trial saved scalars in {[b['id'][8:] for b in figs]}")
+            raise ValueError(f"mode={mode!r}: this trial saved scalars in {[b.get('mode') for b in figs]}")
         return _figure(figs, match[0])
     return _figure(blocks)
 

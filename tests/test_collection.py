@@ -212,3 +212,57 @@ def test_manager_rejects_bad_json():
         CollectionManager.load_from_string("{nope")
     with pytest.raises(InvalidConfiguration, match="other"):
         CollectionManager.from_json_dict({"collections": {"a": {"name": "other"}}})
+
+
+class _Named:
+    """A layer as add_keras_layer / add_block_tensors see one: an object with a name."""
+
+    def __init__(self, name):
+        self.name = name
+
+
+def test_add_keras_layer_and_add_block_tensors_take_exactly_that_layers_tensors():
+    keras_coll, mx_coll = Collection("k"), Collection("m")
+    keras_coll.add_keras_layer(_Named("dense.1"), inputs=True, outputs=True)
+    mx_coll.add_block_tensors(_Named("fc1"))  # (outputs only, the default)
+    for name in ("dense.1/inputs", "dense.1/outputs", "dense.1/inputs_0", "dense.1/outputs_12"):
+        assert keras_coll.matches(name), name
+    for name in ("dense_1/inputs", "dense.10/inputs", "enc/dense.1/outputs", "dense.1/outputs/x", "dense.1/weights"):
+        assert not keras_coll.matches(name), name
+    assert mx_coll.matches("fc1_output_0") and mx_coll.matches("fc1_output_3")
+    for name in ("fc1_input_0", "fc10_output_0", "model_fc1_output_0", "fc1_output_0x"):
+        assert not mx_coll.matches(name), name
+    assert Collection.from_json(mx_coll.to_json()).matches("fc1_output_0")  # (stored as regexes)
+    nothing = Collection("n")
+    nothing.add_block_tensors(_Named("fc1"), inputs=False, outputs=False)
+    assert nothing.include_regex == []
+
+
+@pytest.mark.parametrize(
+    "call, bad",
+    [
+        (lambda c: c.add_keras_layer(_Named("d"), inputs="yes"), "inputs='yes'"),
+        (lambda c: c.add_block_tensors(_Named("d"), outputs=1), "outputs=1"),
+        (lambda c: c.add_keras_layer("d1"), "a Keras layer"),
+        (lambda c: c.add_block_tensors(_Named("")), "mxnet.gluon.Block"),
+        (lambda c: c.add_module_tensors(object()), "torch.nn.Module"),
+    ],
+)
+def test_layer_calls_refuse_bad_input_naming_it(call, bad):
+    with pytest.raises(InvalidConfiguration) as e:
+        call(Collection("c"))
+    assert bad in str(e.value)
+
+
+def test_add_module_tensors_waits_for_a_hook_to_name_the_module():
+    class Module:
+        def named_modules(self):
+            return iter(())
+
+    coll, m = Collection("c"), Module()
+    coll.add_module_tensors(m, inputs=True)
+    assert coll.pending_modules() == [(m, True, True)] and not coll.matches("fc_output_0")
+    coll.name_module(m, "enc.fc")
+    assert coll.pending_modules() == []
+    assert coll.matches("enc.fc_input_0") and coll.matches("enc.fc_output_1")
+    assert not coll.matches("encxfc_output_0") and not coll.matches("enc.fc_output_")

@@ -8,7 +8,8 @@ def test_import_pulls_in_no_framework():
     code = (
         "import sys, tensortap, tensortap.trials, tensortap.analysis.utils, tensortap.exceptions, tensortap.modes;"
         "heavy = [m for m in ('torch','tensorflow','keras','xgboost','mxnet','boto3','botocore','pandas',"
-        "'matplotlib','plotly','flask','jax') if m in sys.modules]; print(','.join(heavy))"
+        "'matplotlib','plotly','flask','jax','pyarrow','dask','duckdb','polars') if m in sys.modules];"
+        "print(','.join(heavy))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ""

@@ -10,12 +10,31 @@ from __future__ import annotations
 
 import math
 
-from tensortap.collection import TRAIN_ONLY_COLLECTIONS, Collection, CollectionKeys, CollectionManager
+from tensortap.collection import (
+    SM_METRIC_COLLECTIONS,
+    TRAIN_ONLY_COLLECTIONS,
+    Collection,
+    CollectionKeys,
+    CollectionManager,
+)
 from tensortap.config import SaveConfig, SaveConfigMode
-from tensortap.modes import EVAL, PREDICT, ModeKeys
+from tensortap.modes import EVAL, PREDICT, TRAIN, ModeKeys
 
 #: the answer when nothing saves (never mutated)
 NOTHING: list[Collection] = []
+
+
+def _every_eval_step(cfg: SaveConfig) -> SaveConfig:
+    """`cfg` with EVAL and PREDICT saving at every step where they have the same config as TRAIN."""
+    train = cfg.get_save_config(TRAIN)
+    modes = cfg.mode_save_configs
+    changed = False
+    for m in (EVAL, PREDICT):
+        own = cfg.get_save_config(m)
+        if own == train and own.save_interval != 1:
+            modes[m] = SaveConfigMode(1, own.start_step, own.end_step, own.save_steps)
+            changed = True
+    return SaveConfig(modes) if changed else cfg
 
 
 class SaveSchedule:
@@ -64,12 +83,17 @@ class SaveSchedule:
         return self._included
 
     def config_of(self, c: Collection) -> SaveConfig:
-        """`c`'s save config, its unset modes taken from the default."""
-        if c.save_config is None:
+        """`c`'s save config, its unset modes taken from the default. Losses and metrics save at every EVAL and
+        PREDICT step unless that mode has a config of its own (one that differs from TRAIN's): an evaluation
+        once per epoch then gives a curve, not one point per `save_interval` epochs."""
+        if c.save_config is None and c.name not in SM_METRIC_COLLECTIONS:
             return self._default
         merged = self._merged.get(id(c))
         if merged is None:
-            merged = self._merged[id(c)] = c.save_config.merge_default(self._default)
+            merged = c.save_config.merge_default(self._default) if c.save_config is not None else self._default
+            if c.name in SM_METRIC_COLLECTIONS:
+                merged = _every_eval_step(merged)
+            self._merged[id(c)] = merged
         return merged
 
     def saves_at(self, c: Collection, mode: ModeKeys, mode_step: int) -> bool:

@@ -15,6 +15,7 @@ import numpy as np
 from tensortap.exceptions import CorruptData
 from tensortap.format import codec, layout
 from tensortap.format.entries import ENTRY_DTYPE, INLINE_CHUNK, SHAPE
+from tensortap.format.entries import concat as entries_concat
 from tensortap.format.source import CollectionInfo, Damage, Source
 from tensortap.storage.base import Storage
 
@@ -67,6 +68,8 @@ class NativeSource(Source):
         self._shape_ids: dict[tuple, int] = {}
         self._num_workers_seen: dict[str, int] = {}
         self._last_key: dict[str, str] = {}
+        #: (worker id, largest global step, header `time`) of each ingested block with entries: wall times
+        self.block_times: list[tuple[int, int, float]] = []
 
     @property
     def location(self) -> str:
@@ -182,7 +185,7 @@ class NativeSource(Source):
                 c.sealed = True
         if not out:
             return self.empty()
-        entries = np.concatenate(out)
+        entries = entries_concat(out)
         if self.range_steps is not None:
             lo, hi = self.range_steps
             keep = np.ones(len(entries), dtype=bool)
@@ -255,6 +258,8 @@ class NativeSource(Source):
         n = len(disk)
         if n == 0:
             return self.empty()
+        if isinstance(header.get("time"), int | float):
+            self.block_times.append((wid, int(disk["step"].max()), float(header["time"])))
         name_map = np.array([self._intern(self._name_ids, self.names, s) for s in header["names"]], dtype="<u4")
         dtype_map = np.array(
             [self._intern(self._dtype_ids, self.dtypes, s, _safe_dtype(s)) for s in header["dtypes"]],

@@ -185,6 +185,10 @@ class Hook:
     builtin_collections: tuple[str, ...] = (CollectionKeys.ALL, CollectionKeys.DEFAULT, CollectionKeys.SCALARS)
     #: saved when include_collections is None
     default_include_collections: tuple[str, ...] = (CollectionKeys.DEFAULT, CollectionKeys.SCALARS)
+    #: saved in addition to whatever include_collections names (smdebug's "default collections saved": PyTorch and
+    #: MXNet losses, XGBoost metrics, Keras losses, metrics and sm_metrics); one is turned off by giving it a save
+    #: config that saves no step, e.g. `hook.get_collection("losses").save_config = SaveConfig(end_step=0)`
+    always_include_collections: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -292,6 +296,7 @@ class Hook:
             elif not isinstance(c, str):
                 raise InvalidConfiguration(f"include_collections entry {c!r} must be a collection name or Collection")
             included.append(c)
+        included.extend(self.always_include_collections)
         if include_regex and CollectionKeys.DEFAULT not in included:
             included.append(CollectionKeys.DEFAULT)
         if save_all:
@@ -342,6 +347,8 @@ class Hook:
         self._remote = is_remote(self.out_dir)
         self._stop_thread: threading.Thread | None = None
         self._dropped_here = 0  # values refused before they reached the writer (too large)
+        #: save_scalar calls kept for the next step: (name, value, sm_metric, timestamp)
+        self._outside_scalars: list[tuple[str, np.ndarray, bool, float | None]] = []
         if not self.disabled and self.writes and not self.dry_run and not self._claim_later:
             self._check_out_dir()
         # applied at the first step, once a framework subclass has finished its own set-up
@@ -359,6 +366,9 @@ class Hook:
     def _init_builtin_collections(self) -> None:
         """Set the regexes of the built-in collections (framework hooks override)."""
 
+    #: the framework begins and ends the steps (Keras batches, boosting rounds): a scalar saved between two of them
+    #: is kept and saved at the next one (at close(): at a GLOBAL step of its own)
+    _scalars_wait_for_step = False
     #: a framework hook that learns its worker's name only at the first step claims the out_dir then
     _claim_later = False
     #: a thread writer starts its thread only at the first hand-off a flush interval after it was made; a job
@@ -638,6 +648,8 @@ class Hook:
         if not self._prepared:
             self._prepare()
         self.on_step_begin()
+        if self._outside_scalars:
+            self._save_outside_scalars()
         return step
 
     def counting_deadline(self) -> float:
@@ -956,10 +968,20 @@ class Hook:
             return True
         return False
 
-    def save_scalar(self, name: str, value: Any, timestamp: float | None = None) -> None:
-        """Save a scalar as `scalar/<name>` at the current step, whatever the save config."""
+    def save_scalar(self, name: str, value: Any, sm_metric: bool = False, timestamp: float | None = None) -> None:
+        """Save a scalar as `scalar/<name>` at the current step, whatever the save config (smdebug's signature).
+
+        `sm_metric=True` also puts it in the `sm_metrics` collection (smdebug sends such scalars to SageMaker
+        Metrics; here they are the job's metrics, shown with its losses). `timestamp` (UNIX seconds) is accepted
+        for smdebug's scripts; tensortap's store keeps no wall time per value (docs/migration.md)."""
         if not isinstance(name, str) or not name:
             raise InvalidConfiguration(f"scalar name {name!r} must be a non-empty string")
+        if not isinstance(sm_metric, bool):
+            raise InvalidConfiguration(f"save_scalar({name!r}, ..., sm_metric={sm_metric!r}): sm_metric must be True "
+                                       "or False (the third parameter is sm_metric, as in smdebug; pass timestamp=)")
+        if timestamp is not None and (isinstance(timestamp, bool) or not isinstance(timestamp, int | float)):
+            raise InvalidConfiguration(f"save_scalar({name!r}, ..., timestamp={timestamp!r}): timestamp must be None "
+                                       "or a number of seconds")
         try:
             size = np.size(value)
         except Exception:  # noqa: BLE001
@@ -968,17 +990,34 @@ class Hook:
             raise InvalidConfiguration(f"save_scalar({name!r}, ...) needs a single number, got {value!r}")
         if not self.active:
             return
+        if self._scalars_wait_for_step and not self.clock.in_step:
+            # Between the framework's own steps (before training, between fit and evaluate, after it): saved at
+            # the next step, as smdebug saves them at its next write; steps stay the framework's.
+            self._outside_scalars.append((name, np.asarray(value).reshape(()).copy(), sm_metric, timestamp))
+            return
         with self.guard("save_scalar"):
             self._ensure_step()
-            coll = self.collection_manager.get(CollectionKeys.SCALARS)
+            colls = [self.collection_manager.get(CollectionKeys.SCALARS)]
+            if sm_metric:
+                colls.append(self.collection_manager.get(CollectionKeys.SM_METRICS))
             full = f"scalar/{name}"
-            self._note_membership(full, [coll])
+            self._note_membership(full, colls)
             if not self.dry_run:
                 arr = np.asarray(value).reshape(())
                 self._get_writer().submit(
                     Record(name=full, step=self.step, mode=self.mode.value,
                            mode_step=self.mode_steps[self.mode], value=codec.as_storable(arr))
                 )
+
+    def _save_outside_scalars(self) -> None:
+        """Save the scalars kept since the last step (see save_scalar) at the current one."""
+        kept, self._outside_scalars = self._outside_scalars, []
+        wait, self._scalars_wait_for_step = self._scalars_wait_for_step, False
+        try:
+            for name, value, sm_metric, timestamp in kept:
+                self.save_scalar(name, value, sm_metric, timestamp)
+        finally:
+            self._scalars_wait_for_step = wait
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -998,6 +1037,11 @@ class Hook:
         with self.guard("close"):
             self.end_step()
             self.on_close()
+            if self._outside_scalars:  # (saved after the last step: a GLOBAL step of their own, after it)
+                self._stop_watch = False
+                self.set_mode(_modes.GLOBAL)
+                self._save_outside_scalars()
+                self.end_step()
             self.release_step_marks()
             if self.writes and not self.disabled and not self.dry_run:
                 w = self._get_writer()

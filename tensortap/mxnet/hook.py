@@ -376,6 +376,8 @@ class Hook(BaseHook):
         *_ACTIVATION_KEYS,
     )
     default_include_collections = (K.LOSSES, K.SCALARS)
+    always_include_collections = (K.LOSSES,)
+    _scalars_wait_for_step = True  # (steps begin at the model's forward)
 
     def __init__(self, out_dir: str, *args: Any, rank: int | None = None, world_size: int | None = None,
                  **kwargs: Any):
@@ -652,6 +654,14 @@ class Hook(BaseHook):
         if self._mx_pending is not None:
             self._mx_hand_over()
         super().flush(timeout)
+
+    def save_scalar(self, name: str, value: Any, sm_metric: bool = False, timestamp: float | None = None) -> None:
+        """Save a scalar (a number or a one-element NDArray) as `scalar/<name>`, whatever the save config."""
+        if isinstance(value, mx.nd.NDArray):
+            if value.size != 1:
+                raise InvalidConfiguration(f"save_scalar({name!r}, ...) needs a single value, got shape {value.shape}")
+            value = value.asnumpy().reshape(())
+        super().save_scalar(name, value, sm_metric, timestamp)
 
     def on_close(self) -> None:
         if self._mx_pending is not None:

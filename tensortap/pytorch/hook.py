@@ -195,6 +195,8 @@ class Hook(BaseHook):
         K.OPTIMIZER_VARIABLES, *(c for pair in ACTIVATION_COLLECTIONS.values() for c in pair),
     )
     default_include_collections = (K.LOSSES, K.SCALARS)
+    always_include_collections = (K.LOSSES,)
+    _scalars_wait_for_step = True  # (steps begin at the model's forward)
 
     def __init__(self, out_dir: str, *args: Any, rank: int | None = None, world_size: int | None = None,
                  **kwargs: Any):
@@ -267,7 +269,31 @@ class Hook(BaseHook):
             self._rank_later = False
             self._adopt_group_rank()
             self._claim_late()
+        self._name_added_modules(warn=True)
         super()._prepare()
+
+    def _name_added_modules(self, warn: bool = False) -> None:
+        """Name the modules given to `Collection.add_module_tensors` as their inputs/outputs are named (the
+        registered models' submodules; a root by its class)."""
+        pending = [c for c in self.collection_manager if c.pending_modules()]
+        if not pending:
+            return
+        names: dict[int, str] = {}
+        for root in self._roots:
+            if not root.compiled:
+                inner = root.module._orig_mod if _is_compiled(root.module) else root.module
+                names.update((id(m), n if n else root.name) for n, m in inner.named_modules())
+            names[id(root.module)] = root.name
+        for coll in pending:
+            for module, _inputs, _outputs in coll.pending_modules():
+                if id(module) in names:
+                    coll.name_module(module, names[id(module)])
+                elif warn:
+                    self._warn_once(f"unnamed-module:{id(module)}", f"tensortap: {coll.name}.add_module_tensors("
+                                    f"{type(module).__name__}): the module is in no registered (uncompiled) model; "
+                                    "its inputs/outputs are not saved")
+        self._collections_changed()
+        self._collections_dirty = True
 
     def _adopt_group_rank(self) -> None:
         """Take the rank and world size of a process group created after this hook."""
@@ -344,6 +370,7 @@ class Hook(BaseHook):
         self._module_ids.update(id(m) for m in inner.modules())
         for pname, p in params:
             self._param_names[id(p)] = pname
+        self._name_added_modules()
         self._config_changed()
         self._watch_optimizers()
         if compiled:
@@ -1302,11 +1329,11 @@ class Hook(BaseHook):
         if len(self.include_collections) != n_included:
             self._config_changed()
 
-    def save_scalar(self, name: str, value: Any, timestamp: float | None = None) -> None:
+    def save_scalar(self, name: str, value: Any, sm_metric: bool = False, timestamp: float | None = None) -> None:
         """Save a scalar (a number or a one-element tensor) as `scalar/<name>`, whatever the save config."""
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
                 raise InvalidConfiguration(f"save_scalar({name!r}, ...) needs a single value, got shape "
                                            f"{tuple(value.shape)}")
             value = value.detach().reshape(()).cpu().item()
-        super().save_scalar(name, value, timestamp)
+        super().save_scalar(name, value, sm_metric, timestamp)

@@ -69,6 +69,8 @@ class Rule:
     count_empty_steps: ClassVar[bool] = True
     #: what the rule needs beyond matching tensors, said when it saw no data (e.g. "EVAL steps after TRAIN steps")
     needs: ClassVar[str] = ""
+    #: what the rule compares, in a phrase (shown by `tensortap rules list`)
+    compares: ClassVar[str] = ""
 
     def __init__(
         self,

@@ -16,6 +16,10 @@ ATTACHERS = {
     "torch": "tensortap.pytorch.auto:attach",
     "keras": "tensortap.tensorflow.auto:attach",
     "xgboost": "tensortap.xgboost.auto:attach",
+    # trainers: their callback captures the trainer's steps, loss and logs (docs/trainers.md)
+    "lightning.pytorch": "tensortap.lightning:attach",
+    "pytorch_lightning": "tensortap.lightning:attach",
+    "transformers": "tensortap.huggingface:attach",
 }
 
 

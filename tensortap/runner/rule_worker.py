@@ -13,6 +13,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -90,7 +91,9 @@ def run(job: dict[str, Any]) -> int:
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_term)
+    if threading.current_thread() is threading.main_thread():  # not in a thread of a Dask worker (tensortap.dask)
+        signal.signal(signal.SIGTERM, on_term)
+    rule: Any = None
     publish(force=True)
     try:
         trial = create_trial(out_dir)
@@ -132,7 +135,10 @@ def run(job: dict[str, Any]) -> int:
         publish(force=True, status=st.ISSUES_FOUND, first_step=e.step, last_step=e.step, message=msg, report=report)
         return 1
     except KeyboardInterrupt:
-        publish(force=True, status=st.STOPPED, message="stopped before the job ended")
+        judged = {}
+        if rule is not None:  # what it had judged when stopped
+            judged = {"report": rule.report.to_dict()}
+        publish(force=True, status=st.STOPPED, message="stopped before the job ended", **judged)
         return 2
     except Exception as e:  # noqa: BLE001 - any failure of the rule is its status, not a crash of the run
         publish(force=True, status=st.ERROR, message=f"{type(e).__name__}: {e}",

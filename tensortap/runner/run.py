@@ -3,6 +3,7 @@ beside it, show their status live, stop the job when a rule fires (if asked), an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +22,11 @@ from tensortap.runner.spec import JobSpec, RuleSpec
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(__file__), "bootstrap")
 KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL
+INTERRUPT_WAIT = 10.0  # seconds training may take to unwind after SIGINT before it gets SIGTERM
+PROGRESS_INTERVAL = 5.0  # seconds between progress lines when stdout is not a terminal
+#: signals that stop a run as Ctrl-C does (`timeout`, `docker stop`, Kubernetes and SLURM send SIGTERM; a
+#: closed terminal SIGHUP)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 RULES_READY_WAIT = 60.0  # seconds training waits for the rule processes to be ready
 RULES_SETTLE = 120.0  # seconds rules may take to finish after training ended
 
@@ -36,6 +43,7 @@ class RuleProc:
     spec: RuleSpec
     proc: subprocess.Popen | None = None
     status: dict[str, Any] = field(default_factory=lambda: {"status": st.IN_PROGRESS})
+    final_at: float | None = None  # when the runner first saw the rule's final status (monotonic)
 
 
 def _labels(rules: list[RuleSpec]) -> list[str]:
@@ -58,12 +66,15 @@ def validate(spec: JobSpec) -> None:
         raise InvalidConfiguration("no training command: write it after --, e.g. tensortap run ... -- python train.py")
     if not spec.out_dir:
         raise InvalidConfiguration("--out-dir is required (a local directory or s3://bucket/prefix)")
+    check_command(spec.command)
     if spec.include_workers not in ("one", "all"):
         raise InvalidConfiguration(f"include_workers={spec.include_workers!r}: allowed are 'one' and 'all'")
     local = "://" not in spec.out_dir
     if local:
         check_local_out_dir(spec.out_dir, create=False)
     storage = open_storage(spec.out_dir)
+    if not local:
+        check_bucket(storage)  # the bucket exists and is ours: the rules read it from their first step
     if storage.list("tensortap/") or storage.list("rules/"):
         raise InvalidConfiguration(f"--out-dir {spec.out_dir!r} already holds a job: use a new directory")
     check_collections(spec)
@@ -76,6 +87,30 @@ def validate(spec: JobSpec) -> None:
             build_rule(r, trial)  # parses the parameters: errors name the rule, parameter and value
     if local:
         check_local_out_dir(spec.out_dir, create=True)  # last: a refused job leaves no directory behind
+
+
+def check_bucket(storage: Any) -> None:
+    """An object store's bucket exists and these credentials may use it (botocore's error otherwise, which the
+    CLI says in one line); nothing for a local directory."""
+    client, bucket = getattr(storage, "client", None), getattr(storage, "bucket", None)
+    if client is not None and bucket:
+        client.head_bucket(Bucket=bucket)
+
+
+def check_command(command: list[str]) -> None:
+    """The training command's program exists and may be executed (nothing has started yet)."""
+    import shutil
+
+    prog = command[0]
+    if os.sep in prog:
+        if not os.path.isfile(prog):
+            raise InvalidConfiguration(f"training command {prog!r}: no such file")
+        if not os.access(prog, os.X_OK):
+            raise InvalidConfiguration(f"training command {prog!r}: not executable (chmod +x it, or run it "
+                                       f"with its interpreter, e.g. -- python {prog})")
+    elif shutil.which(prog) is None:
+        raise InvalidConfiguration(f"training command {prog!r}: not found on PATH (write the program to run, "
+                                   f"e.g. -- python train.py)")
 
 
 def _is_job_dir(p: str) -> bool:
@@ -172,18 +207,30 @@ class Runner:
         self.stopped_by: str | None = None
         self.stop_requested_at: float | None = None
         self.interrupted = False
+        self.signal_name: str | None = None  # the signal that interrupted the run
+        self._stopping = False  # the run is being stopped: a second signal kills at once
+        self._starting_child = False
         self.console = None if spec.json_output else _rich_console()
         self.tmp = tempfile.mkdtemp(prefix="tensortap-run-")
         self.offline = False
+        self.started_at = time.monotonic()
+        self.rules_started_at: float | None = None
+        self.training_started_at: float | None = None
+        self.training_ended_at: float | None = None
+        self._last_progress = time.monotonic()
+        self._progress_trial: Any = None
 
     # --- output ---------------------------------------------------------------------------------
 
     def say(self, msg: str) -> None:
         stream = sys.stderr if self.spec.json_output else sys.stdout
-        if self.console is not None:
-            self.console.print(msg, markup=False, highlight=False)
-        else:
-            print(msg, file=stream, flush=True)
+        try:
+            if self.console is not None:
+                self.console.print(msg, markup=False, highlight=False)
+            else:
+                print(msg, file=stream, flush=True)
+        except OSError:  # the terminal went away (SIGHUP) or the reader closed the pipe: stopping matters more
+            pass
 
     def _pump(self, pipe: Any) -> None:
         """Training output, passed through (above the live table on a terminal)."""
@@ -225,10 +272,16 @@ class Runner:
         config_path = os.path.join(self.tmp, "hook_config.json")
         with open(config_path, "w", encoding="utf-8") as f:
             json.dump(build_hook_config(self.spec), f, indent=2)
-        self.training = subprocess.Popen(
-            self.spec.command, env=self._child_env(config_path), stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
-        )
+        try:
+            with self._signals_deferred():  # a signal between fork and assignment would leave the child unknown
+                self.training = subprocess.Popen(
+                    self.spec.command, env=self._child_env(config_path), stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
+                )
+        except OSError as e:
+            raise InvalidConfiguration(f"cannot start the training command {self.spec.command[0]!r}: "
+                                       f"{e.strerror or e}") from None
+        self.training_started_at = time.monotonic()
         threading.Thread(target=self._pump, args=(self.training.stdout,), daemon=True).start()
 
     def _wait_rules_ready(self) -> None:
@@ -252,14 +305,16 @@ class Runner:
                      f"{', '.join(r.label for r in waiting)}; starting training anyway")
 
     def _start_rules(self, offline: bool) -> None:
+        self.rules_started_at = time.monotonic()
         for r in self.rules:
             job = {"out_dir": self.spec.out_dir, "label": r.label, "rule": r.spec.to_json(),
                    "stop_on_issue": self.spec.stop_on_issue, "offline": offline}
             path = os.path.join(self.tmp, f"rule_{r.label}.json")
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(job, f)
-            r.proc = subprocess.Popen([sys.executable, "-m", "tensortap.runner.rule_worker", path],
-                                      env=dict(os.environ), start_new_session=True)
+            with self._signals_deferred():
+                r.proc = subprocess.Popen([sys.executable, "-m", "tensortap.runner.rule_worker", path],
+                                          env=dict(os.environ), start_new_session=True)
 
     def _terminate(self, proc: subprocess.Popen | None, wait: float = KILL_WAIT) -> None:
         if proc is None or proc.poll() is not None:
@@ -285,6 +340,8 @@ class Runner:
             if s is not None:
                 before = r.status.get("status")
                 r.status = s
+                if s.get("status") in st.FINAL and r.final_at is None:
+                    r.final_at = time.monotonic()
                 if s.get("status") != before and self.console is None:
                     self.say(f"[tensortap] {r.label}: {s.get('status')}"
                              + (f" at step {s['first_step']}" if s.get("first_step") is not None else "")
@@ -309,6 +366,7 @@ class Runner:
                 self._poll_statuses(storage)
                 if self.training_exit is None and self.training is not None and self.training.poll() is not None:
                     self.training_exit = self.training.returncode
+                    self.training_ended_at = time.monotonic()
                     st.write_training_ended(storage, self.training_exit)
                     ended_at = time.monotonic()
                 fired = [r for r in self.rules if r.status.get("status") == st.ISSUES_FOUND]
@@ -337,20 +395,105 @@ class Runner:
                         if r.proc is not None and r.proc.poll() is None:
                             self._terminate(r.proc)
                     continue
+                if self.console is None and time.monotonic() - self._last_progress >= PROGRESS_INTERVAL:
+                    self._progress()
                 time.sleep(0.2)
-        except KeyboardInterrupt:
-            self.interrupted = True
-            self.say("[tensortap] interrupted: stopping training and rules")
-            self._terminate(self.training)
-            for r in self.rules:
-                self._terminate(r.proc)
-            self._poll_statuses(storage)
-            if self.training_exit is None and self.training is not None:
-                self.training_exit = self.training.returncode
         finally:
             if live is not None:
                 live.update(_table(self.rules, f"exited ({self.training_exit})"))
                 live.stop()
+
+    def _progress(self) -> None:
+        """One line for logs (stdout not a terminal): the step the job has saved and each rule's state."""
+        self._last_progress = time.monotonic()
+        parts = [f"[tensortap] {self._last_progress - self.started_at:.0f} s"]
+        step = self._saved_step()
+        if self.training is not None:
+            parts.append("training " + ("running" if self.training_exit is None else f"exited ({self.training_exit})")
+                         + (f", step {step} saved" if step is not None else ", no step saved yet"))
+        for r in self.rules:
+            s = r.status
+            at = s.get("first_step") if s.get("status") == st.ISSUES_FOUND else s.get("last_step")
+            parts.append(f"{r.label} {s.get('status', st.IN_PROGRESS)}" + (f" (step {at})" if at is not None else ""))
+        self.say(" | ".join(parts))
+
+    def _saved_step(self) -> int | None:
+        """The last step the job has saved so far (None when none is, or it cannot be read)."""
+        try:
+            if self._progress_trial is None:
+                from tensortap.trials import create_trial
+
+                self._progress_trial = create_trial(self.spec.out_dir)
+            steps = self._progress_trial.steps(show_incomplete_steps=True)
+            return steps[-1] if steps else None
+        except Exception:  # noqa: BLE001 - a progress line never stops a run
+            return None
+
+    # --- stopping -------------------------------------------------------------------------------
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        """SIGINT, SIGTERM and SIGHUP stop the run alike; a second one while stopping kills at once."""
+        if self._stopping:
+            self._kill_all()
+            return
+        self.signal_name = signal.Signals(signum).name
+        if self._starting_child:
+            return  # raised once the child's Popen is known (and can be stopped), not in the middle of a fork
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def _signals_deferred(self) -> Iterator[None]:
+        self._starting_child = True
+        try:
+            yield
+        finally:
+            self._starting_child = False
+        if self.signal_name is not None and not self._stopping:
+            raise KeyboardInterrupt
+
+    def interrupt(self) -> None:
+        """Stop training as Ctrl-C would (SIGINT to its process group, so the script unwinds and its hook
+        closes and frees its shared memory; SIGTERM, then SIGKILL, if it does not), stop the rules (they
+        write Stopped), and read their last statuses."""
+        self._stopping = True
+        self.interrupted = True
+        self.say(f"[tensortap] {self.signal_name or 'interrupted'}: stopping training and rules")
+        if self.training is not None and self.training.poll() is None:
+            _signal_group(self.training, signal.SIGINT)
+        for r in self.rules:
+            if r.proc is not None and r.proc.poll() is None:
+                _signal_group(r.proc, signal.SIGTERM)
+        if self.training is not None:
+            try:
+                self.training.wait(INTERRUPT_WAIT)
+            except subprocess.TimeoutExpired:
+                self._terminate(self.training)
+            if self.training_exit is None:
+                self.training_exit = self.training.returncode
+                self.training_ended_at = time.monotonic()
+        for r in self.rules:
+            self._terminate(r.proc)
+        from tensortap.storage import open_storage
+
+        try:
+            self._poll_statuses(open_storage(self.spec.out_dir))
+        except Exception:  # noqa: BLE001 - the summary says what was seen last
+            pass
+
+    def _kill_all(self) -> None:
+        for p in [self.training, *(r.proc for r in self.rules)]:
+            if p is not None and p.poll() is None:
+                _signal_group(p, signal.SIGKILL)
+
+    def shutdown(self) -> None:
+        """Whatever happened, no process of the run outlives it, and its temporary files go."""
+        self._stopping = True
+        self._terminate(self.training)
+        for r in self.rules:
+            self._terminate(r.proc)
+        import shutil
+
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def _ensure_stop_request(self, rule: RuleProc) -> None:
         """With --stop-on-issue the rule's own StopTraining action writes the request; write it here too in
@@ -383,15 +526,14 @@ class Runner:
     def result(self) -> tuple[int, dict[str, Any]]:
         from tensortap.format.control import STOP_EXIT_CODE
 
-        rules = [{"name": r.label, "status": r.status.get("status", st.ERROR), "first_step": r.status.get("first_step"),
-                  "message": r.status.get("message", "")} for r in self.rules]
+        rules = [self._rule_result(r) for r in self.rules]
         code = self.training_exit if self.training_exit is not None else -1
         stopped_by = self._stop_requester() or self.stopped_by
         if stopped_by is None and code == STOP_EXIT_CODE:
             stopped_by = next((r["name"] for r in rules if r["status"] == st.ISSUES_FOUND), "stop request")
         if self.interrupted:
-            stopped_by = "interrupt"
-        training_failed = code != 0 and not (stopped_by and stopped_by != "interrupt")
+            stopped_by = self.signal_name or "interrupt"
+        training_failed = code != 0 and not (stopped_by and not self.interrupted)
         if self.interrupted or training_failed or any(r["status"] in (st.ERROR, st.STOPPED) for r in rules):
             exit_status = EXIT_FAILED
         elif any(r["status"] == st.ISSUES_FOUND for r in rules):
@@ -400,7 +542,68 @@ class Runner:
             exit_status = EXIT_NO_DATA
         else:
             exit_status = EXIT_CLEAR
-        return exit_status, {"rules": rules, "training": {"exit_code": code, "stopped_by": stopped_by}}
+        training: dict[str, Any] = {"exit_code": code, "stopped_by": stopped_by,
+                                    "duration_s": _seconds(self.training_started_at, self.training_ended_at)}
+        return exit_status, {"out_dir": self.spec.out_dir, "command": self.spec.command, "rules": rules,
+                             "training": training, "interrupted_by": self.signal_name if self.interrupted else None,
+                             "duration_s": _seconds(self.started_at, time.monotonic())}
+
+    def _rule_result(self, r: RuleProc) -> dict[str, Any]:
+        """A rule's verdict with what it is based on: the steps it judged and the data points it read."""
+        s = r.status
+        rep = s.get("report") or {}
+        return {"name": r.label, "status": s.get("status", st.ERROR), "first_step": s.get("first_step"),
+                "message": s.get("message", ""), "steps_judged": rep.get("steps_evaluated"),
+                "first_step_judged": rep.get("first_step_evaluated"),
+                "last_step_judged": rep.get("last_step_evaluated", s.get("last_step")),
+                "data_points": rep.get("datapoints"),
+                "duration_s": _seconds(self.rules_started_at, r.final_at)}
+
+
+def _seconds(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else round(end - start, 3)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """Send `sig` to the process group `proc` leads (it was started in a session of its own)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except OSError:
+        try:
+            proc.send_signal(sig)
+        except OSError:
+            pass
+
+
+class _stop_signals_handled:
+    """SIGINT, SIGTERM and SIGHUP call `runner.on_signal` while the run lasts (main thread only)."""
+
+    def __init__(self, runner: Runner):
+        self.runner = runner
+        self.saved: dict[int, Any] = {}
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self.saved[sig] = signal.signal(sig, self.runner.on_signal)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+
+
+def _drive(runner: Runner, offline: bool = False) -> tuple[int, dict[str, Any]]:
+    """Start and watch the run; a stop signal stops it cleanly; no process of it outlives this call."""
+    with _stop_signals_handled(runner):
+        try:
+            try:
+                runner.start(offline=offline)
+                runner.monitor()
+            except KeyboardInterrupt:
+                runner.interrupt()
+            return runner.result()
+        finally:
+            runner.shutdown()
 
 
 def _report(runner: Runner, spec: JobSpec, doc: dict[str, Any], offline: bool = False) -> None:
@@ -410,10 +613,16 @@ def _report(runner: Runner, spec: JobSpec, doc: dict[str, Any], offline: bool = 
     t = doc["training"]
     if not offline:
         runner.say(f"[tensortap] training exit code {t['exit_code']}"
+                   + (f" after {t['duration_s']:.1f} s" if t.get("duration_s") is not None else "")
                    + (f", stopped by {t['stopped_by']}" if t["stopped_by"] else ""))
     for r in doc["rules"]:
+        judged = r.get("steps_judged")
+        basis = ""
+        if judged:
+            basis = (f", {judged} step{'s' if judged != 1 else ''} judged ({r['first_step_judged']}.."
+                     f"{r['last_step_judged']}), {r['data_points']} data point{'s' if r['data_points'] != 1 else ''}")
         runner.say(f"[tensortap] {r['name']}: {r['status']}"
-                   + (f" (first at step {r['first_step']})" if r["first_step"] is not None else "")
+                   + (f" (first at step {r['first_step']})" if r["first_step"] is not None else "") + basis
                    + (f": {r['message']}" if r["status"] in (st.ISSUES_FOUND, st.ERROR, st.NO_DATA) and r["message"]
                       else ""))
     runner.say(f"[tensortap] data: {spec.out_dir}   inspect: tensortap ls {spec.out_dir}")
@@ -432,11 +641,10 @@ def run_rules_offline(spec: JobSpec) -> int:
     for r in spec.rules:
         build_rule(r, trial)
     runner = Runner(spec)
-    runner.start(offline=True)
-    runner.monitor()
-    exit_status, doc = runner.result()
+    exit_status, doc = _drive(runner, offline=True)
     doc.pop("training", None)
-    _report(runner, spec, {**doc, "training": {"exit_code": None, "stopped_by": None}}, offline=True)
+    _report(runner, spec, {**doc, "training": {"exit_code": None, "stopped_by": None, "duration_s": None}},
+            offline=True)
     return exit_status
 
 
@@ -445,8 +653,6 @@ def run_job(spec: JobSpec) -> int:
     runner = Runner(spec)
     runner.say(f"[tensortap] out_dir {spec.out_dir}; rules: {', '.join(runner.labels) or 'none'}; "
                f"training: {' '.join(spec.command)}")
-    runner.start()
-    runner.monitor()
-    exit_status, doc = runner.result()
+    exit_status, doc = _drive(runner)
     _report(runner, spec, doc)
     return exit_status

@@ -60,6 +60,8 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port}: must be in 0..65535")
     logdir = args.logdir
+    if logdir is not None and os.path.exists(logdir) and not os.path.isdir(logdir):
+        raise ValueError(f"--logdir {logdir!r} is a file: name a directory (it is created if missing)")
     temporary = logdir is None
     if temporary:
         if not args.serve:

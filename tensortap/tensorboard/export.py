@@ -27,6 +27,10 @@ MODES = ("TRAIN", "EVAL", "PREDICT", "GLOBAL")
 _TAG_RE = re.compile(r"[^-/\w\.]")
 #: histograms of tensors whose collections are not known yet wait at most this many bytes for them
 MAX_PENDING_BYTES = 64 << 20
+#: scalars added before the first collections dict wait for it, at most this many (then they take plain tags)
+MAX_PENDING_SCALARS = 100_000
+#: ... and at most this many seconds (a caller that never sends one)
+PENDING_SCALARS_WAIT_S = 5.0
 #: collections that name every tensor (save_all) or the leftovers: a histogram tag prefers any other
 _CATCH_ALL = (CollectionKeys.ALL, CollectionKeys.DEFAULT)
 #: the share of the writer's time that histograms may take, unless TENSORTAP_TENSORBOARD_BUDGET says otherwise
@@ -60,6 +64,31 @@ def _check_budget(budget: float | None) -> float | None:
         raise InvalidConfiguration(f"histogram_budget={budget!r}: allowed are a number in (0, 1] (the share of "
                                    "the writer's time histograms may take) or None (no limit)")
     return None if budget is None else float(budget)
+
+
+#: scalar collections whose tensors lead TensorBoard's page: tag groups sort by TensorBoard's tag order, in
+#: which a digit sorts before any letter (and "1" before "2")
+LEADING_GROUPS = {CollectionKeys.LOSSES: "1_losses", CollectionKeys.METRICS: "2_metrics"}
+
+
+def _strip_group(group: str, name: str) -> str:
+    """`name` without a first component that repeats `group` (`gradient/x` in `gradients`: `x`)."""
+    head, sep, rest = name.partition("/")
+    return rest if sep and rest and head in (group, group.rstrip("s")) else name
+
+
+def scalar_tag(name: str, collection: str | None = None) -> str:
+    """The tag of tensor `name`'s one-number value: `1_losses/<name>` in `losses`, `2_metrics/<name>` in
+    `metrics`, else `<name>`; cleaned."""
+    group = LEADING_GROUPS.get(collection or "")
+    return clean_tag(name if group is None else f"{group}/{_strip_group(collection or '', name)}")
+
+
+def histogram_tag(collection: str, name: str) -> str:
+    """`<collection>/<name>`, without repeating a prefix the name has (`gradient/x` in `gradients` stays
+    `gradient/x`, not `gradients/gradient/x`); cleaned."""
+    stripped = _strip_group(collection, name)
+    return clean_tag(name if stripped != name else f"{collection}/{name}")
 
 
 @lru_cache(maxsize=1 << 16)
@@ -125,15 +154,21 @@ class EventExporter:
 
     What one ``add`` writes (one Event at ``step``; tags cleaned as smdebug does):
 
-    - ``<name>`` scalar: when ``value`` holds exactly one number (save_scalar's ``scalar/<name>``, losses,
-      metrics, any other one-element tensor). NaN and inf are written as they are.
-    - ``<name>/<reduction>`` scalars: each saved reduction.
-    - ``<collection>/<name>`` histogram: when ``value`` has two or more numbers and a collection the tensor
-      is saved for has save_histogram (smdebug's rule: not for losses, metrics and the other scalar
-      collections; not for bool, complex, string or empty tensors), of the finite values only, with
-      TensorFlow's default buckets (see tensortap.tensorboard.histogram). The collection is the first by
-      name, ``all`` and ``default`` last.
-    - ``nonfinite/<name>`` scalar: beside every histogram, the number of NaN/inf values it left out.
+    - a scalar tagged ``scalar_tag(name, collection)``: when ``value`` holds exactly one number
+      (save_scalar's ``scalar/<name>``, losses, metrics, any other one-element tensor); NaN and inf are
+      written as they are. Tensors of ``losses`` are tagged ``1_losses/<name>``, of ``metrics``
+      ``2_metrics/<name>`` (they lead TensorBoard's page), others ``<name>``. A scalar added before the first
+      collections dict waits for it (at most PENDING_SCALARS_WAIT_S), so that its tag never changes.
+    - ``<scalar tag>/<reduction>`` scalars: each saved reduction.
+    - ``histogram_tag(collection, name)`` histogram (``<collection>/<name>``, without repeating a prefix the
+      name has: ``gradient/x`` in ``gradients`` stays ``gradient/x``): when ``value`` has two or more numbers
+      and a collection the tensor is saved for has save_histogram (smdebug's rule: not for losses, metrics and
+      the other scalar collections; not for bool, complex, string or empty tensors), of the finite values
+      only, with TensorFlow's default buckets (see tensortap.tensorboard.histogram). The collection is the
+      first by name, ``all`` and ``default`` last.
+    - ``nonfinite/<name>`` scalar: the number of NaN/inf values a histogram left out, from the first histogram
+      of the tensor that left any out, then beside each of its histograms (a job without any has no such
+      chart).
 
     The values ``add`` gives for one step and mode are written as one Event, when the step or mode changes,
     at ``flush()`` and at ``close()``.
@@ -184,6 +219,12 @@ class EventExporter:
         self._files: dict[str, EventFile] = {}
         self._colls: list[_Coll] = []
         self._hist_coll: dict[str, str | None] = {}  # tensor -> collection of its histogram (None: none)
+        self._scalar_tags: dict[str, str] = {}  # tensor -> the tag of its one-number value and reductions
+        self._nonfinite_seen: set[str] = set()  # tensors that had a non-finite value: their count is written
+        # (name, mode, step, wall_time, [(tag suffix, value)]) of scalars added before any collections dict:
+        # their tag waits for it (a loss's curve starts under the tag it keeps)
+        self._pending_scalars: list[tuple[str, str, int, float, list[tuple[str, float]]]] = []
+        self._have_collections = False
         # (name, mode, step, wall_time, encoded HistogramProto or None if skipped, nonfinite count) waiting for
         # collections
         self._pending: list[tuple[str, str, int, float, bytes | None, int]] = []
@@ -203,6 +244,8 @@ class EventExporter:
         try:
             colls = collections_json.get("collections", collections_json) if collections_json else {}
             self._colls = [_Coll(n, d) for n, d in sorted(colls.items()) if isinstance(d, Mapping)]
+            self._have_collections = True
+            self._resolve_pending_scalars()
             self._resolve_pending(final=True)
         except Exception as e:  # noqa: BLE001 - never raise into the writer
             self._fail("set_collections", e)
@@ -266,16 +309,25 @@ class EventExporter:
         now = time.time()
         values: list[bytes] = []
         arr = None
+        numbers: list[tuple[str, float]] = []  # (tag suffix, value)
         if value is not None:
             arr = np.asarray(value)
             if arr.size == 1:
                 x = _real(arr)
                 if x is not None:
-                    values.append(scalar_value(clean_tag(name), x))
+                    numbers.append(("", x))
         for red, v in reductions.items():
             x = _real(v)
             if x is not None:  # (a complex tensor's reductions are complex: no scalar for them)
-                values.append(scalar_value(clean_tag(f"{name}/{red}"), x))
+                numbers.append((f"/{red}", x))
+        if numbers:
+            tag = self._scalar_tags.get(name) or self._scalar_tag(name, collections)
+            if tag is None:
+                self._pending_scalars.append((name, mode, step, now, numbers))
+                if len(self._pending_scalars) > MAX_PENDING_SCALARS:
+                    self._resolve_pending_scalars()
+            else:
+                values.extend(_scalar_values(tag, numbers))
         if arr is not None and arr.size > 1:
             if collections is not None:
                 known = True
@@ -300,6 +352,34 @@ class EventExporter:
         if values:
             self._write(mode, step, now, values)
 
+    def _scalar_tag(self, name: str, collections: Iterable[str] | None, final: bool = False) -> str | None:
+        """The scalar tag of `name` (scalar_tag), decided once, when the tensor's collections are known (given,
+        or in the collections dict by name or regex), so that a tensor's curve never changes tag; None before
+        any collections dict (unless `final`)."""
+        if collections is not None:
+            member = set(collections)
+        elif self._have_collections:
+            member = {c.name for c in self._colls
+                      if c.name in LEADING_GROUPS and (name in c.tensor_names or c.matches(name))}
+        elif final:
+            member = set()
+        else:
+            return None
+        group = next((c for c in LEADING_GROUPS if c in member), None)
+        tag = self._scalar_tags[name] = scalar_tag(name, group)
+        return tag
+
+    def _resolve_pending_scalars(self) -> None:
+        """Write the scalars that waited for the first collections dict (in the order they were added)."""
+        pending, self._pending_scalars = self._pending_scalars, []
+        for i, (name, mode, step, wall_time, numbers) in enumerate(pending):
+            tag = self._scalar_tags.get(name) or self._scalar_tag(name, None, final=True)
+            try:
+                self._write(mode, step, wall_time, _scalar_values(tag or clean_tag(name), numbers))
+            except BaseException:
+                self._pending_scalars = pending[i:] + self._pending_scalars  # counted as lost by _fail
+                raise
+
     def _histograms_at(self, mode: str, step: int) -> bool:
         """Whether step `step` of `mode` gets histograms (decided at its first one, see the class docstring)."""
         decided = self._hist_steps.get(mode)
@@ -321,10 +401,18 @@ class EventExporter:
     def _histogram_values(self, coll: str, name: str, hist: Histogram) -> list[bytes]:
         out = []
         if hist.num:
-            out.append(histogram_value(clean_tag(f"{coll}/{name}"), _encode(hist)))
+            out.append(histogram_value(histogram_tag(coll, name), _encode(hist)))
             self.histograms += 1
-        out.append(scalar_value(clean_tag(f"nonfinite/{name}"), hist.nonfinite))
+        out.extend(self._nonfinite_values(name, hist.nonfinite))
         return out
+
+    def _nonfinite_values(self, name: str, count: int) -> list[bytes]:
+        """`nonfinite/<name>` from the first histogram that left out a NaN or inf, then beside every one (so
+        its chart also shows the return to 0): a job without them has no such chart."""
+        if count == 0 and name not in self._nonfinite_seen:
+            return []
+        self._nonfinite_seen.add(name)
+        return [scalar_value(clean_tag(f"nonfinite/{name}"), count)]
 
     def _write(self, mode: str, step: int, wall_time: float, values: list[bytes]) -> None:
         """Add `values` to the Event of `step` in `mode`'s file (written when the step changes or at flush)."""
@@ -378,10 +466,11 @@ class EventExporter:
                 self.skipped_histograms += 1
                 continue
             if histo:
-                values.append(histogram_value(clean_tag(f"{coll}/{name}"), histo))
+                values.append(histogram_value(histogram_tag(coll, name), histo))
                 self.histograms += 1
-            values.append(scalar_value(clean_tag(f"nonfinite/{name}"), nonfinite))
-            self._write(mode, step, wall_time, values)
+            values.extend(self._nonfinite_values(name, nonfinite))
+            if values:
+                self._write(mode, step, wall_time, values)
         self._pending = keep
         self._pending_bytes = sum(len(p[4] or b"") + 64 for p in keep)
 
@@ -403,6 +492,8 @@ class EventExporter:
         if self.disabled:
             return
         try:
+            if self._pending_scalars and time.time() - self._pending_scalars[0][3] > PENDING_SCALARS_WAIT_S:
+                self._resolve_pending_scalars()  # a caller that sends no collections dict: plain tags
             for mode in list(self._batches):
                 self._write_batch(mode)
             for f in self._files.values():
@@ -416,6 +507,7 @@ class EventExporter:
             return
         try:
             if not self.disabled:
+                self._resolve_pending_scalars()
                 self._resolve_pending(final=True)
                 self.flush()
         except Exception as e:  # noqa: BLE001
@@ -432,8 +524,10 @@ class EventExporter:
         self.errors += 1
         if not self.disabled:
             self.disabled = True
-            self.skipped += len(self._pending) + sum(b[3][0] for b in self._batches.values())
+            self.skipped += len(self._pending) + len(self._pending_scalars)
+            self.skipped += sum(b[3][0] for b in self._batches.values())
             self._pending = []
+            self._pending_scalars = []
             self._batches.clear()
             logger.error("tensortap: TensorBoard export of %s to %s failed in %s (%s: %s); it is off from now on, "
                          "the saved data is not affected", self.worker, self.logdir, where, type(exc).__name__, exc)
@@ -454,6 +548,10 @@ def _mode_name(mode: Any) -> str:
     if isinstance(m, str) and m.upper() in MODES:
         return m.upper()
     raise ValueError(f"mode={mode!r}: allowed are {', '.join(MODES)}")
+
+
+def _scalar_values(tag: str, numbers: list[tuple[str, float]]) -> list[bytes]:
+    return [scalar_value(clean_tag(tag + suffix) if suffix else tag, x) for suffix, x in numbers]
 
 
 def _real(v: Any) -> float | None:

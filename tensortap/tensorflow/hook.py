@@ -409,6 +409,8 @@ class KerasHookBase(Hook):
         *(c for pair in ACTIVATION_COLLECTIONS.values() for c in pair),
     )
     default_include_collections = (K.DEFAULT, K.SCALARS, K.LOSSES, K.METRICS, K.SM_METRICS)
+    always_include_collections = (K.METRICS, K.LOSSES, K.SM_METRICS)
+    _scalars_wait_for_step = True  # (steps are Keras's batches)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if kwargs.get("rank") is None and kwargs.get("world_size") is None:
@@ -592,7 +594,9 @@ class KerasHookBase(Hook):
         inc = {c.name for c in self._included()}
         if inc & _IN_STEP:
             return True
-        return bool(self.collection_manager.get(K.DEFAULT).include_regex) or K.ALL in inc
+        # (a collection of the user's, by regex: it may name tensors inside the step, e.g. add_keras_layer's)
+        return bool(self.collection_manager.get(K.DEFAULT).include_regex) or K.ALL in inc or any(
+            c.include_regex for c in self._included() if c.name not in self.builtin_collections)
 
     @staticmethod
     def _all_layers(model: Any) -> list[Any]:

@@ -45,6 +45,7 @@ class SessionHook(Hook, tf.compat.v1.train.SessionRunHook):
     builtin_collections = (K.ALL, K.DEFAULT, K.SCALARS, K.WEIGHTS, K.BIASES, K.GRADIENTS, K.LOSSES, K.METRICS,
                            K.INPUTS, K.OUTPUTS, K.OPTIMIZER_VARIABLES, K.SM_METRICS)
     default_include_collections = (K.DEFAULT, K.SCALARS, K.LOSSES, K.METRICS, K.SM_METRICS)
+    always_include_collections = (K.METRICS, K.LOSSES, K.SM_METRICS)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

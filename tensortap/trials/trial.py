@@ -21,7 +21,8 @@ from tensortap.exceptions import (
     TensorUnavailable,
     TensorUnavailableForStep,
 )
-from tensortap.format.entries import ENTRY_DTYPE, REDUCTION, reduction_name
+from tensortap.format.entries import ENTRY_DTYPE
+from tensortap.format.entries import concat as entries_concat
 from tensortap.format.source import CollectionInfo, Source
 from tensortap.modes import ModeKeys
 from tensortap.trials import args as _args
@@ -124,10 +125,11 @@ class Trial:
     def _consolidate(self) -> None:
         if not self._dirty:
             return
-        all_ = np.concatenate([self._all, *self._chunks]) if self._chunks else self._all
+        all_ = entries_concat([self._all, *self._chunks])
         self._chunks = []
         order = np.lexsort((all_["worker"], all_["step"], all_["reduction"], all_["kind"], all_["name"]))
-        all_ = all_[order]
+        # rows moved as bytes: numpy's fancy indexing of a packed structured dtype copies field by field
+        all_ = np.take(all_.view(np.uint8).reshape(len(all_), -1), order, axis=0).view(ENTRY_DTYPE).reshape(-1)
         names = all_["name"]
         uniq, starts = np.unique(names, return_index=True)
         ends = np.append(starts[1:], len(names))
@@ -403,6 +405,22 @@ class Trial:
 
     # --- bulk / export ----------------------------------------------------------------------
 
+    def _extract(self, names: Iterable[str] | None, regex: str | None, collection: str | None,
+                 mode: ModeKeys | str) -> Any:
+        from tensortap.trials.columns import Extract
+
+        mode = _modes.parse_mode(mode)
+        if names is None and regex is None and collection is None:
+            self.maybe_refresh()  # every tensor: no name list needed
+        elif names is None:
+            names = self.tensor_names(regex=regex, collection=collection)
+        elif isinstance(names, str) or not isinstance(names, Iterable) or not all(isinstance(n, str) for n in names):
+            raise InvalidConfiguration(f"names={names!r} must be a list of tensor names")
+        else:
+            self.maybe_refresh()
+        return Extract(self, None if names is None else list(names), None if mode == _modes.GLOBAL else mode.value,
+                       complete_only=True)
+
     def to_dataframe(
         self,
         names: Iterable[str] | None = None,
@@ -413,78 +431,59 @@ class Trial:
         reductions: bool = True,
     ) -> Any:
         """A long-form pandas DataFrame (tensor, worker, step, mode, mode_step, reduction, value) of every
-        scalar tensor and saved reduction; for a tensor saved raw with no reduction at a step, its statistics
-        (l2, min, max, mean, nonfinite) computed from the raw value, so weights and gradients have curves
-        without any configuration at capture time. Needs pandas (tensortap[pandas])."""
+        scalar tensor (reduction None) and saved reduction of the complete steps; for a tensor saved raw with
+        no reduction at a step, its statistics (l2, min, max, mean, nonfinite) computed from the raw value, so
+        weights and gradients have curves without any configuration at capture time. Needs pandas
+        (tensortap[pandas]). `to_arrow()` gives the same rows in the export's schema (docs/export.md)."""
         import pandas as pd
 
-        mode = _modes.parse_mode(mode)
-        if names is None:
-            names = self.tensor_names(regex=regex, collection=collection)
-        elif isinstance(names, str) or not isinstance(names, Iterable) or not all(isinstance(n, str) for n in names):
-            raise InvalidConfiguration(f"names={names!r} must be a list of tensor names")
-        rows: dict[str, list] = {k: [] for k in ("tensor", "worker", "step", "mode", "mode_step", "reduction",
-                                                 "value")}
-        for name in names:
-            e = self._entries_of(name)
-            if mode != _modes.GLOBAL:
-                e = e[e["mode"] == mode.value]
-            raw = e[(e["kind"] == 0)]
-            raw = raw[[self.source.shapes[i] in ((), (1,)) for i in raw["shape"]]] if len(raw) else raw
-            sel = [raw]
-            if reductions:
-                sel.append(e[e["kind"] == REDUCTION])
-            for part in sel:
-                if not len(part):
-                    continue
-                vals = self.source.read_values(part)
-                rows["tensor"] += [name] * len(part)
-                rows["worker"] += [self.source.workers[w] for w in part["worker"]]
-                rows["step"] += part["step"].tolist()
-                rows["mode"] += [ModeKeys(m).name for m in part["mode"]]
-                rows["mode_step"] += part["mode_step"].tolist()
-                rows["reduction"] += [
-                    None if k != REDUCTION else ("abs_" if reduction_name(r)[1] else "") + reduction_name(r)[0]
-                    for k, r in zip(part["kind"], part["reduction"], strict=True)
-                ]
-                rows["value"] += [np.asarray(v).reshape(-1)[0].item() for v in vals]
-            if reductions:
-                self._statistics_rows(name, e, rows)
-        return pd.DataFrame(rows)
+        from tensortap.trials.columns import MODE_NAMES, STATISTICS
 
-    def _statistics_rows(self, name: str, e: np.ndarray, rows: dict[str, list]) -> None:
-        """Rows of computed statistics for raw, non-scalar values at steps where no reduction was saved."""
-        from tensortap.format.writer import compute_reduction
+        s = self._extract(names, regex, collection, mode).scalars(reductions=reductions)
+        # strings as categoricals: one small table each, codes per row (reduction NaN for a scalar's own value)
+        return pd.DataFrame({
+            "tensor": pd.Categorical.from_codes(s.tensor, categories=s.tensors),
+            "worker": pd.Categorical.from_codes(s.worker, categories=s.workers),
+            "step": s.step, "mode": pd.Categorical.from_codes(s.mode.astype(np.int8) - 1,
+                                                              categories=[MODE_NAMES[i] for i in (1, 2, 3, 4)]),
+            "mode_step": s.mode_step,
+            "reduction": pd.Categorical.from_codes(s.statistic - 1, categories=list(STATISTICS[1:])),
+            "value": s.value,
+        })
 
-        if not len(e):
-            return
-        kinds = e["kind"]
-        reduced = {(w, st, m) for w, st, m in zip(e["worker"][kinds == REDUCTION].tolist(),
-                                                   e["step"][kinds == REDUCTION].tolist(),
-                                                   e["mode"][kinds == REDUCTION].tolist(), strict=True)}
-        raw = e[kinds == 0]
-        keep = [self.source.shapes[sh] not in ((), (1,)) and (w, st, m) not in reduced
-                for sh, w, st, m in zip(raw["shape"].tolist(), raw["worker"].tolist(), raw["step"].tolist(),
-                                        raw["mode"].tolist(), strict=True)]
-        raw = raw[np.asarray(keep, dtype=bool)] if len(raw) else raw
-        if not len(raw):
-            return
-        for entry, value in zip(raw, self.source.read_values(raw), strict=True):
-            value = np.asarray(value)
-            if value.dtype.kind not in "biufV" or value.size == 0:
-                continue
-            for red in _STATISTICS:
-                rows["tensor"].append(name)
-                rows["worker"].append(self.source.workers[int(entry["worker"])])
-                rows["step"].append(int(entry["step"]))
-                rows["mode"].append(ModeKeys(int(entry["mode"])).name)
-                rows["mode_step"].append(int(entry["mode_step"]))
-                rows["reduction"].append(red)
-                rows["value"].append(compute_reduction(value, red, False).item())
+    def to_arrow(
+        self,
+        names: Iterable[str] | None = None,
+        *,
+        regex: str | None = None,
+        collection: str | None = None,
+        mode: ModeKeys | str = _modes.GLOBAL,
+        table: str = "scalars",
+        max_elements: int = 4096,
+        job: str | None = None,
+    ) -> Any:
+        """The complete steps as a pyarrow Table in the export's schema (docs/export.md): `table="scalars"`
+        (scalars, saved reductions and statistics computed from raw values, one row per value) or
+        `"tensors"` (raw values that are not scalars: elements as a list up to `max_elements`, beyond that a
+        pointer into the native store). `job` names the job column (default: the trial's name). Needs pyarrow
+        (tensortap[export])."""
+        if table not in ("scalars", "tensors"):
+            raise InvalidConfiguration(f"table={table!r} must be 'scalars' or 'tensors'")
+        if isinstance(max_elements, bool) or not isinstance(max_elements, int) or max_elements < 0:
+            raise InvalidConfiguration(f"max_elements={max_elements!r} must be a non-negative int")
+        from tensortap.trials import arrow
+        from tensortap.trials.columns import collections_of
+
+        ex = self._extract(names, regex, collection, mode)
+        per_tensor = collections_of(self, ex.tensors)
+        job = self.name if job is None else job
+        if table == "scalars":
+            return arrow.scalars_table(ex.scalars(), job, per_tensor)
+        return arrow.tensors_table(ex.tensors_table(max_elements), job, per_tensor)
 
     def _repr_html_(self) -> str:
-        """Jupyter's rich display: a short HTML summary (tensortap.ui.summary)."""
-        from tensortap.ui.summary import trial_html
+        """Jupyter's rich display: a short HTML summary (tensortap.trials.summary)."""
+        from tensortap.trials.summary import trial_html
 
         return trial_html(self)
 
@@ -493,10 +492,6 @@ class Trial:
             f"<{type(self).__name__} {self.name!r} path={self.path!r} steps={len(self._sorted_steps)} "
             f"workers={self.workers()}>"
         )
-
-
-#: what to_dataframe() computes for a tensor saved raw without reductions
-_STATISTICS = ("l2", "min", "max", "mean", "nonfinite")
 
 
 class LocalTrial(Trial):

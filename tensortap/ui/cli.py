@@ -23,6 +23,9 @@ def add_report_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write a self-contained offline HTML report of one or more jobs")
     p.add_argument("out_dirs", nargs="+", metavar="OUT_DIR", help="jobs' out_dirs (local paths or s3:// URLs)")
     p.add_argument("-o", "--output", default="report.html", help="the HTML file to write (default report.html)")
+    p.add_argument("--distribution", action="append", default=None, metavar="REGEX",
+                   help="draw the distributions of the tensors whose names match REGEX (repeatable; default: "
+                        "the tensors the rules named where they fired, then the largest gradient norms, 3 per job)")
     return p
 
 
@@ -51,9 +54,10 @@ def run_ui(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    _check(args.out_dirs)
-    from tensortap.ui.report import write_report
+    from tensortap.ui.report import check_distributions, write_report
 
-    size = write_report(args.out_dirs, args.output)
+    check_distributions(getattr(args, "distribution", None))
+    _check(args.out_dirs)
+    size = write_report(args.out_dirs, args.output, getattr(args, "distribution", None))
     print(f"tensortap report: wrote {args.output} ({size / 1e6:.1f} MB)", file=sys.stderr)
     return 0

@@ -3,7 +3,6 @@ tensors it holds, and the statuses and reports of the rules that watch it."""
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from collections import OrderedDict
@@ -11,10 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensortap.trials import Trial, create_trial
+from tensortap.trials.summary import RULE_STATUSES, rule_runs, rule_summary  # noqa: F401 - named here for callers
 from tensortap.ui.series import is_scalar
-
-#: statuses a rule can show; "NoData" is a rule that finished without seeing any data
-RULE_STATUSES = ("InProgress", "IssuesFound", "NoIssuesFound", "NoData", "Error", "Stopped")
 
 #: bytes of per-step statistics a Job keeps for the tensors drawn last (the layers page and the heatmap draw
 #: the same ones); the least recently drawn go first
@@ -26,10 +23,13 @@ _XGB_NON_SCALAR = re.compile(
     r"^(feature_importance|average_shap|full_shap|hyperparameters|trees)/|^(labels|predictions)$")
 _METRIC_COLLECTIONS = ("losses", "metrics", "sm_metrics", "scalars")
 _PARAM_COLLECTIONS = ("weights", "biases")
-#: the files a rule run writes (tensortap.runner.status)
-_RULE_FILES = ("status.json", "report.json")
 _GRAD_PREFIX = re.compile(r"^gradients?/")
 _WEIGHT_PREFIX = re.compile(r"^weights?/")
+#: Keras' weight names: `<layer>/weights/<variable path>` (d1/weights/sequential/d1/kernel); its gradient is
+#: gradients/<variable path>Grad
+_KERAS_WEIGHT = re.compile(r"^[^/]+/weights/(.+)$")
+#: bytes of scalar series a Job keeps (the curves and their zoomed windows read them)
+SERIES_CACHE_BYTES = 64 << 20
 
 
 @dataclass
@@ -45,10 +45,14 @@ class Kinds:
 
 def layer_of(name: str) -> str:
     """The layer (parameter) a weight or gradient tensor belongs to: `gradient/Net_fc1.weight` and
-    `Net_fc1.weight` are both `Net_fc1.weight`; Keras' `gradients/denseGrad` is `dense`."""
+    `Net_fc1.weight` are both `Net_fc1.weight`; Keras' `gradients/sequential/d1/kernelGrad` and
+    `d1/weights/sequential/d1/kernel` are both `sequential/d1/kernel`."""
     if _GRAD_PREFIX.match(name):
         base = _GRAD_PREFIX.sub("", name)
         return base[: -len("Grad")] if base.endswith("Grad") else base
+    m = _KERAS_WEIGHT.match(name)
+    if m:
+        return m.group(1)
     return _WEIGHT_PREFIX.sub("", name)
 
 
@@ -107,7 +111,8 @@ class Job:
         self.lock = threading.RLock()
         self._kinds: Kinds | None = None
         self._kinds_generation = -1
-        self._stats: OrderedDict[tuple[str, str | None], tuple[int, dict]] = OrderedDict()
+        self._stats: OrderedDict[tuple[str, str | None], tuple[int, dict, set]] = OrderedDict()
+        self._series: OrderedDict[tuple[str, str], tuple[int, tuple]] = OrderedDict()
 
     @classmethod
     def of_trial(cls, trial: Trial, index: int = 0) -> Job:
@@ -127,9 +132,69 @@ class Job:
                 self._kinds_generation = self.trial.generation
             return self._kinds
 
-    def stats(self, name: str, worker: str | None = None) -> dict[str, tuple[Any, Any]]:
-        """{stat: (steps, values)} of tensor `name`'s L2 norm, min, max and non-finite count at every saved
-        step (series.stat_series), kept (up to STATS_CACHE_BYTES) and extended as the job grows."""
+    @property
+    def is_xgboost(self) -> bool:
+        """Whether this is an XGBoost job: its steps are boosting rounds, never drawn on one axis with a
+        neural net's steps."""
+        return bool(self.kinds.xgboost)
+
+    def scalar(self, name: str, mode: Any) -> tuple[Any, Any, Any]:
+        """(global steps, values, mode steps) of scalar tensor `name` in `mode` (GLOBAL: every step), read
+        once per generation of the trial and kept (up to SERIES_CACHE_BYTES): a zoom re-reads a window of it."""
+        import numpy as np
+
+        from tensortap import modes as _modes
+        from tensortap.ui.series import scalar_series
+
+        with self.lock:
+            key = (name, mode.name)
+            hit = self._series.pop(key, None)
+            if hit is not None and hit[0] == self.trial.generation:
+                got = hit[1]
+            else:
+                steps, vals = scalar_series(self.trial.tensor(name), mode)
+                if mode == _modes.GLOBAL or not len(steps):
+                    gsteps = np.asarray(steps, dtype=np.int64)
+                else:
+                    gsteps = self._global_steps(mode, steps)
+                got = (gsteps, vals, np.asarray(steps, dtype=np.int64))
+            self._series[key] = (self.trial.generation, got)
+            size = sum(sum(a.nbytes for a in e[1]) for e in self._series.values())
+            while len(self._series) > 1 and size > SERIES_CACHE_BYTES:
+                _, (_, old) = self._series.popitem(last=False)
+                size -= sum(a.nbytes for a in old)
+            return got
+
+    def _global_steps(self, mode: Any, steps: Any) -> Any:
+        """The global steps of `mode`'s steps `steps` (-1 where unknown). The trial's own mode-to-global table
+        when it has one (one dict lookup per step: Trial.global_step checks its arguments at each call, ~25 us
+        a step, 25 s for a million), else Trial.global_step."""
+        import numpy as np
+
+        table = getattr(self.trial, "_mode_to_global", {}).get(mode)
+        if table is not None:
+            get = table.get
+            return np.fromiter((get(s, -1) for s in steps.tolist()), dtype=np.int64, count=len(steps))
+        to_global = self.trial.global_step
+        return np.fromiter((-1 if (g := to_global(mode, s)) is None else g for s in steps.tolist()),
+                           dtype=np.int64, count=len(steps))
+
+    def warm(self) -> None:
+        """Index the job and read its curves now (the dashboard's start), not on the page's first request."""
+        from tensortap import modes as _modes
+
+        with self.lock:
+            for mode in self.trial.modes() or [_modes.GLOBAL]:
+                for name in self.kinds.scalars:
+                    self.scalar(name, mode)
+                    if sum(sum(a.nbytes for a in e[1]) for e in self._series.values()) > SERIES_CACHE_BYTES // 2:
+                        return
+
+    def stats(self, name: str, worker: str | None = None,
+              which: tuple[str, ...] = ("l2", "min", "max", "nonfinite")) -> dict[str, tuple[Any, Any]]:
+        """{stat: (steps, values)} of tensor `name`'s statistics `which` (of L2 norm, min, max, non-finite
+        count) at every saved step (series.stat_series), kept (up to STATS_CACHE_BYTES) and extended as the
+        job grows; a statistic asked for later is read then (the heatmap asks for norms only)."""
         from tensortap.ui.series import stat_series
 
         with self.lock:
@@ -137,14 +202,19 @@ class Job:
             hit = self._stats.pop(key, None)
             tensor = self.trial.tensor(name)
             if hit is not None and hit[0] == self.trial.generation:
-                got = hit[1]
+                got, asked = hit[1], hit[2]
+            elif hit is not None and (ext := self._extended(tensor, hit[1], worker)) is not None:
+                got, asked = ext, hit[2]
             else:
-                got = (self._extended(tensor, hit[1], worker) if hit is not None else None) or \
-                    stat_series(tensor, ("l2", "min", "max", "nonfinite"), worker=worker)
-            self._stats[key] = (self.trial.generation, got)
+                got, asked = stat_series(tensor, which, worker=worker), set(which)
+            missing = tuple(s for s in which if s not in asked)
+            if missing:
+                got = {**got, **stat_series(tensor, missing, worker=worker)}
+                asked = asked | set(missing)
+            self._stats[key] = (self.trial.generation, got, asked)
             size = sum(a.nbytes + b.nbytes for entry in self._stats.values() for a, b in entry[1].values())
             while len(self._stats) > 1 and size > STATS_CACHE_BYTES:
-                _, (_, old) = self._stats.popitem(last=False)
+                _, (_, old, _) = self._stats.popitem(last=False)
                 size -= sum(a.nbytes + b.nbytes for a, b in old.values())
             return got
 
@@ -181,23 +251,8 @@ class Job:
 
     @staticmethod
     def rules_of(storage: Any) -> list[dict[str, Any]]:
-        """Every rule run of a job: {name, run, status, message, fired_steps, explanations, parameters, ...}
-        from the status.json and report.json that `tensortap run` writes under rules/<rule>/ ("live") and
-        `tensortap rules run` under rules/<rule>/offline/ ("offline"); a rule run both ways gives two."""
-        runs: set[tuple[str, str]] = set()
-        for key in storage.list("rules/"):
-            parts = key.split("/")
-            if len(parts) == 3 and parts[2] in _RULE_FILES:
-                runs.add((parts[1], "live"))
-            elif len(parts) == 4 and parts[2] == "offline" and parts[3] in _RULE_FILES:
-                runs.add((parts[1], "offline"))
-        out = []
-        for label, run in sorted(runs):
-            base = f"rules/{label}/" + ("offline/" if run == "offline" else "")
-            status = _read_json(storage, base + "status.json") or {}
-            report = _read_json(storage, base + "report.json") or status.get("report") or {}
-            out.append({**rule_summary(label, status, report), "run": run})
-        return out
+        """Every rule run of a job (tensortap.trials.summary.rule_runs)."""
+        return rule_runs(storage)
 
     def signature(self) -> dict[str, Any]:
         """What changes when the job or its rules move on: the dashboard polls this."""
@@ -209,52 +264,6 @@ class Job:
                 "ended": self.trial.loaded_all_steps,
                 "rules": [(r["name"], r["run"], r["status"], r.get("updated_at")) for r in self.rules()],
             }
-
-
-def _read_json(storage: Any, key: str) -> dict[str, Any] | None:
-    try:
-        d = json.loads(storage.read(key))
-    except (FileNotFoundError, ValueError, OSError):
-        return None
-    return d if isinstance(d, dict) else None
-
-
-def rule_summary(label: str, status: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
-    """One rule's status with its firing steps and explanations. A rule that ended without data says
-    NoData, never NoIssuesFound."""
-    s = status.get("status") or ("IssuesFound" if report.get("triggered") else
-                                 "NoIssuesFound" if report.get("finished") else "InProgress")
-    if s == "NoIssuesFound" and report and not report.get("datapoints") and not report.get("steps_evaluated"):
-        s = "NoData"
-    if s not in RULE_STATUSES:
-        s = "Error"
-    fired = [int(x) for x in report.get("fired_steps") or []]
-    if not fired and status.get("first_step") is not None and s == "IssuesFound":
-        fired = [int(status["first_step"])]
-    explanations: dict[int, list[str]] = {}
-    for v in (report.get("first_violations") or []) + (report.get("last_violations") or []):
-        if not isinstance(v, dict) or v.get("step") is None:
-            continue
-        text = str(v.get("condition", ""))
-        if v.get("tensor"):
-            text = f"{v['tensor']}: {text}"
-        lst = explanations.setdefault(int(v["step"]), [])
-        if text not in lst:
-            lst.append(text)
-    return {
-        "name": label,
-        "rule": status.get("rule") or report.get("rule") or label,
-        "status": s,
-        "message": str(status.get("message") or ""),
-        "fired_steps": fired,
-        "explanations": {str(k): v[:5] for k, v in explanations.items()},
-        "parameters": status.get("params") or report.get("parameters") or {},
-        "steps_evaluated": report.get("steps_evaluated"),
-        "last_step": status.get("last_step", report.get("last_step_evaluated")),
-        "warnings": report.get("warnings") or [],
-        "error": str(status.get("traceback") or "")[-2000:] if s == "Error" else "",
-        "updated_at": status.get("updated_at") or report.get("updated_at"),
-    }
 
 
 class JobSet:

@@ -22,35 +22,58 @@ MAX_POINTS = 2000
 STATS = ("l2", "min", "max", "mean", "nonfinite")
 
 
-def envelope(steps: np.ndarray, values: np.ndarray, max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, values) shortened to at most `max_points` by keeping, in each of max_points/2 equal runs of
-    points, the minimum and the maximum (in step order). Every local extreme survives: a spike stays drawn.
-    Non-finite values are kept as they are (they are the interesting ones) when a run holds one."""
-    steps = np.asarray(steps)
+def envelope_index(values: np.ndarray, max_points: int = MAX_POINTS) -> np.ndarray:
+    """Indices of the points a min/max envelope of `values` keeps, at most `max_points` (all when fewer): in
+    each of max_points/2 equal runs of points, the minimum and the maximum, in order. Every local extreme
+    survives: a spike stays drawn. A run holding a NaN or inf keeps it (the interesting one) and its finite
+    extremes."""
     values = np.asarray(values, dtype=np.float64)
     n = len(values)
     if n <= max_points:
-        return steps, values
+        return np.arange(n, dtype=np.int64)
     buckets = max(1, max_points // 2)
     edges = np.linspace(0, n, buckets + 1).astype(np.int64)
-    keep: list[int] = []
     finite = np.isfinite(values)
+    if finite.all() and n % buckets == 0:  # equal runs: one vectorised pass
+        m = values.reshape(buckets, -1)
+        base = np.arange(buckets, dtype=np.int64) * (n // buckets)
+        lo, hi = base + m.argmin(axis=1), base + m.argmax(axis=1)
+        return np.unique(np.concatenate([lo, hi]))
+    keep: list[int] = []
     for a, b in zip(edges[:-1], edges[1:], strict=True):
         if b <= a:
             continue
         seg = values[a:b]
         fin = finite[a:b]
-        if not fin.all():  # a NaN or inf in this run: keep it, and the run's finite extremes
-            bad = a + int(np.flatnonzero(~fin)[0])
-            idx = [bad]
+        if not fin.all():
+            idx = [a + int(np.flatnonzero(~fin)[0])]
             if fin.any():
                 fs = np.where(fin, seg, np.nan)
                 idx += [a + int(np.nanargmin(fs)), a + int(np.nanargmax(fs))]
         else:
             idx = [a + int(np.argmin(seg)), a + int(np.argmax(seg))]
         keep.extend(sorted(set(idx)))
-    k = np.asarray(keep, dtype=np.int64)
+    return np.asarray(keep, dtype=np.int64)
+
+
+def envelope(steps: np.ndarray, values: np.ndarray, max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) shortened to at most `max_points` by a min/max envelope (envelope_index)."""
+    steps = np.asarray(steps)
+    values = np.asarray(values, dtype=np.float64)
+    k = envelope_index(values, max_points)
     return steps[k], values[k]
+
+
+def window_index(steps: np.ndarray, values: np.ndarray, lo: float, hi: float, max_points: int = MAX_POINTS,
+                 outside: int = 200) -> np.ndarray:
+    """Indices to draw when steps [lo, hi] are shown: every point inside (a min/max envelope of them beyond
+    `max_points`), and an envelope of `outside` points on each side, so that panning shows the shape and a
+    spike outside the window is still there."""
+    steps = np.asarray(steps)
+    a, b = int(np.searchsorted(steps, lo, side="left")), int(np.searchsorted(steps, hi, side="right"))
+    parts = [envelope_index(values[:a], outside), a + envelope_index(values[a:b], max_points),
+             b + envelope_index(values[b:], outside)]
+    return np.concatenate(parts).astype(np.int64)
 
 
 #: significant digits of a drawn value (a plot cannot show more; the JSON stays short)

@@ -133,7 +133,7 @@ def create_app(jobs: JobSet) -> Any:
     def api_view(view: str) -> Response:
         from tensortap.ui.views import render_view
 
-        params: dict[str, Any] = {k: request.args.get(k) for k in ("tensor", "page")}
+        params: dict[str, Any] = {k: request.args.get(k) for k in ("tensor", "page", "find")}
         params["job"] = request.args.getlist("job")
         try:
             sigs = signatures(jobs)  # before drawing: a change during the drawing is redrawn after
@@ -144,6 +144,24 @@ def create_app(jobs: JobSet) -> Any:
             logger.exception("tensortap ui: view %s failed", view)
             return reply({"error": f"{type(e).__name__}: {e}"}, 500)
         return reply({"view": view, "blocks": blocks, "jobs": sigs})
+
+    @app.get("/api/series")
+    def api_series() -> Response:
+        """One curve's points for a zoom: ?job=I&tensor=NAME&mode=TRAIN&lo=STEP&hi=STEP (views.series_window)."""
+        from tensortap.ui.views import series_window
+
+        try:
+            job = jobs.get(request.args.get("job", ""))
+            lo, hi = float(request.args.get("lo", "")), float(request.args.get("hi", ""))
+            if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+                raise ValueError
+            return reply(series_window(job, request.args.get("tensor", ""), request.args.get("mode", "GLOBAL"),
+                                       lo, hi))
+        except KeyError as e:
+            return reply({"error": str(e.args[0] if e.args else e)}, 404)
+        except ValueError as e:
+            return reply({"error": f"lo, hi: two finite steps, lo <= hi; mode: TRAIN, EVAL, PREDICT or GLOBAL "
+                                   f"({e})"}, 400)
 
     @app.get("/api/poll")
     def api_poll() -> Response:
@@ -161,7 +179,7 @@ class Server:
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
         self.jobs = JobSet(paths)
         for j in self.jobs.jobs:
-            j.kinds  # noqa: B018 - index the job now, not on the page's first request
+            j.warm()  # index the job and read its curves now, not on the page's first request
         self.app = create_app(self.jobs)
         try:
             self.httpd = make_server(host, port, self.app, threaded=True)

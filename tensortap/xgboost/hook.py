@@ -10,7 +10,7 @@ each included collection (names as smdebug.xgboost, spec 5.6 and 5.9):
 * predictions, labels  `predictions`, `labels`: `predict(validation_data)` and its labels;
 * feature_importance  `feature_importance/<type>/<feature>` for weight, gain, cover, total_gain and
   total_cover: `get_score(importance_type=type)` divided by its sum (features without a split: 0);
-* full_shap, average_shap  `full_shap/<feature>`, `average_shap/<feature>` (and `/bias`):
+* full_shap, average_shap  `full_shap/<feature>`, `average_shap/<feature>` (`/bias` only with `all`):
   `predict(train_data, pred_contribs=True)` per feature, and its mean over the samples (and classes); for
   gbtree after the first saving round as the last values plus the new trees' (tensortap.xgboost.shap);
 * trees  `trees/<column>`: each column of `trees_to_dataframe()` (missing strings saved as "").
@@ -67,10 +67,12 @@ _REGEXES = {
     K.PREDICTIONS: r"^predictions$",
     K.LABELS: r"^labels$",
     K.FEATURE_IMPORTANCE: r"^feature_importance/.*",
-    K.AVERAGE_SHAP: r"^average_shap/.*",
-    K.FULL_SHAP: r"^full_shap/.*",
+    # (the bias term, `<shap>/bias`, is left out, as smdebug's regexes mean to; `all` and include_regex still take it)
+    K.AVERAGE_SHAP: r"^average_shap/(?!bias$)",
+    K.FULL_SHAP: r"^full_shap/(?!bias$)",
     K.TREES: r"^trees/.*",
 }
+_SCALAR_ONLY = frozenset({K.SCALARS, K.SM_METRICS})
 #: the collections whose tensors the hook computes, each in its own group
 _GROUPS = tuple(_REGEXES)
 #: groups whose values are known without the model: a round that saves only these keeps its values, and they are
@@ -135,8 +137,10 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
 
     builtin_collections = (K.ALL, K.DEFAULT, K.SCALARS, *_GROUPS)
     default_include_collections = (K.METRICS,)
+    always_include_collections = (K.METRICS,)
     # (a short boosting job costs less than a thread's start and join: its data is written at close)
     _late_writer_thread = True
+    _scalars_wait_for_step = True  # (steps are boosting rounds)
 
     def __init__(
         self,
@@ -436,7 +440,9 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
     def _wanted(self, now: list[Collection]) -> set[str]:
         """The groups whose tensors may be saved now."""
         names = {c.name for c in now}
-        if K.ALL in names or any(c.name not in _REGEXES and (c.include_regex or c.tensor_names) for c in now):
+        # (save_scalar's collections name only its scalars: no group computed for them)
+        if K.ALL in names or any(c.name not in _REGEXES and (c.include_regex or (
+                c.tensor_names and c.name not in _SCALAR_ONLY)) for c in now):
             return set(_GROUPS)
         return names
 

@@ -166,3 +166,23 @@ def test_a_step_handed_over_after_it_ended_is_complete_only_once_its_mark_is_rel
         assert got.dtype == v.dtype and np.array_equal(got, v), step
     assert hook.dropped_records == 0
 
+
+
+def test_losses_and_metrics_save_at_every_eval_and_predict_step():
+    # an evaluation once per epoch gives a curve: a save interval counts each mode's own steps
+    _cm, s = _schedule(["weights", "losses", "metrics"], tt.SaveConfig(save_interval=10))
+    assert [k for k in range(12) if s.at(modes.TRAIN, k)] == [0, 10]
+    for mode in (modes.EVAL, modes.PREDICT):
+        assert {k: _names(s.at(mode, k)) for k in (0, 1, 2, 10)} == {
+            0: ["losses", "metrics", "weights"], 1: ["losses", "metrics"], 2: ["losses", "metrics"],
+            10: ["losses", "metrics", "weights"]}
+        assert s.next_saving_step(mode, 1) == 1
+    # a collection config given for all modes (as `--save-interval` / SageMaker's CollectionConfigurations) too
+    _cm, s = _schedule(["losses"], None, losses=tt.SaveConfig(save_interval=10))
+    assert [k for k in range(4) if s.at(modes.EVAL, k)] == [0, 1, 2, 3]
+    # EVAL given a config of its own (different from TRAIN's) keeps it
+    own = tt.SaveConfig(mode_save_configs={"TRAIN": {"save_interval": 10}, "EVAL": {"save_interval": 5},
+                                           "PREDICT": {"save_interval": 10}, "GLOBAL": {"save_interval": 10}})
+    _cm, s = _schedule(["losses"], own)
+    assert [k for k in range(12) if s.at(modes.EVAL, k)] == [0, 5, 10]
+    assert [k for k in range(3) if s.at(modes.PREDICT, k)] == [0, 1, 2]

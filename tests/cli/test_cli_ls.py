@@ -34,8 +34,11 @@ def test_ls_json_on_native_job(tmp_path):
     assert info["workers"] == ["worker_0"] and info["ended"]
     assert info["steps"] == {"count": 6, "first": 0, "last": 5}
     assert info["modes"]["TRAIN"]["count"] == 4 and info["modes"]["EVAL"]["count"] == 2
-    assert info["tensors"]["w"] == {"count": 3, "first": 0, "last": 4, "interval": 2}
-    assert info["tensors"]["scalar/loss"] == {"count": 6, "first": 0, "last": 5, "interval": 1}
+    # global steps 0, 2 (TRAIN mode steps 0, 2) and 4 (EVAL mode step 0)
+    assert info["tensors"]["w"] == {"count": 3, "first": 0, "last": 4, "interval": 2, "modes": {
+        "TRAIN": {"count": 2, "first": 0, "last": 2, "interval": 2},
+        "EVAL": {"count": 1, "first": 0, "last": 0, "interval": None}}}
+    assert info["tensors"]["scalar/loss"]["modes"]["EVAL"] == {"count": 2, "first": 0, "last": 1, "interval": 1}
     assert info["collections"]["scalars"] == ["scalar/loss"]
 
 
@@ -79,8 +82,43 @@ def test_ls_summarises_step_lists(tmp_path):
     line = next(ln for ln in r.stdout.splitlines() if "layer7/weight" in ln)
     assert line.split() == ["layer7/weight", "22", "steps", "0..90,", "irregular", "(gaps", "1..10)"]
     info = json.loads(_tensortap("ls", str(tmp_path), "--json").stdout)
-    assert info["tensors"]["layer7/weight"] == {"count": 22, "first": 0, "last": 90, "interval": None,
-                                                "gaps": [1, 10]}
+    summary = {"count": 22, "first": 0, "last": 90, "interval": None, "gaps": [1, 10]}
+    assert info["tensors"]["layer7/weight"] == {**summary, "modes": {"GLOBAL": summary}}
+
+
+def test_ls_counts_each_modes_own_steps_and_lists_collections_with_tensors(tmp_path):
+    """Training saved every 10 steps with an EVAL pass per epoch: two regular series in mode steps, where the
+    global steps interleave irregularly."""
+    hook = tt.Hook(str(tmp_path), save_config=tt.SaveConfig(save_interval=10),
+                   include_collections=["weights", "losses"])
+    for _epoch in range(3):
+        hook.set_mode(tt.modes.TRAIN)
+        for _ in range(20):
+            hook.next_step()
+            hook.save_tensor("fc.weight", np.ones(2), "weights")
+            hook.save_tensor("loss", np.float32(1.0), "losses")
+        hook.set_mode(tt.modes.EVAL)
+        for _ in range(10):
+            hook.next_step()
+            hook.save_tensor("loss", np.float32(1.0), "losses")
+    hook.close()
+    out = _tensortap("ls", str(tmp_path)).stdout
+    lines = out.splitlines()
+    assert "  TRAIN    6 steps, 0..50" in lines and "  EVAL     3 steps, 0..20" in lines, out
+    assert "irregular" not in out
+    header = next(ln for ln in lines if ln.startswith("tensors:"))
+    assert header.split()[1:] == ["TRAIN", "steps", "EVAL", "steps"]
+    loss = next(ln for ln in lines if ln.split()[0] == "loss")
+    assert loss.split()[1:] == ["6", "steps", "0..50,", "every", "10", "3", "steps", "0..20,", "every", "10"]
+    weight = next(ln for ln in lines if ln.startswith("  fc.weight"))
+    assert weight.split()[1:] == ["6", "steps", "0..50,", "every", "10", "-"]
+    collections = lines[lines.index(next(ln for ln in lines if ln.startswith("collections:"))) + 1:
+                        lines.index(header)]
+    assert [c.split() for c in collections] == [["losses", "1", "tensor"], ["weights", "1", "tensor"]]
+    assert "without tensors not shown: --all lists them" in out
+    every = _tensortap("ls", str(tmp_path), "--all").stdout
+    assert "  default              0 tensors" in every.splitlines()
+    assert "1 tensors" not in every and "1 steps" not in every
 
 
 def test_ls_into_a_closed_pipe_ends_quietly(tmp_path):

@@ -197,3 +197,32 @@ def test_backpressure_drop_policy_counts_and_training_continues(tmp_path):
         hook.save_tensor("big", np.ones(10_000))
     assert hook.dropped_records == 5
     hook.close()
+
+
+def test_save_scalar_takes_smdebugs_signature(tmp_path):
+    """save_scalar(name, value, sm_metric=False, timestamp=None): sm_metric=True also files it in sm_metrics; the
+    generic hook, whose steps the script drives, saves a scalar outside a step in a step it starts."""
+    hook = tt.Hook(str(tmp_path), save_config=tt.SaveConfig(save_interval=100))
+    hook.save_scalar("before", 3, True, 1700000000.0)  # (positional, as smdebug's order)
+    hook.next_step()
+    hook.save_scalar("lr", np.float32(0.5), sm_metric=False, timestamp=None)
+    hook.save_scalar("acc", 0.75, sm_metric=True)
+    hook.close()
+    t = tt.create_trial(str(tmp_path))
+    assert t.steps() == [0, 1]
+    assert t.tensor("scalar/before").value(0) == 3 and t.tensor("scalar/lr").value(1) == np.float32(0.5)
+    assert t.tensor_names(collection="sm_metrics") == ["scalar/acc", "scalar/before"]
+    assert t.tensor_names(collection="scalars") == ["scalar/acc", "scalar/before", "scalar/lr"]
+
+
+def test_a_framework_hooks_default_collections_join_include_collections(tmp_path):
+    class FrameworkHook(tt.Hook):
+        builtin_collections = (*tt.Hook.builtin_collections, "losses")
+        always_include_collections = ("losses",)
+
+    hook = FrameworkHook(str(tmp_path), include_collections=["weights"])
+    assert hook.include_collections == ["weights", "losses"]
+    hook.close()
+    plain = tt.Hook(str(tmp_path / "plain"), include_collections=["weights"])
+    assert plain.include_collections == ["weights"]
+    plain.close()

@@ -461,7 +461,7 @@ def test_get_hook_and_json_config(tmp_path, monkeypatch):
     assert t.tensor("dense0_weight").steps() == [0, 3]
     assert t.tensor("gradient/dense1_bias").steps() == [0, 2, 4]
     assert same(t.tensor("gradient/dense1_bias").value(4), rec[(4, "gradient/dense1_bias")])
-    assert LOSS not in t.tensor_names()  # (losses: not in the file)
+    assert t.tensor(LOSS).steps() == [0, 3]  # (losses: always saved, as in smdebug, at the hook's interval)
     other = tm.Hook.create_from_json_file(str(cfg), out_dir=str(tmp_path / "other"))
     assert type(other) is tm.Hook and "weights" in other.include_collections and tm.get_hook() is other
     other.close()

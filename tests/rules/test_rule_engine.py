@@ -195,7 +195,7 @@ def test_parameters_introspection():
 
     params = dict(LossNotDecreasing.parameters())
     assert params == {"collection_names": None, "tensor_regex": None, "use_losses_collection": True,
-                      "num_steps": 10, "diff_percent": 0.0, "mode": None}
+                      "num_steps": 10, "diff_percent": 0.0, "mode": None, "window": 5, "min_drop_percent": 10.0}
 
 
 def test_builtin_rules_live_match_offline(tmp_path):

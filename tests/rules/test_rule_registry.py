@@ -10,6 +10,8 @@ from tensortap.exceptions import InvalidConfiguration
 from tensortap.rules import Rule, configs, invoke_rule
 from tensortap.rules.builtin import BUILTIN_RULES, RULES, VanishingGradient, describe_rules, get_rule, snake_name
 
+# smdebug's parameter names, with tensortap's defaults (calibrated on bench/corpus, docs/rules.md says where and
+# why they differ from smdebug's) and the parameters tensortap adds
 CATALOG = {
     "VanishingGradient": {"threshold": 1e-7},
     "ExplodingTensor": {"collection_names": None, "tensor_regex": None, "only_nan": False},
@@ -19,20 +21,22 @@ CATALOG = {
     "UnchangedTensor": {"collection_names": None, "tensor_regex": None, "num_steps": 3, "rtol": 1e-5,
                         "atol": 1e-8, "equal_nan": False},
     "LossNotDecreasing": {"collection_names": None, "tensor_regex": None, "use_losses_collection": True,
-                          "num_steps": 10, "diff_percent": 0.0, "mode": None},
+                          "num_steps": 10, "diff_percent": 0.0, "mode": None, "window": 5,
+                          "min_drop_percent": 10.0},
     "Confusion": {"category_no": None, "labels": "labels", "predictions": "predictions",
-                  "labels_collection": "labels", "predictions_collection": "predictions", "min_diag": 0.9,
-                  "max_off_diag": 0.1},
+                  "labels_collection": "labels", "predictions_collection": "predictions", "min_diag": 0.5,
+                  "max_off_diag": 0.5, "samples": 500},
     "ClassImbalance": {"threshold_imbalance": 10, "threshold_misprediction": 0.7, "samples": 500, "argmax": False,
                        "labels_regex": ".*labels", "predictions_regex": ".*predictions"},
     "CheckInputImages": {"threshold_mean": 0.2, "threshold_samples": 500, "regex": ".*hybridsequential0_input_0",
                          "channel": 1},
     "DeadRelu": {"tensor_regex": None, "threshold_inactivity": 1.0, "threshold_layer": 50.0},
-    "TreeDepth": {"depth": 4},
-    "Overfit": {"tensor_regex": None, "start_step": 0, "patience": 1, "ratio_threshold": 0.1},
-    "Overtraining": {"patience_train": 5, "patience_validation": 10, "delta": 0.1},
+    "TreeDepth": {"depth": 6},
+    "Overfit": {"tensor_regex": None, "start_step": 0, "patience": 2, "ratio_threshold": 0.1, "train_window": 10,
+                "min_evaluations": 3},
+    "Overtraining": {"patience_train": 40, "patience_validation": 10, "delta": 0.0, "window": 5},
     "TensorVariance": {"collection_names": None, "tensor_regex": None, "max_threshold": None, "min_threshold": None},
-    "PoorWeightInitialization": {"activation_inputs_regex": ".*relu_input", "threshold": 10.0,
+    "PoorWeightInitialization": {"activation_inputs_regex": ".*relu_input", "threshold": 1000.0,
                                  "distribution_range": 0.001, "patience": 5, "steps": 10},
     "SaturatedActivation": {"collection_names": None, "tensor_regex": ".*tanh_input|.*sigmoid_input",
                             "threshold_tanh": (-9.4999, 9.4999), "threshold_sigmoid": (-23, 16.99999),
@@ -41,7 +45,7 @@ CATALOG = {
                          "token_thresholds_percent": "50"},
     "StalledTrainingRule": {"threshold": 1800, "stop_training_on_fire": False, "training_job_name_prefix": None},
     "FeatureImportanceOverweight": {"threshold": 0.8, "nfeatures": 3,
-                                    "tensor_regex": ".*feature_importance/weight"},
+                                    "tensor_regex": ".*feature_importance/weight", "min_round": 20},
 }
 
 
@@ -51,6 +55,7 @@ def test_catalog_names_parameters_and_defaults():
         assert issubclass(cls, Rule)
         assert dict(cls.parameters()) == CATALOG[cls.__name__], cls.__name__
         assert cls.description and "\n" not in cls.description
+        assert cls.compares and "\n" not in cls.compares, cls.__name__  # what `rules list` says it compares
 
 
 def test_lookup_by_any_name():
@@ -62,6 +67,8 @@ def test_lookup_by_any_name():
     listing = describe_rules()
     assert len(listing) == 20 and listing[0]["parameters"] == [
         {"name": "threshold", "default": 1e-7, "required": False}]
+    lnd = next(r for r in listing if r["name"] == "LossNotDecreasing")
+    assert "median of the last `window` saved losses" in lnd["compares"]
 
 
 def test_every_rule_has_a_config():
@@ -98,3 +105,12 @@ def test_config_configures_a_hook(tmp_path):
     assert trial.tensor("gradient/w").steps() == [0, 250, 500, 750, 1000]
     rep = invoke_rule(VanishingGradient(trial), stop_at_job_end=True)
     assert rep.fired_steps == [750, 1000] and rep.steps_evaluated == 5
+
+
+def test_rules_list_says_what_each_rule_compares_and_its_defaults(capsys):
+    from tensortap.cli.main import main
+
+    assert main(["rules", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "compares: the median of the last `window` saved losses" in out
+    assert "min_drop_percent=10.0" in out and "depth=6" in out

@@ -64,7 +64,7 @@ def _doc(r):
 def test_broken_training_is_stopped_by_the_rule_that_fires(tmp_path, train_py):
     out = str(tmp_path / "job")
     r = tensortap("run", "--out-dir", out, "--save-interval", "1", "--rule", "vanishing_gradient",
-                  "--rule", "loss_not_decreasing:num_steps=5", "--stop-on-issue", "--json",
+                  "--rule", "loss_not_decreasing:num_steps=5,window=1", "--stop-on-issue", "--json",
                   "--", sys.executable, train_py, "10", "2000")
     doc = _doc(r)
     assert r.returncode == 1, r.stderr
@@ -90,12 +90,18 @@ def test_broken_training_is_stopped_by_the_rule_that_fires(tmp_path, train_py):
 def test_healthy_training_ends_with_no_issues(tmp_path, train_py):
     out = str(tmp_path / "job")
     r = tensortap("run", "--out-dir", out, "--save-interval", "2", "--rule", "VanishingGradient",
-                  "--rule", "exploding_tensor", "--rule", "loss_not_decreasing:num_steps=4", "--json",
+                  "--rule", "exploding_tensor", "--rule", "loss_not_decreasing:num_steps=4,window=1", "--json",
                   "--", sys.executable, train_py, "-1", "30")
     doc = _doc(r)
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert [x["status"] for x in doc["rules"]] == ["NoIssuesFound"] * 3
-    assert doc["training"] == {"exit_code": 0, "stopped_by": None}
+    assert doc["training"]["exit_code"] == 0 and doc["training"]["stopped_by"] is None
+    assert doc["training"]["duration_s"] > 0.03 * 30  # it slept 30 ms a step
+    assert doc["out_dir"] == out and doc["interrupted_by"] is None
+    assert doc["duration_s"] >= doc["training"]["duration_s"]
+    for rule in doc["rules"]:  # what each verdict rests on
+        assert rule["steps_judged"] == 15 and rule["first_step_judged"] == 0 and rule["last_step_judged"] == 28
+        assert rule["data_points"] >= 15 and rule["duration_s"] > 0
     assert "training finished" in r.stderr  # training output is passed through
 
 

@@ -190,7 +190,8 @@ def test_bad_out_dir_or_collection_fails_before_training(tmp_path, train_py, cas
 def test_offline_rules_run_writes_beside_the_live_statuses(tmp_path, train_py):
     out = str(tmp_path / "job")
     r = tensortap("run", "--out-dir", out, "--save-interval", "1", "--rule", "vanishing_gradient",
-                  "--rule", "loss_not_decreasing:num_steps=2", "--json", "--", sys.executable, train_py, "ok", "8")
+                  "--rule", "loss_not_decreasing:num_steps=2,window=1", "--json", "--", sys.executable, train_py, "ok",
+                  "8")
     assert r.returncode in (0, 1), r.stderr
     live = {n: open(os.path.join(out, "rules", n, "status.json"), "rb").read()
             for n in ("vanishing_gradient", "loss_not_decreasing")}

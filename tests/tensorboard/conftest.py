@@ -134,9 +134,13 @@ def matches_trial(out_dir, logdir, expect_histograms=True):
     run; (trial, modes seen)."""
     import tensortap as tt
     from tensortap.exceptions import TensorUnavailableForStep
+    from tensortap.tensorboard.export import LEADING_GROUPS, clean_tag, histogram_tag, scalar_tag
 
     trial = tt.create_trial(str(out_dir))
     checked_hist = 0
+    leading = {n: c for c in LEADING_GROUPS for n in trial.tensor_names(collection=c)}
+    member = {n: [c for c, info in trial.collections().items() if n in info.tensor_names]
+              for n in trial.tensor_names()}
     modes_seen = set()
     for worker in trial.workers():
         runs = {}
@@ -151,7 +155,7 @@ def matches_trial(out_dir, logdir, expect_histograms=True):
                     runs[mode.name] = load_run(os.path.join(logdir, quote(worker, safe=""), mode.name.lower()))
                 ea = runs[mode.name]
                 tags = ea.Tags()
-                tag = name.replace(" ", "_")
+                tag = scalar_tag(name, leading.get(name))
                 for (red, is_abs), v in t.reduction_values(step, worker=worker).items():
                     rtag = f"{tag}/{'abs_' if is_abs else ''}{red}"
                     assert np.array_equal(scalars(ea, rtag)[step], np.float32(v), equal_nan=True), (rtag, step)
@@ -162,14 +166,18 @@ def matches_trial(out_dir, logdir, expect_histograms=True):
                 if value.size == 1 and value.dtype.kind in "biuf":
                     assert np.array_equal(scalars(ea, tag)[step], np.float32(value.reshape(-1)[0]),
                                           equal_nan=True), (tag, step)
-                hist_tags = [h for h in tags["histograms"] if h.split("/", 1)[1] == tag]
+                hist_tags = sorted({histogram_tag(c, name) for c in member[name] + ["default"]}
+                                   & set(tags["histograms"]))
                 if value.size > 1 and value.dtype.kind in "iuf" and hist_tags:
                     (htag,) = hist_tags
                     h = {e.step: e.histogram_value for e in ea.Histograms(htag)}[step]
                     finite = np.isfinite(value.astype(np.float64))
                     assert h.num == np.count_nonzero(finite)
                     np.testing.assert_array_equal(np.asarray(h.bucket), numpy_counts(value))
-                    assert scalars(ea, f"nonfinite/{tag}")[step] == value.size - np.count_nonzero(finite)
+                    # the count of what the histogram left out, written from the first non-zero one on
+                    ntag = clean_tag(f"nonfinite/{name}")
+                    nonfinite = scalars(ea, ntag) if ntag in tags["scalars"] else {}
+                    assert nonfinite.get(step, 0) == value.size - np.count_nonzero(finite), (ntag, step)
                     checked_hist += 1
     assert not expect_histograms or checked_hist
     return trial, modes_seen

@@ -80,10 +80,12 @@ def test_smdebug_fixtures(fixture, tmp_path, read_run, tb):
     if fixture == "pytorch_job":
         assert modes == {"TRAIN", "EVAL"}
         ea = read_run(tmp_path / "worker_0" / "train")
-        # smdebug's tags: <collection>/<tensor> histograms, the loss as a scalar, no histogram for it
-        assert {"weights/Sequential_0.weight", "gradients/gradient/Sequential_0.weight"} <= set(
-            ea.Tags()["histograms"])
-        assert "CrossEntropyLoss_output_0" in ea.Tags()["scalars"]
+        # <collection>/<tensor> histograms without a repeated prefix; the loss a scalar leading the page, no
+        # histogram for it; no non-finite chart where no value was NaN or inf
+        assert {"weights/Sequential_0.weight", "gradient/Sequential_0.weight"} <= set(ea.Tags()["histograms"])
+        assert not any(t.startswith("gradients/") for t in ea.Tags()["histograms"])
+        assert "1_losses/CrossEntropyLoss_output_0" in ea.Tags()["scalars"]
+        assert not any(t.startswith("nonfinite/") for t in ea.Tags()["scalars"])
 
 
 def test_smdebug_job_on_s3(s3_url, tmp_path, read_run, tb):

@@ -101,10 +101,10 @@ def test_pytorch_hook_exports_weights_gradients_and_losses(tmp_path, read_run, t
     weights = trial.tensor_names(collection="weights")
     gradients = trial.tensor_names(collection="gradients")
     assert weights and gradients
-    assert {f"weights/{n}" for n in weights} <= hists and {f"gradients/{n}" for n in gradients} <= hists
-    losses = trial.tensor_names(collection="losses")
-    assert losses and set(losses) <= set(train.Tags()["scalars"])
-    assert set(losses) <= set(read_run(tbdir / "worker_0" / "eval").Tags()["scalars"])
+    assert {f"weights/{n}" for n in weights} <= hists and set(gradients) <= hists  # gradient/<name>
+    losses = {f"1_losses/{n}" for n in trial.tensor_names(collection="losses")}
+    assert losses and losses <= set(train.Tags()["scalars"])
+    assert losses <= set(read_run(tbdir / "worker_0" / "eval").Tags()["scalars"])
 
 
 TRAIN = """

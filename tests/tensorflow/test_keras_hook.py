@@ -104,9 +104,9 @@ def test_fit_evaluate_predict_values_modes_steps(tmp_path, how):
     tr = create_trial(str(tmp_path / "run"))
     # 3 train batches per epoch (mode steps 0..5), 2 eval batches per epoch, 2 predict batches
     assert tr.steps(mode=TRAIN) == [0, 2, 4]
-    assert tr.steps(mode=EVAL) == [0, 2]
+    assert tr.steps(mode=EVAL) == [0, 1, 2, 3]  # losses and metrics are saved at every EVAL step
     assert tr.steps(mode=PREDICT) == [0]
-    assert len(tr.steps()) == 6
+    assert len(tr.steps()) == 8
 
     kernel = "d1/weights/sequential/d1/kernel"
     assert set(tr.tensor_names(collection="weights")) == {kernel, "d2/weights/sequential/d2/kernel"}
@@ -361,10 +361,12 @@ def test_steps_between_saves_counted_across_modes(tmp_path):
     assert hook.error_count == 0, hook.first_error
     tr = create_trial(str(tmp_path / "run"))
     assert tr.steps(mode=TRAIN) == [0, 4, 8, 12]
-    assert tr.steps(mode=EVAL) == [0, 4, 8, 12, 16]
-    assert tr.tensor("loss").steps(mode=EVAL) == [0, 4, 8, 12, 16]
+    # losses are saved at every EVAL step, the rest every 4 EVAL steps
+    assert tr.steps(mode=EVAL) == list(range(19))
+    assert tr.tensor("loss").steps(mode=EVAL) == list(range(19))
+    assert tr.tensor("gradients/sequential/d1/kernelGrad").steps(mode=TRAIN) == [0, 4, 8, 12]
     # global steps: 0-6 train, 7-12 eval, 13-19 train, 20-25 eval, 26-32 eval (evaluate)
-    assert tr.steps() == [0, 4, 7, 11, 14, 18, 22, 26, 30]
+    assert tr.steps() == [0, 4, *range(7, 13), 14, 18, *range(20, 33)]
     for s in (0, 4, 8, 12):
         for v_path, value in spy.weights[s].items():
             layer = v_path.split("/")[1]

@@ -48,6 +48,41 @@ def pytorch_job(tmp_path_factory) -> str:
     return out
 
 
+def _train(script: str, out: str, *args: str) -> str:
+    proc = subprocess.run([sys.executable, os.path.join(HERE, script), out, *args], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def keras_job(tmp_path_factory) -> str:
+    """A real Keras 3 MLP of three Dense layers, three epochs with validation (train_keras.py)."""
+    pytest.importorskip("keras")
+    return _train("train_keras.py", str(tmp_path_factory.mktemp("ui") / "keras_job"))
+
+
+@pytest.fixture(scope="session")
+def xgboost_job(tmp_path_factory) -> str:
+    """Real XGBoost, 3 classes, 20 rounds, under the XGBoost hook (train_xgboost.py)."""
+    pytest.importorskip("xgboost")
+    return _train("train_xgboost.py", str(tmp_path_factory.mktemp("ui") / "xgboost_job"))
+
+
+@pytest.fixture(scope="session")
+def dead_layer_job(tmp_path_factory) -> str:
+    """PyTorch whose first layer is dead: its gradients are exactly 0 at every step (train_dead_layer.py)."""
+    pytest.importorskip("torch")
+    return _train("train_dead_layer.py", str(tmp_path_factory.mktemp("ui") / "dead_layer"), "30", "-100")
+
+
+@pytest.fixture(scope="session")
+def healthy_job(tmp_path_factory) -> str:
+    """The same model as dead_layer_job, healthy (bias 0), 40 steps: a run to compare with."""
+    pytest.importorskip("torch")
+    return _train("train_dead_layer.py", str(tmp_path_factory.mktemp("ui") / "healthy"), "40", "0")
+
+
 def fired_steps(out_dir: str, rule: str = "vanishing_gradient") -> list[int]:
     with open(os.path.join(out_dir, "rules", rule, "report.json"), encoding="utf-8") as f:
         return json.load(f)["fired_steps"]
@@ -164,12 +199,45 @@ Array.from(document.querySelectorAll('div.figure')).map(d => ({
 """
 
 
+def open_page(page: Page, url: str) -> None:
+    """Open `url`, refusing (and recording in page.outside) any request that leaves its origin."""
+    outside: list[str] = []
+    origin = "/".join(url.split("/", 3)[:3])
+
+    def check(route):
+        u = route.request.url
+        if not (u.startswith(origin) or u.startswith("data:") or u.startswith("file:")):
+            outside.append(u)
+            return route.abort()
+        return route.continue_()
+
+    page.ctx.route("**/*", check)
+    page.outside = outside
+    page.page.goto(url)
+    page.wait("window.ttPaintedAt")
+
+
+def show(page: Page, view: str) -> None:
+    """Click the tab of `view` and wait until it is drawn."""
+    n = page.js("window.ttRenders")
+    page.page.click(f"nav button[data-view={view}]")
+    page.wait(f"document.getElementById('view').dataset.view === '{view}' && window.ttRenders > {n}")
+
+
+def figure_data(page: Page, fig: str) -> dict:
+    """{data, layout} of figure `fig` as plotly holds it (what is drawn)."""
+    return page.page.evaluate("f => { const d = document.querySelector('div.figure[data-fig=\"' + f + '\"]'); "
+                              "return {data: d.data, layout: d.layout}; }", fig)
+
+
 @pytest.fixture(scope="session")
 def ui():
     """The helpers of these tests (test modules cannot import conftest under --import-mode=importlib)."""
     import types
 
-    return types.SimpleNamespace(FIGURES_JS=FIGURES_JS, HOSTILE=HOSTILE, SATURATE_AT=SATURATE_AT,
+    return types.SimpleNamespace(FIGURES_JS=FIGURES_JS, HOSTILE=HOSTILE, SATURATE_AT=SATURATE_AT, Page=Page,
+                                 open_page=open_page, show=show,
+                                 figure_data=figure_data,
                                  fired_steps=fired_steps, write_scalar_job=write_scalar_job,
                                  write_xgboost_job=write_xgboost_job,
                                  artifacts_dir=artifacts_dir)

@@ -16,6 +16,7 @@ pytest.importorskip("flask")
 pytest.importorskip("plotly")
 
 from tensortap.ui.server import Server  # noqa: E402
+from tensortap.ui.views import NONFINITE_COLOUR, PALETTE  # noqa: E402
 
 VIEWS = ("layers", "heatmap", "distribution", "rules")
 
@@ -84,7 +85,8 @@ def test_dashboard_of_a_pytorch_job_whose_rule_fired(page, pytorch_job, hostile_
                                           "rule: vanishing_gradient (pytorch_job)"])
         assert by_name[f"{ui.HOSTILE[:47]}… · hostile"]["meta"]["tensor"] == ui.HOSTILE
         marker = by_name["rule: vanishing_gradient (pytorch_job)"]
-        assert marker["x"] == fired and marker["meta"] == {"rule": "vanishing_gradient", "run": "live"}
+        assert marker["x"] == fired and marker["meta"]["rule"] == "vanishing_gradient"
+        assert marker["meta"]["run"] == "live"
         assert len(figs["scalars-EVAL"]["traces"]) == 1  # the eval loss of the PyTorch job
         # the hostile name is shown as text, and ran nothing
         assert any(ui.HOSTILE[:47] in s for s in figs["scalars-TRAIN"]["svgText"])
@@ -98,13 +100,24 @@ def test_dashboard_of_a_pytorch_job_whose_rule_fired(page, pytorch_job, hostile_
 
         grads = trial.tensor_names(collection="gradients")
         weights = trial.tensor_names(collection="weights")
+
+        def jobs_of(fig: dict) -> dict:
+            """{job index: number of curves} of a figure (markers of zeros and NaN rows left out)."""
+            out: dict = {}
+            for t in fig["traces"]:
+                m = t["meta"] or {}
+                if "job" in m and "row" not in m:
+                    out[m["job"]] = out.get(m["job"], 0) + 1
+            return out
+
+        # every view overlays both jobs in one figure
         expected_traces = {
-            # per layer: L2 norm of weight and gradient, min and max of each
-            "layers": lambda f: len(f["layers-norms@0"]["traces"]) == len(grads) + len(weights)
-            and len(f["layers-minmax@0"]["traces"]) == 2 * (len(grads) + len(weights))
-            and len(f["layers-norms@1"]["traces"]) == 4,
-            "heatmap": lambda f: len(f["heatmap@0"]["traces"]) == 1 and len(f["heatmap@1"]["traces"]) == 1,
-            "distribution": lambda f: len(f["distribution@0"]["traces"]) == 7,
+            # per layer: L2 norm of weight and gradient, min and max of each; the hostile job's two layers too
+            "layers": lambda f: jobs_of(f["layers-norms"]) == {0: len(grads) + len(weights), 1: 4}
+            and jobs_of(f["layers-minmax"]) == {0: 2 * (len(grads) + len(weights)), 1: 8},
+            "heatmap": lambda f: [t["meta"]["job"] for t in f["heatmap"]["traces"] if t["type"] == "heatmap"]
+            == [0, 1],
+            "distribution": lambda f: len(f["distribution"]["traces"]) == 7,
             "rules": lambda f: f == {},
         }
         for view in VIEWS:
@@ -114,8 +127,10 @@ def test_dashboard_of_a_pytorch_job_whose_rule_fired(page, pytorch_job, hostile_
             assert expected_traces[view]({k: v for k, v in figs.items()}), (view, list(figs))
         # the heatmap's rows are the PyTorch job's gradients; the first layer's norm collapses at the firing step
         _show(page, "heatmap")
-        hm = _trace0(page, "heatmap@0")
-        assert hm["meta"]["tensors"][0] == "gradient/Sequential_0.bias" and len(hm["y"]) == len(grads)
+        hm = _trace0(page, "heatmap")
+        assert hm["meta"]["tensors"][0] == "gradient/Sequential_0.bias"
+        assert {t for t in hm["meta"]["tensors"] if t} == set(grads)
+        assert len(hm["y"]) == len(grads) + 2  # the rows of both jobs' layers, lined up
         col = hm["x"].index(fired[0])
         assert hm["z"][0][col] < -7 < hm["z"][0][0]
         # a choice redraws the view with another tensor, and a reload keeps view and choice (URL fragment)
@@ -211,8 +226,8 @@ def test_offline_rule_statuses_show_like_live_ones(page, pytorch_job, tmp_path, 
         markers = {t["name"]: t for t in _figures(page, ui)["scalars-TRAIN"]["traces"] if t["name"].startswith("rule:")}
         assert set(markers) == {"rule: vanishing_gradient", "rule: vanishing_gradient [offline]"}
         assert markers["rule: vanishing_gradient [offline]"]["x"] == fired
-        assert markers["rule: vanishing_gradient [offline]"]["meta"] == {"rule": "vanishing_gradient",
-                                                                          "run": "offline"}
+        assert markers["rule: vanishing_gradient [offline]"]["meta"]["rule"] == "vanishing_gradient"
+        assert markers["rule: vanishing_gradient [offline]"]["meta"]["run"] == "offline"
         # the run in progress finds an issue: its row and a marker appear without a reload
         page.page.evaluate("window.__reloaded = 'no'")
         st.write_status(storage, "weight_update_ratio", True, rule="weight_update_ratio", status=st.ISSUES_FOUND,
@@ -262,7 +277,7 @@ def test_report_opened_from_disk_renders_the_same(page, pytorch_job, hostile_job
     finally:
         server.stop()
     kinds = {f["fig"] for f in figs}
-    assert {"heatmap@0", "layers-norms@0", "layers-minmax@0", "distribution@0", "heatmap@1"} <= kinds
+    assert {"heatmap", "layers-norms", "layers-minmax", "distribution-0"} <= kinds
     assert page.errors == [] and page.outside == []
 
 
@@ -281,15 +296,17 @@ def test_report_shows_xgboost_and_workers_views(page, tmp_path, ui):
         page.page.locator(f"section[data-view={view}]").screenshot(
             path=os.path.join(ui.artifacts_dir(), f"report-section-{view}.png"))
     figs = {f["fig"]: f for f in page.js(ui.FIGURES_JS)}
-    assert {"xgb-metrics", "xgb-fi-gain", "xgb-labels", "xgb-confusion", "xgb-shap", "workers-1",
+    assert {"xgb-metrics", "xgb-fi", "xgb-labels", "xgb-confusion", "xgb-shap", "workers-1",
             "workers-dev-1"} <= set(figs)
-    assert len(figs["xgb-metrics"]["traces"]) == 2 and len(figs["xgb-fi-gain"]["traces"]) == 3
+    assert len(figs["xgb-metrics"]["traces"]) == 2 and len(figs["xgb-fi"]["traces"][0]["y"]) == 3
     conf = _trace0(page, "xgb-confusion")["z"]
     assert sum(map(sum, conf)) == 90
     dev = _trace0(page, "workers-dev-1")
     assert dev["x"] == ["worker_0", "worker_1", "worker_2"]
     assert dev["y"] == pytest.approx([0, 0, 4])  # |5/(s+1) - 1/(s+1)| / (1/(s+1))
-    assert dev["marker"]["color"] == ["#1f77b4", "#1f77b4", "#d62728"]  # the diverging rank stands out
+    # the diverging rank stands out: another colour, a hatch and a label
+    assert dev["marker"]["color"] == [PALETTE[0], PALETTE[0], NONFINITE_COLOUR]
+    assert dev["marker"]["pattern"]["shape"] == ["", "", "/"] and dev["text"] == ["", "", "diverges"]
     assert len(figs["workers-1"]["traces"]) == 3
     assert page.errors == []
 

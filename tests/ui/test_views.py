@@ -307,3 +307,112 @@ def test_the_vendored_plotly_bundle_is_the_pinned_one_and_draws_every_trace_type
     used = {t["type"] for s in sections for b in s["blocks"] if b["type"] == "figure" for t in b["figure"]["data"]}
     assert {"scatter", "heatmap", "bar"} <= used  # the views drew what a test job has
     assert used | {"histogram"} <= registered  # ... and a label histogram (> 50 distinct labels)
+
+
+def test_nothing_in_trials_imports_the_ui():
+    """The layers run storage → format → ... → trials, and the ui sits above trials: no module of
+    tensortap/trials imports tensortap.ui (the notebook summary lives in tensortap.trials.summary)."""
+    import ast
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "tensortap", "trials")
+    found = []
+    for name in sorted(os.listdir(root)):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(root, name), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{name}: {m}" for m in mods if m == "tensortap.ui" or m.startswith("tensortap.ui.")]
+    assert found == []
+    code = ("import sys, tensortap as tt; t = tt.create_trial(sys.argv[1]); t._repr_html_(); "
+            "print(sorted(m for m in sys.modules if m.startswith('tensortap.ui')))")
+    out = os.path.join(os.path.dirname(__file__), "..", "fixtures", "smdebug", "pytorch_job")
+    got = subprocess.run([sys.executable, "-c", code, out], capture_output=True, text=True, check=True).stdout
+    assert got.strip() == "[]"  # a notebook's summary loads no ui module
+
+
+def test_the_pages_palette_is_the_views_palette():
+    """A run's colour is the same in every view: the page's script (job picker, report chips) and the views
+    use one palette, Okabe and Ito's colour-blind-safe one."""
+    from importlib import resources
+
+    from tensortap.ui.views import PALETTE
+
+    js = resources.files("tensortap.ui").joinpath("static", "app.js").read_text(encoding="utf-8")
+    got = re.search(r"var PALETTE = \[([^\]]*)\]", js).group(1)
+    assert [s.strip().strip('"') for s in got.split(",")] == list(PALETTE)
+    okabe_ito = {"#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#F0E442"}
+    assert set(PALETTE) <= okabe_ito
+
+
+def test_keras_layers_pair_weight_and_gradient():
+    from tensortap.ui.jobs import layer_of
+
+    assert layer_of("d1/weights/sequential/d1/kernel") == layer_of("gradients/sequential/d1/kernelGrad") == \
+        "sequential/d1/kernel"
+    assert layer_of("gradient/Net_fc1.weight") == layer_of("Net_fc1.weight") == "Net_fc1.weight"
+    assert layer_of("weights/fc") == layer_of("gradients/fc") == "fc"
+
+
+def test_zero_safe_log_axis_labels_its_rows():
+    from tensortap.ui.views import log_ticks, zero_safe_log_axis
+
+    axis, zero_y, nf_y = zero_safe_log_axis([[1e-3, 0.5, None], [2.0]], zeros=True, nonfinite=True)
+    assert axis["ticktext"][0] == "0" and axis["ticktext"][-1] == "NaN/inf"
+    assert axis["tickvals"][0] == zero_y < 1e-3 and axis["tickvals"][-1] == nf_y > 2.0
+    lo, hi = axis["range"]
+    assert lo < np.log10(zero_y) < np.log10(1e-3) and np.log10(2.0) < np.log10(nf_y) < hi
+    assert len(axis["tickvals"]) <= 6  # at most four decades, and the two rows
+    # a panel whose values are all exactly 0: still an axis, with its 0 row
+    axis, zero_y, _ = zero_safe_log_axis([[None, None]], zeros=True, nonfinite=False)
+    assert axis["ticktext"] == ["0"] and axis["range"][0] < np.log10(zero_y) < axis["range"][1]
+    assert log_ticks(1e-6, 1e3)[1] == ["10<sup>-6</sup>", "10<sup>-3</sup>", "1", "10<sup>3</sup>"]
+    assert log_ticks(1.02, 1.14) == ([1.02, 1.14], ["1", "1.1"])
+
+
+def test_heatmap_draws_zero_and_nonfinite_cells_apart_from_the_colour_scale(tmp_path):
+    from tensortap.ui.views import render_view
+
+    out = str(tmp_path / "job")
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1),
+                   reduction_config=tt.ReductionConfig(save_raw_tensor=True))
+    for step in range(6):
+        hook.next_step()
+        g = np.full(4, 0.0 if step < 3 else 0.1, np.float32)
+        if step == 4:
+            g[1] = np.nan
+        hook.save_tensor("gradients/fc", g, "gradients")
+    hook.close()
+    data = _figures(render_view(JobSet([out]), "heatmap", {}))["heatmap"]["data"]
+    main = data[0]
+    assert main["z"][0] == [None, None, None, pytest.approx(np.log10(0.2)), None, pytest.approx(np.log10(0.2))]
+    zero = next(t for t in data if t.get("meta", {}).get("cells") == "exactly 0")
+    bad = next(t for t in data if t.get("meta", {}).get("cells") == "NaN or inf")
+    assert zero["z"][0] == [1, 1, 1, None, None, None] and bad["z"][0] == [None, None, None, None, 1, None]
+    assert zero["text"][0][:3] == ["0", "0", "0"] and bad["text"][0][4] == "✕"  # not by colour alone
+    assert {t["name"] for t in data if t["type"] == "scatter"} == {"exactly 0", "NaN or inf"}  # the legend
+
+
+def test_statistics_asked_later_are_read_then(tmp_path):
+    """The heatmap asks for norms only; the layers view asks for every statistic of the same tensor after:
+    it gets them all, equal to reading them at once."""
+    from tensortap.ui.jobs import Job
+    from tensortap.ui.series import stat_series
+
+    out = str(tmp_path / "job")
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1),
+                   reduction_config=tt.ReductionConfig(save_raw_tensor=True))
+    rng = np.random.default_rng(3)
+    for _ in range(8):
+        hook.next_step()
+        hook.save_tensor("gradients/fc", rng.standard_normal(5).astype(np.float32), "gradients")
+    hook.close()
+    job = Job(0, out)
+    assert sorted(job.stats("gradients/fc", which=("l2",))) == ["l2"]
+    both = job.stats("gradients/fc")
+    fresh = stat_series(tt.create_trial(out).tensor("gradients/fc"), ("l2", "min", "max", "nonfinite"))
+    assert sorted(both) == sorted(fresh)
+    for k in fresh:
+        np.testing.assert_array_equal(both[k][1], fresh[k][1], err_msg=k)

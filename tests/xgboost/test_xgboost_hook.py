@@ -70,7 +70,7 @@ def test_every_collection_equals_xgboosts_own(tmp_path, dm) -> None:
                 assert t.tensor(f"feature_importance/{kind}/{f}").value(s) == pytest.approx(
                     scores.get(f, 0.0) / total, rel=1e-12)
         shap = bst.predict(dtrain, pred_contribs=True, iteration_range=rounds)
-        for i, f in enumerate([*feats, "bias"]):
+        for i, f in enumerate(feats):  # (the bias term is left out of full_shap and average_shap, as in smdebug)
             got = t.tensor(f"full_shap/{f}").value(s)
             if s == 0:  # the first saving round: XGBoost's own values; then its sum up to float32 rounding
                 assert np.array_equal(got, shap[:, i])
@@ -86,6 +86,7 @@ def test_every_collection_equals_xgboosts_own(tmp_path, dm) -> None:
                 assert np.array_equal(got, want)
             else:
                 assert np.array_equal(got, want, equal_nan=True)
+    assert not {"full_shap/bias", "average_shap/bias"} & set(t.tensor_names())
     assert t.tensor("hyperparameters/max_depth").value(0) == 3
     assert str(t.tensor("hyperparameters/objective").value(0)) == "binary:logistic"
     assert list(t.tensor("hyperparameters/eval_metric").value(0)) == ["logloss", "auc"]
@@ -159,6 +160,7 @@ def test_multiclass_shap_and_predictions(tmp_path) -> None:
     d = xgb.DMatrix(x, label=y, feature_names=["a", "b", "c", "d"])
     params = {"objective": "multi:softprob", "num_class": 3, "max_depth": 2, "nthread": 1}
     hook = txgb.Hook(out_dir=str(tmp_path), include_collections=["predictions", "full_shap", "average_shap"],
+                     include_regex=[r"^(full|average)_shap/bias$"],  # (the bias term, saved only when asked)
                      save_config=txgb.SaveConfig(save_steps=[2]), train_data=d, validation_data=d)
     bst = xgb.train(params, d, num_boost_round=3, callbacks=[hook])
     hook.close()
@@ -401,6 +403,7 @@ def test_shap_at_every_round_equals_xgboosts_own(tmp_path, booster, objective) -
     # binary: a base margin per row (the bias column's base then differs from row to row)
     d = xgb.DMatrix(x, label=y, base_margin=np.linspace(-1, 1, 200) if objective == "binary:logistic" else None)
     hook = txgb.Hook(out_dir=str(tmp_path), include_collections=["full_shap", "average_shap"],
+                     include_regex=[r"^full_shap/bias$"],  # (the bias term, saved only when asked)
                      save_config=txgb.SaveConfig(save_interval=1), train_data=d)
     bst = xgb.train(params, d, num_boost_round=12, callbacks=[hook])
     hook.close()

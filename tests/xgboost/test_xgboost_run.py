@@ -55,14 +55,15 @@ def test_plain_script_is_captured_and_judged_live(tmp_path) -> None:
     script.write_text(PLAIN)
     out = str(tmp_path / "job")
     r = tensortap("run", "--out-dir", out, "--save-interval", "5", "--collection", "hyperparameters",
-                  "--rule", "tree_depth", "--rule", "class_imbalance", "--rule", "loss_not_decreasing:num_steps=5",
+                  "--rule", "tree_depth:depth=4", "--rule", "class_imbalance",
+                  "--rule", "overtraining:patience_train=1,window=1",
                   "--json", "--", sys.executable, str(script), cwd=str(tmp_path))
     assert r.returncode == 1, (r.stdout, r.stderr[-3000:])
     doc = json.loads(r.stdout)
     status = {x["name"]: x["status"] for x in doc["rules"]}
     # trees grown to the last sample overfit: the validation loss rises
     assert status == {"tree_depth": "IssuesFound", "class_imbalance": "IssuesFound",
-                      "loss_not_decreasing": "IssuesFound"}
+                      "overtraining": "IssuesFound"}  # (tree_depth: smdebug's depth 4; the default is 6)
     t = tt.create_trial(out)
     assert t.tensor("validation-logloss").value(15) > t.tensor("validation-logloss").value(5)
     assert t.steps() == [0, 5, 10, 15]
@@ -140,7 +141,7 @@ def test_dask_script_is_captured_on_every_worker(tmp_path) -> None:
     script = tmp_path / "train.py"
     script.write_text(DASK)
     out = str(tmp_path / "job")
-    r = tensortap("run", "--out-dir", out, "--save-interval", "2", "--rule", "loss_not_decreasing:num_steps=2",
+    r = tensortap("run", "--out-dir", out, "--save-interval", "2", "--rule", "loss_not_decreasing:num_steps=2,window=1",
                   "--json", "--", sys.executable, str(script), cwd=str(tmp_path))
     assert r.returncode == 0, (r.stdout, r.stderr[-3000:])
     assert {x["name"]: x["status"] for x in json.loads(r.stdout)["rules"]} == {"loss_not_decreasing": "NoIssuesFound"}

@@ -103,9 +103,9 @@ def get_rule(name: str) -> type[Rule]:
 
 
 def describe_rules() -> list[dict[str, Any]]:
-    """[{name, snake_name, description, parameters: [{name, default, required}], collections}] of every
-    built-in rule; `collections` are those its default configuration reads (tensortap.rules.configs; empty
-    where the user must name them, e.g. AllZero)."""
+    """[{name, snake_name, description, compares, parameters: [{name, default, required}], collections}] of
+    every built-in rule (`compares`: what the rule compares, in a phrase); `collections` are those its default
+    configuration reads (tensortap.rules.configs; empty where the user must name them, e.g. AllZero)."""
     from tensortap.rules.configs import config_for
 
     out = []
@@ -119,5 +119,5 @@ def describe_rules() -> list[dict[str, Any]]:
             required = default is inspect.Parameter.empty
             params.append({"name": pname, "default": None if required else default, "required": required})
         out.append({"name": cls.__name__, "snake_name": snake_name(cls), "description": cls.description,
-                    "parameters": params, "collections": colls})
+                    "compares": cls.compares, "parameters": params, "collections": colls})
     return out

@@ -23,4 +23,6 @@ def class_ids(labels: np.ndarray, predictions: np.ndarray, argmax: bool) -> tupl
         raise ValueError(f"{y.size} labels but {p.size} predictions")
     if y.dtype.kind == "f" and y.size and not np.all(np.isfinite(y)):
         raise ValueError("labels hold non-finite values")
+    if y.dtype.kind == "f" and y.size and not np.all(y == np.rint(y)):
+        raise ValueError("labels are not class ids (not whole numbers): a regression, not judged")
     return y.astype(np.int64), np.rint(p).astype(np.int64) if p.dtype.kind == "f" else p.astype(np.int64), k

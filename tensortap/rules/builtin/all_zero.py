@@ -17,6 +17,7 @@ class AllZero(Rule):
     `tensor_regex` (one of them is required) is >= `threshold` (percent)."""
 
     description = "Tensors are all (or threshold % of them) zero."
+    compares = 'the percentage of zeros in each tensor at each saved step with threshold'
     count_empty_steps = False
 
     def __init__(self, base_trial: Any, collection_names: Any = None, tensor_regex: Any = None,

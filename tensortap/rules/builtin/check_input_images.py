@@ -32,6 +32,8 @@ class CheckInputImages(Rule):
     DEFAULT_INPUT_REGEX, the model's input as MXNet, PyTorch and Keras jobs name it."""
 
     description = "Input images are not normalised: a channel mean differs from 0 by more than threshold_mean."
+    compares = "each channel's mean over all input images seen (once threshold_samples) with 0 +- threshold_mean"
+
     count_empty_steps = False
 
     def __init__(self, base_trial: Any, threshold_mean: float | str = 0.2, threshold_samples: int | str = 500,

@@ -24,6 +24,8 @@ class DeadRelu(Rule):
     (smdebug's default); with `tensor_regex`, the names matching it."""
 
     description = "ReLUs die: too many units of a layer are (almost) never active."
+    compares = ('per ReLU output: the % of units active in less than threshold_inactivity % of the batch, with '
+                'threshold_layer')
     count_empty_steps = False
 
     def __init__(self, base_trial: Any, tensor_regex: Any = None, threshold_inactivity: float | str = 1.0,

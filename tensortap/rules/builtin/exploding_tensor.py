@@ -16,10 +16,11 @@ __all__ = ["ExplodingTensor"]
 
 class ExplodingTensor(Rule):
     """Fires at a step where a tensor of `collection_names` / matching `tensor_regex` (every tensor when
-    neither is given) holds a NaN, or an infinity unless `only_nan`. Tensors saved only as reductions are
-    judged by their saved reductions."""
+    neither is given, except XGBoost's `trees` tables, where NaN marks a leaf) holds a NaN, or an infinity unless
+    `only_nan`. Tensors saved only as reductions are judged by their saved reductions."""
 
     description = "Tensors explode: a value is NaN or infinite (only NaN with only_nan)."
+    compares = "every value of each tensor at each saved step with NaN and +-inf"
     count_empty_steps = False
 
     def __init__(self, base_trial: Any, collection_names: Any = None, tensor_regex: Any = None,
@@ -33,7 +34,11 @@ class ExplodingTensor(Rule):
 
     def invoke_at_step(self, step: int) -> bool:
         limit = 2 if self.only_nan else 1
-        for name in self.select(self.collection_names, self.tensor_regex, all_if_empty=True):
+        names = self.select(self.collection_names, self.tensor_regex, all_if_empty=True)
+        if not self.collection_names and not self.tensor_regex:
+            trees = set(self.select(["trees"]))
+            names = [n for n in names if n not in trees]
+        for name in names:
             code = self.stat(name, step, NAN_INF)
             if code is None:
                 code = self._from_reductions(name, step)

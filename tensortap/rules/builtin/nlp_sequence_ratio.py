@@ -45,6 +45,7 @@ class NLPSequenceRatio(Rule):
     Both are comma lists of equal length; a single threshold applies to every token."""
 
     description = "Input sequences hold too many of some tokens (e.g. padding)."
+    compares = 'the % of each token in token_values in the input sequences with token_thresholds_percent'
     count_empty_steps = False
 
     def __init__(self, base_trial: Any, tensor_regex: Any = ".*embedding0_input_0", token_values: Any = "0",

@@ -28,6 +28,8 @@ class SaturatedActivation(Rule):
     the batch (axis 0 of an input with 2+ axes)."""
 
     description = "tanh/sigmoid activations saturate: too many units have inputs outside the active range."
+    compares = ('per tanh/sigmoid input: the % of units inside the active range for less than threshold_inactivity % '
+                'of the batch, with threshold_layer')
     count_empty_steps = False
 
     def __init__(self, base_trial: Any, collection_names: Any = None,

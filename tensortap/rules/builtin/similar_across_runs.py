@@ -21,6 +21,7 @@ class SimilarAcrossRuns(Rule):
     `other_trials`: a Trial, a path, a comma-separated list of paths, or a list."""
 
     description = "Two runs diverge: a tensor differs between the base trial and another trial at a step."
+    compares = 'each tensor with the same tensor of the other job at the same step'
     count_empty_steps = False
 
     def __init__(self, base_trial: Any, other_trials: Any, collection_names: Any = None, tensor_regex: Any = None,

@@ -23,6 +23,7 @@ class StalledTrainingRule(Rule):
     A finished job never counts as stalled."""
 
     description = "Training stalls: no new data for threshold seconds (optionally stops the job)."
+    compares = 'the time since the job last wrote data with threshold (seconds)'
     count_empty_steps = False
 
     #: how often (s) a waiting evaluation looks for progress

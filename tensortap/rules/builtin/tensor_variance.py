@@ -18,6 +18,7 @@ class TensorVariance(Rule):
     required). Uses the saved `variance` reduction when there is one."""
 
     description = "A tensor's variance is above max_threshold or below min_threshold."
+    compares = 'the variance of each tensor at each saved step with max_threshold and min_threshold'
     count_empty_steps = False
 
     def __init__(self, base_trial: Any, collection_names: Any = None, tensor_regex: Any = None,

@@ -18,12 +18,15 @@ class TreeDepth(Rule):
     floor(log2(largest node id + 1)) over the `trees/Node` tensor (XGBoost numbers nodes breadth first, so
     this is the depth of the deepest node; AWS: "the base 2 logarithm of the largest node ID").
     Direction inferred (the spec marks it so): the rule fires when the measured depth is greater than `depth`,
-    which is what the reference integration cases expect (max_depth=100 fires, max_depth=4 does not)."""
+    which is what the reference integration cases expect (max_depth=100 fires, max_depth=4 does not).
+    The default `depth` is 6, XGBoost's own default max_depth (smdebug's 4 fired on every job left at XGBoost's
+    defaults)."""
 
-    description = "XGBoost trees grow deeper than depth."
+    description = "XGBoost trees grow deeper than depth (default 6, XGBoost's own default max_depth)."
+    compares = "floor(log2(largest node id + 1)) of the trees at each saved round with depth"
     count_empty_steps = False
 
-    def __init__(self, base_trial: Any, depth: int | str = 4, *, action_str: str = "", actions: Any = None):
+    def __init__(self, base_trial: Any, depth: int | str = 6, *, action_str: str = "", actions: Any = None):
         super().__init__(base_trial, action_str, actions=actions)
         self.depth = as_int(depth, "depth", self.rule_name, minimum=0)
         self.set_parameters(depth=self.depth)
@@ -40,6 +43,7 @@ class TreeDepth(Rule):
             largest = int(ids.max())
             measured = int(math.floor(math.log2(largest + 1))) if largest >= 0 else 0
             if measured > self.depth:
-                self.violation(step, f"tree depth {measured} (largest node id {largest}) > depth {self.depth}",
+                self.violation(step, f"the trees are {measured} levels deep (largest node id {largest}), deeper than "
+                               f"depth={self.depth}",
                                name, measured)
         return bool(self._violations)

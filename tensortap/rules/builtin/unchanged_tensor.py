@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from tensortap import modes as _modes
 from tensortap.rules._data import Stat
 from tensortap.rules.params import as_bool, as_float, as_int, as_regex_list, as_str_list
 from tensortap.rules.rule import Rule
@@ -14,11 +15,14 @@ __all__ = ["UnchangedTensor"]
 
 
 class UnchangedTensor(Rule):
-    """Fires at a step s where a tensor of `collection_names` / matching `tensor_regex` (every tensor when
-    neither is given) has not changed over its last `num_steps` saved steps up to s (which need not be
-    consecutive): every consecutive pair is `np.allclose(rtol, atol, equal_nan)`."""
+    """Fires at a step s where a tensor of `collection_names` / matching `tensor_regex` (the `weights` collection
+    when neither is given, as the rule's config saves) has not changed over its last `num_steps` saved steps up
+    to s (which need not be consecutive): every consecutive pair is `np.allclose(rtol, atol, equal_nan)`.
+    Only TRAIN steps are judged when the job has any: nothing trains in EVAL, so weights saved there are
+    rightly unchanged (smdebug compared every saved step, evaluations included, and judged every tensor)."""
 
-    description = "Tensors stop changing: allclose over the last num_steps saved steps."
+    description = "Tensors stop changing: allclose over the last num_steps saved TRAIN steps (weights by default)."
+    compares = "each tensor with itself at its last num_steps saved TRAIN steps (np.allclose, rtol/atol)"
     count_empty_steps = False
 
     def __init__(self, base_trial: Any, collection_names: Any = None, tensor_regex: Any = None,
@@ -54,12 +58,25 @@ class UnchangedTensor(Rule):
             out[ok] = (cs[idx[ok] + 1] - cs[idx[ok] + 1 - k]) == k
             return out
 
-        self._stat = Stat(f"unchanged:{k}:{rtol_!r}:{atol_!r}:{en}", fn, window=self.num_steps)
+        self._fn = fn
+        self._stats: dict[Any, Stat] = {}
+        self._colls = self.collection_names or ([] if self.tensor_regex else ["weights"])
+
+    def _stat(self, mode: Any) -> Stat:
+        st = self._stats.get(mode)
+        if st is None:
+            st = self._stats[mode] = Stat(f"unchanged:{self.num_steps - 1}:{self.rtol!r}:{self.atol!r}:"
+                                          f"{self.equal_nan}:{mode}", self._fn, window=self.num_steps, mode=mode)
+        return st
 
     def invoke_at_step(self, step: int) -> bool:
-        for name in self.select(self.collection_names, self.tensor_regex, all_if_empty=True):
-            v = self.stat(name, step, self._stat)
+        mode = _modes.TRAIN if _modes.TRAIN in self.base_trial.modes() else None
+        if mode is not None and self.data().mode_of(step) != mode.value:
+            return False
+        for name in self.select(self._colls, self.tensor_regex):
+            v = self.stat(name, step, self._stat(mode))
             if v:
-                self.violation(step, f"unchanged (allclose rtol={self.rtol:g}, atol={self.atol:g}) over its last "
-                               f"{self.num_steps} saved steps", name, True)
+                self.violation(step, f"unchanged over its last {self.num_steps} saved "
+                               f"{'TRAIN ' if mode is not None else ''}steps (np.allclose, rtol={self.rtol:g}, "
+                               f"atol={self.atol:g})", name, True)
         return bool(self._violations)

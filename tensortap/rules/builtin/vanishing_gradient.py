@@ -16,6 +16,7 @@ class VanishingGradient(Rule):
     (the saved `abs_mean` reduction when there is one) is below `threshold`."""
 
     description = "Gradients vanish: the mean |gradient| of a tensor in 'gradients' is below threshold."
+    compares = "the mean |gradient| of each tensor in 'gradients' at each saved step with threshold"
     count_empty_steps = False
 
     def __init__(self, base_trial: Any, threshold: float | str = 0.0000001, *, action_str: str = "",

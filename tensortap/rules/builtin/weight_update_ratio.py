@@ -26,6 +26,8 @@ class WeightUpdateRatio(Rule):
     "the ratio of updates to weights")."""
 
     description = "Weight updates are too large or too small relative to the weights."
+    compares = ('||w_s - w_p|| / ||w_p|| of each weight between saved TRAIN steps with large_threshold and '
+                'small_threshold')
     count_empty_steps = False
 
     def __init__(self, base_trial: Any, num_steps: int | str | None = None, large_threshold: float | str = 10.0,

@@ -15,6 +15,283 @@
 
   var PLOT_CONFIG = { displaylogo: false, responsive: true };
 
+  // A run's colour in every view: tensortap.ui.views.PALETTE (Okabe and Ito's colour-blind-safe palette).
+  var PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000"];
+  function jobColour(i) { return PALETTE[i % PALETTE.length]; }
+
+  // How curves are drawn (the toolbar above them): EMA smoothing weight, log y axis, x by global or mode step.
+  var curveState = { smooth: 0, ylog: false, x: "step" };
+  var curveListeners = [];  // called when the toolbar changes (the live page keeps it in the URL)
+
+  // --- curves: smoothing, zero-safe log axis, x by mode step -------------------------------------
+
+  // TensorBoard's smoothing: an exponential moving average, debiased at the start; a gap stays a gap.
+  function ema(y, w) {
+    var out = new Array(y.length), last = 0, n = 0;
+    for (var i = 0; i < y.length; i++) {
+      var v = y[i];
+      if (v === null || v === undefined || !isFinite(v)) { out[i] = null; continue; }
+      last = last * w + (1 - w) * v;
+      n++;
+      out[i] = last / (1 - Math.pow(w, n));
+    }
+    return out;
+  }
+
+  function sup(k) { return k === 0 ? "1" : k === 1 ? "10" : "10<sup>" + k + "</sup>"; }
+
+  // views.log_ticks: whole decades when two or more show (at most four), else the ends themselves.
+  function logTicks(lo, hi) {
+    var loL = Math.log10(lo), hiL = Math.log10(hi), ks = [];
+    for (var k = Math.ceil(loL - 1e-9); k <= Math.floor(hiL + 1e-9); k++) ks.push(k);
+    if (ks.length >= 2) {
+      var step = Math.max(1, Math.ceil((ks.length - 1) / 3));
+      ks = ks.filter(function (_, i) { return i % step === 0; });
+      return [ks.map(function (k) { return Math.pow(10, k); }), ks.map(sup)];
+    }
+    var vals = hi > lo * 1.0001 ? [lo, hi] : [lo];
+    return [vals, vals.map(function (v) { return Number(v.toPrecision(2)).toString(); })];
+  }
+
+  // The y axis and the rows of a zero-safe log scale (views.zero_safe_log_axis): at most four labels; a
+  // row "0" (or "≤ 0") below the values for those that are not positive, a row "NaN/inf" above them.
+  function logAxis(ys, zeroLabel, nonfinite, base) {
+    var lo = Infinity, hi = -Infinity;
+    ys.forEach(function (y) { y.forEach(function (v) { if (v !== null && v > 0 && isFinite(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); } }); });
+    var any = isFinite(lo);
+    if (!any) { lo = 1; hi = 1; }
+    var loL = Math.log10(lo), hiL = Math.log10(hi);
+    var pad = Math.max(0.1, 0.05 * (hiL - loL)), gap = Math.max(0.3, 0.15 * (hiL - loL + 2 * pad));
+    var t = any ? logTicks(lo, hi) : [[], []], vals = t[0], text = t[1];
+    var zeroL = loL - pad - gap, nfL = hiL + pad + gap, range = [loL - pad, hiL + pad];
+    if (zeroLabel) { vals.unshift(Math.pow(10, zeroL)); text.unshift(zeroLabel); range[0] = zeroL - gap / 2; }
+    if (nonfinite) { vals.push(Math.pow(10, nfL)); text.push("NaN/inf"); range[1] = nfL + gap / 2; }
+    var axis = Object.assign({}, base || {}, { type: "log", tickvals: vals, ticktext: text, zeroline: false,
+                                               range: range, autorange: false });
+    return { axis: axis, rows: { zero: Math.pow(10, zeroL), nonfinite: Math.pow(10, nfL) } };
+  }
+
+  // The figure to draw for a block of curves under curveState.
+  function curveFigure(f, cs) {
+    var layout = JSON.parse(JSON.stringify(f.layout));
+    var byMode = cs.x === "mode";
+    var lines = [], others = [], rowMarks = [];
+    f.data.forEach(function (t) {
+      var m = t.meta || {};
+      var x = byMode && m.x_mode ? m.x_mode : t.x;
+      if (m.curve) {
+        var key = "c" + m.job + ":" + m.tensor + ":" + m.mode;
+        if (cs.smooth > 0) {
+          lines.push(Object.assign({}, t, { x: x, y: t.y, opacity: 0.25, showlegend: false, hoverinfo: "skip",
+                                            legendgroup: key, mode: "lines", name: t.name + " (raw)",
+                                            meta: Object.assign({}, m, { raw: true }) }));
+          lines.push(Object.assign({}, t, { x: x, y: ema(t.y, cs.smooth), legendgroup: key,
+                                            meta: Object.assign({}, m, { smoothing: cs.smooth }) }));
+        } else {
+          lines.push(Object.assign({}, t, { x: x, legendgroup: key }));
+        }
+      } else if (m.row === "nonfinite") {
+        rowMarks.push(Object.assign({}, t, { x: x }));
+      } else {
+        others.push(Object.assign({}, t, { x: x }));
+      }
+    });
+    if (byMode) layout.xaxis = Object.assign({}, layout.xaxis, { title: { text: "step within its mode" } });
+    var finite = [];
+    lines.forEach(function (t) { t.y.forEach(function (v) { if (v !== null && isFinite(v)) finite.push(v); }); });
+    if (cs.ylog) {
+      var zeros = [];
+      lines.forEach(function (t) {
+        var zx = [];
+        t.y = t.y.map(function (v, i) { if (v !== null && v <= 0) { zx.push(t.x[i]); return null; } return v; });
+        if (zx.length) zeros.push([t, zx]);  // the saved value (the faint raw curve) or the smoothed one
+      });
+      var neg = finite.some(function (v) { return v < 0; });
+      var la = logAxis(lines.map(function (t) { return t.y; }), zeros.length ? (neg ? "≤ 0" : "0") : null,
+                       rowMarks.length > 0, layout.yaxis);
+      layout.yaxis = la.axis;
+      zeros.forEach(function (p) {
+        others.push({ type: "scatter", mode: "markers", x: p[1], y: p[1].map(function () { return la.rows.zero; }),
+                      name: (neg ? "≤ 0 · " : "exactly 0 · ") + p[0].name, legendgroup: p[0].legendgroup,
+                      showlegend: false, marker: { symbol: "triangle-down", size: 8, color: p[0].line.color },
+                      hovertemplate: "step %{x}: " + (neg ? "≤ 0" : "exactly 0") + "<extra></extra>",
+                      meta: { row: "zero", job: p[0].meta.job, tensor: p[0].meta.tensor } });
+      });
+      rowMarks.forEach(function (t) { t.y = t.x.map(function () { return la.rows.nonfinite; }); });
+      others.forEach(function (t) {  // a rule's marker on a value the log scale cannot show: on the 0 row
+        if (t.meta && t.meta.rule) t.y = t.y.map(function (v) { return v !== null && v > 0 ? v : la.rows.zero; });
+      });
+    } else if (rowMarks.length) {
+      var bottom = finite.length ? Math.min.apply(null, finite) : 0;
+      rowMarks.forEach(function (t) { t.y = t.x.map(function () { return bottom; }); });
+    }
+    layout.uirevision = cs.x + (cs.ylog ? ":log" : ":linear");
+    return { data: lines.concat(rowMarks, others), layout: layout };
+  }
+
+  // The figure of a block as drawn now: curves under curveState, a switch's chosen variant.
+  function figureOf(div) {
+    var b = div._tt;
+    var f = b.curves ? curveFigure(div._ttFig, curveState) : { data: b.figure.data, layout: Object.assign({}, b.figure.layout, { uirevision: "keep" }) };
+    if (b.switch) {
+      var opt = b.switch.options[div._ttSwitch || 0];
+      f = { data: f.data.map(function (t, i) { return Object.assign({}, t, { visible: !!opt.visible[i] }); }),
+            layout: JSON.parse(JSON.stringify(f.layout)) };
+      Object.keys(opt.layout || {}).forEach(function (path) {
+        var parts = path.split("."), o = f.layout;
+        for (var i = 0; i < parts.length - 1; i++) { o[parts[i]] = o[parts[i]] || {}; o = o[parts[i]]; }
+        o[parts[parts.length - 1]] = opt.layout[path];
+      });
+    }
+    return f;
+  }
+
+  function draw(div) {
+    var f = figureOf(div);
+    var drawn;
+    try {
+      drawn = Plotly.react(div, f.data, f.layout, PLOT_CONFIG);
+    } catch (e) {
+      drawn = Promise.reject(e);
+    }
+    return drawn.catch(function (e) {
+      throw new Error("figure " + div.dataset.fig + ": " + (e && e.message || e));
+    }).then(function () {
+      if (div._tt.curves && !div._ttZoomHooked && zoomSource) {
+        div._ttZoomHooked = true;
+        div.on("plotly_relayout", function (ev) { onZoom(div, ev); });
+      }
+    });
+  }
+
+  function redrawCurves() {
+    var divs = document.querySelectorAll("div.figure[data-curves]");
+    return Array.prototype.reduce.call(divs, function (done, d) {
+      return done.then(function () { return d._tt ? draw(d) : null; });
+    }, Promise.resolve()).then(function () { window.ttCurveRenders = (window.ttCurveRenders || 0) + 1; });
+  }
+
+  // The live page re-reads a zoomed curve: every point inside the shown steps, an envelope outside.
+  var zoomSource = null;  // function (meta, lo, hi) -> promise of {x, y, x_mode}; null in the report
+  function onZoom(div, ev) {
+    var lo = ev["xaxis.range[0]"], hi = ev["xaxis.range[1]"];
+    if (ev["xaxis.range"]) { lo = ev["xaxis.range"][0]; hi = ev["xaxis.range"][1]; }
+    if (ev["xaxis.autorange"]) {
+      div._ttFig = div._tt.figure;
+      window.ttZooms = (window.ttZooms || 0) + 1;
+      return;
+    }
+    if (lo === undefined || hi === undefined) return;
+    var f = div._ttFig, byMode = curveState.x === "mode";
+    var data = f.data.slice();
+    var jobs = [];
+    data.forEach(function (t, i) {
+      var m = t.meta || {};
+      if (!m.curve) return;
+      var glo = lo, ghi = hi;
+      if (byMode) {  // the axis shows mode steps: the global steps of the same points
+        var a = m.x_mode.findIndex(function (s) { return s >= lo; }), b = -1;
+        for (var k = m.x_mode.length - 1; k >= 0; k--) if (m.x_mode[k] <= hi) { b = k; break; }
+        if (a < 0 || b < 0) return;
+        glo = t.x[a]; ghi = t.x[b];
+      }
+      jobs.push(zoomSource(m, glo, ghi).then(function (s) {
+        data[i] = Object.assign({}, t, { x: s.x, y: s.y, meta: Object.assign({}, m, { x_mode: s.x_mode, window: [glo, ghi],
+                                                                                     n_inside: s.inside }) });
+      }));
+    });
+    Promise.all(jobs).then(function () {
+      var layout = JSON.parse(JSON.stringify(f.layout));
+      layout.xaxis = Object.assign({}, layout.xaxis, { range: [lo, hi], autorange: false });
+      div._ttFig = { data: data, layout: layout };
+      return draw(div);
+    }).then(function () { window.ttZooms = (window.ttZooms || 0) + 1; },
+            function (e) { showError("zoom: " + (e.message || e)); });
+  }
+
+  function curveToolbar() {
+    var bar = el("div", "toolbar");
+    bar.setAttribute("role", "group");
+    bar.setAttribute("aria-label", "how curves are drawn");
+    var sl = el("label", null, "smoothing ");
+    var range = el("input");
+    range.type = "range"; range.min = "0"; range.max = "0.99"; range.step = "0.01";
+    range.value = String(curveState.smooth);
+    range.dataset.control = "smooth";
+    var out = el("output", null, curveState.smooth.toFixed(2));
+    range.addEventListener("input", function () {
+      curveState.smooth = Number(range.value);
+      out.textContent = curveState.smooth.toFixed(2);
+      changed();
+    });
+    sl.appendChild(range); sl.appendChild(out);
+    var lg = el("label", null, " ");
+    var box = el("input");
+    box.type = "checkbox"; box.checked = curveState.ylog; box.dataset.control = "ylog";
+    box.addEventListener("change", function () { curveState.ylog = box.checked; changed(); });
+    lg.appendChild(box); lg.appendChild(document.createTextNode(" log scale"));
+    var xl = el("label", null, "x axis ");
+    var xs = el("select");
+    xs.dataset.control = "x";
+    [["step", "global step"], ["mode", "step within its mode"]].forEach(function (o) {
+      var opt = el("option", null, o[1]); opt.value = o[0]; if (o[0] === curveState.x) opt.selected = true; xs.appendChild(opt);
+    });
+    xs.addEventListener("change", function () { curveState.x = xs.value; changed(); });
+    xl.appendChild(xs);
+    var hint = el("span", "meta", "wall time and epochs: not recorded by the hooks");
+    [sl, lg, xl, hint].forEach(function (n) { bar.appendChild(n); });
+    var pending = null;
+    function changed() {
+      // one redraw per frame while the slider moves
+      if (pending) return;
+      pending = requestAnimationFrame(function () {
+        pending = null;
+        redrawCurves();
+        curveListeners.forEach(function (f) { f(curveState); });
+      });
+    }
+    return bar;
+  }
+
+  function renderChoice(b, onChoice) {
+    var wrap = el("div", "choice");
+    var lab = el("label", null, b.label + " ");
+    var sel = el("select");
+    sel.dataset.param = b.param;
+    b.options.forEach(function (o) {
+      var opt = el("option", null, o.label);
+      opt.value = o.value;
+      if (o.value === b.value) opt.selected = true;
+      sel.appendChild(opt);
+    });
+    sel.addEventListener("change", function () { onChoice(b.param, sel.value); });
+    if (b.search) {  // a long list: typing narrows it
+      var find = el("input");
+      find.type = "search";
+      find.placeholder = "search " + b.options.length + " names";
+      find.setAttribute("aria-label", "search " + b.label);
+      find.dataset.search = b.param;
+      find.addEventListener("input", function () {
+        var q = find.value.toLowerCase(), first = null;
+        Array.prototype.forEach.call(sel.options, function (o) {
+          var hit = o.textContent.toLowerCase().indexOf(q) >= 0;
+          o.hidden = !hit;
+          if (hit && !first) first = o;
+        });
+        sel.dataset.matches = String(Array.prototype.filter.call(sel.options, function (o) { return !o.hidden; }).length);
+      });
+      find.addEventListener("keydown", function (e) {
+        var firstShown = Array.prototype.find.call(sel.options, function (o) { return !o.hidden; });
+        if (e.key === "Enter" && firstShown) { sel.value = firstShown.value; onChoice(b.param, sel.value); }
+      });
+      wrap.appendChild(find);
+      wrap.appendChild(document.createTextNode(" "));
+    }
+    lab.appendChild(sel);
+    wrap.appendChild(lab);
+    return wrap;
+  }
+
   // Draws `blocks` into `container`, reusing figure divs of the same id (so a live redraw updates the
   // plot in place). Returns a promise that resolves once every figure is drawn.
   function renderBlocks(container, blocks, onChoice) {
@@ -22,7 +299,13 @@
     container.querySelectorAll("div.figure").forEach(function (d) { old[d.dataset.fig] = d; });
     var nodes = [];
     var drawing = [];
-    blocks.forEach(function (b) {
+    var toolbar = false;
+    blocks.forEach(function (b, i) {
+      // the curve toolbar goes above the first curves (or the note about them just before)
+      if (!toolbar && (b.curves || (b.type === "note" && blocks[i + 1] && blocks[i + 1].curves))) {
+        nodes.push(curveToolbar());
+        toolbar = true;
+      }
       if (b.type === "heading") {
         nodes.push(el("h3", null, b.text));
       } else if (b.type === "note") {
@@ -34,36 +317,54 @@
           nodes.push(el("p", "meta", b.label + ": " + labelOf(b)));
           return;
         }
-        var wrap = el("div", "choice");
-        var lab = el("label", null, b.label + " ");
-        var sel = el("select");
-        sel.dataset.param = b.param;
-        b.options.forEach(function (o) {
-          var opt = el("option", null, o.label);
-          opt.value = o.value;
-          if (o.value === b.value) opt.selected = true;
-          sel.appendChild(opt);
-        });
-        sel.addEventListener("change", function () { onChoice(b.param, sel.value); });
-        lab.appendChild(sel);
-        wrap.appendChild(lab);
-        nodes.push(wrap);
+        nodes.push(renderChoice(b, onChoice));
+      } else if (b.type === "search") {
+        if (!onChoice) return;
+        var w = el("div", "choice");
+        var l = el("label", null, b.label + " ");
+        var inp = el("input");
+        inp.type = "search"; inp.value = b.value || ""; inp.dataset.param = b.param;
+        inp.addEventListener("change", function () { onChoice(b.param, inp.value, { page: null }); });
+        l.appendChild(inp);
+        w.appendChild(l);
+        nodes.push(w);
       } else if (b.type === "figure") {
         var div = old[b.id] || el("div", "figure");
         div.dataset.fig = b.id;
         div.style.height = (b.height || 360) + "px";
+        div.setAttribute("role", "img");
+        div.setAttribute("aria-label", (b.figure.layout.title && b.figure.layout.title.text || "figure").replace(/<[^>]*>/g, ""));
+        div._tt = b;
+        div._ttFig = b.figure;
+        if (b.curves) div.dataset.curves = "1";
         delete old[b.id];
+        if (b.switch) {
+          var sw = el("div", "choice");
+          var sl = el("label", null, b.switch.label + " ");
+          var ss = el("select");
+          ss.dataset.switch = b.id;
+          b.switch.options.forEach(function (o, i) {
+            var opt = el("option", null, o.label); opt.value = String(i);
+            if (i === (div._ttSwitch || 0)) opt.selected = true;
+            ss.appendChild(opt);
+          });
+          ss.addEventListener("change", (function (d) {
+            return function () { d._ttSwitch = Number(ss.value); draw(d); };
+          })(div));
+          sl.appendChild(ss); sw.appendChild(sl);
+          nodes.push(sw);
+        }
         nodes.push(div);
-        drawing.push([div, b.figure]);
+        drawing.push(div);
       }
     });
     Object.keys(old).forEach(function (k) { try { Plotly.purge(old[k]); } catch (e) { /* gone */ } });
     container.replaceChildren.apply(container, nodes);
     // One figure per task, in page order: the browser shows each as it is drawn (the report's first
     // screen does not wait for its last figure).
-    return drawing.reduce(function (done, p, i) {
+    return drawing.reduce(function (done, d, i) {
       return done.then(function () { return i ? nextTask() : null; }).then(function () {
-        return Plotly.react(p[0], p[1].data, p[1].layout, PLOT_CONFIG);
+        return draw(d);
       }).then(function () { if (!window.ttFirstFigureAt) { window.ttFirstFigureAt = performance.now(); } });
     }, Promise.resolve());
   }
@@ -126,24 +427,41 @@
     });
   }
 
-  // The view and its choices live in the URL's fragment (#view=layers&page=1), so a reload keeps them.
+  // The view, its choices, the jobs picked and how curves are drawn live in the URL's fragment
+  // (#view=layers&page=1&job=0&job=2&smooth=0.6&ylog=1&x=mode), so a reload keeps them.
+  var CURVE_PARAMS = ["smooth", "ylog", "x"];
   function fromHash() {
     var q = new URLSearchParams(location.hash.replace(/^#/, ""));
     var params = {};
-    q.forEach(function (v, k) { if (k !== "view") params[k] = v; });
+    q.forEach(function (v, k) { if (k !== "view" && k !== "job" && CURVE_PARAMS.indexOf(k) < 0) params[k] = v; });
+    if (q.getAll("job").length) params.job = q.getAll("job");
+    if (q.get("smooth")) curveState.smooth = Math.min(0.99, Math.max(0, Number(q.get("smooth")) || 0));
+    if (q.get("ylog")) curveState.ylog = q.get("ylog") === "1";
+    if (q.get("x") === "mode") curveState.x = "mode";
     return { view: q.get("view") || "overview", params: params };
+  }
+
+  function appendParams(q, params) {
+    Object.keys(params).forEach(function (k) {
+      var v = params[k];
+      if (v == null) return;
+      (Array.isArray(v) ? v : [v]).forEach(function (x) { q.append(k, x); });
+    });
   }
 
   function viewPath(view, params) {
     var q = new URLSearchParams();
-    Object.keys(params).forEach(function (k) { if (params[k] != null) q.append(k, params[k]); });
+    appendParams(q, params);
     var s = q.toString();
     return "/api/view/" + encodeURIComponent(view) + (s ? "?" + s : "");
   }
 
   function toHash(view, params) {
     var q = new URLSearchParams({ view: view });
-    Object.keys(params).forEach(function (k) { if (params[k] != null) q.append(k, params[k]); });
+    appendParams(q, params);
+    if (curveState.smooth) q.append("smooth", String(curveState.smooth));
+    if (curveState.ylog) q.append("ylog", "1");
+    if (curveState.x !== "step") q.append("x", curveState.x);
     history.replaceState(null, "", "#" + q.toString());
   }
 
@@ -173,7 +491,14 @@
   function runReport(doc) {
     var main = document.getElementById("view");
     var jobs = document.getElementById("jobs");
-    doc.jobs.forEach(function (j) { jobs.appendChild(el("span", "job", j.name)); });
+    doc.jobs.forEach(function (j) {
+      var chip = el("span", "job");
+      var sw = el("span", "swatch");
+      sw.style.background = jobColour(j.index);
+      chip.appendChild(sw);
+      chip.appendChild(document.createTextNode(j.name));
+      jobs.appendChild(chip);
+    });
     document.getElementById("live").textContent = "report generated " + doc.generated;
     var bodies = doc.sections.map(function (s) {
       var sec = el("section", "report-section");
@@ -210,8 +535,9 @@
         // the jobs' signatures this view was drawn at: the next poll that differs redraws it
         state.sig = JSON.stringify(body.jobs);
         main.dataset.view = view;
-        return renderBlocks(main, body.blocks, function (param, value) {
+        return renderBlocks(main, body.blocks, function (param, value, resets) {
           state.params[param] = value;
+          Object.keys(resets || {}).forEach(function (k) { delete state.params[k]; });
           toHash(state.view, state.params);
           load();
         }).then(function () { showError(""); markPainted(); });
@@ -223,13 +549,16 @@
 
     function tabs() {
       var nav = document.getElementById("tabs");
+      nav.setAttribute("role", "tablist");
       nav.replaceChildren();
       state.views.forEach(function (v) {
         var b = el("button", v.name === state.view ? "active" : "", v.title);
         b.dataset.view = v.name;
+        b.setAttribute("role", "tab");
+        b.setAttribute("aria-selected", v.name === state.view ? "true" : "false");
         b.addEventListener("click", function () {
           state.view = v.name;
-          state.params = {};
+          state.params = state.params.job ? { job: state.params.job } : {};
           toHash(state.view, state.params);
           main.replaceChildren();
           tabs();
@@ -257,14 +586,47 @@
         .then(function () { setTimeout(poll, pollMs); });
     }
 
+    // the job picker: the jobs a view overlays (each in its colour, in every view)
+    function picker(list) {
+      var jobs = document.getElementById("jobs");
+      jobs.replaceChildren();
+      jobs.setAttribute("role", "group");
+      jobs.setAttribute("aria-label", "jobs shown");
+      var picked = state.params.job;
+      list.forEach(function (j) {
+        var lab = el("label", "job");
+        lab.title = j.path;
+        var box = el("input");
+        box.type = "checkbox";
+        box.value = String(j.index);
+        box.dataset.job = String(j.index);
+        box.checked = !picked || picked.indexOf(String(j.index)) >= 0;
+        box.addEventListener("change", function () {
+          var on = Array.prototype.filter.call(jobs.querySelectorAll("input[data-job]"), function (b) { return b.checked; })
+            .map(function (b) { return b.value; });
+          if (!on.length) { box.checked = true; return; }  // at least one job
+          if (on.length === list.length) delete state.params.job; else state.params.job = on;
+          toHash(state.view, state.params);
+          load();
+        });
+        var sw = el("span", "swatch");
+        sw.style.background = jobColour(j.index);
+        lab.appendChild(box);
+        lab.appendChild(sw);
+        lab.appendChild(document.createTextNode(j.name));
+        jobs.appendChild(lab);
+      });
+    }
+
+    zoomSource = function (meta, lo, hi) {
+      var q = new URLSearchParams({ job: String(meta.job), tensor: meta.tensor, mode: meta.mode, lo: String(lo), hi: String(hi) });
+      return getJSON("/api/series?" + q.toString());
+    };
+    curveListeners.push(function () { toHash(state.view, state.params); });
+
     early = early || { jobs: getJSON("/api/jobs") };
     early.jobs.then(function (body) {
-      var jobs = document.getElementById("jobs");
-      body.jobs.forEach(function (j) {
-        var s = el("span", "job", j.name);
-        s.title = j.path;
-        jobs.appendChild(s);
-      });
+      picker(body.jobs);
       state.views = body.views;
       tabs();
       return load(early.view);

@@ -1,0 +1,290 @@
+"""Export and bulk-read benchmark (issue 41): tensortap export, Trial.to_arrow(), Trial.to_dataframe(), a wide job
+read whole, a DuckDB query over 100 exported jobs, and tensortap.dask.read_jobs against the sequential trial loop.
+
+Jobs are synthetic native stores written straight in the format (docs/format.md: index blocks of inline float32
+scalars, TRAIN mode, every step saved) so that building them takes seconds, not a training run. Each figure is
+the median of --repeat runs; A/B comparisons alternate their runs. The machine's load is printed: on a shared
+machine the absolute figures move with it, ratios less.
+
+Usage: .venv/bin/python bench/export.py [--only NAME ...] [--repeat 3] [--wide-steps 1000] [--old /work/main]
+  --old PATH  also time to_dataframe() of the tensortap checkout at PATH (the implementation before this one)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def synth_job(path: str, tensors: int, steps: int, workers: int = 1, steps_per_block: int = 0,
+              seed: int = 0) -> int:
+    """A finished native job: `workers` workers, each saving `tensors` float32 scalars at every one of `steps`
+    TRAIN steps (tensor 0 is `scalar/loss`). Returns the number of scalar values."""
+    from tensortap.format import codec, layout
+
+    rng = np.random.default_rng(seed)
+    names = ["scalar/loss"] + [f"layer{i // 4}/stat_{i % 4}" for i in range(1, tensors)]
+    per_block = steps_per_block or max(1, 200_000 // tensors)
+    for w in range(workers):
+        worker = f"worker_{w}"
+        os.makedirs(os.path.join(path, layout.worker_dir(worker)), exist_ok=True)
+        with open(os.path.join(path, layout.chunk_key(worker, 0, layout.INDEX_SUFFIX)), "wb") as f:
+            for b0 in range(0, steps, per_block):
+                b1 = min(steps, b0 + per_block)
+                n = (b1 - b0) * tensors
+                e = np.zeros(n, dtype=codec.DISK_ENTRY_DTYPE)
+                st = np.repeat(np.arange(b0, b1, dtype=np.int64), tensors)
+                e["name"] = np.tile(np.arange(tensors, dtype=np.uint32), b1 - b0)
+                e["mode"] = 1
+                e["kind"] = 0
+                e["reduction"] = 255
+                e["flags"] = codec.FLAG_INLINE
+                e["step"] = st
+                e["mode_step"] = st
+                e["length"] = 4
+                vals = (1.0 / (st + 1) + rng.random(n) * 1e-3).astype(np.float32)
+                inline = np.zeros((n, 16), dtype=np.uint8)
+                inline[:, :4] = vals.view(np.uint8).reshape(n, 4)
+                e["inline"] = inline.view("V16").reshape(n)
+                header = {"names": names, "dtypes": ["<f4"], "shapes": [[]], "worker": worker,
+                          "num_workers": workers, "time": time.time(), "passed": {"step": b1 - 1}}
+                if b0 == 0:
+                    header.update(format_version=1, metadata={"bench": True})
+                if b1 == steps:
+                    header["end"] = True
+                f.write(codec.encode_block(header, e))
+        with open(os.path.join(path, layout.chunk_key(worker, 0, layout.DATA_SUFFIX)), "wb"):
+            pass
+    return tensors * steps * workers
+
+
+def load() -> str:
+    a, b, c = os.getloadavg()
+    return f"load average {a:.2f} {b:.2f} {c:.2f} on {os.cpu_count()} CPUs"
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+#: CPU seconds of the last timed() call: on a loaded machine wall time mostly measures the other processes
+LAST_CPU = [0.0]
+
+
+def timed(fn) -> float:
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    fn()
+    LAST_CPU[0] = time.process_time() - c0
+    return time.perf_counter() - t0
+
+
+def summary(n: int, wall: list[float], cpu: list[float] | None = None) -> dict:
+    out = {"s": round(med(wall), 3), "values_per_s": round(n / med(wall))}
+    if cpu:
+        out.update(cpu_s=round(med(cpu), 3), values_per_cpu_s=round(n / med(cpu)))
+    return out
+
+
+OLD_TO_DATAFRAME = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import pandas
+from tensortap.trials import create_trial
+c0, t0 = time.process_time(), time.perf_counter()
+trial = create_trial(sys.argv[2]); trial.steps()
+c1, t1 = time.process_time(), time.perf_counter()
+df = trial.to_dataframe()
+c2, t2 = time.process_time(), time.perf_counter()
+print(t1 - t0, t2 - t1, len(df), c1 - c0, c2 - c1)
+"""
+
+
+def _open(path: str):
+    from tensortap.trials import create_trial
+
+    trial = create_trial(path)
+    trial.steps()
+    return trial
+
+
+def bench_to_frames(tmp: str, repeat: int, old: str | None) -> dict:
+    """Each call on a trial opened just before (the open is timed apart: it is the trial's, not the call's)."""
+    import pandas  # noqa: F401 - imports paid before timing
+    import pyarrow
+
+    pyarrow.array([1])
+    path = os.path.join(tmp, "frames")
+    n = synth_job(path, tensors=100, steps=10_000)
+    res: dict[str, list[float]] = {"open": [], "to_dataframe": [], "to_arrow": [], "old_open": [],
+                                   "old_to_dataframe": []}
+    cpu: dict[str, list[float]] = {k: [] for k in res}
+    for _ in range(repeat):  # alternate
+        c0, t0 = time.process_time(), time.perf_counter()
+        trial = _open(path)
+        res["open"].append(time.perf_counter() - t0)
+        cpu["open"].append(time.process_time() - c0)
+        res["to_arrow"].append(timed(trial.to_arrow))
+        cpu["to_arrow"].append(LAST_CPU[0])
+        trial = _open(path)
+        res["to_dataframe"].append(timed(trial.to_dataframe))
+        cpu["to_dataframe"].append(LAST_CPU[0])
+        del trial
+        if old:
+            out = subprocess.run([sys.executable, "-c", OLD_TO_DATAFRAME, old, path], capture_output=True,
+                                 text=True, check=True, env={**os.environ, "PYTHONPATH": old}).stdout.split()
+            assert int(out[2]) == n
+            res["old_open"].append(float(out[0]))
+            res["old_to_dataframe"].append(float(out[1]))
+            cpu["old_open"].append(float(out[3]))
+            cpu["old_to_dataframe"].append(float(out[4]))
+    return {"values": n, **{k: summary(n, v, cpu[k]) for k, v in res.items() if v}}
+
+
+def bench_export(tmp: str, repeat: int) -> dict:
+    from tensortap.export import export
+
+    path = os.path.join(tmp, "exp_job")
+    n = synth_job(path, tensors=100, steps=10_000)
+    import pyarrow
+
+    pyarrow.array([1])
+    times, cpu = [], []
+    for i in range(repeat):
+        dest = os.path.join(tmp, f"exp_dest{i}")
+        times.append(timed(lambda dest=dest: export(path, dest)))
+        cpu.append(LAST_CPU[0])
+        shutil.rmtree(dest)
+    return {"values": n, "note": "whole export: the trial opened, the rows built, Parquet written",
+            **summary(n, times, cpu)}
+
+
+def bench_wide(tmp: str, repeat: int, steps: int) -> dict:
+    from tensortap.trials import create_trial
+
+    path = os.path.join(tmp, "wide")
+    n = synth_job(path, tensors=10_000, steps=steps, steps_per_block=20)
+    opens, reads, cpus = [], [], []
+    for _ in range(repeat):
+        c0 = time.process_time()
+        t0 = time.perf_counter()
+        trial = create_trial(path)
+        trial.steps()
+        t1 = time.perf_counter()
+        tbl = trial.to_arrow()
+        t2 = time.perf_counter()
+        cpus.append(time.process_time() - c0)
+        assert tbl.num_rows == n
+        opens.append(t1 - t0)
+        reads.append(t2 - t0)
+        del tbl, trial
+    return {"tensors": 10_000, "steps": steps, "values": n, "open_s": round(med(opens), 3),
+            "read_whole": summary(n, reads, cpus)}
+
+
+def bench_duckdb(tmp: str, repeat: int) -> dict:
+    import duckdb
+
+    from tensortap.export import export
+
+    jobs = []
+    for j in range(100):
+        p = os.path.join(tmp, "many", f"job{j:03d}")
+        synth_job(p, tensors=10, steps=1000 + j, seed=j)
+        jobs.append(p)
+    dest = os.path.join(tmp, "many_dest")
+    t_export = timed(lambda: export(jobs, dest))
+    q = (f"SELECT job, arg_max(value, step) AS last_loss, max(step) AS last_step FROM read_parquet('{dest}/scalars/"
+         "**/*.parquet', hive_partitioning=true) WHERE tensor = 'scalar/loss' AND statistic = 'value' GROUP BY job")
+    times, rows = [], None
+    for _ in range(max(repeat, 5)):
+        con = duckdb.connect()  # a fresh connection each time: no cached metadata
+        t0 = time.perf_counter()
+        rows = con.sql(q).fetchall()
+        times.append(time.perf_counter() - t0)
+        con.close()
+    assert len(rows) == 100 and all(r[2] == 999 + int(r[0][3:]) for r in rows)
+    return {"jobs": 100, "export_s": t_export, "query_s": med(times), "query_s_all": times}
+
+
+def bench_read_jobs(tmp: str, repeat: int, steps: int) -> dict:
+    import distributed
+
+    import tensortap.dask as ttd
+    from tensortap.trials import create_trial
+
+    path = os.path.join(tmp, "w64")
+    n = synth_job(path, tensors=5, steps=steps, workers=64, steps_per_block=2000)
+
+    def loop() -> int:  # the sequential trial loop: every tensor of every worker, read in bulk
+        trial = create_trial(path)
+        total = 0
+        for w in trial.workers():
+            for name in trial.tensor_names():
+                total += len(trial.tensor(name).values(worker=w))
+        return total
+
+    def frame() -> int:
+        return len(create_trial(path).to_dataframe())
+
+    res: dict[str, list[float]] = {"trial_loop": [], "to_dataframe": [], "read_jobs_2_workers": []}
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        client.run(lambda: __import__("tensortap.dask"))  # imports paid once, as on a running cluster
+        for _ in range(repeat):  # alternate
+            res["trial_loop"].append(timed(loop))
+            res["to_dataframe"].append(timed(frame))
+            df = ttd.read_jobs(path)
+            t = timed(lambda df=df: client.compute(df.map_partitions(len)).result())
+            res["read_jobs_2_workers"].append(t)
+    assert loop() == n
+    return {"workers": 64, "steps": steps, "tensors": 5, "values": n,
+            **{k: summary(n, v) for k, v in res.items()},
+            "speedup_vs_trial_loop": round(med(res["trial_loop"]) / med(res["read_jobs_2_workers"]), 2),
+            "speedup_vs_to_dataframe": round(med(res["to_dataframe"]) / med(res["read_jobs_2_workers"]), 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", nargs="*", default=["frames", "export", "wide", "duckdb", "read_jobs"])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--wide-steps", type=int, default=1000)
+    ap.add_argument("--w64-steps", type=int, default=10_000)
+    ap.add_argument("--old", help="a tensortap checkout whose to_dataframe() to time too")
+    ap.add_argument("--tmp", default=None)
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="tt-bench-export-", dir=args.tmp)
+    out = {"load_before": load()}
+    try:
+        for name in args.only:
+            t0 = time.perf_counter()
+            if name == "frames":
+                out[name] = bench_to_frames(tmp, args.repeat, args.old)
+            elif name == "export":
+                out[name] = bench_export(tmp, args.repeat)
+            elif name == "wide":
+                out[name] = bench_wide(tmp, args.repeat, args.wide_steps)
+            elif name == "duckdb":
+                out[name] = bench_duckdb(tmp, args.repeat)
+            elif name == "read_jobs":
+                out[name] = bench_read_jobs(tmp, args.repeat, args.w64_steps)
+            out[name]["load_after"] = load()
+            out[name]["bench_s"] = round(time.perf_counter() - t0, 1)
+            print(json.dumps({name: out[name]}, indent=1), flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

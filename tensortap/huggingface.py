@@ -1,0 +1,223 @@
+"""Hugging Face Trainer: `TensortapCallback`, a `transformers.TrainerCallback` (docs/trainers.md).
+
+    from tensortap.huggingface import TensortapCallback
+    trainer = Trainer(model, args, train_dataset=..., callbacks=[TensortapCallback(out_dir="runs/h1",
+                                                                                   save_config=10)])
+
+* TRAIN step k is the Trainer's optimizer step k (`state.global_step`); every micro-batch of a
+  gradient-accumulation window belongs to it.
+* Weights and gradients are read in `on_pre_optimizer_step`: after the Trainer clipped (and unscaled) the
+  gradients, before the optimizer steps: what the optimizer consumes.
+* The loss is the one the model's forward returned (`outputs.loss`), read by a forward hook on the model: a TRAIN
+  step's loss is the mean over its micro-batches (their sum when the Trainer hands the model
+  `num_items_in_batch`, the window's token count: then each micro-batch's loss is its share of the window's).
+  Evaluation and prediction batches are EVAL steps with their loss (the Trainer tells callbacks no difference
+  between the two before the end); the Trainer's logs (`loss` when the model gave none, `grad_norm`,
+  `learning_rate`, `eval_*`, …) are saved as scalars (collection `metrics`) where they are made.
+* Rules run beside training; a rule that finds an issue sets `control.should_training_stop` (and
+  `should_save`: the Trainer writes its checkpoint as on any stop).
+
+Not registered under a `report_to` name: transformers keeps that table to itself, and tensortap does not patch it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from transformers import TrainerCallback
+
+from tensortap import modes as _modes
+from tensortap.trainers.capture import LOSS, TrainerCapture, _as_float
+
+logger = logging.getLogger("tensortap")
+
+#: with several processes a stop is decided together, at TRAIN steps that are multiples of this
+DISTRIBUTED_STOP_EVERY = 10
+
+
+class TensortapCallback(TrainerCallback):
+    """Saves a Trainer's weights, gradients, loss and logs into `out_dir`, and runs rules beside it."""
+
+    def __init__(self, out_dir: str, save_config: Any = None, include_collections: Any = None,
+                 reduction_config: Any = None, rules: Any = None, stop_on_issue: bool = True,
+                 include_workers: str = "all", **hook_kwargs: Any):
+        self.capture = TrainerCapture(out_dir, save_config=save_config, include_collections=include_collections,
+                                      reduction_config=reduction_config, rules=rules,
+                                      stop_on_issue=stop_on_issue, include_workers=include_workers, **hook_kwargs)
+        self._handle: Any = None
+        self._pending: list[float] = []  # losses of the forwards since the last look
+        self._shared_loss = False  # the model's losses are shares of the window's (num_items_in_batch)
+        self._saved_here: set[str] = set()
+        self._model_gives_loss = False  # (then the logs' `loss`, a mean over the logging window, is not saved)
+
+    # --- guard --------------------------------------------------------------------------------
+
+    def _run(self, where: str, fn: Any, *args: Any) -> None:
+        cap = self.capture
+        if cap._failed or (cap.hook is not None and cap.hook.disabled):
+            return
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001 - never break training
+            cap.fail(where, e)
+
+    # --- life ---------------------------------------------------------------------------------
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+        self._run("on_train_begin", self._begin, args, model)
+
+    def _begin(self, args: Any, model: Any) -> None:
+        from tensortap.pytorch import auto
+
+        auto.detach()  # (under `tensortap run`: this callback captures the Trainer's job)
+        if self.capture.hook is None:
+            self.capture.start(model, rank=int(args.process_index), world_size=int(args.world_size))
+        else:
+            self.capture.set_model(model)
+        if self._handle is None:
+            self._handle = model.register_forward_hook(self._after_forward, with_kwargs=True)
+
+    def _after_forward(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        if module.training and not self.capture.saving:
+            return  # (a loss is read, a host sync on a GPU, only where it is saved; eval steps begin after it)
+        try:
+            loss = getattr(output, "loss", None)
+            if loss is None and isinstance(output, dict):
+                loss = output.get("loss")
+            x = _as_float(loss) if loss is not None else None
+            if x is not None:
+                self._model_gives_loss = True
+                self._pending.append(x)
+                self._shared_loss = kwargs.get("num_items_in_batch") is not None
+        except Exception as e:  # noqa: BLE001
+            self.capture.fail("forward hook", e)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        cap = self.capture
+        if cap.hook is None:
+            return
+        try:
+            if cap.rule_specs:
+                cap.close()  # the job ends: the rules judge its last steps and finish
+            else:
+                cap.hook.end_step()
+                cap.hook.flush()
+        except Exception as e:  # noqa: BLE001
+            cap.fail("on_train_end", e)
+
+    # --- training -------------------------------------------------------------------------------
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self._run("on_step_begin", self._step_begin, state)
+
+    def _step_begin(self, state: Any) -> None:
+        self.capture.begin(_modes.TRAIN, state.global_step)
+        self._pending = []
+        self._saved_here = set()
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self._run("on_pre_optimizer_step", self._pre_optimizer_step)
+
+    def _pre_optimizer_step(self) -> None:
+        cap = self.capture
+        if cap.current() is not None and cap.current()[0] is _modes.TRAIN:
+            cap.save_weights()
+            cap.save_gradients()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self._run("on_step_end", self._step_end, args, state, control)
+
+    def _step_end(self, args: Any, state: Any, control: Any) -> None:
+        cap = self.capture
+        if self._pending and cap.current() is not None and cap.current()[0] is _modes.TRAIN:
+            n = len(self._pending)
+            value = sum(self._pending) if self._shared_loss else sum(self._pending) / n
+            cap.save_scalars({LOSS: value}, "losses")
+            self._saved_here.add(LOSS)
+        self._pending = []
+        if self._stop_decided(args, state):
+            control.should_training_stop = True
+            control.should_save = True
+
+    def _stop_decided(self, args: Any, state: Any) -> bool:
+        cap = self.capture
+        if int(args.world_size) > 1:
+            if state.global_step % DISTRIBUTED_STOP_EVERY:
+                return False
+            import torch
+            import torch.distributed as dist
+
+            local = cap.check_stop() is not None
+            if not (dist.is_available() and dist.is_initialized()):
+                return local
+            flag = torch.tensor([1.0 if local else 0.0])
+            dist.all_reduce(flag)
+            return bool(flag.item() > 0)
+        return cap.check_stop() is not None
+
+    # --- evaluation and logs ----------------------------------------------------------------------
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self._run("on_prediction_step", self._prediction_step)
+
+    def _prediction_step(self) -> None:
+        self.capture.begin(_modes.EVAL)
+        self._saved_here = set()
+        if self._pending:
+            self.capture.save_scalars({LOSS: sum(self._pending) / len(self._pending)}, "losses")
+            self._saved_here.add(LOSS)
+        self._pending = []
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kw: Any) -> None:
+        self._run("on_evaluate", self._save_logs, metrics)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+        self._run("on_log", self._save_logs, logs)
+
+    def _save_logs(self, logs: Any) -> None:
+        if not logs:
+            return
+        new = {k: v for k, v in logs.items()
+               if k not in self._saved_here and not (k == LOSS and self._model_gives_loss)}
+        if new:
+            self.capture.save_scalars(new, "metrics", always=True)
+            self._saved_here.update(new)
+
+    def rule_statuses(self) -> dict[str, dict[str, Any]]:
+        """{rule label: status} of the rules this callback ran."""
+        return self.capture.rule_statuses()
+
+
+_attached: set[type] = set()
+
+
+def attach(module: Any) -> None:
+    """`tensortap run`: every Trainer the script makes gets a TensortapCallback with the runner's settings
+    (unless the script gave it one)."""
+    from tensortap.hooks.base import disabled_by_env
+
+    if disabled_by_env():
+        return
+    import transformers
+
+    trainer_cls = transformers.Trainer
+    if trainer_cls in _attached:
+        return
+    _attached.add(trainer_cls)
+    original = trainer_cls.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        try:
+            if not any(isinstance(c, TensortapCallback) for c in self.callback_handler.callbacks):
+                from tensortap.hook_config import load_hook_config
+
+                self.add_callback(TensortapCallback(load_hook_config().out_dir))
+        except Exception as e:  # noqa: BLE001 - never break the training script
+            logger.error("tensortap: could not add the Trainer callback: %s", e)
+
+    trainer_cls.__init__ = __init__

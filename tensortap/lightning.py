@@ -1,0 +1,302 @@
+"""PyTorch Lightning: `TensortapCallback`, a `lightning.pytorch.Callback` (docs/trainers.md).
+
+    from tensortap.lightning import TensortapCallback
+    trainer = L.Trainer(callbacks=[TensortapCallback(out_dir="runs/l1", save_config=10,
+                                                     include_collections=["weights", "gradients", "losses"],
+                                                     rules=["vanishing_gradient"])])
+
+* TRAIN step k is the trainer's optimizer step k (`trainer.global_step`); with gradient accumulation every
+  micro-batch of the window belongs to it.
+* Weights are read in `on_before_optimizer_step` (what the step's forward used), gradients right after the
+  optimizer's step (a torch optimizer step post-hook): what the optimizer consumed, accumulated, unscaled and
+  clipped (Lightning clips after `on_before_optimizer_step`).
+* fit's training / validation, test, predict → TRAIN / EVAL / EVAL / PREDICT; the sanity check saves nothing.
+* The loss `training_step` / `validation_step` / `test_step` returned is `loss` (collection `losses`): for a TRAIN
+  step the mean over its micro-batches; every metric logged with `self.log` is saved under its name
+  (collection `metrics`) at the step where Lightning made it available.
+* DDP: each process saves as `worker_<global_rank>`.
+* Rules run beside training; a rule that finds an issue sets `trainer.should_stop` (checkpoints and logs are
+  written as on any early stop).
+
+`lightning.pytorch` and the older `pytorch_lightning` package both work (`tensortap.lightning.callback_class`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tensortap import modes as _modes
+from tensortap.trainers.capture import LOSS, TrainerCapture
+
+logger = logging.getLogger("tensortap")
+
+#: with several processes a stop is decided together, at TRAIN steps that are multiples of this
+DISTRIBUTED_STOP_EVERY = 10
+
+
+class _TensortapCallbackMixin:
+    """The callback's behaviour, on whichever Lightning package's Callback class (see `callback_class`)."""
+
+    def __init__(self, out_dir: str, save_config: Any = None, include_collections: Any = None,
+                 reduction_config: Any = None, rules: Any = None, stop_on_issue: bool = True,
+                 include_workers: str = "all", **hook_kwargs: Any):
+        super().__init__()
+        self.capture = TrainerCapture(out_dir, save_config=save_config, include_collections=include_collections,
+                                      reduction_config=reduction_config, rules=rules,
+                                      stop_on_issue=stop_on_issue, include_workers=include_workers, **hook_kwargs)
+        self._handles: list[Any] = []
+        self._losses: list[float] = []
+        self._stepped = False
+        self._eval_metrics: set[str] = set()  # names logged during evaluation (saved at its end)
+        self._names_before: set[str] = set()
+
+    # --- guard --------------------------------------------------------------------------------
+
+    def _run(self, where: str, fn: Any, *args: Any) -> None:
+        cap = self.capture
+        if cap._failed or (cap.hook is not None and cap.hook.disabled):
+            return
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001 - never break training
+            cap.fail(where, e)
+
+    # --- set-up and end -------------------------------------------------------------------------
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._run("setup", self._setup, trainer, pl_module)
+
+    def _setup(self, trainer: Any, pl_module: Any) -> None:
+        from tensortap.pytorch import auto
+
+        auto.detach()  # (under `tensortap run`: this callback captures the trainer's job, not the torch discovery)
+        if self.capture.hook is None:
+            self.capture.start(pl_module, rank=trainer.global_rank, world_size=trainer.world_size)
+        else:
+            self.capture.set_model(pl_module)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._run("on_train_start", self._hook_optimizers, trainer)
+
+    def _hook_optimizers(self, trainer: Any) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = [opt.register_step_post_hook(self._after_optimizer_step) for opt in trainer.optimizers]
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        cap = self.capture
+        if cap.hook is None:
+            return
+        try:
+            if cap.rule_specs and stage == "fit":
+                cap.close()  # the job ends: the rules judge its last steps and finish
+            else:
+                cap.hook.end_step()
+                cap.hook.flush()
+        except Exception as e:  # noqa: BLE001
+            cap.fail("teardown", e)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        try:
+            self.capture.close(wait_for_rules=False)
+        except Exception as e:  # noqa: BLE001
+            logger.error("tensortap: closing after the trainer's exception failed: %s", e)
+
+    # --- training -------------------------------------------------------------------------------
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._run("on_train_batch_start", self._train_batch_start, trainer)
+
+    def _train_batch_start(self, trainer: Any) -> None:
+        cap = self.capture
+        if cap.current() != (_modes.TRAIN, trainer.global_step):
+            cap.begin(_modes.TRAIN, trainer.global_step)
+            self._losses = []
+            self._stepped = False
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self._run("on_before_optimizer_step", self._before_optimizer_step)
+
+    def _before_optimizer_step(self) -> None:
+        cap = self.capture
+        if cap.current() is not None and cap.current()[0] is _modes.TRAIN:
+            cap.save_weights()
+
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._stepped = True
+        self._run("optimizer step", self._after_step)
+
+    def _after_step(self) -> None:
+        cap = self.capture
+        if cap.current() is not None and cap.current()[0] is _modes.TRAIN:
+            cap.save_gradients()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._run("on_train_batch_end", self._train_batch_end, trainer, pl_module, outputs)
+
+    def _train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any) -> None:
+        cap = self.capture
+        if cap.saving:  # (a loss is read, a host sync on a GPU, only where it is saved)
+            loss = _loss_of(outputs)
+            if loss is not None:
+                self._losses.append(loss)
+        stepped = self._stepped or (cap.current() is not None and trainer.global_step != cap.current()[1])
+        if stepped and cap.current() is not None and cap.current()[0] is _modes.TRAIN:
+            if self._losses and cap.saving:
+                automatic = getattr(pl_module, "automatic_optimization", True)
+                # (automatic optimization hands back each micro-batch's loss divided by the window's length)
+                value = sum(self._losses) if automatic else sum(self._losses) / len(self._losses)
+                cap.save_scalars({LOSS: value}, "losses")
+            if cap.saving:
+                self._save_metrics(trainer, eval_names=False)
+            self._losses = []
+            self._stepped = False
+        self._check_stop(trainer)
+
+    def _check_stop(self, trainer: Any) -> None:
+        cap = self.capture
+        if trainer.world_size > 1:
+            if trainer.global_step % DISTRIBUTED_STOP_EVERY:
+                return
+            local = cap.check_stop() is not None
+            if trainer.strategy.reduce_boolean_decision(local, all=False):
+                trainer.should_stop = True
+        elif cap.check_stop() is not None:
+            trainer.should_stop = True
+
+    # --- evaluation and prediction ------------------------------------------------------------
+
+    def _eval_batch_start(self, trainer: Any, mode: _modes.ModeKeys) -> None:
+        if not trainer.sanity_checking:
+            self.capture.begin(mode)
+
+    def _eval_batch_end(self, trainer: Any, outputs: Any) -> None:
+        if trainer.sanity_checking or not self.capture.saving:
+            return
+        loss = _loss_of(outputs)
+        if loss is not None:
+            self.capture.save_scalars({LOSS: loss}, "losses")
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._names_before = set(trainer.callback_metrics)
+
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        self._names_before = set(trainer.callback_metrics)
+
+    def on_validation_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
+                                  dataloader_idx: int = 0) -> None:
+        self._run("on_validation_batch_start", self._eval_batch_start, trainer, _modes.EVAL)
+
+    def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        self._run("on_validation_batch_end", self._eval_batch_end, trainer, outputs)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if not trainer.sanity_checking:
+            self._run("on_validation_end", self._save_metrics, trainer, True)
+
+    def on_test_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
+                            dataloader_idx: int = 0) -> None:
+        self._run("on_test_batch_start", self._eval_batch_start, trainer, _modes.EVAL)
+
+    def on_test_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
+                          dataloader_idx: int = 0) -> None:
+        self._run("on_test_batch_end", self._eval_batch_end, trainer, outputs)
+
+    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+        self._run("on_test_end", self._save_metrics, trainer, True)
+
+    def on_predict_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
+                               dataloader_idx: int = 0) -> None:
+        self._run("on_predict_batch_start", self._eval_batch_start, trainer, _modes.PREDICT)
+
+    # --- logged metrics -----------------------------------------------------------------------------
+
+    def _save_metrics(self, trainer: Any, eval_names: bool) -> None:
+        """What `self.log` made available (`trainer.callback_metrics`): at the end of an evaluation the names
+        logged during it, whatever the interval (one aggregate per evaluation); at a TRAIN step the others,
+        when the step saves."""
+        metrics = trainer.callback_metrics
+        if eval_names:
+            self._eval_metrics |= set(metrics) - self._names_before
+            chosen = {k: v for k, v in metrics.items() if k in self._eval_metrics}
+        else:
+            chosen = {k: v for k, v in metrics.items() if k not in self._eval_metrics}
+        if chosen:
+            self.capture.save_scalars(chosen, "metrics", always=eval_names)
+
+    def rule_statuses(self) -> dict[str, dict[str, Any]]:
+        """{rule label: status} of the rules this callback ran."""
+        return self.capture.rule_statuses()
+
+
+def _loss_of(outputs: Any) -> float | None:
+    from tensortap.trainers.capture import _as_float
+
+    if isinstance(outputs, dict):
+        outputs = outputs.get("loss")
+    return None if outputs is None else _as_float(outputs)
+
+
+_classes: dict[Any, type] = {}
+
+
+def callback_class(callback_base: Any) -> type:
+    """The TensortapCallback class for a Lightning package's `Callback` base (lightning.pytorch's or
+    pytorch_lightning's)."""
+    cls = _classes.get(callback_base)
+    if cls is None:
+        cls = _classes[callback_base] = type("TensortapCallback", (_TensortapCallbackMixin, callback_base),
+                                             {"__module__": __name__, "__doc__": _TensortapCallbackMixin.__doc__})
+    return cls
+
+
+def _lightning_callback_base() -> Any:
+    try:
+        from lightning.pytorch import Callback
+    except ImportError:
+        from pytorch_lightning import Callback
+    return Callback
+
+
+TensortapCallback = callback_class(_lightning_callback_base())
+
+
+_attached: set[type] = set()
+
+
+def attach(module: Any) -> None:
+    """`tensortap run`: every Trainer the script makes gets a TensortapCallback with the runner's settings
+    (unless the script gave it one)."""
+    from tensortap.hooks.base import disabled_by_env
+
+    if disabled_by_env():
+        return
+    trainer_cls = getattr(module, "Trainer", None)
+    callback_base = getattr(module, "Callback", None)
+    if trainer_cls is None or callback_base is None or trainer_cls in _attached:
+        return
+    _attached.add(trainer_cls)
+    cls = callback_class(callback_base)
+    original = trainer_cls.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        callbacks = kwargs.get("callbacks")
+        callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, list | tuple) \
+            else [callbacks]
+        if not any(isinstance(c, _TensortapCallbackMixin) for c in callbacks):
+            try:
+                from tensortap.hook_config import load_hook_config
+
+                cfg = load_hook_config()
+                callbacks.append(cls(cfg.out_dir))
+            except Exception as e:  # noqa: BLE001 - never break the training script
+                logger.error("tensortap: could not add the Lightning callback: %s", e)
+        kwargs["callbacks"] = callbacks
+        original(self, *args, **kwargs)
+
+    trainer_cls.__init__ = __init__

@@ -1,0 +1,254 @@
+"""tensortap.lightning.TensortapCallback on real PyTorch Lightning jobs (CPU; tiny models built here)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+L = pytest.importorskip("lightning")
+torch = pytest.importorskip("torch")
+
+from tensortap import modes  # noqa: E402
+from tensortap.exceptions import InvalidConfiguration  # noqa: E402
+from tensortap.lightning import TensortapCallback  # noqa: E402
+from tensortap.trials import create_trial  # noqa: E402
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from _lightning_job import loaders, make_module  # noqa: E402
+
+ROOT = HERE.parents[1]
+
+
+def _trainer(callbacks, **kw):
+    opts = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                accelerator="cpu", devices=1)
+    opts.update(kw)
+    return L.Trainer(callbacks=callbacks, **opts)
+
+
+def test_values_steps_modes_with_accumulation_and_clipping(tmp_path):
+    torch.manual_seed(0)
+    record, losses, val_losses = [], [], []
+    module = make_module(L, record)
+    original_step, original_val = module.training_step, module.validation_step
+
+    def training_step(batch, batch_idx):
+        loss = original_step(batch, batch_idx)
+        losses.append(loss.item())
+        return loss
+
+    def validation_step(batch, batch_idx):
+        loss = original_val(batch, batch_idx)
+        if not module.trainer.sanity_checking:
+            val_losses.append(loss.item())
+        return loss
+
+    module.training_step, module.validation_step = training_step, validation_step
+    out = str(tmp_path / "job")
+    cb = TensortapCallback(out_dir=out, save_config=2,
+                           include_collections=["weights", "biases", "gradients", "losses", "metrics"])
+    trainer = _trainer([cb], max_steps=12, accumulate_grad_batches=2, gradient_clip_val=0.05,
+                       limit_val_batches=2, val_check_interval=6)
+    trainer.fit(module, *loaders())
+    assert trainer.global_step == 12 and len(record) == 12
+
+    trial = create_trial(out)  # right after fit, no close(): everything saved is readable
+    grad_name = "gradient/Tiny_net.0.weight"
+    assert trial.tensor(grad_name).steps(mode=modes.TRAIN) == [0, 2, 4, 6, 8, 10]
+    for k in [0, 2, 4, 6, 8, 10]:
+        for pname in ("net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"):
+            # what the optimizer consumed: accumulated over two micro-batches, clipped
+            got = trial.tensor(f"gradient/Tiny_{pname}").value(k, mode=modes.TRAIN)
+            assert np.array_equal(got, record[k]["grads"][pname].numpy()), (k, pname)
+            w = trial.tensor(f"Tiny_{pname}").value(k, mode=modes.TRAIN)
+            assert np.array_equal(w, record[k]["weights"][pname].numpy()), (k, pname)
+        # the step's loss: the mean of its two micro-batches' losses as training_step returned them
+        assert trial.tensor("loss").value(k, mode=modes.TRAIN) == pytest.approx(
+            (losses[2 * k] + losses[2 * k + 1]) / 2, rel=1e-6)
+        assert 0.0 <= trial.tensor("train_acc").value(k, mode=modes.TRAIN) <= 1.0
+    # clipping happened (the test would not show "after clipping" otherwise)
+    total = np.sqrt(sum(float((g.double() ** 2).sum()) for g in record[0]["grads"].values()))
+    assert total == pytest.approx(0.05, rel=1e-3)
+
+    # a validation of two batches every 6 training batches (the sanity check saves nothing): EVAL steps 0..7,
+    # the loss saved at every one (losses are saved at every EVAL step)
+    assert len(val_losses) == 8
+    assert trial.tensor("loss").steps(mode=modes.EVAL) == list(range(8))
+    assert [trial.tensor("loss").value(s, mode=modes.EVAL) for s in range(8)] == pytest.approx(val_losses, rel=1e-6)
+    # the logged val_loss (an epoch aggregate) at the end of each validation, whatever the interval
+    assert trial.tensor("val_loss").steps(mode=modes.EVAL) == [1, 3, 5, 7]
+    assert "val_loss" in trial.tensor_names(collection="metrics")
+    assert "loss" in trial.tensor_names(collection="losses")
+
+
+def test_manual_optimization_steps_and_gradients(tmp_path):
+    torch.manual_seed(1)
+    record = []
+    module = make_module(L, record, automatic=False)
+    out = str(tmp_path / "job")
+    trainer = _trainer([TensortapCallback(out_dir=out, save_config=3, include_collections=["gradients"])],
+                       max_steps=9, limit_val_batches=0)
+    trainer.fit(module, loaders()[0])
+    trial = create_trial(out)
+    # the loss and the metrics are saved whatever include_collections names (smdebug's default collections)
+    assert trial.tensor("loss").steps(mode=modes.TRAIN) == [0, 3, 6]
+    assert "train_acc" in trial.tensor_names(collection="metrics")
+    assert trial.tensor("gradient/Tiny_net.2.weight").steps(mode=modes.TRAIN) == [0, 3, 6]
+    for k in (0, 3, 6):
+        assert np.array_equal(trial.tensor("gradient/Tiny_net.2.weight").value(k, mode=modes.TRAIN),
+                              record[k]["grads"]["net.2.weight"].numpy())
+
+
+def test_bad_arguments_are_one_line_errors(tmp_path):
+    with pytest.raises(InvalidConfiguration, match="out_dir"):
+        TensortapCallback(out_dir=3)
+    with pytest.raises(InvalidConfiguration, match="no_such_rule"):
+        TensortapCallback(out_dir=str(tmp_path / "a"), rules=["no_such_rule"])
+    with pytest.raises(InvalidConfiguration, match="include_collections"):
+        TensortapCallback(out_dir=str(tmp_path / "b"), include_collections="weights")
+
+
+def test_a_failing_capture_never_breaks_training(tmp_path, caplog, monkeypatch):
+    torch.manual_seed(2)
+    module = make_module(L)
+    cb = TensortapCallback(out_dir=str(tmp_path / "job"), save_config=1, include_collections=["weights", "losses"])
+
+    def boom():
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(cb.capture, "save_weights", boom)
+    with caplog.at_level(logging.ERROR, logger="tensortap"):
+        trainer = _trainer([cb], max_steps=5, limit_val_batches=0)
+        trainer.fit(module, loaders()[0])
+    assert trainer.global_step == 5
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name == "tensortap"]
+    assert len(errors) == 1, [r.getMessage() for r in errors]  # logged once; the capture is off afterwards
+    assert "injected" in str(errors[0].exc_info[1])
+
+
+class _Poison(L.Callback):
+    """Writes NaN into a weight at a chosen step: the loss is NaN from then on."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.at:
+            with torch.no_grad():
+                pl_module.net[2].weight.fill_(float("nan"))
+
+
+def test_a_rule_stops_training_through_the_trainer(tmp_path):
+    """A job whose loss turns NaN at step 3 is stopped by exploding_tensor running beside it: fit returns
+    normally long before max_steps, its checkpoint is written, the rule's status says why."""
+    torch.manual_seed(3)
+    module = make_module(L)
+    out = str(tmp_path / "job")
+    ckpt_dir = tmp_path / "ckpt"
+    cb = TensortapCallback(out_dir=out, save_config=1, rules=["exploding_tensor"])
+    max_steps = 200_000
+    trainer = L.Trainer(callbacks=[_Poison(3), cb, L.pytorch.callbacks.ModelCheckpoint(dirpath=str(ckpt_dir))],
+                        max_steps=max_steps, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        accelerator="cpu", devices=1, limit_val_batches=0, max_epochs=-1)
+    trainer.fit(module, loaders(n=64)[0])
+    assert 3 < trainer.global_step < max_steps
+    assert list(ckpt_dir.glob("*.ckpt")), "the trainer's checkpoint was not written"
+    status = cb.rule_statuses()["exploding_tensor"]
+    assert status["status"] == "IssuesFound" and status["first_step"] >= 3, status
+
+
+_SCRIPT = textwrap.dedent("""
+    import sys
+    import torch
+    import lightning as L
+    sys.path.insert(0, {here!r})
+    from _lightning_job import loaders, make_module
+    {extra}
+    torch.manual_seed(0)
+    module = make_module(L)
+    trainer = L.Trainer(max_steps=8, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, accelerator="cpu", limit_val_batches=0, {trainer_kw}
+                        callbacks=[{callbacks}])
+    trainer.fit(module, loaders()[0])
+""")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def test_ddp_two_processes_write_both_workers(tmp_path):
+    out = str(tmp_path / "job")
+    script = tmp_path / "ddp.py"
+    script.write_text(_SCRIPT.format(
+        here=str(HERE), extra="from tensortap.lightning import TensortapCallback",
+        trainer_kw='strategy="ddp", devices=2,',
+        callbacks=f'TensortapCallback(out_dir={out!r}, save_config=2, include_collections=["gradients", '
+                  '"losses"])'))
+    proc = subprocess.run([sys.executable, str(script)], env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trial = create_trial(out)
+    assert sorted(trial.workers()) == ["worker_0", "worker_1"]
+    name = "gradient/Tiny_net.0.weight"
+    assert trial.tensor(name).steps(mode=modes.TRAIN) == [0, 2, 4, 6]
+    for k in (0, 2, 4, 6):  # DDP averaged the gradients: both workers saved the same ones
+        a = trial.tensor(name).value(k, mode=modes.TRAIN, worker="worker_0")
+        b = trial.tensor(name).value(k, mode=modes.TRAIN, worker="worker_1")
+        assert np.array_equal(a, b)
+
+
+def test_tensortap_run_saves_an_unmodified_lightning_scripts_loss(tmp_path):
+    out = str(tmp_path / "job")
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT.format(here=str(HERE), extra="", trainer_kw="", callbacks=""))
+    proc = subprocess.run([sys.executable, "-m", "tensortap.cli.main", "run", "--out-dir", out, "--save-interval",
+                           "2", "--", sys.executable, str(script)],
+                          env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    trial = create_trial(out)
+    assert trial.tensor("loss").steps(mode=modes.TRAIN) == [0, 2, 4, 6]
+    assert all(np.isfinite(trial.tensor("loss").value(k, mode=modes.TRAIN)) for k in (0, 2, 4, 6))
+
+
+def test_tensortap_run_stops_an_unmodified_lightning_script_through_the_trainer(tmp_path):
+    """`tensortap run --stop-on-issue` on a script with no tensortap code whose loss turns NaN at step 3: the
+    runner's rule asks for a stop, the callback the runner added ends fit through trainer.should_stop (the
+    script's own code after fit runs), and the run exits 1 (a rule found an issue)."""
+    out = str(tmp_path / "job")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        import torch
+        import lightning as L
+        sys.path.insert(0, {str(HERE)!r})
+        from _lightning_job import loaders, make_module
+
+        class Poison(L.Callback):
+            def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+                if trainer.global_step == 3:
+                    with torch.no_grad():
+                        pl_module.net[2].weight.fill_(float("nan"))
+
+        torch.manual_seed(0)
+        trainer = L.Trainer(max_steps=200_000, max_epochs=-1, logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                            limit_val_batches=0, callbacks=[Poison()])
+        trainer.fit(make_module(L), loaders(n=64)[0])
+        print("FIT RETURNED AT", trainer.global_step, flush=True)
+    """))
+    proc = subprocess.run([sys.executable, "-m", "tensortap.cli.main", "run", "--out-dir", out, "--save-interval",
+                           "1", "--rule", "exploding_tensor", "--stop-on-issue", "--", sys.executable, str(script)],
+                          env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("FIT RETURNED AT"))
+    assert 3 < int(line.split()[-1]) < 200_000

@@ -1,0 +1,454 @@
+"""Watching and comparing runs in real headless Chromium: smoothing, the log toggle, zeros and NaN on log
+scales, two jobs overlaid in every view, the job picker, the XGBoost page, zoom at full resolution, searching
+a long tensor list, and screenshots of every view of a PyTorch, a Keras and an XGBoost job
+(tests/_artifacts/ui/, or $TENSORTAP_TEST_ARTIFACTS)."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+
+import numpy as np
+import pytest
+
+import tensortap as tt
+from tensortap import modes
+
+pytest.importorskip("flask")
+
+from tensortap.ui.server import Server  # noqa: E402
+from tensortap.ui.views import PALETTE  # noqa: E402
+
+
+def _ema(ys: list, w: float) -> list:
+    """TensorBoard's debiased exponential moving average (a gap stays a gap)."""
+    out, last, n = [], 0.0, 0
+    for v in ys:
+        if v is None or not math.isfinite(v):
+            out.append(None)
+            continue
+        last = last * w + (1 - w) * v
+        n += 1
+        out.append(last / (1 - w ** n))
+    return out
+
+
+def _curve_traces(data: list[dict]) -> list[dict]:
+    return [t for t in data if (t.get("meta") or {}).get("curve")]
+
+
+def _write_loss_job(out: str, losses: list[float], eval_losses: dict[int, float] | None = None) -> None:
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1))
+    for step, v in enumerate(losses):
+        hook.set_mode(modes.TRAIN)
+        hook.next_step()
+        hook.save_scalar("loss", v)
+        if eval_losses and step in eval_losses:
+            hook.set_mode(modes.EVAL)
+            hook.next_step()
+            hook.save_scalar("loss", eval_losses[step])
+    hook.close()
+
+
+def test_smoothing_and_the_log_toggle_by_keyboard(page, tmp_path, ui):
+    """The toolbar's controls are reached and worked with the keyboard; the smoothed curve is TensorBoard's
+    EMA of the saved values with the raw curve faint behind it; on a log scale an exact zero sits on a row
+    labelled 0 and a NaN on a row labelled NaN/inf; a reload keeps the settings."""
+    out = str(tmp_path / "job")
+    rng = np.random.default_rng(0)
+    losses = [float(2.0 / (1 + s) + 0.3 * rng.random()) for s in range(80)]
+    losses[40], losses[55] = 0.0, float("nan")
+    _write_loss_job(out, losses)
+    server = Server([out], port=0).start()
+    try:
+        ui.open_page(page, server.url)
+        fig = ui.figure_data(page, "scalars-TRAIN")
+        (raw,) = _curve_traces(fig["data"])
+        assert raw["y"][:40] == pytest.approx(losses[:40], rel=1e-6) and raw["y"][55] is None
+        # smoothing 0.6 by keyboard: Home, then 60 steps of 0.01
+        n = page.js("window.ttCurveRenders || 0")
+        page.page.focus("input[data-control=smooth]")
+        page.page.keyboard.press("Home")
+        for _ in range(60):
+            page.page.keyboard.press("ArrowRight")
+        page.wait(f"(window.ttCurveRenders || 0) > {n} && "
+                  "document.querySelector('input[data-control=smooth]').value === '0.6'")
+        page.wait("document.querySelector('div.figure[data-fig=scalars-TRAIN]').data.some(t => t.meta && "
+                  "t.meta.smoothing === 0.6)")
+        fig = ui.figure_data(page, "scalars-TRAIN")
+        faint = [t for t in _curve_traces(fig["data"]) if t["meta"].get("raw")]
+        smooth = [t for t in _curve_traces(fig["data"]) if t["meta"].get("smoothing")]
+        assert len(faint) == 1 and len(smooth) == 1
+        assert faint[0]["opacity"] == 0.25 and faint[0]["y"] == raw["y"]  # the raw curve, faint, behind
+        assert fig["data"].index(faint[0]) < fig["data"].index(smooth[0])
+        want = _ema(raw["y"], 0.6)
+        assert [y is None for y in smooth[0]["y"]] == [y is None for y in want]
+        assert [y for y in smooth[0]["y"] if y is not None] == pytest.approx([y for y in want if y is not None],
+                                                                            rel=1e-9)
+        page.screenshot("curves-smoothed.png")
+        # the log toggle by keyboard
+        n = page.js("window.ttCurveRenders")
+        page.page.focus("input[data-control=ylog]")
+        page.page.keyboard.press("Space")
+        page.wait(f"window.ttCurveRenders > {n}")
+        page.wait("document.querySelector('div.figure[data-fig=scalars-TRAIN]').layout.yaxis.type === 'log'")
+        fig = ui.figure_data(page, "scalars-TRAIN")
+        y = fig["layout"]["yaxis"]
+        ticks = dict(zip(y["ticktext"], y["tickvals"], strict=True))
+        assert "0" in ticks and "NaN/inf" in ticks
+        zero = [t for t in fig["data"] if (t.get("meta") or {}).get("row") == "zero"]
+        assert [t["x"] for t in zero] == [[40]]  # the smoothed curve is never 0 here: the raw value is
+        assert zero[0]["y"] == [pytest.approx(ticks["0"])]
+        nan = [t for t in fig["data"] if (t.get("meta") or {}).get("row") == "nonfinite"]
+        assert nan[0]["x"] == [55] and nan[0]["y"] == [pytest.approx(ticks["NaN/inf"])]
+        low, high = y["range"]
+        assert low < math.log10(ticks["0"]) < math.log10(min(v for v in losses if v > 0)) < high
+        svg = page.js("[...document.querySelectorAll('div.figure[data-fig=scalars-TRAIN] .ytick text')]"
+                      ".map(e => e.textContent)")
+        assert svg[0] == "0" and svg[-1] == "NaN/inf"  # labelled on the axis, not only by colour
+        page.screenshot("curves-log-zero-nan.png")
+        # the x axis by step within the mode
+        page.page.select_option("select[data-control=x]", "mode")
+        page.wait("document.querySelector('div.figure[data-fig=scalars-TRAIN]').layout.xaxis.title.text"
+                  " === 'step within its mode'")
+        # settings live in the URL: a reload keeps them
+        page.page.reload()
+        page.wait("window.ttPaintedAt")
+        page.wait("document.querySelector('div.figure[data-fig=scalars-TRAIN]').layout.yaxis.type === 'log'")
+        assert page.js("document.querySelector('input[data-control=smooth]').value") == "0.6"
+        assert page.js("document.querySelector('input[data-control=ylog]').checked") is True
+        assert page.errors == [] and page.outside == []
+    finally:
+        server.stop()
+
+
+def test_a_sparse_mode_says_why_it_is_sparse(tmp_path):
+    from tensortap.ui.jobs import JobSet
+    from tensortap.ui.views import render_view
+
+    out = str(tmp_path / "job")
+    _write_loss_job(out, [1.0 / (s + 1) for s in range(50)], eval_losses={49: 0.3})
+    blocks = render_view(JobSet([out]), "overview", {})
+    notes = [b["text"] for b in blocks if b["type"] == "note"]
+    hint = [n for n in notes if n.startswith("EVAL:")]
+    assert hint == ["EVAL: 1 point per curve (step 50): too few for a trend. Save EVAL steps more often: "
+                    "SaveConfig(mode_save_configs={modes.EVAL: SaveConfigMode(save_interval=1)}), or a smaller "
+                    "--save-interval."]
+
+
+def test_zero_gradients_show_as_zeros(page, dead_layer_job, ui):
+    """The dead layer's gradients are exactly 0 at every saved step: its Layers panel draws every one of them
+    on the row labelled 0, and the heatmap draws its cells as "exactly 0" (never an empty panel, never a
+    silent floor)."""
+    trial = tt.create_trial(dead_layer_job)
+    g = trial.tensor("gradient/Sequential_0.weight")
+    steps = g.steps()
+    assert steps and all(not np.any(g.value(s)) for s in steps)  # what the job saved: zeros only
+    server = Server([dead_layer_job], port=0).start()
+    try:
+        ui.open_page(page, server.url)
+        ui.show(page, "layers")
+        fig = ui.figure_data(page, "layers-norms")
+        panel = next(i for i, a in enumerate(fig["layout"]["annotations"], start=1)
+                     if a["text"] == "Sequential_0.weight")
+        ax = "" if panel == 1 else str(panel)
+        zeros = [t for t in fig["data"] if (t.get("meta") or {}).get("row") == "zero"
+                 and t["meta"]["tensor"] == "gradient/Sequential_0.weight"]
+        assert len(zeros) == 1 and zeros[0]["x"] == steps and zeros[0]["yaxis"] == "y" + ax
+        yaxis = fig["layout"]["yaxis" + ax]
+        assert yaxis["ticktext"][0] == "0" and zeros[0]["y"] == [pytest.approx(yaxis["tickvals"][0])] * len(steps)
+        lo, hi = yaxis["range"]
+        assert lo < math.log10(yaxis["tickvals"][0]) < hi  # the 0 row is inside the panel
+        weight = next(t for t in fig["data"] if (t.get("meta") or {}).get("tensor") == "Sequential_0.weight")
+        assert weight["yaxis"] == "y" + ax and len([y for y in weight["y"] if y]) == len(steps)
+        assert "Sequential_0.weight" in page.js("[...document.querySelectorAll('div.figure[data-fig=layers-norms] "
+                                                "text')].map(e => e.textContent).join('|')")
+        page.screenshot("zero-gradients-layers.png")
+        ui.show(page, "heatmap")
+        fig = ui.figure_data(page, "heatmap")
+        main = fig["data"][0]
+        row = main["meta"]["tensors"].index("gradient/Sequential_0.weight")
+        assert all(z is None for z in main["z"][row])  # not on the colour scale ...
+        cells = next(t for t in fig["data"] if (t.get("meta") or {}).get("cells") == "exactly 0")
+        assert cells["z"][row] == [1] * len(main["x"])  # ... but drawn as "exactly 0", every column
+        assert "exactly 0" in [t.get("name") for t in fig["data"]]  # and named in the legend
+        page.screenshot("zero-gradients-heatmap.png")
+        assert page.errors == []
+    finally:
+        server.stop()
+
+
+def test_two_jobs_overlay_in_every_view_each_in_its_colour(page, dead_layer_job, healthy_job, ui):
+    server = Server([dead_layer_job, healthy_job], port=0).start()
+    try:
+        ui.open_page(page, server.url)
+        colours = {}
+        fig = ui.figure_data(page, "scalars-TRAIN")
+        for t in _curve_traces(fig["data"]):
+            colours.setdefault(t["meta"]["job"], set()).add(t["line"]["color"])
+        assert colours == {0: {PALETTE[0]}, 1: {PALETTE[1]}}
+        page.screenshot("compare-overview.png")
+        ui.show(page, "layers")
+        fig = ui.figure_data(page, "layers-norms")
+        panel = [t for t in fig["data"] if t.get("xaxis") == "x" and "row" not in (t.get("meta") or {})]
+        assert {(t["meta"]["job"], t["line"]["color"], t["line"]["dash"]) for t in panel} == {
+            (0, PALETTE[0], "solid"), (0, PALETTE[0], "dash"), (1, PALETTE[1], "solid"), (1, PALETTE[1], "dash")}
+        page.screenshot("compare-layers.png")
+        ui.show(page, "heatmap")
+        fig = ui.figure_data(page, "heatmap")
+        maps = [t for t in fig["data"] if t["type"] == "heatmap" and "tensors" in (t.get("meta") or {})]
+        assert [t["meta"]["job"] for t in maps] == [0, 1] and {t["coloraxis"] for t in maps} == {"coloraxis"}
+        assert [t["xaxis"] for t in maps] == ["x", "x2"]  # side by side
+        zs = [z for t in maps for r in t["z"] for z in r if z is not None]
+        ca = fig["layout"]["coloraxis"]
+        assert ca["cmin"] == pytest.approx(min(zs)) and ca["cmax"] == pytest.approx(max(zs))  # one scale for both
+        page.screenshot("compare-heatmap.png")
+        ui.show(page, "distribution")
+        fig = ui.figure_data(page, "distribution")
+        medians = {t["meta"]["job"]: t["line"]["color"] for t in fig["data"] if t["name"].startswith("median")}
+        assert medians == {0: PALETTE[0], 1: PALETTE[1]}
+        page.screenshot("compare-distribution.png")
+        # the job picker, by keyboard: leave the healthy run out, every view follows
+        n = page.js("window.ttRenders")
+        page.page.focus("input[data-job='1']")
+        page.page.keyboard.press("Space")
+        page.wait(f"window.ttRenders > {n}")
+        assert "job=0" in page.js("location.hash")
+        fig = ui.figure_data(page, "distribution")
+        assert {(t.get("meta") or {}).get("job") for t in fig["data"]} <= {0, None}
+        ui.show(page, "overview")
+        fig = ui.figure_data(page, "scalars-TRAIN")
+        assert {t["meta"]["job"] for t in _curve_traces(fig["data"])} == {0}
+        assert page.errors == [] and page.outside == []
+    finally:
+        server.stop()
+
+
+def test_the_xgboost_page(page, xgboost_job, dead_layer_job, ui):
+    """An XGBoost job gets only its own sections: metrics once, feature importance as one chart with a type
+    selector and titled axes, labels, confusion and SHAP; its rounds never share an axis with a neural net's
+    steps."""
+    import xgboost  # noqa: F401 - the job was trained with it
+
+    trial = tt.create_trial(xgboost_job)
+    server = Server([xgboost_job], port=0).start()
+    try:
+        ui.open_page(page, server.url)
+        tabs = page.js("[...document.querySelectorAll('nav button')].map(b => b.dataset.view)")
+        assert tabs == ["overview", "rules", "xgboost"]  # no neural-net views for a booster
+        ui.show(page, "xgboost")
+        figs = page.js("[...document.querySelectorAll('div.figure')].map(d => d.dataset.fig)")
+        assert figs == ["xgb-metrics", "xgb-fi", "xgb-labels", "xgb-confusion", "xgb-shap"]
+        fig = ui.figure_data(page, "xgb-metrics")
+        by = {t["name"]: t for t in fig["data"]}
+        assert set(by) == set(trial.tensor_names(collection="metrics"))
+        t = trial.tensor("validation-mlogloss")
+        assert by["validation-mlogloss"]["y"] == pytest.approx([float(v) for v in t.values().values()], rel=1e-6)
+        assert fig["layout"]["xaxis"]["title"]["text"] == "round"
+        fi = ui.figure_data(page, "xgb-fi")
+        assert [t["name"] for t in fi["data"] if t["visible"] is True] == ["gain"]
+        last = trial.steps()[-1]
+        gain = next(t for t in fi["data"] if t["name"] == "gain")
+        want = {f: float(trial.tensor(f"feature_importance/gain/{f}").value(last)) for f in gain["y"]}
+        assert dict(zip(gain["y"], gain["x"], strict=True)) == pytest.approx(want)
+        assert fi["layout"]["xaxis"]["title"]["text"] == f"feature importance: gain (round {last})"
+        assert fi["layout"]["yaxis"]["title"]["text"] == "feature"
+        page.page.select_option("select[data-switch=xgb-fi]", label="weight")
+        page.wait("document.querySelector('div.figure[data-fig=xgb-fi]').layout.xaxis.title.text"
+                  f" === 'feature importance: weight (round {last})'")
+        fi = ui.figure_data(page, "xgb-fi")
+        assert [t["name"] for t in fi["data"] if t["visible"] is True] == ["weight"]
+        conf = ui.figure_data(page, "xgb-confusion")["data"][0]["z"]
+        assert sum(map(sum, conf)) == len(trial.tensor("labels").value(last))
+        page.screenshot("xgboost-page.png")
+        assert page.errors == [] and page.outside == []
+    finally:
+        page.close()  # its page polled the server stopped here
+        server.stop()
+    page = ui.Page(page.page.context.browser)
+    server = Server([xgboost_job, dead_layer_job], port=0).start()
+    try:
+        ui.open_page(page, server.url)
+        figs = {f["fig"]: f for f in page.js(ui.FIGURES_JS)}
+        assert {"scalars-TRAIN", "rounds-TRAIN"} <= set(figs)
+        nn = ui.figure_data(page, "scalars-TRAIN")
+        rounds = ui.figure_data(page, "rounds-TRAIN")
+        assert {t["meta"]["job"] for t in _curve_traces(nn["data"])} == {1}
+        assert {t["meta"]["job"] for t in _curve_traces(rounds["data"])} == {0}
+        assert rounds["layout"]["xaxis"]["title"]["text"] == "round"
+        assert nn["layout"]["xaxis"]["title"]["text"] == "global step"
+        page.screenshot("xgboost-beside-pytorch-overview.png")
+        assert page.errors == [] and page.outside == []
+    finally:
+        server.stop()
+        page.close()
+
+
+def test_zoom_rereads_the_shown_steps_at_full_resolution(page, tmp_path, ui):
+    """A 30,000-step curve is drawn as a min/max envelope; zooming to 600 steps re-reads them all, keeps an
+    envelope outside, and a one-step spike is drawn at every zoom."""
+    out = str(tmp_path / "long")
+    rng = np.random.default_rng(1)
+    losses = (1.0 + 0.1 * rng.standard_normal(30_000)).tolist()
+    losses[12_345] = 50.0
+    losses[25_000] = 40.0
+    _write_loss_job(out, losses)
+    server = Server([out], port=0).start()
+    try:
+        ui.open_page(page, server.url)
+        (c,) = _curve_traces(ui.figure_data(page, "scalars-TRAIN")["data"])
+        assert len(c["x"]) <= 2000 and c["meta"]["downsampled"] and c["meta"]["n"] == 30_000
+        assert 12_345 in c["x"] and 25_000 in c["x"]  # spikes survive the envelope
+        n = page.js("window.ttZooms || 0")
+        page.page.evaluate("Plotly.relayout(document.querySelector('div.figure[data-fig=scalars-TRAIN]'), "
+                           "{'xaxis.range': [12000, 12599]})")
+        page.wait(f"(window.ttZooms || 0) > {n}")
+        (z,) = _curve_traces(ui.figure_data(page, "scalars-TRAIN")["data"])
+        inside = [(x, y) for x, y in zip(z["x"], z["y"], strict=True) if 12_000 <= x <= 12_599]
+        assert [x for x, _ in inside] == list(range(12_000, 12_600))  # every saved step of the window
+        assert [y for _, y in inside] == pytest.approx(losses[12_000:12_600], rel=1e-6)
+        outside = [x for x in z["x"] if not 12_000 <= x <= 12_599]
+        assert 0 < len(outside) <= 800 and 25_000 in outside  # an envelope outside, its spike kept
+        assert z["meta"]["window"] == [12000, 12599]
+        layout = ui.figure_data(page, "scalars-TRAIN")["layout"]
+        assert layout["xaxis"]["range"] == [12000, 12599]
+        page.screenshot("zoomed.png")
+        assert page.errors == []
+    finally:
+        server.stop()
+
+
+def test_a_long_tensor_list_is_searchable(page, tmp_path, ui):
+    out = str(tmp_path / "many")
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1),
+                   reduction_config=tt.ReductionConfig(save_raw_tensor=True))
+    for _ in range(3):
+        hook.next_step()
+        for i in range(40):
+            hook.save_tensor(f"gradients/block{i}/conv", np.full(4, i + 1.0, np.float32), "gradients")
+    hook.close()
+    server = Server([out], port=0).start()
+    try:
+        ui.open_page(page, server.url)
+        ui.show(page, "distribution")
+        page.page.focus("input[data-search=tensor]")
+        page.page.keyboard.type("block3")
+        shown = page.js("[...document.querySelectorAll('select[data-param=tensor] option')].filter(o => !o.hidden)"
+                        ".map(o => o.value)")
+        assert shown == ["gradients/block3/conv"] + [f"gradients/block{i}/conv" for i in range(30, 40)]
+        n = page.js("window.ttRenders")
+        page.page.keyboard.press("Enter")
+        page.wait(f"window.ttRenders > {n}")
+        assert page.js("document.querySelector('div.figure').layout.title.text") == \
+            "Distribution of gradients/block3/conv over steps"
+        # the layers view pages 40 layers by 24, and finds them by name
+        ui.show(page, "layers")
+        n = page.js("window.ttRenders")
+        page.page.fill("input[data-param=find]", "block1")
+        page.page.keyboard.press("Enter")
+        page.wait(f"window.ttRenders > {n}")
+        names = [a["text"] for a in ui.figure_data(page, "layers-norms")["layout"]["annotations"]]
+        assert names == ["block1/conv"] + [f"block{i}/conv" for i in range(10, 20)]
+        assert page.errors == []
+    finally:
+        server.stop()
+
+
+JOBS = ("pytorch_job", "keras_job", "xgboost_job")
+
+
+@pytest.mark.parametrize("which", JOBS)
+def test_screenshots_of_every_view(page, request, which, ui):
+    """Every view of a PyTorch, a Keras and an XGBoost job drawn without an error, each kept as a screenshot
+    (`<framework>-<view>.png`) for a person to look at."""
+    job = request.getfixturevalue(which)
+    server = Server([job], port=0).start()
+    try:
+        ui.open_page(page, server.url)
+        views = page.js("[...document.querySelectorAll('nav button')].map(b => b.dataset.view)")
+        if which == "xgboost_job":
+            assert views == ["overview", "rules", "xgboost"]
+        else:
+            assert views[:5] == ["overview", "layers", "heatmap", "distribution", "rules"]
+        for view in views:
+            if view != "overview":
+                ui.show(page, view)
+            page.screenshot(f"{which.split('_')[0]}-{view}.png")
+            # no empty figure: each drawn figure holds data
+            empty = page.js("[...document.querySelectorAll('div.figure')].filter(d => !(d.data || []).some("
+                            "t => (t.x && t.x.length) || (t.z && t.z.length))).map(d => d.dataset.fig)")
+            assert empty == [], (view, empty)
+        if which == "keras_job":  # a layer's weight and its gradient share one panel
+            ui.show(page, "layers")
+            fig = ui.figure_data(page, "layers-norms")
+            names = [a["text"] for a in fig["layout"]["annotations"]]
+            assert names == [f"sequential/d{i}/{v}" for i in (1, 2, 3) for v in ("bias", "kernel")]
+            for i in range(1, 7):
+                ax = "y" if i == 1 else f"y{i}"
+                kinds = {t["name"].split()[0] for t in fig["data"] if t.get("yaxis") == ax
+                         and "row" not in (t.get("meta") or {})}
+                assert kinds == {"weight", "gradient"}, names[i - 1]
+        assert page.errors == [] and page.outside == []
+    finally:
+        server.stop()
+
+
+def test_report_of_three_frameworks_draws_only_what_each_has(page, pytorch_job, keras_job, xgboost_job, tmp_path,
+                                                             ui):
+    from tensortap.ui.report import write_report
+
+    report = str(tmp_path / "report.html")
+    write_report([xgboost_job], report)
+    ui.open_page(page, "file://" + report)
+    page.screenshot("report-xgboost.png")
+    sections = page.js("[...document.querySelectorAll('section')].map(s => s.dataset.view)")
+    assert sections == ["rules", "xgboost"]  # its metrics once, in its own section
+    assert page.js("[...document.querySelectorAll('div.figure')].map(d => d.dataset.fig)") == \
+        ["xgb-metrics", "xgb-fi", "xgb-labels", "xgb-confusion", "xgb-shap"]
+    page.page.select_option("select[data-switch=xgb-fi]", label="cover")  # the selector works offline too
+    page.wait("document.querySelector('div.figure[data-fig=xgb-fi]').layout.xaxis.title.text.includes('cover')")
+    write_report([pytorch_job, keras_job], report)
+    page.page.goto("file://" + report)
+    page.wait("window.ttPaintedAt")
+    page.screenshot("report-pytorch-keras.png")
+    assert page.js("[...document.querySelectorAll('section')].map(s => s.dataset.view)") == \
+        ["rules", "overview", "heatmap", "layers", "distribution"]
+    assert page.js("document.querySelectorAll('.toolbar input[data-control=smooth]').length") == 1
+    assert page.errors == [] and page.outside == []
+
+
+def test_report_distributions_default_to_rules_and_largest_gradients_and_the_cli_chooses(pytorch_job, tmp_path):
+    import base64
+    import gzip
+    import json
+
+    from tensortap.cli.main import main
+    from tensortap.ui.jobs import Job
+    from tensortap.ui.report import report_distributions
+
+    job = Job(0, pytorch_job)
+    chosen = report_distributions(job)
+    named = [t for r in job.rules() for t in r["tensors"]]
+    assert named and chosen[0] == named[0]  # what the rule named where it fired comes first
+    norms = {g: float(np.nanmax(job.stats(g)["l2"][1])) for g in job.kinds.gradients}
+    rest = [c for c in chosen if c not in named]
+    assert rest == sorted(rest, key=lambda g: -norms[g])[: len(rest)]
+    assert max(norms, key=norms.get) in chosen or len(named) >= 3
+
+    def drawn(path: str) -> list[str]:
+        text = open(path, encoding="utf-8").read()
+        packed = re.search(r'id="tt-report-data">([^<]*)</script>', text).group(1)
+        doc = json.loads(gzip.decompress(base64.b64decode(packed)))
+        sec = next(s for s in doc["sections"] if s["name"] == "distribution")
+        return [re.sub(r"^Distribution of (.*) over steps$", r"\1", b["figure"]["layout"]["title"]["text"])
+                for b in sec["blocks"] if b["type"] == "figure"]
+
+    out = str(tmp_path / "r.html")
+    assert main(["report", pytorch_job, "-o", out]) == 0
+    assert drawn(out) == chosen
+    assert main(["report", pytorch_job, "-o", out, "--distribution", r"^Sequential_2\.weight$",
+                 "--distribution", "^gradient/Sequential_0"]) == 0
+    assert drawn(out) == ["gradient/Sequential_0.bias", "gradient/Sequential_0.weight", "Sequential_2.weight"]
+    assert main(["report", pytorch_job, "-o", out, "--distribution", "(unclosed"]) == 2
+    assert not os.path.exists(str(tmp_path / "x.html"))
