@@ -51,9 +51,12 @@ class StepNotYetAvailable(TensorTapError):
 
 
 class StepUnavailable(TensorTapError):
-    def __init__(self, step: int, mode: Any):
-        self.step, self.mode = step, mode
-        super().__init__(f"step {step} of mode {_mode_name(mode)} was not saved and never will be")
+    """A step that will never come: not saved, or (`lost`: what happened) lost to damage in the stored data."""
+
+    def __init__(self, step: int, mode: Any, lost: str | None = None):
+        self.step, self.mode, self.lost = step, mode, lost
+        super().__init__(f"step {step} of mode {_mode_name(mode)} " + (
+            f"was lost: {lost}" if lost else "was not saved and never will be"))
 
 
 class TensorUnavailableForStep(TensorTapError):

@@ -16,7 +16,7 @@ from tensortap.exceptions import CorruptData
 from tensortap.format import codec, layout
 from tensortap.format.entries import ENTRY_DTYPE, INLINE_CHUNK, SHAPE
 from tensortap.format.entries import concat as entries_concat
-from tensortap.format.source import CollectionInfo, Damage, Source
+from tensortap.format.source import CollectionInfo, Damage, LostSteps, Source
 from tensortap.storage.base import Storage
 
 logger = logging.getLogger("tensortap")
@@ -39,6 +39,9 @@ class _Chunk:
     damaged_tail: bool = False  # the last thing read from this index was damage
     damaged_since: float | None = None
     damaged_size: int | None = None
+    idle_since: float | None = None  # when this newest index was first seen read to its end at idle_size
+    idle_size: int | None = None
+    next_gone_look: float = 0.0  # (monotonic) when to look next whether its writer is gone
 
 
 class NativeSource(Source):
@@ -54,6 +57,11 @@ class NativeSource(Source):
         if settle_s is not None:
             self.settle_s = settle_s
         self._damage_seen: set[tuple[str, int]] = set()
+        # worker -> the last global step its intact blocks hold records of or have passed: damage after them
+        # lost steps after it
+        self._after: dict[str, int] = {}
+        # worker -> (index into self.damage, self._after then) of damage whose lost steps the next intact block tells
+        self._open_damage: dict[str, list[tuple[int, int]]] = {}
         self._end_seq: dict[str, int] = {}  # worker -> the newest chunk holding its end mark
         self.range_steps = range_steps
         self.passed_mode_step: dict[str, dict[str, int]] = {}
@@ -82,25 +90,24 @@ class NativeSource(Source):
         if self.num_workers is None or len(self.workers) < self.num_workers:
             return False
         open_workers = [w for w in self.workers if w not in self.ended_workers]
-        if not open_workers:
+        return bool(open_workers) and all(self._writer_gone(w) for w in open_workers)
+
+    def _writer_gone(self, worker: str) -> bool:
+        """The worker's claim names a process on this machine that no longer runs (False when unknown)."""
+        try:
+            claim = json.loads(self.storage.read(layout.claim_key(worker)))
+        except Exception:  # noqa: BLE001 - no claim (an old job), unreadable: unknown
             return False
-        host = platform.node()
-        for worker in open_workers:
-            try:
-                claim = json.loads(self.storage.read(layout.claim_key(worker)))
-            except Exception:  # noqa: BLE001 - no claim (an old job), unreadable: unknown
-                return False
-            pid = claim.get("pid") if isinstance(claim, dict) else None
-            if claim.get("host") != host or not isinstance(pid, int) or pid <= 0:
-                return False
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                continue  # gone
-            except OSError:
-                return False
-            return False  # still running
-        return True
+        pid = claim.get("pid") if isinstance(claim, dict) else None
+        if claim.get("host") != platform.node() or not isinstance(pid, int) or pid <= 0:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
 
     # --- tables -----------------------------------------------------------------------------
 
@@ -181,6 +188,12 @@ class NativeSource(Source):
                     logger.warning("tensortap: %s ends in damage and has not grown for %.1f s: worker %s is "
                                    "treated as ended", path, self.settle_s, c.worker)
                     self.ended_workers.add(c.worker)
+            if (newest and not immutable and c.read_upto >= size and not c.damaged_tail
+                    and c.worker not in self.ended_workers):
+                self._end_if_writer_gone(c, path, size, now)
+            if c.worker in self.ended_workers and self._open_damage.get(c.worker):
+                for i, after in self._open_damage.pop(c.worker):  # no intact block follows: the worker's last ones
+                    self._lost(i, c.worker, after + 1, None)
             if immutable or (not newest and c.read_upto >= size):
                 c.sealed = True
         if not out:
@@ -196,23 +209,48 @@ class NativeSource(Source):
             entries = entries[keep]
         return entries
 
+    def _end_if_writer_gone(self, c: _Chunk, path: str, size: int, now: float) -> None:
+        """A worker's newest index read to its end, without its end mark, that has not grown for the settle time,
+        whose writing process is known gone: its index was cut short, or its process was killed between two
+        blocks. Either way nothing more comes: the worker counts as ended (logged once)."""
+        if c.idle_since is None or c.idle_size != size:
+            c.idle_since, c.idle_size = now, size
+            return
+        if now - c.idle_since < self.settle_s or now < c.next_gone_look:
+            return
+        c.next_gone_look = now + self.settle_s
+        if not self._writer_gone(c.worker):
+            return
+        after = self._after.get(c.worker)
+        logger.warning("tensortap: %s ends at offset %d without the end mark of worker %s, and the process that "
+                       "wrote it is gone (killed, or the index was cut short): the worker is treated as ended after "
+                       "%s", path, size, c.worker, "no step" if after is None else f"step {after}")
+        self.ended_workers.add(c.worker)
+
     def _decode_index(self, cid: int, c: _Chunk, path: str, buf: bytes, final: bool, out: list) -> int:
         """Ingest the blocks of `buf` (the bytes of c's index from c.read_upto), report its damage; returns
         the bytes consumed (c.read_upto has moved past them)."""
         dec = codec.decode_blocks(buf, c.read_upto, path, final=final)
-        for header, disk, at in dec.blocks:
-            bad = _malformed(header, disk)
-            if bad:
-                self._report(path, c.read_upto + at, f"malformed block: {bad}")
-                continue
-            out.append(self._ingest(cid, c, header, disk))
-            if header.get("end"):
-                self._end_seq[c.worker] = max(self._end_seq.get(c.worker, -1), c.seq)
-        for d in dec.damage:
-            self._report(path, c.read_upto + d.offset, d.reason)
-            if d.header is not None and d.header.get("end") is True:
-                self.ended_workers.add(c.worker)  # the end mark of a damaged last block
-                self._end_seq[c.worker] = max(self._end_seq.get(c.worker, -1), c.seq)
+        # in file order: what damaged bytes cost is told by the intact blocks before and after them
+        events = sorted([(at, 0, i) for i, (_, _, at) in enumerate(dec.blocks)]
+                        + [(d.offset, 1, i) for i, d in enumerate(dec.damage)])
+        for at, kind, i in events:
+            if kind == 0:
+                header, disk, _ = dec.blocks[i]
+                bad = _malformed(header, disk)
+                if bad:
+                    self._report(c, path, c.read_upto + at, f"malformed block: {bad}")
+                    continue
+                self._intact(c.worker, header, disk)
+                out.append(self._ingest(cid, c, header, disk))
+                if header.get("end"):
+                    self._end_seq[c.worker] = max(self._end_seq.get(c.worker, -1), c.seq)
+            else:
+                d = dec.damage[i]
+                self._report(c, path, c.read_upto + d.offset, d.reason)
+                if d.header is not None and d.header.get("end") is True:
+                    self.ended_workers.add(c.worker)  # the end mark of a damaged last block
+                    self._end_seq[c.worker] = max(self._end_seq.get(c.worker, -1), c.seq)
         if dec.blocks:
             c.damaged_tail = False
         if dec.damage and dec.damage[-1].offset + dec.damage[-1].length == dec.used:
@@ -224,14 +262,50 @@ class NativeSource(Source):
         """The worker wrote its end mark in this chunk or a later one: nothing more comes to c's index."""
         return self._end_seq.get(c.worker, -1) >= c.seq
 
-    def _report(self, path: str, offset: int, reason: str) -> None:
-        """Record damage once (a reader that re-reads a file does not report it again)."""
+    def _report(self, c: _Chunk, path: str, offset: int, reason: str) -> None:
+        """Record damage once (a reader that re-reads a file does not report it again); it is logged once the
+        steps it cost are known (the next intact block of the worker, or its end)."""
         if (path, offset) in self._damage_seen:
             return
         self._damage_seen.add((path, offset))
         self.damage.append(Damage(path, offset, reason))
-        logger.warning("tensortap: corrupt data in %s at offset %d: %s; skipped, the rest stays readable",
-                       path, offset, reason)
+        i = len(self.damage) - 1
+        if self._end_seq.get(c.worker, -1) == c.seq:  # after the worker's end mark (read before it): no records
+            self._lost(i, c.worker, 0, -1, "nothing lost: it lies after the end mark of worker " + c.worker)
+        else:
+            self._open_damage.setdefault(c.worker, []).append((i, self._after.get(c.worker, -1)))
+
+    def _intact(self, worker: str, header: dict, disk: np.ndarray) -> None:
+        """An intact block of `worker`: it tells the steps lost to the damage before it (its records start at
+        its first step; a block of step marks only has passed its `passed` step)."""
+        passed = header["passed"]["step"] if "passed" in header else None
+        if self._open_damage.get(worker):
+            upto = int(disk["step"].min()) - 1 if len(disk) else passed
+            if upto is not None:
+                for i, after in self._open_damage.pop(worker):
+                    self._lost(i, worker, after + 1, upto)
+        last = int(disk["step"].max()) if len(disk) else -1
+        self._after[worker] = max(self._after.get(worker, -1), last, -1 if passed is None else int(passed))
+
+    def _lost(self, i: int, worker: str, lo: int, hi: int | None, words: str | None = None) -> None:
+        """Damage i cost global steps lo..hi of `worker` (hi None: every step from lo on): say so, once."""
+        d = self.damage[i]
+        if words is None:
+            if hi is None:
+                words = (f"whatever worker {worker} saved lost" if lo <= 0 else
+                         f"whatever worker {worker} saved after step {lo - 1} lost")
+            elif lo < hi:
+                words = f"steps {lo}–{hi} of worker {worker} lost"
+            elif lo == hi:
+                words = f"step {lo} of worker {worker} lost"
+            else:  # records of a step the intact blocks around it hold records of too
+                words = f"part of the records of step {lo - 1 if hi + 1 == lo - 1 else f'{lo - 1}–{hi + 1}'} of " \
+                        f"worker {worker} lost"
+        d = self.damage[i] = Damage(d.path, d.offset, d.reason, words)
+        if hi is None or lo <= hi:
+            self.lost_steps.append(LostSteps(worker, lo, hi, d))
+        logger.warning("tensortap: index block damaged in %s at offset %d (%s): %s; skipped, the rest stays "
+                       "readable", d.path, d.offset, d.reason, words)
 
     def _ingest(self, cid: int, c: _Chunk, header: dict, disk: np.ndarray) -> np.ndarray:
         worker = header.get("worker", c.worker)

@@ -12,11 +12,23 @@ from tensortap.format.entries import ENTRY_DTYPE
 
 
 class Damage(NamedTuple):
-    """Corrupt stored bytes a reader skipped: the file, the byte offset, and why (docs/format.md §5.1)."""
+    """Corrupt stored bytes a reader skipped: the file, the byte offset, why, and what was lost with them in
+    words (docs/format.md §5.1; "" until the reader knows, e.g. "steps 4–6 of worker worker_0 lost")."""
 
     path: str
     offset: int
     reason: str
+    lost: str = ""
+
+
+class LostSteps(NamedTuple):
+    """Global steps lo..hi (hi None: every step after lo - 1) of `worker` whose records were in damaged index
+    bytes: `damage` says where."""
+
+    worker: str
+    lo: int
+    hi: int | None
+    damage: Damage
 
 
 @dataclass
@@ -55,7 +67,8 @@ class Source(ABC):
     point into. `refresh()` returns only entries not returned before, and updates the metadata:
     `collections`, `num_workers` (None if unknown yet), `ended_workers` (workers that closed
     cleanly), and `passed_step[worker]`: the last global step the worker has finished (it will
-    write nothing more for any step <= it). `damage` lists the corrupt places skipped so far (each once).
+    write nothing more for any step <= it). `damage` lists the corrupt places skipped so far (each once), and
+    `lost_steps` the steps whose records were in them, where the reader knows.
     """
 
     def __init__(self) -> None:
@@ -68,6 +81,7 @@ class Source(ABC):
         self.ended_workers: set[str] = set()
         self.passed_step: dict[str, int] = {}
         self.damage: list[Damage] = []
+        self.lost_steps: list[LostSteps] = []
 
     @property
     @abstractmethod
@@ -84,6 +98,13 @@ class Source(ABC):
 
         Raises CorruptData naming the file and offset for a payload that fails its check.
         """
+
+    def lost_at(self, step: int) -> LostSteps | None:
+        """The damage that cost global `step` its records, None if none did (as far as the reader knows)."""
+        for lost in self.lost_steps:
+            if lost.lo <= step and (lost.hi is None or step <= lost.hi):
+                return lost
+        return None
 
     def training_ended(self) -> bool:
         """True once every expected worker has closed."""

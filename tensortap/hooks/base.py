@@ -39,7 +39,7 @@ from tensortap.exceptions import InvalidConfiguration, TensorTapError
 from tensortap.format import codec, layout
 from tensortap.format.writer import ChunkWriter, Record, RecordBatch
 from tensortap.modes import ModeKeys
-from tensortap.storage import is_remote, open_storage
+from tensortap.storage import check_access, is_remote, open_storage
 
 logger = logging.getLogger("tensortap")
 
@@ -347,6 +347,9 @@ class Hook:
         self._remote = is_remote(self.out_dir)
         self._stop_thread: threading.Thread | None = None
         self._dropped_here = 0  # values refused before they reached the writer (too large)
+        if not self.disabled and self.writes and not self.dry_run and self._remote:
+            # an object store that cannot be written is a bad out_dir: said now, in one line, not at the first step
+            check_access(self.out_dir)
         #: save_scalar calls kept for the next step: (name, value, sm_metric, timestamp)
         self._outside_scalars: list[tuple[str, np.ndarray, bool, float | None]] = []
         if not self.disabled and self.writes and not self.dry_run and not self._claim_later:
@@ -928,11 +931,21 @@ class Hook:
         self, tensor_name: str, tensor_value: Any, collections_to_write: str | Iterable[str] = CollectionKeys.DEFAULT
     ) -> None:
         """Save `tensor_value` at the current step in the named collections (created if missing),
-        when their save config saves this step."""
-        if not isinstance(tensor_name, str) or not tensor_name:
-            raise InvalidConfiguration(f"tensor_name={tensor_name!r} must be a non-empty string")
-        names = [collections_to_write] if isinstance(collections_to_write, str) else list(collections_to_write)
+        when their save config saves this step. A name, collection or value that cannot be saved is skipped,
+        counted (dropped_records) and logged once; it never raises into the training loop."""
         if not self.active:
+            return
+        if not isinstance(tensor_name, str) or not tensor_name:
+            self._skip_value(tensor_name, tensor_value, "the tensor name must be a non-empty string")
+            return
+        names = [collections_to_write] if isinstance(collections_to_write, str) else collections_to_write
+        try:
+            names = list(names)
+        except TypeError:
+            names = [names]
+        if not names or not all(isinstance(n, str) and n for n in names):
+            self._skip_value(tensor_name, tensor_value, f"collections_to_write={collections_to_write!r} must be a "
+                                                        "collection name or a list of them")
             return
         if self._too_large(tensor_name, tensor_value):
             return
@@ -950,10 +963,18 @@ class Hook:
             if colls:
                 try:
                     value = codec.as_storable(tensor_value)
-                except (TypeError, ValueError) as e:
-                    self._warn_once(f"unstorable:{tensor_name}", f"tensortap: {tensor_name!r} not saved: {e}")
+                except Exception as e:  # noqa: BLE001 - any object may be handed over: none breaks training
+                    self._skip_value(tensor_name, tensor_value, str(e) or type(e).__name__)
                     return
                 self.write_tensor(tensor_name, value, colls)
+
+    def _skip_value(self, name: Any, value: Any, why: str) -> None:
+        """A value handed over during training that cannot be saved: skipped, counted in dropped_records, and
+        logged once per tensor (naming it and the value's type); the hook and training go on."""
+        self._dropped_here += 1
+        self._warn_once(f"bad-value:{name!r}", f"tensortap: {name!r} not saved: {why} (got a "
+                                               f"{type(value).__module__}.{type(value).__qualname__}); such values "
+                                               "are skipped and counted (dropped_records), training goes on")
 
     def _too_large(self, name: str, value: Any) -> bool:
         """A value larger than the writer may hold (max_pending_bytes) is dropped before anything copies it
@@ -973,22 +994,27 @@ class Hook:
 
         `sm_metric=True` also puts it in the `sm_metrics` collection (smdebug sends such scalars to SageMaker
         Metrics; here they are the job's metrics, shown with its losses). `timestamp` (UNIX seconds) is accepted
-        for smdebug's scripts; tensortap's store keeps no wall time per value (docs/migration.md)."""
-        if not isinstance(name, str) or not name:
-            raise InvalidConfiguration(f"scalar name {name!r} must be a non-empty string")
+        for smdebug's scripts; tensortap's store keeps no wall time per value (docs/migration.md). A name or value
+        that cannot be saved (None, text, several numbers) is skipped, counted in dropped_records and logged once;
+        it never raises into the training loop."""
         if not isinstance(sm_metric, bool):
             raise InvalidConfiguration(f"save_scalar({name!r}, ..., sm_metric={sm_metric!r}): sm_metric must be True "
                                        "or False (the third parameter is sm_metric, as in smdebug; pass timestamp=)")
         if timestamp is not None and (isinstance(timestamp, bool) or not isinstance(timestamp, int | float)):
             raise InvalidConfiguration(f"save_scalar({name!r}, ..., timestamp={timestamp!r}): timestamp must be None "
                                        "or a number of seconds")
+        if not self.active:
+            return
+        if not isinstance(name, str) or not name:
+            self._skip_value(name, value, "the scalar name must be a non-empty string")
+            return
         try:
             size = np.size(value)
-        except Exception:  # noqa: BLE001
-            size = -1
-        if size != 1 or value is None or np.asarray(value).dtype.kind not in "biufc":
-            raise InvalidConfiguration(f"save_scalar({name!r}, ...) needs a single number, got {value!r}")
-        if not self.active:
+            kind = np.asarray(value).dtype.kind if size == 1 and value is not None else ""
+        except Exception:  # noqa: BLE001 - any object may be handed over: none breaks training
+            size, kind = -1, ""
+        if size != 1 or kind not in tuple("biufc"):
+            self._skip_value(f"scalar/{name}", value, "save_scalar needs a single number")
             return
         if self._scalars_wait_for_step and not self.clock.in_step:
             # Between the framework's own steps (before training, between fit and evaluate, after it): saved at

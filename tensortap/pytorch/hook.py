@@ -1331,9 +1331,6 @@ class Hook(BaseHook):
 
     def save_scalar(self, name: str, value: Any, sm_metric: bool = False, timestamp: float | None = None) -> None:
         """Save a scalar (a number or a one-element tensor) as `scalar/<name>`, whatever the save config."""
-        if isinstance(value, torch.Tensor):
-            if value.numel() != 1:
-                raise InvalidConfiguration(f"save_scalar({name!r}, ...) needs a single value, got shape "
-                                           f"{tuple(value.shape)}")
+        if isinstance(value, torch.Tensor) and value.numel() == 1:  # (another: skipped and counted by the base)
             value = value.detach().reshape(()).cpu().item()
         super().save_scalar(name, value, sm_metric, timestamp)

@@ -59,7 +59,7 @@ def _labels(rules: list[RuleSpec]) -> list[str]:
 def validate(spec: JobSpec) -> None:
     """Fail before anything starts: unknown rules, bad parameters, an out_dir that already holds a job."""
     from tensortap.runner.rule_worker import build_rule
-    from tensortap.storage import open_storage
+    from tensortap.storage import check_access, open_storage
     from tensortap.trials import create_trial
 
     if not spec.command:
@@ -72,6 +72,7 @@ def validate(spec: JobSpec) -> None:
     local = "://" not in spec.out_dir
     if local:
         check_local_out_dir(spec.out_dir, create=False)
+    check_access(spec.out_dir)  # an object store: reachable, a valid bucket, credentials accepted
     storage = open_storage(spec.out_dir)
     if not local:
         check_bucket(storage)  # the bucket exists and is ours: the rules read it from their first step
@@ -86,7 +87,10 @@ def validate(spec: JobSpec) -> None:
         for r in spec.rules:
             build_rule(r, trial)  # parses the parameters: errors name the rule, parameter and value
     if local:
-        check_local_out_dir(spec.out_dir, create=True)  # last: a refused job leaves no directory behind
+        check_local_out_dir(spec.out_dir, create=True)  # a refused job leaves no directory behind
+    # Last: a run started at the same time on this out_dir passed the checks above too; the claim lets exactly
+    # one go on, and a refused run starts nothing and writes nothing here.
+    st.claim_run(storage, spec.out_dir)
 
 
 def check_bucket(storage: Any) -> None:

@@ -20,6 +20,9 @@ NO_DATA = "NoData"
 FINAL = (ISSUES_FOUND, NO_ISSUES_FOUND, NO_DATA, ERROR, STOPPED)
 
 TRAINING_KEY = "tensortap/control/training.json"
+#: the run's claim on the out_dir, created exclusively before anything starts: only the runner that created it
+#: starts rules and training there and writes the job's control files (TRAINING_KEY, rule statuses)
+RUN_CLAIM_KEY = "tensortap/control/run.json"
 
 
 def rule_dir(label: str, offline: bool = False) -> str:
@@ -52,6 +55,19 @@ def read_status(storage: Any, label: str, offline: bool = False) -> dict[str, An
 def write_training_ended(storage: Any, exit_code: int) -> None:
     """Tell rule workers that the training command has exited (with or without closing its hook)."""
     storage.write(TRAINING_KEY, json.dumps({"exit_code": exit_code, "time": time.time()}).encode())
+
+
+def claim_run(storage: Any, out_dir: str) -> None:
+    """Claim `out_dir` for this run (exclusive create); another run's claim refuses this one."""
+    import os
+    import platform
+
+    from tensortap.exceptions import InvalidConfiguration
+
+    body = json.dumps({"pid": os.getpid(), "host": platform.node(), "time": time.time()}).encode()
+    if not storage.create_exclusive(RUN_CLAIM_KEY, body):
+        raise InvalidConfiguration(f"--out-dir {out_dir!r} already holds a job (another tensortap run claimed it: "
+                                   f"{storage.describe(RUN_CLAIM_KEY)}): use a new directory")
 
 
 def training_ended(storage: Any) -> bool:

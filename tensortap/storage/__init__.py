@@ -5,7 +5,7 @@ from __future__ import annotations
 from tensortap.storage.base import Storage
 from tensortap.storage.local import LocalStorage
 
-__all__ = ["Storage", "LocalStorage", "open_storage", "is_remote"]
+__all__ = ["Storage", "LocalStorage", "open_storage", "is_remote", "check_access"]
 
 
 def is_remote(url: str) -> bool:
@@ -28,3 +28,12 @@ def open_storage(url: str) -> Storage:
     if "://" in url:
         raise ValueError(f"unsupported URL scheme in {url!r}: use a local path, file:// or s3://")
     return LocalStorage(url)
+
+
+def check_access(url: str) -> None:
+    """For an object-store URL, one request that shows it can be used (tensortap.storage.s3.check_access):
+    InvalidConfiguration in one line otherwise. Local paths are checked where they are written."""
+    if str(url).strip().startswith("s3://"):
+        from tensortap.storage.s3 import check_access as check_s3
+
+        check_s3(str(url).strip())

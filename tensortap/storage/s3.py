@@ -6,8 +6,10 @@ profiles, environment credentials). Objects are immutable here: writers publish 
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +29,68 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     if not bucket:
         raise ValueError(f"{url!r} names no bucket: use s3://bucket/prefix")
     return bucket, prefix.strip("/")
+
+
+#: S3's rules for bucket names (docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html)
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+#: error codes that mean the store did not accept the credentials
+_AUTH_CODES = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken", "InvalidToken",
+               "TokenRefreshRequired", "AuthorizationHeaderMalformed", "InvalidSecurity", "403")
+
+
+def bucket_name_problem(bucket: str) -> str | None:
+    """Why `bucket` is not a valid S3 bucket name, None if it is."""
+    if not _BUCKET.fullmatch(bucket):
+        return ("3 to 63 characters of lower-case letters, digits, '.' and '-', beginning and ending with a "
+                "letter or digit")
+    if ".." in bucket or ".-" in bucket or "-." in bucket:
+        return "no '..', '.-' or '-.'"
+    try:
+        ipaddress.IPv4Address(bucket)
+    except ValueError:
+        return None
+    return "not an IP address"
+
+
+def check_access(url: str, client: Any = None) -> None:
+    """One request (a LIST of at most one key under the prefix of s3://bucket/prefix) that shows the endpoint
+    answers, the bucket name is valid and the credentials are accepted; InvalidConfiguration with one line saying
+    which is not. A bucket that does not exist yet is fine: the first write creates it (as smdebug's did).
+    Without `client`, one that tries once (a job's start must not wait out the retries of an endpoint that is
+    not there)."""
+    from tensortap.exceptions import InvalidConfiguration
+
+    bucket, prefix = parse_s3_url(url)
+    where = f"s3://{bucket}/{prefix}"
+    bad = bucket_name_problem(bucket)
+    if bad is not None:
+        raise InvalidConfiguration(f"out_dir {where!r}: {bucket!r} is not a valid S3 bucket name ({bad})")
+    if client is None:
+        import boto3
+        from botocore.config import Config
+
+        client = boto3.client("s3", config=Config(retries={"mode": "standard", "max_attempts": 1},
+                                                  connect_timeout=10, read_timeout=30))
+    endpoint = getattr(getattr(client, "meta", None), "endpoint_url", None) or "the S3 endpoint"
+    try:
+        client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "", MaxKeys=1)
+    except Exception as e:  # noqa: BLE001 - botocore's errors, classified by name and code
+        response = getattr(e, "response", None)
+        code = str((response or {}).get("Error", {}).get("Code", ""))
+        if code in ("NoSuchBucket", "404"):
+            return
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if type(e).__name__ in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
+            raise InvalidConfiguration(f"out_dir {where!r}: no AWS credentials: {first}") from None
+        if code in _AUTH_CODES:
+            raise InvalidConfiguration(f"out_dir {where!r}: {endpoint} did not accept the credentials ({code}): "
+                                       f"{first}") from None
+        if code == "InvalidBucketName":
+            raise InvalidConfiguration(f"out_dir {where!r}: {endpoint} says {bucket!r} is not a valid bucket "
+                                       "name") from None
+        if response is None:  # no answer: the endpoint cannot be reached
+            raise InvalidConfiguration(f"out_dir {where!r}: cannot reach {endpoint}: {first}") from None
+        raise InvalidConfiguration(f"out_dir {where!r}: {endpoint} refused to list it ({code}): {first}") from None
 
 
 class _RangeCache:
@@ -74,6 +138,7 @@ class S3Storage(Storage):
     ):
         super().__init__(url.rstrip("/"))
         self.bucket, self.prefix = parse_s3_url(url)
+        self._own_client = client is None
         if client is None:
             import boto3
             from botocore.config import Config
@@ -91,6 +156,10 @@ class S3Storage(Storage):
         self._cache = _RangeCache(cache_bytes)
         self._pool: ThreadPoolExecutor | None = None
         self._bucket_checked = False
+
+    def check_access(self) -> None:
+        """See check_access(url): with this storage's client when it was given one."""
+        check_access(self.url, None if self._own_client else self.client)
 
     # --- keys -------------------------------------------------------------------------------
 

@@ -94,6 +94,10 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
                         poll_interval=args.interval, on_progress=report)
         if not total.steps:
             print(f"nothing new to convert (converted up to step {total.converted_upto}) -> {logdir}")
+        if total.skipped_values or total.damaged_index:
+            print(f"skipped damaged data (each place listed above): {total.skipped_values} value(s), "
+                  f"{total.damaged_index} place(s) in index files; everything else readable is converted",
+                  file=sys.stderr, flush=True)
         if total.waiting and not total.ended:
             print(f"{total.waiting} saved steps are not complete yet (the job is running, or was interrupted): "
                   "--follow converts them as they complete, --all converts them now")

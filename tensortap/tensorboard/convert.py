@@ -5,6 +5,10 @@ before goes through the same EventExporter a hook's writer uses, so a converted 
 the same. What was converted is kept in `<logdir>/tensortap-tensorboard.json`
 (`{"format": 1, "source": OUT_DIR, "converted_upto": STEP, "ended": BOOL}`): a later conversion, or
 `follow=True`, converts only the steps after it and appends new event files; nothing is rewritten.
+
+Damage is skipped as a trial skips it: a value whose payload fails its check is left out with one warning naming
+its file and offset (the rest of its step and of the job is converted), and the result counts what was skipped.
+A job whose data files have no index file cannot be read at all: that is an error naming the missing file.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from tensortap.exceptions import InvalidConfiguration
+from tensortap.exceptions import CorruptData, InvalidConfiguration
+from tensortap.format import layout
 from tensortap.format.entries import RAW, REDUCTION, reduction_name
 from tensortap.modes import ModeKeys
 from tensortap.tensorboard.export import EventExporter
@@ -42,6 +47,8 @@ class ConvertResult:
     ended: bool = False  # the job has ended and everything is converted
     waiting: int = 0  # saved steps not converted because not every worker has finished them yet
     seconds: float = 0.0
+    skipped_values: int = 0  # values left out because their stored bytes are damaged (each logged once)
+    damaged_index: int = 0  # damaged places in the job's index files, skipped by the reader (each logged once)
 
 
 def _state_path(logdir: str) -> str:
@@ -115,8 +122,11 @@ class Converter:
             )
         self.converted_upto = int(state["converted_upto"]) if state else -1
         self.trial = create_trial(out_dir)
+        _check_indexed(self.trial)
         self.assume_ended = assume_ended
         self._exporters: dict[int, EventExporter] = {}
+        self._skipped = 0
+        self._index_damage = len(self.trial.damage)  # found while the trial was opened: reported by the first step
 
     def _exporter(self, worker_id: int) -> EventExporter:
         ex = self._exporters.get(worker_id)
@@ -131,6 +141,7 @@ class Converter:
         """Convert every complete step after the last converted one; flush; save the state."""
         t0 = time.perf_counter()
         trial = self.trial
+        damage_before = len(trial.damage)
         if self.assume_ended:
             trial.assume_ended()  # an interrupted job: what is saved is all there will be
         else:
@@ -150,6 +161,7 @@ class Converter:
         self._colls = _collections_json(trial)
         for ex in self._exporters.values():
             ex.set_collections(self._colls)
+        self._skipped = 0
         records = self._export(sel)
         for ex in self._exporters.values():
             ex.set_collections(self._colls)  # decides histograms of names the collections list by regex only
@@ -159,7 +171,9 @@ class Converter:
         res = ConvertResult(
             steps=len(np.unique(sel["step"])), records=records, converted_upto=upto, ended=ended,
             seconds=time.perf_counter() - t0, waiting=int(np.count_nonzero(np.unique(entries["step"]) > upto)),
+            skipped_values=self._skipped, damaged_index=len(self.trial.damage) - damage_before + self._index_damage,
         )
+        self._index_damage = 0
         self.converted_upto = upto
         _write_state(self.logdir, {"format": STATE_FORMAT, "source": self.out_dir, "converted_upto": upto,
                                    "ended": ended})
@@ -187,12 +201,31 @@ class Converter:
             nxt = starts[starts > max(cut, b0)]
             b1 = int(nxt[0]) if cut < len(sel) and len(nxt) else len(sel)
             batch = sel[b0:b1]
-            values = src.read_values(batch)
+            try:
+                values = src.read_values(batch)
+            except CorruptData:
+                values = self._read_each(batch)
             records += self._export_batch(batch, values)
             b0 = b1
         return records
 
-    def _export_batch(self, batch: np.ndarray, values: list[np.ndarray]) -> int:
+    def _read_each(self, batch: np.ndarray) -> list[np.ndarray | None]:
+        """The values of `batch` one by one, None for each damaged one (logged with its file and offset)."""
+        names = self.trial.source.names
+        out: list[np.ndarray | None] = []
+        for i in range(len(batch)):
+            try:
+                out.append(self.trial.source.read_values(batch[i : i + 1])[0])
+            except CorruptData as e:
+                e0 = batch[i]
+                what = "value" if int(e0["kind"]) == RAW else "reduction"
+                logger.warning("tensortap tensorboard: skipped the damaged %s of %s at step %d: %s", what,
+                               names[int(e0["name"])], int(e0["step"]), e)
+                self._skipped += 1
+                out.append(None)
+        return out
+
+    def _export_batch(self, batch: np.ndarray, values: list[np.ndarray | None]) -> int:
         names = self.trial.source.names
         workers, steps, nids = batch["worker"].tolist(), batch["step"].tolist(), batch["name"].tolist()
         kinds, codes = batch["kind"].tolist(), batch["reduction"].tolist()
@@ -206,21 +239,48 @@ class Converter:
             reds: dict[str, float] = {}
             j = i
             while j < count and (workers[j], steps[j], nids[j]) == key:
-                if kinds[j] == RAW:
+                if values[j] is None:  # damaged: skipped (and logged) by _read_each
+                    pass
+                elif kinds[j] == RAW:
                     if raw is None:
                         raw = values[j]
                 else:
                     rname, is_abs = reduction_name(codes[j])
                     reds[("abs_" if is_abs else "") + rname] = float(np.asarray(values[j]).reshape(-1)[0])
                 j += 1
-            self._exporter(key[0]).add(names[key[2]], key[1], ModeKeys(modes[i]).name, mode_steps[i], raw, reds)
-            n += 1
+            if raw is not None or reds:
+                self._exporter(key[0]).add(names[key[2]], key[1], ModeKeys(modes[i]).name, mode_steps[i], raw, reds)
+                n += 1
             i = j
         return n
 
     def close(self) -> None:
         for ex in self._exporters.values():
             ex.close()
+
+
+def _check_indexed(trial: Any) -> None:
+    """A native job's data files each have their index file: the data of a chunk without one cannot be found.
+    None of the job's data files indexed is an error naming the missing index; some is damage, logged once."""
+    storage = getattr(trial.source, "storage", None)
+    if storage is None:
+        return
+    chunks: dict[tuple[str, int], set[str]] = {}
+    for key in storage.list(layout.ROOT + "/"):
+        p = layout.parse_chunk_key(key)
+        if p is not None:
+            chunks.setdefault((p[0], p[1]), set()).add(p[2])
+    unindexed = [(w, seq) for (w, seq), kinds in sorted(chunks.items()) if kinds == {"dat"}]
+    if not unindexed:
+        return
+    missing = [storage.describe(layout.chunk_key(w, seq, layout.INDEX_SUFFIX)) for w, seq in unindexed]
+    if len(unindexed) == len(chunks):
+        raise InvalidConfiguration(
+            f"{trial.source.location}: the job's data has no index: {', '.join(missing)} is missing, and without "
+            "it nothing in the data file beside it can be found (nothing converted)")
+    for m in missing:
+        logger.warning("tensortap tensorboard: %s is missing: the data file beside it cannot be read and is "
+                       "skipped", m)
 
 
 def convert(
@@ -252,6 +312,8 @@ def convert(
             total.converted_upto = r.converted_upto
             total.ended = r.ended
             total.waiting = r.waiting
+            total.skipped_values += r.skipped_values
+            total.damaged_index += r.damaged_index
             if on_progress is not None and (r.steps or r.ended):
                 on_progress(r)
             if not follow or r.ended or (should_stop is not None and should_stop()):

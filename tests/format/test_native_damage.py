@@ -78,8 +78,9 @@ def test_bad_block_costs_that_block_only(tmp_path, caplog):
         assert np.array_equal(trial.tensor("w").value(s), np.full((4, 8), s, dtype=np.float32))
     assert [(d.path, d.offset) for d in trial.damage] == [(idx, victim)]
     assert "checksum" in trial.damage[0].reason
-    warnings = [r.getMessage() for r in caplog.records if "corrupt data" in r.getMessage()]
-    assert len(warnings) == 1 and idx in warnings[0] and str(victim) in warnings[0]
+    warnings = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert len(warnings) == 1 and idx in warnings[0] and f"offset {victim}" in warnings[0]
+    assert "step 5 of worker worker_0 lost" in warnings[0] and trial.damage[0].lost == "step 5 of worker worker_0 lost"
     assert trial.loaded_all_steps  # the end mark is in an intact block
 
 

@@ -323,7 +323,7 @@ def test_dashboard_serves_only_the_jobs_it_was_given(tmp_path, ui):
         for bad in ("job=1", "job=..%2F..%2Fetc", "job=%2Ftmp", "job=-1"):
             with pytest.raises(urllib.error.HTTPError) as e:
                 urllib.request.urlopen(server.url + "api/view/overview?" + bad)
-            assert e.value.code == 404 and b"allowed are 0..0" in e.value.read()
+            assert e.value.code == 400 and b"allowed are 0..0" in e.value.read()
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(server.url + "static/..%2F..%2Fserver.py")
         assert e.value.code == 404
