@@ -66,6 +66,8 @@ class NativeSource(Source):
         self.range_steps = range_steps
         self.passed_mode_step: dict[str, dict[str, int]] = {}
         self.metadata: dict[str, dict[str, Any]] = {}
+        #: {worker: {tensor name: where its saved value lies in the full tensor}} (docs/format.md §10)
+        self.shards: dict[str, dict[str, dict[str, Any]]] = {}
         self._chunks: list[_Chunk] = []  # id = position
         self._chunk_by_key: dict[str, int] = {}
         self._name_ids: dict[str, int] = {}
@@ -316,6 +318,9 @@ class NativeSource(Source):
             self.num_workers = max(self._num_workers_seen.values())
         if "collections" in header:
             self._merge_collections(header["collections"])
+            shards = (header["collections"].get("_meta") or {}).get("shards")
+            if isinstance(shards, dict):
+                self.shards.setdefault(worker, {}).update(shards)
         if "passed" in header:
             p = header["passed"]
             self.passed_step[worker] = max(self.passed_step.get(worker, -1), int(p["step"]))

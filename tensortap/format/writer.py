@@ -140,9 +140,12 @@ class HostReservation:
             raise ValueError("copy_in: the sources do not fit the reservation")
         self._writer.gather(self._flat.ctypes.data + at, sources)
 
-    def shrink(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...]) -> None:
+    def shrink(self, names: tuple[str, ...], dtype: np.dtype, shapes: tuple[tuple[int, ...], ...],
+               reductions: tuple | None = None) -> None:
         count = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
-        if self._reductions is not None:
+        if reductions is not None:
+            self._reductions = reductions
+        elif self._reductions is not None:
             self._reductions = self._reductions[:len(names)]
         self._flat = self._flat[:count]
         self.nbytes = self._flat.nbytes

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from tensortap.pytorch._dtensor import is_dtensor
+
 # torch dtypes numpy lacks, stored through ml_dtypes when it is installed (else upcast to float32).
 _ML_DTYPE_NAMES = {
     torch.bfloat16: "bfloat16",
@@ -40,7 +42,9 @@ def iter_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
 
 def capturable(t: torch.Tensor) -> bool:
     """Whether `t` holds real, dense data we can copy (not sparse, meta, fake or nested)."""
-    return t.layout is torch.strided and not t.is_meta and not getattr(t, "is_nested", False)
+    # (a DTensor has no storage of its own: its local shard is what is captured, see _dtensor)
+    return (t.layout is torch.strided and not t.is_meta and not getattr(t, "is_nested", False)
+            and not is_dtensor(t))
 
 
 def host_numpy(t: torch.Tensor) -> np.ndarray:
@@ -92,7 +96,10 @@ def ring_sources(tensors: list[torch.Tensor], shapes: tuple[tuple[int, ...], ...
             return None
         if same and t.shape != shapes[i]:
             same = False
-        sources.append((t.data_ptr(), t.nbytes))
+        ptr = t.data_ptr()
+        if not ptr and t.nbytes:
+            return None  # a wrapper with no storage of its own (a DTensor)
+        sources.append((ptr, t.nbytes))
         i += 1
     return sources, shapes if same else tuple(tuple(t.shape) for t in tensors)
 
@@ -172,3 +179,98 @@ def _layout(parts: list[torch.Tensor]) -> list[tuple[int, int, tuple[int, ...]]]
         out.append((off, off + k, tuple(p.shape)))
         off += k
     return out
+
+
+_FOREACH_MAX = getattr(torch, "_foreach_max", None)
+_TORCH_REDUCTION = {
+    "min": torch.min, "max": torch.max, "mean": torch.mean, "sum": torch.sum, "prod": torch.prod,
+    "median": lambda x: x.median(), "std": lambda x: x.std(correction=0), "variance": lambda x: x.var(correction=0),
+}
+_NORM_ORDER = {"l1": 1.0, "l2": 2.0}
+
+
+def _nonfinite(x: torch.Tensor) -> torch.Tensor:
+    return (x.numel() - torch.isfinite(x).sum()).to(x.dtype)
+
+
+class ReductionProgram:
+    """How to compute the reductions `reds[i]` of each of a fixed list of tensors where they live: the norms
+    (and maxima) of all of them in one batched kernel each (`torch._foreach_norm`, `torch._foreach_max`), the
+    rest per tensor, and every value brought to the host in one transfer. Built once per list of tensors
+    saved together (their reductions and dtypes); `run` gives {(name, abs): value} per tensor, values of the
+    tensor's numpy dtype (int64 for `nonfinite`) as the writer's own are (format.writer.compute_reduction)."""
+
+    __slots__ = ("dtypes", "groups", "singles", "keys", "positions", "out_dtypes", "widen")
+
+    def __init__(self, tensors: list[torch.Tensor], reds: list[tuple[tuple[str, bool], ...]]):
+        self.dtypes = tuple(t.dtype for t in tensors)
+        # integer and boolean tensors are reduced in float64 (torch's norms and means take floating point)
+        self.widen = [i for i, t in enumerate(tensors) if not (t.dtype.is_floating_point or t.dtype.is_complex)]
+        groups: dict[tuple[str, float], list[int]] = {}
+        slots: list[tuple[int, tuple[str, bool], Any]] = []  # (tensor, key, group key or op)
+        for i, (t, rs) in enumerate(zip(tensors, reds, strict=True)):
+            for key in rs:
+                name, abs_ = key
+                if name in _NORM_ORDER or (name == "max" and abs_):
+                    g = ("norm", _NORM_ORDER.get(name, float("inf")))
+                elif name == "max" and _FOREACH_MAX is not None and t.numel():
+                    g = ("max", 0.0)
+                else:
+                    g = None
+                if g is not None:
+                    groups.setdefault(g, []).append(i)
+                    slots.append((i, key, g))
+                elif name == "nonfinite":
+                    slots.append((i, key, _nonfinite))
+                else:
+                    fn = _TORCH_REDUCTION[name]
+                    slots.append((i, key, (lambda x, fn=fn: fn(x.abs())) if abs_ else fn))
+        self.groups = list(groups.items())
+        self.singles = [(i, op) for i, _k, op in slots if not isinstance(op, tuple)]
+        # where each value lands in the stacked vector: the groups' first, in order, then the singles
+        pos: dict[tuple[int, tuple[str, bool]], int] = {}
+        n = 0
+        for g, idx in self.groups:
+            for i in idx:
+                key = next(k for j, k, op in slots if j == i and op == g and (j, k) not in pos)
+                pos[(i, key)] = n
+                n += 1
+        for i, k, op in slots:
+            if not isinstance(op, tuple):
+                pos[(i, k)] = n
+                n += 1
+        self.keys = [[k for j, k, _op in slots if j == i] for i in range(len(tensors))]
+        self.positions = [[pos[(i, k)] for k in self.keys[i]] for i in range(len(tensors))]
+        self.out_dtypes = []
+        for i, t in enumerate(tensors):
+            nd = numpy_dtype(t.dtype) if t.dtype.is_floating_point else None
+            nd = nd if nd is not None else np.dtype(np.float64)
+            self.out_dtypes.append([np.dtype(np.int64) if k[0] == "nonfinite" else nd for k in self.keys[i]])
+
+    def run(self, tensors: list[torch.Tensor]) -> list[dict[tuple[str, bool], Any]]:
+        if self.widen:
+            tensors = list(tensors)
+            for i in self.widen:
+                tensors[i] = tensors[i].double()
+        vals: list[torch.Tensor] = []
+        for (kind, order), idx in self.groups:
+            src = [tensors[i] for i in idx]
+            vals.extend(torch._foreach_norm(src, order) if kind == "norm" else _FOREACH_MAX(src))
+        for i, op in self.singles:
+            vals.append(op(tensors[i]))
+        if not vals:
+            return [{} for _ in tensors]
+        dtype = vals[0].dtype
+        for v in vals:
+            if v.dtype is not dtype:
+                vals = [v.to(torch.float64) for v in vals]
+                break
+        host = torch.stack(vals).cpu().numpy()  # (the one transfer to the host)
+        return [{k: np.asarray(host[p], dtype=d) for k, p, d in zip(keys, ps, ds, strict=True)}
+                for keys, ps, ds in zip(self.keys, self.positions, self.out_dtypes, strict=True)]
+
+
+def device_reductions(tensors: list[torch.Tensor], reds: list[tuple[tuple[str, bool], ...]]
+                      ) -> list[dict[tuple[str, bool], Any]]:
+    """`ReductionProgram(tensors, reds).run(tensors)`: for tensors saved once."""
+    return ReductionProgram(tensors, reds).run(tensors)

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
@@ -29,14 +30,16 @@ from tensortap import modes as _modes
 from tensortap.capture.batch import BatchSpec, StepLayout
 from tensortap.collection import ACTIVATION_COLLECTIONS, Collection, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
-from tensortap.format.writer import RecordBatch
+from tensortap.format.writer import Record, RecordBatch
 from tensortap.hooks.base import Hook as BaseHook
 from tensortap.hooks.base import rank_in_env
-from tensortap.pytorch import _step_counter, singleton
+from tensortap.pytorch import _dtensor, _step_counter, singleton
 from tensortap.pytorch._step_counter import CountingHooks
 from tensortap.pytorch._tensors import (
     HostBatch,
+    ReductionProgram,
     capturable,
+    device_reductions,
     host_numpy,
     iter_tensors,
     numpy_dtype,
@@ -75,6 +78,40 @@ def _hook_id() -> int:
 
 def _is_compiled(module: nn.Module) -> bool:
     return hasattr(module, "_orig_mod") and type(module).__name__ == "OptimizedModule"
+
+
+def _class_name(module: nn.Module) -> str:
+    """The module's class name, as the user wrote it (FSDP2 renames the class of a sharded module)."""
+    name = module._get_name()
+    if name.startswith("FSDP") and torch.distributed.is_available():
+        try:
+            from torch.distributed.fsdp import FSDPModule
+        except ImportError:  # pragma: no cover
+            return name
+        if isinstance(module, FSDPModule):
+            return name[4:]
+    return name
+
+
+def _unwrap_ddp(module: nn.Module) -> nn.Module:
+    """The module a DistributedDataParallel wrapper holds (its names are the module's own)."""
+    if torch.distributed.is_available() and isinstance(module, nn.parallel.DistributedDataParallel):
+        return module.module
+    return module
+
+
+def _in_backward() -> bool:
+    """Whether autograd is running a backward pass on this thread (activation checkpointing recomputes
+    forwards there: they were captured when they first ran)."""
+    return _graph_task_id() != -1
+
+
+def _no_graph_task() -> int:
+    return -1
+
+
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", _no_graph_task)
+_is_compiling = torch.compiler.is_compiling
 
 
 def _detect_rank() -> tuple[int | None, int | None]:
@@ -141,6 +178,13 @@ class _Plan:
     weight_spec: BatchSpec | None = None
     grad_spec: BatchSpec | None = None
     step_layout: StepLayout | None = None  # of one message for weights and gradients, once learned
+    sharded: bool = False  # some parameter is a DTensor: its local shard is saved (see _dtensor)
+    # the reductions of each weight / gradient when they are all saved as reductions only (statistics
+    # computed where the tensors live, see device_reductions), else None; False: not yet known
+    weight_reds: Any = False
+    grad_reds: Any = False
+    weight_prog: ReductionProgram | None = None
+    grad_prog: ReductionProgram | None = None
 
 
 class Hook(BaseHook):
@@ -203,6 +247,21 @@ class Hook(BaseHook):
         self._staged: list[tuple[HostBatch, list[tuple[str, list[Collection]]], BatchSpec | None]] = []
         #: testing aid: copy CPU tensors through the asynchronous (accelerator) path
         self._force_async_copies = False
+        self._shards: dict[str, dict[str, Any]] = {}  # tensor name: where this worker's shard lies
+        # The optimizer's step (docs/pytorch.md): ids of the optimizers whose steps are the training steps
+        self._opts: set[int] = set()
+        self._registered_opts: set[int] = set()  # given to register_optimizer (then no others are adopted)
+        self._not_ours: set[int] = set()
+        self._opt_stepped = True  # the optimizer stepped since the current TRAIN step began
+        self._opt_consumed = False  # the optimizer's pre-hook ran (during a GradScaler step)
+        self._forward_seen = False  # a registered module's forward ran in the current saving step
+        self._module_io_seen = False  # a module input/output hook ran in the current saving step
+        self._forward_unseen = False  # registered modules run compiled: their forwards are never seen
+        self._scalers: list[Any] = []
+        self._grad_reduced: list[dict] | None = None  # the step's gradient statistics, computed at capture
+        self._reduced_records: list[Record] = []  # the step's statistics, handed over when it ends
+        self._step_handles_kept: list[Any] = []  # hooks kept until close
+        self._activation_keys: dict[str, str] = {}  # "<module>_output_": its activation collection
         singleton.set_hook(self)
 
     def _prepare(self) -> None:
@@ -275,7 +334,8 @@ class Hook(BaseHook):
             raise InvalidConfiguration(f"register_module takes a torch.nn.Module, not {type(module).__name__}")
         if self.disabled or self._closed:
             return
-        inner = module._orig_mod if _is_compiled(module) else module
+        module = _unwrap_ddp(module)
+        inner = _unwrap_ddp(module._orig_mod) if _is_compiled(module) else module
         self._disarm()
         if id(module) in self._module_ids or id(inner) in self._module_ids:
             logger.debug("tensortap: %s is already registered (or inside a registered module)", inner._get_name())
@@ -287,7 +347,7 @@ class Hook(BaseHook):
             for m in old.module.modules():
                 self._module_ids.discard(id(m))
         compiled = _is_compiled(module) or getattr(module, "_compiled_call_impl", None) is not None
-        root_name = inner._get_name()
+        root_name = _class_name(inner)
         params = [(f"{root_name}_{n}", p) for n, p in inner.named_parameters()]
         io_hooks: list[tuple[nn.Module, Any, int]] = []
         if _is_compiled(module):  # (outside the compiled code)
@@ -297,12 +357,11 @@ class Hook(BaseHook):
                 io_hooks.append((m, functools.partial(self._io_hook, n if n else root_name), _hook_id()))
                 self._note_activation(n if n else root_name, m)
         root = _Root(module, root_name, params, io_hooks, compiled)
+        # (Kept out of torch.compile: a module compiled after registering calls these from inside compiled code.)
+        pre_hook = torch.compiler.disable(self._root_pre_hook)
         if not compiled:
-            root.counter = _step_counter.install(module, functools.partial(self._root_pre_hook, module, ()))
+            root.counter = _step_counter.install(module, functools.partial(pre_hook, module, ()))
         if root.counter is None:
-            pre_hook = self._root_pre_hook
-            if compiled and not _is_compiled(module):
-                pre_hook = torch.compiler.disable(pre_hook)
             root.handles.append(module.register_forward_pre_hook(pre_hook))
         self._roots.append(root)
         # One root: its counter may skip known-quiet steps (with several, each counts through the hook).
@@ -313,8 +372,16 @@ class Hook(BaseHook):
             self._param_names[id(p)] = pname
         self._name_added_modules()
         self._config_changed()
+        self._watch_optimizers()
         if compiled:
-            logger.info("tensortap: %s is compiled: inputs/outputs of its submodules are not captured", root_name)
+            self._warn_io_missing(f"{root_name} is compiled (torch.compile)")
+
+    def _warn_io_missing(self, why: str) -> None:
+        """One warning: module inputs/outputs inside compiled code are not captured (that would break the graph)."""
+        io = [c for c in self.include_collections if c not in _NOT_IO]
+        what = f"the collections {', '.join(io)} will miss them" if io else "no included collection needs them"
+        self._warn_once("compiled-io", f"tensortap: {why}: the inputs and outputs of the modules inside it are not "
+                        f"captured ({what}); weights, gradients, losses and the compiled module's own output are")
 
     def _note_activation(self, name: str, module: nn.Module) -> None:
         """A ReLU / sigmoid / tanh module's input and output go into the activation collections (found by the
@@ -324,6 +391,8 @@ class Hook(BaseHook):
                 inputs, outputs = ACTIVATION_COLLECTIONS[kind]
                 self.collection_manager.get(inputs).add_tensor_name(f"{name}{INPUT_SUFFIX}0")
                 self.collection_manager.get(outputs).add_tensor_name(f"{name}{OUTPUT_SUFFIX}0")
+                self._activation_keys[f"{name}{INPUT_SUFFIX}"] = inputs
+                self._activation_keys[f"{name}{OUTPUT_SUFFIX}"] = outputs
                 return
 
     register_block = register_module
@@ -340,6 +409,8 @@ class Hook(BaseHook):
             return
         self._losses.append((loss_module, functools.partial(self._loss_hook, name), _hook_id()))
         self._remove_plan_handles()  # the next saving step installs its hook
+        if self._forward_unseen:
+            self._step_handles_kept.append(loss_module.register_forward_pre_hook(self._loss_step_hook))
 
     def _hook_loss_now(self, loss_module: nn.Module) -> None:
         """In a saving step, capture a registered loss module's calls from now on in this step too."""
@@ -349,13 +420,139 @@ class Hook(BaseHook):
                     self._step_handles.append(m.register_forward_hook(fn))
 
     def register_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Save the optimizer's hyperparameters (learning rate, ...) and state (momentum buffers, ...) after
-        `optimizer.step()` on TRAIN steps that save the `optimizer_variables` collection."""
+        """The optimizer's step is the training step (docs/pytorch.md): gradients are captured when it
+        consumes them (`optimizer.step()`, after accumulation, unscaling and clipping), and its hyperparameters
+        (learning rate, ...) and state (momentum buffers, ...) after it, on TRAIN steps that save the
+        `optimizer_variables` collection. An optimizer of a registered module's parameters is found at its
+        first step without this call; with it, the steps are the optimizer's from the first."""
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise InvalidConfiguration(f"register_optimizer takes a torch.optim.Optimizer, not {optimizer!r}")
         if self.disabled or self._closed:
             return
-        self._opt_handles.append(optimizer.register_step_post_hook(self._optimizer_hook))
+        if not self._registered_opts:
+            self._opts.clear()  # (the one registered defines the step, not others found)
+        self._registered_opts.add(id(optimizer))
+        self._adopt_optimizer(optimizer)
+        self._watch_optimizers()
+
+    def register_scaler(self, scaler: Any) -> None:
+        """A `torch.amp.GradScaler`: a step it skips (non-finite gradients) is recorded as skipped, with the
+        scale (`grad_scaler/skipped`, `grad_scaler/scale`), instead of being merged into the next step; the
+        scale is saved with the gradients. (Gradients are captured unscaled either way: at the optimizer's step.)"""
+        step = getattr(scaler, "step", None)
+        if not callable(step) or not callable(getattr(scaler, "get_scale", None)):
+            raise InvalidConfiguration(f"register_scaler takes a torch.amp.GradScaler, not {scaler!r}")
+        if self.disabled or self._closed or any(sc is scaler for sc in self._scalers):
+            return
+        self._scalers.append(scaler)
+        hook = self
+
+        @functools.wraps(step)
+        def scaler_step(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            hook._opt_consumed = False
+            out = step(optimizer, *args, **kwargs)
+            if not hook._opt_consumed and id(optimizer) in hook._opts:
+                hook._skipped_step(scaler)
+            return out
+
+        scaler.step = scaler_step  # (an attribute of this scaler: the class is left alone)
+
+    def _adopt_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        self._opts.add(id(optimizer))
+        self._disarm()
+        self._remove_plan_handles()  # (gradients now come at the optimizer's step, not from backward hooks)
+
+    def _watch_optimizers(self) -> None:
+        """Global optimizer step hooks (public torch API) that find the optimizers of the registered modules'
+        parameters and capture at their steps."""
+        if self._opt_handles:
+            return
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self._opt_handles.append(register_optimizer_step_pre_hook(self._optimizer_pre_hook))
+        self._opt_handles.append(register_optimizer_step_post_hook(self._optimizer_hook))
+
+    def _ours(self, optimizer: torch.optim.Optimizer) -> bool:
+        key = id(optimizer)
+        if key in self._opts:
+            return True
+        if key in self._not_ours or self._registered_opts:
+            return False
+        names = self._param_names
+        if any(id(p) in names for g in optimizer.param_groups for p in g["params"]):
+            self._adopt_optimizer(optimizer)
+            return True
+        self._not_ours.add(key)
+        return False
+
+    def _optimizer_pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """The optimizer is about to consume the gradients: capture them (the step's gradients)."""
+        if self.disabled or self._closed or not self._ours(optimizer):
+            return
+        self._opt_consumed = True
+        if self.clock.mode in _NO_GRAD_MODES:
+            return
+        try:
+            if not self.clock.in_step or self._opt_stepped:
+                # no forward of a registered module began this step: it runs compiled (or is not called)
+                if self._roots and not self._forward_unseen:
+                    self._roots_unseen()
+                self._begin_train_step()
+            if self._saving and self._grad_targets:
+                self._collect_grads()
+                if self._scalers:
+                    self._save_scale(self._scalers[0], False)
+        except Exception as e:  # noqa: BLE001
+            self._fail("optimizer pre-hook", e)
+
+    def _loss_step_hook(self, module: nn.Module, args: Any) -> None:
+        """With the model's forward unseen (compiled), a registered loss's forward begins the step."""
+        if _is_compiling() or self.disabled or self._closed:
+            return
+        clock = self.clock
+        if clock.in_step and not self._opt_stepped and clock.mode not in _NO_GRAD_MODES:
+            return  # another forward of this optimizer step
+        try:
+            self._begin_train_step()
+        except Exception as e:  # noqa: BLE001
+            self._fail("loss pre-hook", e)
+
+    def _begin_train_step(self) -> None:
+        self.next_step()
+        self._opt_stepped = False
+
+    def _roots_unseen(self) -> None:
+        """The registered modules' forwards are not seen (compiled after register_module): steps begin at the
+        registered losses' forwards, else at the optimizer's step."""
+        self._forward_unseen = True
+        for m, _fn, _key in self._losses:
+            self._step_handles_kept.append(m.register_forward_pre_hook(self._loss_step_hook))
+        names = ", ".join(r.name for r in self._roots)
+        self._warn_io_missing(f"the forward of {names} runs in compiled code (torch.compile after "
+                              "register_module); steps begin at the loss or the optimizer's step")
+        self._remove_plan_handles()
+
+    def _skipped_step(self, scaler: Any) -> None:
+        """The GradScaler skipped the optimizer's step (non-finite gradients): recorded, and the step ends."""
+        if self.disabled or self._closed or self.clock.mode in _NO_GRAD_MODES:
+            return
+        with self.guard("grad scaler"):
+            if not self.clock.in_step or self._opt_stepped:
+                self._begin_train_step()
+            self._save_scale(scaler, True)
+            self._opt_stepped = True
+
+    def _save_scale(self, scaler: Any, skipped: bool) -> None:
+        if not self._saving and not skipped:
+            return
+        if not self.active:
+            return
+        coll = self.collection_manager.get("grad_scaler")
+        scale = float(scaler.get_scale())
+        items = [("grad_scaler/scale", np.asarray(scale, dtype=np.float32), [coll])]
+        if skipped:
+            items.append(("grad_scaler/skipped", np.asarray(1.0, dtype=np.float32), [coll]))
+        self.write_tensors(items)
 
     # --- callbacks ---------------------------------------------------------------------------
 
@@ -365,6 +562,10 @@ class Hook(BaseHook):
         if self.disabled or self._closed:
             return
         clock = self.clock
+        if self._opts and clock.in_step and not self._opt_stepped and clock.mode not in _NO_GRAD_MODES:
+            self._forward_seen = True
+            return  # another forward of this optimizer step (accumulation, a second call, an eval pass)
+        self._opt_stepped = False
         try:
             clock.sync()
             if (clock.in_step and not self._saving and clock.mode_steps[clock.mode] + 1 < self._next_save
@@ -373,7 +574,7 @@ class Hook(BaseHook):
             else:
                 self.next_step()
             counter = clock.tally
-            if counter is not None and not self._saving and clock.in_step:
+            if counter is not None and not self._saving and clock.in_step and not self._opts:
                 # the forwards before the next saving step only count (in C, see _step_counter)
                 left = self._next_save - clock.mode_steps[clock.mode] - 1
                 if left > 0:
@@ -381,6 +582,7 @@ class Hook(BaseHook):
                     counter.deadline = self.counting_deadline()
         except Exception as e:  # noqa: BLE001 - never break training
             self._fail("forward pre-hook", e)
+        self._forward_seen = True
 
     def _disarm(self) -> None:
         """Every later forward goes through `_root_pre_hook` again (the step, mode or plan changes)."""
@@ -400,8 +602,9 @@ class Hook(BaseHook):
                 or self._grad_batch is not None)
 
     def _io_hook(self, name: str, module: nn.Module, inputs: Any, outputs: Any) -> None:
-        if not self._saving or self.disabled:
-            return
+        if _is_compiling() or not self._saving or self.disabled or _in_backward():
+            return  # (traced by torch.compile / recomputed by activation checkpointing: not captured there)
+        self._module_io_seen = True
         try:
             self._write_io(name, INPUT_SUFFIX, inputs)
             self._write_io(name, OUTPUT_SUFFIX, outputs)
@@ -411,12 +614,19 @@ class Hook(BaseHook):
     # A loss module's inputs and outputs are saved the same way. (Reading the gradients through a hook on the
     # loss's output instead of the model's, which would spare the model torch's slow call path in saving
     # steps, misses a second backward pass of a step that does not go through the loss: not done.)
-    _loss_hook = _io_hook
+    def _loss_hook(self, name: str, module: nn.Module, inputs: Any, outputs: Any) -> None:
+        if _is_compiling() or not self._saving or self.disabled or _in_backward():
+            return
+        try:
+            self._write_io(name, INPUT_SUFFIX, inputs)
+            self._write_io(name, OUTPUT_SUFFIX, outputs)
+        except Exception as e:  # noqa: BLE001
+            self._fail("forward hook", e)
 
     def _grad_root_hook(self, module: nn.Module, inputs: Any, outputs: Any) -> None:
         # Gradients are read once the backward pass ends. A hook on the output starts that; a model
         # whose output does not require grad gets a hook on each parameter instead.
-        if not self._saving or self.disabled or not self._grad_targets:
+        if _is_compiling() or not self._saving or self.disabled or not self._grad_targets or self._opts:
             return
         try:
             found = False
@@ -440,7 +650,7 @@ class Hook(BaseHook):
 
     def _output_grad_hook(self, grad_or_param: torch.Tensor) -> None:
         """The backward pass reached the model output (or a parameter's gradient was accumulated)."""
-        if self.disabled or self._grad_cb_queued:
+        if self.disabled or self._grad_cb_queued or self._opts:
             return
         try:
             self._grad_cb_queued = True
@@ -468,6 +678,8 @@ class Hook(BaseHook):
             return
         try:
             plan = self._step_plan
+            if plan is not None and plan.sharded:
+                plan = None  # (the generic path below takes each gradient's local shard)
             if self._step_res is not None and self._grad_res is None and plan is not None:
                 # The usual case: the gradients and small tensors (a loss) go into the step's message that holds
                 # the weights when they are what its layout expects (else it goes out with the weights alone).
@@ -496,6 +708,16 @@ class Hook(BaseHook):
                         break
                     grads.append(g)
                 if usual:
+                    if plan.grad_reds is False:
+                        plan.grad_reds = self._reductions_only(plan.grad_items)
+                    if plan.grad_reds is not None:
+                        # statistics only: computed now, where the gradients live (a later call replaces them)
+                        self._pending_grads = {}
+                        prog = plan.grad_prog
+                        if prog is None or prog.dtypes != tuple(g.dtype for g in grads):
+                            prog = plan.grad_prog = ReductionProgram(grads, plan.grad_reds)
+                        self._grad_reduced = prog.run(grads)
+                        return
                     # the usual case: every gradient, in one copy (a later backward of this step replaces it)
                     self._pending_grads = {}
                     if plan.grad_spec is None:
@@ -531,6 +753,8 @@ class Hook(BaseHook):
             tensors: list[torch.Tensor] = []
             for p, name, colls in self._grad_targets.values():
                 g = p.grad
+                if g is not None and _dtensor.is_dtensor(g):
+                    g = self._local(name, g)
                 if g is not None and capturable(g):
                     items.append((name, colls))
                     tensors.append(g)
@@ -578,7 +802,10 @@ class Hook(BaseHook):
                 self._pending_grads[name] = (arr, colls)
 
     def _optimizer_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not self._saving or self.disabled or self.mode in (_modes.EVAL, _modes.PREDICT):
+        if self.disabled or self._closed or id(optimizer) not in self._opts:
+            return
+        self._opt_stepped = True  # the next forward (or loss, or optimizer step) begins the next step
+        if not self._saving or self.mode in (_modes.EVAL, _modes.PREDICT):
             return
         try:
             self._save_optimizer(optimizer)
@@ -601,6 +828,8 @@ class Hook(BaseHook):
                 self._remove_plan_handles()  # (I/O hooks sit on every module: never kept over quiet steps)
             return
         self._saving = True
+        self._module_io_seen = False
+        self._forward_seen = False
         if self._io_counts:
             self._io_counts.clear()
         plan = self._step_plan = self._plan_for(now)
@@ -619,7 +848,7 @@ class Hook(BaseHook):
     def _install_plan_handles(self, plan: _Plan) -> None:
         handles = self._plan_handles
         hooks = self._plan_hooks
-        if plan.grads:
+        if plan.grads and not self._opts:
             for root in self._roots:
                 if root.compiled and not _is_compiled(root.module):
                     # model.compile(): a forward hook would run inside the compiled code. Parameter
@@ -635,7 +864,7 @@ class Hook(BaseHook):
             d = m._forward_hooks
             d[key] = fn
             hooks.append((d, key))
-        if plan.io:
+        if plan.io and not self._forward_unseen:
             for root in self._roots:
                 for m, fn, key in root.io_hooks:
                     d = m._forward_hooks
@@ -657,6 +886,13 @@ class Hook(BaseHook):
     def on_step_end(self) -> None:
         if not self._saving:
             return  # (everything below is set up by saving steps only)
+        plan = self._step_plan
+        if plan is not None and plan.io and self._forward_seen and not self._module_io_seen and \
+                self._handles_plan is plan:
+            # the module hooks were in place and none ran in a forward of the model: it runs compiled
+            names = ", ".join(r.name for r in self._roots)
+            self._warn_io_missing(f"the forward of {names} runs in compiled code (torch.compile after "
+                                  "register_module)")
         if self._step_handles:
             for h in self._step_handles:
                 h.remove()
@@ -678,8 +914,9 @@ class Hook(BaseHook):
         self.clock.tally = None
         for root in self._roots:
             root.unhook()
-        for h in self._opt_handles + self._step_handles:
+        for h in self._opt_handles + self._step_handles + self._step_handles_kept:
             h.remove()
+        self._step_handles_kept.clear()
         self._remove_plan_handles()
         self._roots.clear()
         self._losses.clear()
@@ -718,10 +955,13 @@ class Hook(BaseHook):
                 and (c.include_regex or any(INPUT_SUFFIX in n or OUTPUT_SUFFIX in n for n in c.tensor_names))
                 for c in now
             )
+            sharded = any(_dtensor.is_dtensor(p) for _n, p, _c in weights) or any(
+                _dtensor.is_dtensor(p) for p, _n, _c in grads.values())
             plan = self._plans[key] = _Plan(
                 weights, grads, io and bool(self._roots), [(n, c) for n, _p, c in weights],
-                any(not capturable(p) for _n, p, _c in weights),
+                sharded or any(not capturable(p) for _n, p, _c in weights),
                 grad_list=list(grads.values()), grad_items=[(n, c) for _p, n, c in grads.values()],
+                sharded=sharded,
             )
             if len(self._plans) > 64:
                 self._plans.clear()
@@ -732,6 +972,11 @@ class Hook(BaseHook):
     # --- capture -----------------------------------------------------------------------------
 
     def _save_params(self, plan: _Plan) -> None:
+        if plan.sharded:
+            views = [self._local(n, p) for n, p, _c in plan.weights]
+            keep = [i for i, v in enumerate(views) if capturable(v)]
+            self._stage_or_write([views[i] for i in keep], [plan.weight_items[i] for i in keep])
+            return
         # Detached views of the parameters, cached while every parameter keeps its storage.
         views = plan.param_views
         if views is not None:
@@ -749,6 +994,14 @@ class Hook(BaseHook):
             if spec is not None:
                 spec.sources = None
             plan.step_layout = None  # (learned again: the parameters' shapes or dtype may have changed)
+        if plan.weight_reds is False:
+            plan.weight_reds = self._reductions_only(plan.weight_items)
+        if plan.weight_reds is not None and not plan.some_odd:
+            prog = plan.weight_prog
+            if prog is None or prog.dtypes != tuple(v.dtype for v in views):
+                prog = plan.weight_prog = ReductionProgram(views, plan.weight_reds)
+            self._write_reduced(prog.run(views), plan.weight_items)
+            return
         if not plan.some_odd:
             if spec is None:
                 spec = plan.weight_spec = self._batch_spec(plan.weight_items)
@@ -767,9 +1020,15 @@ class Hook(BaseHook):
             self._stage_or_write([views[i] for i in keep], [plan.weight_items[i] for i in keep])
 
     def _stage_or_write(self, tensors: list[torch.Tensor], items: list[tuple[str, list[Collection]]],
-                        spec: BatchSpec | None = None, reuse: bool = False) -> None:
+                        spec: BatchSpec | None = None, reuse: bool = False, reds: Any = False) -> None:
         if not tensors:
             return
+        if spec is None or not spec.raw_only:
+            if reds is False:
+                reds = self._reductions_only(items)
+            if reds is not None:
+                self._write_reduced(device_reductions(tensors, reds), items)
+                return
         if spec is not None:
             res = self._ring_batch(tensors, spec, reuse=reuse)
             if res is not None:
@@ -828,8 +1087,9 @@ class Hook(BaseHook):
 
     def _hand_off_grads(self) -> None:
         if (self._grad_res is None and self._grad_batch is None and not self._pending_grads and not self._small
-                and self._step_res is None):
+                and self._step_res is None and self._grad_reduced is None and not self._reduced_records):
             return  # (every step that saved no gradients)
+        reduced, self._grad_reduced = self._grad_reduced, None
         active = self._saving and not self.disabled and not self._closed  # (writes: it made `res`)
         if self._step_res is not None:
             self._split_step_res(send=active)  # (unless it holds the gradients: then it is `res`)
@@ -848,7 +1108,15 @@ class Hook(BaseHook):
             else:
                 res.cancel()
         if not active or not self.writes:
+            self._reduced_records = []
             return
+        if reduced is not None and plan is not None:
+            with self.guard("gradients"):
+                self._write_reduced(reduced, plan.grad_items)
+        if self._reduced_records:
+            records, self._reduced_records = self._reduced_records, []
+            with self.guard("statistics"):
+                self._get_writer().submit_many(records)
         if small:
             with self.guard("small tensors"):
                 self.write_tensors([(name, host_numpy(t), colls) for name, t, colls in small], copy=False)
@@ -879,6 +1147,8 @@ class Hook(BaseHook):
     def _write_io(self, prefix: str, suffix: str, obj: Any) -> None:
         key = prefix + suffix
         start = idx = self._io_counts.get(key, 0)
+        if start and key in self._activation_keys:
+            self._note_later_call(key, start)
         if type(obj) is torch.Tensor:
             objs: Any = (obj,)
         elif type(obj) is tuple:
@@ -917,6 +1187,8 @@ class Hook(BaseHook):
             colls = self.collections_for(name)
             if colls:
                 wanted = True
+                if _dtensor.is_dtensor(t):
+                    t = self._local(name, t)
                 if capturable(t):
                     tensors.append(t.detach())
                     items.append((name, colls))
@@ -939,6 +1211,57 @@ class Hook(BaseHook):
         else:
             self._stage_or_write(tensors, items)
 
+    def _local(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """`t` detached; of a DTensor its local shard, with where it lies in the full tensor noted under `name`
+        in the collections' `_meta.shards` (docs/format.md §10)."""
+        if not _dtensor.is_dtensor(t):
+            return t.detach()
+        meta = _dtensor.shard_meta(t)
+        if self._shards.get(name) != meta:
+            self._shards[name] = meta
+            self.collection_manager._meta["shards"] = self._shards
+            self._collections_dirty = True
+        return _dtensor.local(t)
+
+    def _note_later_call(self, key: str, index: int) -> None:
+        """A later call of an activation module in this step: its tensor (`<module>_output_<k>`, k counting on
+        over the step's calls) joins the module's activation collection."""
+        coll = self.collection_manager.get(self._activation_keys[key])
+        name = f"{key}{index}"
+        if not coll.has_tensor_name(name):
+            coll.add_tensor_name(name)
+            self._collections_dirty = True
+            self._raw_only_cache.clear()
+            self._io_skip.clear()
+            self._invalidate_caches()
+
+    def _reductions_only(self, items: list[tuple[str, list[Collection]]]) -> list[tuple] | None:
+        """The reductions of each item when every item is saved as reductions alone (no raw value, no shape),
+        else None."""
+        out = []
+        for name, colls in items:
+            save_raw, reds, save_shape = self._plan(name, colls)
+            if save_raw or save_shape or not reds:
+                return None
+            out.append(reds)
+        return out
+
+    def _write_reduced(self, values: list[dict], items: list[tuple[str, list[Collection]]]) -> None:
+        """Reductions computed here (device_reductions) to the writer, in one hand-off."""
+        if self.dry_run:
+            for name, colls in items:
+                self._note_membership(name, colls)
+            return
+        step, mode, mode_step = self.step_id()
+        records = self._reduced_records if self._saving else []
+        for (name, colls), rv in zip(items, values, strict=True):
+            self._note_membership(name, colls)
+            records.append(Record(name=name, step=step, mode=mode, mode_step=mode_step, value=None, save_raw=False,
+                                  reduction_values=rv))
+        if not self._saving:
+            self._get_writer().submit_many(records)
+        # (else handed over with the step's other statistics when it ends: one hand-off per step)
+
     def _raw_only(self, name: str, colls: list[Collection]) -> bool:
         key = (name, tuple(map(id, colls)))
         hit = self._raw_only_cache.get(key)
@@ -956,6 +1279,8 @@ class Hook(BaseHook):
             if not colls:
                 return
             if isinstance(value, torch.Tensor):
+                if _dtensor.is_dtensor(value):
+                    value = self._local(name, value)
                 if capturable(value):
                     tensors.append(value)
                     items.append((name, colls))
@@ -997,7 +1322,7 @@ class Hook(BaseHook):
             if self._too_large(tensor_name, tensor_value):
                 return
             with self.guard("save_tensor"):
-                t = tensor_value.detach()
+                t = self._local(tensor_name, tensor_value)
                 if t.device.type != "cpu":
                     self._ensure_step()
                     names = [collections_to_write] if isinstance(collections_to_write, str) else collections_to_write

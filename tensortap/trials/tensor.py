@@ -172,8 +172,90 @@ class Tensor:
         """The raw value saved at `step_num` of `mode` (by `worker`, default the first worker)."""
         mode = _modes.parse_mode(mode)
         step_num, worker = _args.step(step_num, "step_num"), _args.worker(worker)
+        if worker is None:
+            placements = self._placements()
+            if placements is not None:
+                return self._assembled(step_num, mode, placements)
         row = self._locate(_RAW_KEY, step_num, mode, worker)
         return self.trial.source.read_values(row.reshape(1))[0]
+
+    # --- sharded tensors (DTensor / FSDP2: docs/format.md §10) ------------------------------------
+
+    def _placements(self) -> dict[str, dict[str, Any]] | None:
+        """{worker: where its saved value lies in the full tensor} when workers saved shards of this tensor."""
+        shards = getattr(self.trial.source, "shards", None)
+        if not shards:
+            return None
+        out = {w: m[self.name] for w, m in shards.items() if self.name in m}
+        return out or None
+
+    def _shard_rows(self, key: tuple[int, int], step: int, mode: ModeKeys) -> tuple[np.ndarray, int | None]:
+        g = self._global(step, mode)
+        if g is None:
+            return self._part(key)[:0], None
+        rows = self._rows_at(self._part(key), g)
+        if not self.trial.is_step_complete(g):
+            self.trial.refresh_data()
+            rows = self._rows_at(self._part(key), g)
+        return rows, g
+
+    def _assembled(self, step: int, mode: ModeKeys, placements: dict[str, dict[str, Any]]) -> np.ndarray:
+        """The full tensor from the workers' shards at this step."""
+        rows, g = self._shard_rows(_RAW_KEY, step, mode)
+        src = self.trial.source
+        rows = [r for r in rows if src.workers[int(r["worker"])] in placements]
+        if not rows:
+            self._raise_missing(step, mode, g, _RAW_KEY)
+        values = src.read_values(np.array(rows))
+        full: np.ndarray | None = None
+        covered: np.ndarray | None = None
+        for r, v in zip(rows, values, strict=True):
+            meta = placements[src.workers[int(r["worker"])]]
+            v = np.asarray(v)
+            if full is None:
+                full = np.zeros(meta["global_shape"], dtype=v.dtype)
+                covered = np.zeros(meta["global_shape"], dtype=bool)
+            where = tuple(slice(o, o + n) for o, n in zip(meta["offset"], v.shape, strict=True))
+            if meta.get("partial"):
+                full[where] += v
+            else:
+                full[where] = v
+            covered[where] = True
+        if not covered.all():
+            have = sorted({src.workers[int(r["worker"])] for r in rows})
+            raise TensorUnavailableForStep(self.name, step, mode) from ValueError(
+                f"{self.name!r} is sharded and the shards of workers {have} do not cover it: save every worker's "
+                "shards (include_workers='all')")
+        return full
+
+    def _merged_reduction(self, step: int, mode: ModeKeys, code: int,
+                          placements: dict[str, dict[str, Any]]) -> Any:
+        """A reduction of the full tensor merged from the reductions of its shards (None if they do not
+        merge: a missing shard, a partial tensor, a reduction of no mergeable kind)."""
+        name, _abs = reduction_name(code)
+        rows, _g = self._shard_rows((REDUCTION, code), step, mode)
+        src = self.trial.source
+        metas = [placements.get(src.workers[int(r["worker"])]) for r in rows]
+        if not rows or any(m is None or m.get("partial") for m in metas):
+            return None
+        total = int(np.prod(metas[0]["global_shape"]))
+        counts = [int(np.prod(m["local_shape"])) for m in metas]
+        if sum(counts) != total or len({tuple(m["offset"]) for m in metas}) != len(metas):
+            return None
+        vals = [float(_scalar(v)) for v in src.read_values(np.array(rows))]
+        if name in ("min",):
+            return min(v for v, n in zip(vals, counts, strict=True) if n)
+        if name in ("max",):
+            return max(v for v, n in zip(vals, counts, strict=True) if n)
+        if name in ("sum", "l1", "nonfinite"):
+            return sum(vals)
+        if name == "l2":
+            return float(np.sqrt(sum(v * v for v in vals)))
+        if name == "mean":
+            return sum(v * n for v, n in zip(vals, counts, strict=True)) / total
+        if name == "prod":
+            return float(np.prod(vals))
+        return None
 
     def _series(self, key: tuple[int, int], mode: ModeKeys, worker: str | None) -> np.ndarray:
         part = self._part(key)
@@ -206,7 +288,15 @@ class Tensor:
         share a shape and dtype, else a list. The bulk path: each chunk is read once."""
         mode = _modes.parse_mode(mode)
         self._refresh_if_stale()
-        part = self._series(_RAW_KEY, mode, _args.worker(worker))
+        worker = _args.worker(worker)
+        if worker is None and self._placements() is not None:
+            full_steps = self.steps(mode)
+            vals = [self.value(s, mode) for s in full_steps]
+            try:
+                return np.asarray(full_steps, dtype=np.int64), np.stack(vals) if vals else np.empty(0)
+            except ValueError:
+                return np.asarray(full_steps, dtype=np.int64), vals
+        part = self._series(_RAW_KEY, mode, worker)
         steps = part["step" if mode == _modes.GLOBAL else "mode_step"]
         src = self.trial.source
         fast = getattr(src, "read_stacked", None)
@@ -239,6 +329,19 @@ class Tensor:
         step_num, worker = _args.step(step_num, "step_num"), _args.worker(worker)
         code = _args.reduction(reduction_name, abs)
         key = (REDUCTION, code)
+        placements = self._placements() if worker is None else None
+        if placements is not None:
+            try:
+                raw = self._assembled(step_num, mode, placements)
+            except TensorUnavailableForStep:
+                merged = self._merged_reduction(step_num, mode, code, placements)
+                if merged is None:
+                    raise TensorUnavailableForStep(self.name, step_num, mode) from None
+                return _scalar(merged)
+            from tensortap.format.writer import compute_reduction
+
+            base = reduction_name[: -len("_norm")] if reduction_name.endswith("_norm") else reduction_name
+            return _scalar(compute_reduction(np.asarray(raw), base, abs))
         g = self._global(step_num, mode)
         if g is not None:
             rows = self._rows_at(self._part(key), g)
@@ -280,7 +383,16 @@ class Tensor:
         """{step: value} of one saved reduction over every complete step (bulk)."""
         mode = _modes.parse_mode(mode)
         self._refresh_if_stale()
-        part = self._series((REDUCTION, _args.reduction(reduction_name, abs)), mode, _args.worker(worker))
+        worker = _args.worker(worker)
+        if worker is None and self._placements() is not None:
+            out = {}
+            for s in self.steps(mode):
+                try:
+                    out[s] = self.reduction_value(s, reduction_name, mode, abs=abs)
+                except TensorUnavailableForStep:
+                    pass
+            return out
+        part = self._series((REDUCTION, _args.reduction(reduction_name, abs)), mode, worker)
         steps = part["step" if mode == _modes.GLOBAL else "mode_step"].tolist()
         src = self.trial.source
         fast = getattr(src, "read_stacked_inline", None)
@@ -294,6 +406,9 @@ class Tensor:
         """The saved shape (from the value, a reduction or a shape record), else ShapeUnavailableForStep."""
         mode = _modes.parse_mode(mode)
         step_num, worker = _args.step(step_num, "step_num"), _args.worker(worker)
+        placements = self._placements() if worker is None else None
+        if placements is not None and self.steps(mode) and step_num in self.steps(mode):
+            return tuple(next(iter(placements.values()))["global_shape"])
         g = self._global(step_num, mode)
         if g is not None:
             e = self._load()

@@ -19,6 +19,7 @@ from tensortap.exceptions import (
     StepNotYetAvailable,
     StepUnavailable,
     TensorUnavailable,
+    TensorUnavailableForStep,
 )
 from tensortap.format.entries import ENTRY_DTYPE
 from tensortap.format.entries import concat as entries_concat
@@ -302,6 +303,21 @@ class Trial:
         if t is None:
             t = self._tensors[name] = Tensor(name, self)
         return t
+
+    def total_norm(self, step_num: int, mode: ModeKeys | str = _modes.GLOBAL, collection: str = "gradients") -> float:
+        """The L2 norm of all the tensors of `collection` saved at this step taken together (for the gradients,
+        what `torch.nn.utils.get_total_norm` gives over the full gradients, sharded or not): from each tensor's
+        L2 norm, saved or computed from its (assembled) value."""
+        mode = _modes.parse_mode(mode)
+        step_num = _args.step(step_num, "step_num")
+        names = self.tensor_names(collection=collection, step=step_num, mode=mode)
+        if not names:
+            raise TensorUnavailableForStep(f"collection {collection!r}", step_num, mode)
+        total = 0.0
+        for n in names:
+            v = float(self.tensor(n).reduction_value(step_num, "l2", mode))
+            total += v * v
+        return total ** 0.5
 
     def collections(self) -> dict[str, CollectionInfo]:
         self.maybe_refresh()

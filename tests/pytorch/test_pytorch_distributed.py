@@ -111,7 +111,7 @@ def test_two_process_gloo_all_and_one(tmp_path):
     t = tp.create_trial(out_dir)
     assert t.workers() == ["worker_0", "worker_1"]
     assert t.steps() == [0, 1, 2, 3]
-    w_name = "DistributedDataParallel_module.0.weight"
+    w_name = "Sequential_0.weight"
     for rank in range(2):
         rec = np.load(os.path.join(rec_dir, f"rank{rank}.npz"))
         worker = f"worker_{rank}"
@@ -308,7 +308,7 @@ def test_hook_made_before_the_group_of_spawned_processes_takes_the_group_rank(tm
     assert t.workers() == workers and t.steps() == [0, 1, 2]
     for rank, worker in enumerate(workers):
         rec = np.load(os.path.join(rec_dir, f"rank{rank}.npz"))
-        name = "DistributedDataParallel_module.0.weight"
+        name = "Sequential_0.weight"
         w, g = t.tensor(name), t.tensor("gradient/" + name)
         for s in range(3):
             assert np.array_equal(w.value(s, worker=worker), rec[f"w{s}"])
@@ -325,12 +325,12 @@ def test_a_rank_found_late_does_not_write_over_an_earlier_jobs_data(tmp_path, fi
     _run_spawned(tmp_path, str(first), "all", "first")
     second = tmp_path / "second"
     shutil.copytree(first / "tensortap" / "worker_1", second / "tensortap" / "worker_1")
-    before = tp.create_trial(str(second)).tensor("gradient/DistributedDataParallel_module.0.weight").value(2)
+    before = tp.create_trial(str(second)).tensor("gradient/Sequential_0.weight").value(2)
     extra = () if first_step == "forward" else ("scalar-first",)
     res, _rec = _run_spawned(tmp_path, str(second), "all", "second", *extra)
     assert [(r["worker"], r["errors"]) for r in res] == [("worker_0", 0), ("worker_1", 1)]
     assert "worker_1" in res[1]["first_error"] and "new out_dir" in res[1]["first_error"]
     t = tp.create_trial(str(second))
     assert t.workers() == ["worker_0", "worker_1"]
-    after = t.tensor("gradient/DistributedDataParallel_module.0.weight").value(2, worker="worker_1")
+    after = t.tensor("gradient/Sequential_0.weight").value(2, worker="worker_1")
     assert np.array_equal(after, before)

@@ -659,8 +659,9 @@ def test_import_tensortap_does_not_import_torch():
 
 @pytest.mark.parametrize("writer", ["thread", "process"])
 def test_second_backward_of_a_step_replaces_gradients_and_flush_mid_step(tmp_path, writer):
-    """Two backward passes in one step save the accumulated gradients once; a flush between backward
-    and the next step makes the step's gradients readable (both writers)."""
+    """Two backward passes in one step save the accumulated gradients once (those the optimizer's step
+    consumes); a flush between the optimizer's step and the next step makes the step's gradients readable
+    (both writers)."""
     model = Net()
     out = str(tmp_path / "run")
     hook = tp.Hook(out_dir=out, writer=writer, save_config=tp.SaveConfig(save_interval=1),
@@ -675,11 +676,11 @@ def test_second_backward_of_a_step_replaces_gradients_and_flush_mid_step(tmp_pat
         nn.functional.cross_entropy(out_, y).backward(retain_graph=True)
         (out_.square().mean()).backward()  # accumulates into the same .grad
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        opt.step()
         if step == 1:
             hook.flush()
             t = tp.create_trial(out)
             assert np.array_equal(t.tensor("gradient/Net_fc1.weight").value(1), grads[1]["fc1.weight"].numpy())
-        opt.step()
     hook.close()
     t = tp.create_trial(out)
     assert t.steps() == [0, 1, 2]

@@ -83,7 +83,7 @@ def test_two_torchrun_workers_on_one_s3_prefix_cli_and_rules(s3_url, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     trial = tt.create_trial(s3_url)
     assert trial.workers() == ["worker_0", "worker_1"] and trial.steps() == [0, 1, 2, 3]
-    w = "DistributedDataParallel_module.0.weight"
+    w = "Sequential_0.weight"
     a, b = (trial.tensor(w).value(3, worker=k) for k in ("worker_0", "worker_1"))
     assert np.array_equal(a, b)  # DDP keeps the replicas identical
     exe = os.path.join(os.path.dirname(sys.executable), "tensortap")

@@ -1,0 +1,272 @@
+"""The step is the optimizer's step: gradients are what `optimizer.step()` consumes (read by the test inside the
+optimizer's own step pre-hook): accumulated over micro-batches, after clipping, unscaled by GradScaler; a step
+the scaler skips is recorded as skipped. A model called several times per step, an eval pass inside a TRAIN
+step and activation checkpointing neither shift the step nor drop or duplicate tensors; DDP keeps the inner
+module's names."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import tensortap.pytorch as tp  # noqa: E402
+
+NAMES = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(6, 8)
+        self.relu = nn.ReLU()
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc2(self.relu(self.fc1(x)))
+
+
+def _batch(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g)
+
+
+def _grad_recorder(opt, model, store: list) -> None:
+    """What the optimizer consumes, read inside its own step pre-hook."""
+    opt.register_step_pre_hook(
+        lambda o, a, k: store.append({n: p.grad.clone() for n, p in model.named_parameters()}))
+
+
+def _assert_grads(t, steps: list[int], grads: list[dict]) -> None:
+    for s, g in zip(steps, grads, strict=True):
+        for n in NAMES:
+            assert t.tensor(f"gradient/Net_{n}").value(s).tobytes() == g[n].numpy().tobytes(), (s, n)
+
+
+@pytest.mark.parametrize("register", [True, False])
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_accumulation_and_clipping(tmp_path, writer, register):
+    """4 micro-batches per optimizer step, clip_grad_norm_ before the step: one step per optimizer step, its
+    gradients those the optimizer used (registered, or found at its first step: then from that step on)."""
+    torch.manual_seed(0)
+    model = Net()
+    hook = tp.Hook(out_dir=str(tmp_path), writer=writer, save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights", "gradients", "losses"])
+    hook.register_module(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if register:
+        hook.register_optimizer(opt)
+    grads: list[dict] = []
+    weights: list[dict] = []
+    _grad_recorder(opt, model, grads)
+    for step in range(12):
+        weights.append({n: p.detach().clone() for n, p in model.named_parameters()})
+        opt.zero_grad()
+        for micro in range(4):
+            x, y = _batch(step * 4 + micro)
+            (nn.functional.cross_entropy(model(x), y) / 4).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        opt.step()
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    first = 0 if register else 3  # (found at its first step: the micro-batches before it counted as steps)
+    assert t.steps() == list(range(12 + first))
+    saved = t.tensor("gradient/Net_fc1.weight").steps()[first:]
+    assert saved == list(range(first, 12 + first))
+    _assert_grads(t, saved, grads)
+    for s in range(first + 1, 12 + first):
+        assert t.tensor("Net_fc1.weight").value(s).tobytes() == weights[s - first]["fc1.weight"].numpy().tobytes()
+
+
+def test_grad_scaler_unscaled_and_skipped_steps(tmp_path):
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    hook = tp.Hook(out_dir=str(tmp_path), writer="thread", save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["gradients", "losses", "grad_scaler"])
+    hook.register_module(model)
+    hook.register_optimizer(opt)
+    hook.register_scaler(scaler)
+    grads: list[dict] = []
+    _grad_recorder(opt, model, grads)
+    scales = []
+    for step in range(5):
+        x, y = _batch(step)
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        if step == 2:
+            loss = loss * float("inf")  # non-finite gradients: the scaler skips this step
+        scaler.scale(loss).backward()
+        scales.append(scaler.get_scale())
+        scaler.step(opt)
+        scaler.update()
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    assert t.steps() == [0, 1, 2, 3, 4]
+    assert t.tensor("gradient/Net_fc1.weight").steps() == [0, 1, 3, 4]
+    _assert_grads(t, [0, 1, 3, 4], grads)  # unscaled: what the optimizer consumed
+    g = t.tensor("gradient/Net_fc1.weight").value(0)
+    assert np.abs(g).max() < 10  # (scaled by 65536 they would not be)
+    assert t.tensor("grad_scaler/skipped").steps() == [2]
+    assert t.tensor("grad_scaler/scale").value(2) == np.float32(scales[2])
+    assert t.tensor("grad_scaler/scale").value(3) == np.float32(scales[3]) < scales[2]
+
+
+def test_two_calls_and_an_eval_pass_per_step(tmp_path):
+    """A siamese step (the model called twice) with an eval pass inside the TRAIN step, no set_mode: one step
+    per optimizer step, gradients at every step, each call's outputs under its own name."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = tp.Hook(out_dir=str(tmp_path), writer="thread", save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["gradients", "relu_output"])
+    hook.register_module(model)
+    hook.register_optimizer(opt)
+    grads: list[dict] = []
+    _grad_recorder(opt, model, grads)
+    relu_out: list[torch.Tensor] = []
+    model.relu.register_forward_hook(lambda m, i, o: relu_out.append(o.detach().clone()))
+    for step in range(4):
+        relu_out.clear()
+        (x1, y), (x2, _y) = _batch(2 * step), _batch(2 * step + 1)
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x1) - model(x2), y)
+        loss.backward()
+        model.eval()
+        with torch.no_grad():
+            model(_batch(100 + step)[0])
+        model.train()
+        opt.step()
+        calls = list(relu_out)
+        hook.flush()
+        t = tp.create_trial(str(tmp_path))
+        for k, v in enumerate(calls):
+            assert t.tensor(f"relu_output_{k}").value(step).tobytes() == v.numpy().tobytes()
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    assert t.steps() == [0, 1, 2, 3]
+    _assert_grads(t, [0, 1, 2, 3], grads)
+    assert {"relu_output_0", "relu_output_1", "relu_output_2"} <= set(t.tensor_names())
+    assert "relu_output_3" not in t.tensor_names()
+
+
+def test_activation_checkpointing_saves_the_forward_once(tmp_path):
+    from torch.utils.checkpoint import checkpoint
+
+    class Ckpt(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 8))
+            self.head = nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.head(checkpoint(self.block, x, use_reentrant=False))
+
+    torch.manual_seed(0)
+    model = Ckpt()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = tp.Hook(out_dir=str(tmp_path), writer="thread", save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["relu_output", "gradients"])
+    hook.register_module(model)
+    seen: list[torch.Tensor] = []
+    model.block[1].register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
+    firsts = []
+    for step in range(3):
+        seen.clear()
+        x, y = _batch(step)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        assert len(seen) == 2  # the forward, and its recomputation in the backward pass
+        firsts.append(seen[0])
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    assert [n for n in t.tensor_names() if "output" in n] == ["block.1_output_0"]
+    for step in range(3):
+        assert t.tensor("block.1_output_0").value(step).tobytes() == firsts[step].numpy().tobytes()
+
+
+@pytest.mark.parametrize("order", ["register_then_compile", "compile_then_register", "module_compile"])
+def test_torch_compile_fullgraph(tmp_path, order, caplog):
+    """torch.compile(fullgraph=True) in every order: no graph break, weights, gradients and losses bit for bit
+    as the script reads them, and one warning naming the collection that cannot be captured inside it."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = Net()
+    loss_fn = nn.CrossEntropyLoss()
+    hook = tp.Hook(out_dir=str(tmp_path), writer="thread", save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights", "gradients", "losses", "relu_output"])
+    hook.register_loss(loss_fn)
+    if order == "register_then_compile":
+        hook.register_module(model)
+        run = torch.compile(model, fullgraph=True)
+    elif order == "compile_then_register":
+        run = torch.compile(model, fullgraph=True)
+        hook.register_module(run)
+    else:
+        model.compile(fullgraph=True)
+        hook.register_module(model)
+        run = model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    grads: list[dict] = []
+    _grad_recorder(opt, model, grads)
+    weights, losses = [], []
+    with caplog.at_level(logging.WARNING, logger="tensortap"):
+        for step in range(4):
+            weights.append(model.fc1.weight.detach().clone())
+            x, y = _batch(step)
+            opt.zero_grad()
+            loss = loss_fn(run(x), y)
+            loss.backward()
+            losses.append(loss.detach().clone())
+            opt.step()
+        hook.close()
+    assert dict(counters["graph_break"]) == {}
+    assert hook.error_count == 0
+    warnings = [r.getMessage() for r in caplog.records if "compiled" in r.getMessage()]
+    assert len(warnings) == 1 and "relu_output" in warnings[0], warnings
+    t = tp.create_trial(str(tmp_path))
+    assert t.steps() == [0, 1, 2, 3]
+    _assert_grads(t, [0, 1, 2, 3], grads)
+    for s in range(4):
+        assert t.tensor("Net_fc1.weight").value(s).tobytes() == weights[s].numpy().tobytes()
+    for s in range(4):
+        assert t.tensor("CrossEntropyLoss_output_0").value(s).tobytes() == losses[s].numpy().tobytes()
+
+
+@pytest.mark.parametrize("register", ["wrapper", "module"])
+def test_ddp_keeps_the_inner_module_names(tmp_path, register):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        net = Net()
+        ddp = nn.parallel.DistributedDataParallel(net)
+        hook = tp.Hook(out_dir=str(tmp_path), writer="thread", save_config=tp.SaveConfig(save_interval=1),
+                       include_collections=["weights", "gradients"])
+        hook.register_module(ddp if register == "wrapper" else net)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        grads: list[dict] = []
+        _grad_recorder(opt, net, grads)
+        for step in range(2):
+            x, y = _batch(step)
+            opt.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        hook.close()
+    finally:
+        dist.destroy_process_group()
+    t = tp.create_trial(str(tmp_path))
+    assert t.tensor_names() == sorted([f"Net_{n}" for n in ("fc1.weight", "fc2.weight")]
+                                      + [f"gradient/Net_{n}" for n in NAMES])
+    _assert_grads(t, [0, 1], grads)

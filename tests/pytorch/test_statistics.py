@@ -1,0 +1,77 @@
+"""Statistics-only capture: reductions computed where the tensors live (tensortap.pytorch._tensors.
+device_reductions) equal those of the values the script reads, for weights, gradients (read in the optimizer's
+step pre-hook) and module outputs, with either writer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import tensortap.pytorch as tp  # noqa: E402
+from tensortap.exceptions import TensorUnavailableForStep  # noqa: E402
+from tensortap.format.writer import compute_reduction  # noqa: E402
+from tensortap.pytorch._tensors import device_reductions  # noqa: E402
+
+REDUCTIONS = ["min", "max", "mean", "sum", "std", "variance", "nonfinite"]
+NORMS = ["l1", "l2"]
+
+
+def _close(a, b) -> None:
+    assert np.asarray(a).dtype == np.asarray(b).dtype
+    assert np.allclose(np.float64(a), np.float64(b), rtol=2e-6, atol=1e-7, equal_nan=True), (a, b)
+
+
+def test_device_reductions_match_the_writer():
+    g = torch.Generator().manual_seed(0)
+    ts = [torch.randn(7, 5, generator=g), torch.randn(3, generator=g).double(), torch.arange(6).reshape(2, 3),
+          torch.tensor([1.0, float("nan"), -float("inf"), 2.0])]
+    keys = [(r, a) for r in REDUCTIONS + NORMS for a in (False, True)]
+    got = device_reductions(ts, [tuple(keys)] * len(ts))
+    for t, rv in zip(ts, got, strict=True):
+        for (name, abs_), v in rv.items():
+            if name in ("std", "variance", "mean", "sum") and not torch.isfinite(t.double()).all():
+                continue  # (NaN either way)
+            ref = compute_reduction(t.numpy(), name, abs_)
+            if t.dtype == torch.int64 and name != "nonfinite":
+                assert np.isclose(float(v), float(ref)), (name, abs_)
+            else:
+                _close(v, ref)
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_statistics_only_equal_those_of_the_values_read(tmp_path, writer):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rc = tp.ReductionConfig(reductions=["min", "max", "mean"], norms=["l2"], abs_reductions=["max"])
+    hook = tp.Hook(out_dir=str(tmp_path), writer=writer, save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights", "biases", "gradients", "relu_output"], reduction_config=rc)
+    hook.register_module(model)
+    rec: list[tuple[dict, dict]] = []
+    opt.register_step_pre_hook(lambda o, a, k: rec[-1][1].update(
+        {n: p.grad.clone() for n, p in model.named_parameters()}))
+    relu = []
+    model[1].register_forward_hook(lambda m, i, o: relu.append(o.detach().clone()))
+    for _step in range(3):
+        rec.append(({n: p.detach().clone() for n, p in model.named_parameters()}, {}))
+        x, y = torch.randn(4, 6), torch.randint(0, 3, (4,))
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    for step, (w, grads) in enumerate(rec):
+        for n in w:
+            for name, values in ((f"Sequential_{n}", w), (f"gradient/Sequential_{n}", grads)):
+                tt = t.tensor(name)
+                with pytest.raises(TensorUnavailableForStep):
+                    tt.value(step)  # no raw value: statistics only
+                arr = values[n].numpy()
+                for red in ("min", "max", "mean"):
+                    _close(tt.reduction_value(step, red), compute_reduction(arr, red, False))
+                _close(tt.reduction_value(step, "l2"), compute_reduction(arr, "l2", False))
+                _close(tt.reduction_value(step, "max", abs=True), compute_reduction(arr, "max", True))
+        _close(t.tensor("1_output_0").reduction_value(step, "l2"), compute_reduction(relu[step].numpy(), "l2", False))
