@@ -147,7 +147,8 @@ def test_every_step_handed_over_after_it_ends_at_its_own_step(tmp_path, writer):
         if k == 2:
             hook.flush()
             live = tm.create_trial(out)
-            assert live.steps() == [0, 1]  # (flush hands over the last step that ended; step 2 has not)
+            # create_trial in the training thread ends the open step and hands it over (visible without close)
+            assert live.steps() == [0, 1, 2]
             # Every step saves: none may look passed without its tensors (a rule would skip it as not saved).
             states = [live.has_passed_step(s) for s in range(3)]
             assert StepState.UNAVAILABLE not in states, states
@@ -379,9 +380,10 @@ def test_modes_and_mode_steps(tmp_path):
     train(net, 2, None, loss_fn=loss_fn, trainer=trainer, start=3)  # (the hook is registered already)
     hook.close()
     t = tm.create_trial(out)
-    assert t.steps() == [0, 2, 3, 5, 7]  # TRAIN 0, 2 | EVAL 0, 2 (global 3, 5) | TRAIN 4 (global 7)
-    assert t.steps(mode=TRAIN) == [0, 2, 4] and t.steps(mode=EVAL) == [0, 2]
-    assert [t.mode(s) for s in t.steps()] == [TRAIN, TRAIN, EVAL, EVAL, TRAIN]
+    # TRAIN 0, 2 | EVAL 0, 1, 2 (global 3, 4, 5: EVAL losses are saved at every step) | TRAIN 4 (global 7)
+    assert t.steps() == [0, 2, 3, 4, 5, 7]
+    assert t.steps(mode=TRAIN) == [0, 2, 4] and t.steps(mode=EVAL) == [0, 1, 2]
+    assert [t.mode(s) for s in t.steps()] == [TRAIN, TRAIN, EVAL, EVAL, EVAL, TRAIN]
     g = t.tensor("gradient/dense0_weight")
     assert g.steps(mode=TRAIN) == [0, 2, 4] and g.steps(mode=EVAL) == []
     assert same(g.value(0, mode=TRAIN), rec[(0, "gradient/dense0_weight")])
@@ -408,8 +410,8 @@ def test_steps_between_saving_steps_are_counted_across_modes(tmp_path):
     assert hook.step == 17 and hook.mode_steps[TRAIN] == 12
     hook.close()
     t = tm.create_trial(out)
-    assert t.steps(mode=TRAIN) == [0, 4, 8, 12] and t.steps(mode=EVAL) == [0, 4]
-    assert t.steps() == [0, 4, 8, 10, 14, 17]
+    assert t.steps(mode=TRAIN) == [0, 4, 8, 12] and t.steps(mode=EVAL) == [0, 1, 2, 3, 4]  # (EVAL losses: every step)
+    assert t.steps() == [0, 4, 8, 10, 11, 12, 13, 14, 17]
     for s in (0, 4, 8, 12):
         assert same(t.tensor("gradient/dense0_weight").value(s, mode=TRAIN), rec[(s, "gradient/dense0_weight")])
     assert same(t.tensor(LOSS).value(4, mode=EVAL), eval_losses[4])
