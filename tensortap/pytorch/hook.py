@@ -106,6 +106,17 @@ def _in_backward() -> bool:
     return _graph_task_id() != -1
 
 
+def _closure_of(optimizer: Any, args: Any, kwargs: Any) -> Any:
+    """The closure of `optimizer.step(closure)` as an optimizer step hook sees the call (torch passes the
+    optimizer itself first among `args`), or None."""
+    closure = kwargs.get("closure") if kwargs else None
+    if closure is None:
+        for a in args or ():
+            if a is not optimizer and callable(a):
+                return a
+    return closure
+
+
 def _no_graph_task() -> int:
     return -1
 
@@ -257,6 +268,7 @@ class Hook(BaseHook):
         self._forward_seen = False  # a registered module's forward ran in the current saving step
         self._module_io_seen = False  # a module input/output hook ran in the current saving step
         self._forward_unseen = False  # registered modules run compiled: their forwards are never seen
+        self._closure_opt: Any = None  # an optimizer inside `step(closure)`: gradients read after it
         self._scalers: list[Any] = []
         self._grad_reduced: list[dict] | None = None  # the step's gradient statistics, computed at capture
         self._reduced_records: list[Record] = []  # the step's statistics, handed over when it ends
@@ -492,9 +504,36 @@ class Hook(BaseHook):
         self._opt_consumed = True
         if self.clock.mode in _NO_GRAD_MODES:
             return
+        closure = _closure_of(optimizer, args, kwargs)
         try:
+            if closure is not None and not self._forward_unseen:
+                # `step(closure)` (LBFGS, Lightning): the forward and backward run inside the step, after this
+                # hook; the closure's forward begins the step and the gradients are read after it
+                # (_optimizer_hook: torch's optimizers never change `.grad`)
+                self._closure_opt = optimizer
+                return
             if not self.clock.in_step or self._opt_stepped:
                 # no forward of a registered module began this step: it runs compiled (or is not called)
+                if self._roots and not self._forward_unseen:
+                    self._roots_unseen()
+                self._begin_train_step()
+            if closure is not None:
+                self._closure_opt = optimizer
+                return
+            if self._saving and self._grad_targets:
+                self._collect_grads()
+                if self._scalers:
+                    self._save_scale(self._scalers[0], False)
+        except Exception as e:  # noqa: BLE001
+            self._fail("optimizer pre-hook", e)
+
+    def _after_closure(self) -> None:
+        """After `step(closure)`: the gradients the closure's backward left are what the optimizer consumed."""
+        if self.clock.mode in _NO_GRAD_MODES:
+            return
+        try:
+            if not self.clock.in_step or self._opt_stepped:
+                # the closure's forward was not seen: the model runs compiled
                 if self._roots and not self._forward_unseen:
                     self._roots_unseen()
                 self._begin_train_step()
@@ -503,7 +542,7 @@ class Hook(BaseHook):
                 if self._scalers:
                     self._save_scale(self._scalers[0], False)
         except Exception as e:  # noqa: BLE001
-            self._fail("optimizer pre-hook", e)
+            self._fail("optimizer hook", e)
 
     def _loss_step_hook(self, module: nn.Module, args: Any) -> None:
         """With the model's forward unseen (compiled), a registered loss's forward begins the step."""
@@ -804,6 +843,9 @@ class Hook(BaseHook):
     def _optimizer_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self.disabled or self._closed or id(optimizer) not in self._opts:
             return
+        if self._closure_opt is optimizer:
+            self._closure_opt = None
+            self._after_closure()
         self._opt_stepped = True  # the next forward (or loss, or optimizer step) begins the next step
         if not self._saving or self.mode in (_modes.EVAL, _modes.PREDICT):
             return

@@ -270,3 +270,43 @@ def test_ddp_keeps_the_inner_module_names(tmp_path, register):
     assert t.tensor_names() == sorted([f"Net_{n}" for n in ("fc1.weight", "fc2.weight")]
                                       + [f"gradient/Net_{n}" for n in NAMES])
     _assert_grads(t, [0, 1], grads)
+
+
+@pytest.mark.parametrize("registered", [True, False])
+def test_step_with_a_closure_saves_what_the_closure_computed(tmp_path, caplog, registered):
+    """`optimizer.step(closure)` (LBFGS-style, and how Lightning steps): the forward and backward run inside the
+    optimizer's step, after its pre-hook. The gradients saved are those the closure's backward left (what the
+    step consumed), the weights those its forward used; the model is not taken for a compiled one."""
+    torch.manual_seed(0)
+    model, loss_fn = Net(), nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    out = str(tmp_path / "job")
+    hook = tp.Hook(out, save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights", "biases", "gradients", "losses"])
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    if registered:
+        hook.register_optimizer(opt)
+    seen = []
+    with caplog.at_level(logging.INFO, logger="tensortap"):
+        for k in range(4):
+            x, y = _batch(k)
+
+            def closure(x=x, y=y):
+                opt.zero_grad()
+                weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                seen.append((weights, {n: p.grad.clone() for n, p in model.named_parameters()}))
+                return loss
+
+            opt.step(closure)
+    hook.close()
+    assert not [r for r in caplog.records if "compiled" in r.getMessage()]
+    trial = tp.create_trial(out)
+    assert trial.tensor("gradient/Net_fc1.weight").steps() == [0, 1, 2, 3]
+    for k in range(4):
+        weights, grads = seen[k]
+        for n in NAMES:
+            assert np.array_equal(trial.tensor(f"gradient/Net_{n}").value(k), grads[n].numpy()), (k, n)
+            assert np.array_equal(trial.tensor(f"Net_{n}").value(k), weights[n].numpy()), (k, n)
