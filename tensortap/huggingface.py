@@ -51,21 +51,10 @@ class TensortapCallback(TrainerCallback):
         self._saved_here: set[str] = set()
         self._model_gives_loss = False  # (then the logs' `loss`, a mean over the logging window, is not saved)
 
-    # --- guard --------------------------------------------------------------------------------
-
-    def _run(self, where: str, fn: Any, *args: Any) -> None:
-        cap = self.capture
-        if cap._failed or (cap.hook is not None and cap.hook.disabled):
-            return
-        try:
-            fn(*args)
-        except Exception as e:  # noqa: BLE001 - never break training
-            cap.fail(where, e)
-
     # --- life ---------------------------------------------------------------------------------
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
-        self._run("on_train_begin", self._begin, args, model)
+        self.capture.run("on_train_begin", self._begin, args, model)
 
     def _begin(self, args: Any, model: Any) -> None:
         from tensortap.pytorch import auto
@@ -112,7 +101,7 @@ class TensortapCallback(TrainerCallback):
     # --- training -------------------------------------------------------------------------------
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self._run("on_step_begin", self._step_begin, state)
+        self.capture.run("on_step_begin", self._step_begin, state)
 
     def _step_begin(self, state: Any) -> None:
         self.capture.begin(_modes.TRAIN, state.global_step)
@@ -120,7 +109,7 @@ class TensortapCallback(TrainerCallback):
         self._saved_here = set()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self._run("on_pre_optimizer_step", self._pre_optimizer_step)
+        self.capture.run("on_pre_optimizer_step", self._pre_optimizer_step)
 
     def _pre_optimizer_step(self) -> None:
         cap = self.capture
@@ -129,7 +118,7 @@ class TensortapCallback(TrainerCallback):
             cap.save_gradients()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self._run("on_step_end", self._step_end, args, state, control)
+        self.capture.run("on_step_end", self._step_end, args, state, control)
 
     def _step_end(self, args: Any, state: Any, control: Any) -> None:
         cap = self.capture
@@ -162,7 +151,7 @@ class TensortapCallback(TrainerCallback):
     # --- evaluation and logs ----------------------------------------------------------------------
 
     def on_prediction_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self._run("on_prediction_step", self._prediction_step)
+        self.capture.run("on_prediction_step", self._prediction_step)
 
     def _prediction_step(self) -> None:
         self.capture.begin(_modes.EVAL)
@@ -173,10 +162,10 @@ class TensortapCallback(TrainerCallback):
         self._pending = []
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kw: Any) -> None:
-        self._run("on_evaluate", self._save_logs, metrics)
+        self.capture.run("on_evaluate", self._save_logs, metrics)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
-        self._run("on_log", self._save_logs, logs)
+        self.capture.run("on_log", self._save_logs, logs)
 
     def _save_logs(self, logs: Any) -> None:
         if not logs:

@@ -51,21 +51,10 @@ class _TensortapCallbackMixin:
         self._eval_metrics: set[str] = set()  # names logged during evaluation (saved at its end)
         self._names_before: set[str] = set()
 
-    # --- guard --------------------------------------------------------------------------------
-
-    def _run(self, where: str, fn: Any, *args: Any) -> None:
-        cap = self.capture
-        if cap._failed or (cap.hook is not None and cap.hook.disabled):
-            return
-        try:
-            fn(*args)
-        except Exception as e:  # noqa: BLE001 - never break training
-            cap.fail(where, e)
-
     # --- set-up and end -------------------------------------------------------------------------
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        self._run("setup", self._setup, trainer, pl_module)
+        self.capture.run("setup", self._setup, trainer, pl_module)
 
     def _setup(self, trainer: Any, pl_module: Any) -> None:
         from tensortap.pytorch import auto
@@ -77,7 +66,7 @@ class _TensortapCallbackMixin:
             self.capture.set_model(pl_module)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        self._run("on_train_start", self._hook_optimizers, trainer)
+        self.capture.run("on_train_start", self._hook_optimizers, trainer)
 
     def _hook_optimizers(self, trainer: Any) -> None:
         for h in self._handles:
@@ -109,7 +98,7 @@ class _TensortapCallbackMixin:
     # --- training -------------------------------------------------------------------------------
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        self._run("on_train_batch_start", self._train_batch_start, trainer)
+        self.capture.run("on_train_batch_start", self._train_batch_start, trainer)
 
     def _train_batch_start(self, trainer: Any) -> None:
         cap = self.capture
@@ -119,7 +108,7 @@ class _TensortapCallbackMixin:
             self._stepped = False
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        self._run("on_before_optimizer_step", self._before_optimizer_step)
+        self.capture.run("on_before_optimizer_step", self._before_optimizer_step)
 
     def _before_optimizer_step(self) -> None:
         cap = self.capture
@@ -128,7 +117,7 @@ class _TensortapCallbackMixin:
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._stepped = True
-        self._run("optimizer step", self._after_step)
+        self.capture.run("optimizer step", self._after_step)
 
     def _after_step(self) -> None:
         cap = self.capture
@@ -136,7 +125,7 @@ class _TensortapCallbackMixin:
             cap.save_gradients()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self._run("on_train_batch_end", self._train_batch_end, trainer, pl_module, outputs)
+        self.capture.run("on_train_batch_end", self._train_batch_end, trainer, pl_module, outputs)
 
     def _train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any) -> None:
         cap = self.capture
@@ -189,30 +178,30 @@ class _TensortapCallbackMixin:
 
     def on_validation_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
                                   dataloader_idx: int = 0) -> None:
-        self._run("on_validation_batch_start", self._eval_batch_start, trainer, _modes.EVAL)
+        self.capture.run("on_validation_batch_start", self._eval_batch_start, trainer, _modes.EVAL)
 
     def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
                                 dataloader_idx: int = 0) -> None:
-        self._run("on_validation_batch_end", self._eval_batch_end, trainer, outputs)
+        self.capture.run("on_validation_batch_end", self._eval_batch_end, trainer, outputs)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if not trainer.sanity_checking:
-            self._run("on_validation_end", self._save_metrics, trainer, True)
+            self.capture.run("on_validation_end", self._save_metrics, trainer, True)
 
     def on_test_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
                             dataloader_idx: int = 0) -> None:
-        self._run("on_test_batch_start", self._eval_batch_start, trainer, _modes.EVAL)
+        self.capture.run("on_test_batch_start", self._eval_batch_start, trainer, _modes.EVAL)
 
     def on_test_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
                           dataloader_idx: int = 0) -> None:
-        self._run("on_test_batch_end", self._eval_batch_end, trainer, outputs)
+        self.capture.run("on_test_batch_end", self._eval_batch_end, trainer, outputs)
 
     def on_test_end(self, trainer: Any, pl_module: Any) -> None:
-        self._run("on_test_end", self._save_metrics, trainer, True)
+        self.capture.run("on_test_end", self._save_metrics, trainer, True)
 
     def on_predict_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
                                dataloader_idx: int = 0) -> None:
-        self._run("on_predict_batch_start", self._eval_batch_start, trainer, _modes.PREDICT)
+        self.capture.run("on_predict_batch_start", self._eval_batch_start, trainer, _modes.PREDICT)
 
     # --- logged metrics -----------------------------------------------------------------------------
 

@@ -505,44 +505,31 @@ class Hook(BaseHook):
         if self.clock.mode in _NO_GRAD_MODES:
             return
         closure = _closure_of(optimizer, args, kwargs)
+        if closure is not None:
+            # `step(closure)` (LBFGS, Lightning): the forward and backward run inside the step, after this hook;
+            # the gradients are read after it (_optimizer_hook: torch's optimizers never change `.grad`). The
+            # closure's forward begins the step, unless the model runs compiled (its forward is never seen)
+            self._closure_opt = optimizer
+            if self._forward_unseen:
+                self._consume_gradients(begin_only=True)
+            return
+        self._consume_gradients()
+
+    def _consume_gradients(self, begin_only: bool = False) -> None:
+        """Begin the TRAIN step if no forward of a registered module began it, and save the gradients the
+        optimizer is about to consume (or has just consumed, after a closure)."""
         try:
-            if closure is not None and not self._forward_unseen:
-                # `step(closure)` (LBFGS, Lightning): the forward and backward run inside the step, after this
-                # hook; the closure's forward begins the step and the gradients are read after it
-                # (_optimizer_hook: torch's optimizers never change `.grad`)
-                self._closure_opt = optimizer
-                return
             if not self.clock.in_step or self._opt_stepped:
                 # no forward of a registered module began this step: it runs compiled (or is not called)
                 if self._roots and not self._forward_unseen:
                     self._roots_unseen()
                 self._begin_train_step()
-            if closure is not None:
-                self._closure_opt = optimizer
-                return
-            if self._saving and self._grad_targets:
+            if not begin_only and self._saving and self._grad_targets:
                 self._collect_grads()
                 if self._scalers:
                     self._save_scale(self._scalers[0], False)
         except Exception as e:  # noqa: BLE001
-            self._fail("optimizer pre-hook", e)
-
-    def _after_closure(self) -> None:
-        """After `step(closure)`: the gradients the closure's backward left are what the optimizer consumed."""
-        if self.clock.mode in _NO_GRAD_MODES:
-            return
-        try:
-            if not self.clock.in_step or self._opt_stepped:
-                # the closure's forward was not seen: the model runs compiled
-                if self._roots and not self._forward_unseen:
-                    self._roots_unseen()
-                self._begin_train_step()
-            if self._saving and self._grad_targets:
-                self._collect_grads()
-                if self._scalers:
-                    self._save_scale(self._scalers[0], False)
-        except Exception as e:  # noqa: BLE001
-            self._fail("optimizer hook", e)
+            self._fail("optimizer step", e)
 
     def _loss_step_hook(self, module: nn.Module, args: Any) -> None:
         """With the model's forward unseen (compiled), a registered loss's forward begins the step."""
@@ -845,7 +832,8 @@ class Hook(BaseHook):
             return
         if self._closure_opt is optimizer:
             self._closure_opt = None
-            self._after_closure()
+            if self.clock.mode not in _NO_GRAD_MODES:
+                self._consume_gradients()
         self._opt_stepped = True  # the next forward (or loss, or optimizer step) begins the next step
         if not self._saving or self.mode in (_modes.EVAL, _modes.PREDICT):
             return

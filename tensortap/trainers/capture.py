@@ -157,6 +157,16 @@ class TrainerCapture:
     def active(self) -> bool:
         return self.hook is not None and self.hook.active and not self._failed
 
+    def run(self, where: str, fn: Any, *args: Any) -> None:
+        """`fn(*args)` for a trainer callback: nothing once the capture is off; an error turns it off (logged
+        once), never reaching the trainer."""
+        if self._failed or (self.hook is not None and self.hook.disabled):
+            return
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001 - never break training
+            self.fail(where, e)
+
     def fail(self, where: str, e: BaseException) -> None:
         """Never break training: log once, turn the capture off."""
         if self.hook is not None:
