@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -132,6 +133,7 @@ class TrainerCapture:
         self._failed = False
         #: whether anything saves at the open step (found when it begins: every later check is this flag)
         self.saving = False
+        self._next_save = 0.0  # the next step of the open step's mode that saves anything
 
     # --- life ---------------------------------------------------------------------------------
 
@@ -183,18 +185,31 @@ class TrainerCapture:
     # --- steps --------------------------------------------------------------------------------
 
     def begin(self, mode: _modes.ModeKeys, mode_step: int | None = None) -> None:
-        if self.active:
-            self.hook.begin(mode, mode_step)
-            self.saving = bool(self.hook.collections_to_save())
-        else:
+        """Begin step `mode_step` (default: the next) of `mode`. A step known to save nothing after one that
+        saved nothing in the same mode is only counted (readers learn it passed when a later step ends), as the
+        framework hooks count their quiet steps."""
+        if not self.active:
             self.saving = False
+            return
+        h = self.hook
+        clock = h.clock
+        if not self.saving and clock.in_step and mode is clock.mode:
+            target = clock.mode_steps[mode] + 1 if mode_step is None else int(mode_step)
+            if clock.mode_steps[mode] < target < self._next_save and time.monotonic() < h.counting_deadline():
+                clock.mode_steps[mode] = target - 1
+                clock.advance()
+                return
+        h.begin(mode, mode_step)
+        self.saving = bool(h.collections_to_save())
+        self._next_save = math.inf if self.saving else h.next_saving_step()
 
     def current(self) -> tuple[_modes.ModeKeys, int] | None:
         """(mode, mode step) of the open step, or None."""
         h = self.hook
         if h is None or not h.clock.in_step:
             return None
-        return h.mode, h.mode_step
+        clock = h.clock
+        return clock.mode, clock.mode_steps[clock.mode]
 
     def saves(self, collection: str) -> bool:
         """Whether `collection` saves anything at the open step."""
