@@ -86,17 +86,7 @@ class TensortapCallback(TrainerCallback):
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
-        cap = self.capture
-        if cap.hook is None:
-            return
-        try:
-            if cap.rule_specs:
-                cap.close()  # the job ends: the rules judge its last steps and finish
-            else:
-                cap.hook.end_step()
-                cap.hook.flush()
-        except Exception as e:  # noqa: BLE001
-            cap.fail("on_train_end", e)
+        self.capture.end_of_training(job_ends=True)
 
     # --- training -------------------------------------------------------------------------------
 

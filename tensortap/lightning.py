@@ -77,17 +77,7 @@ class _TensortapCallbackMixin:
         for h in self._handles:
             h.remove()
         self._handles = []
-        cap = self.capture
-        if cap.hook is None:
-            return
-        try:
-            if cap.rule_specs and stage == "fit":
-                cap.close()  # the job ends: the rules judge its last steps and finish
-            else:
-                cap.hook.end_step()
-                cap.hook.flush()
-        except Exception as e:  # noqa: BLE001
-            cap.fail("teardown", e)
+        self.capture.end_of_training(job_ends=stage == "fit")
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         try:

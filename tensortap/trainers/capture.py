@@ -119,6 +119,11 @@ class TrainerCapture:
                                        "names")
         if not isinstance(stop_on_issue, bool):
             raise InvalidConfiguration(f"stop_on_issue={stop_on_issue!r} must be True or False")
+        if include_workers not in ("one", "all"):
+            raise InvalidConfiguration(f"include_workers={include_workers!r}: allowed are 'one' and 'all'")
+        if reduction_config is not None and not isinstance(reduction_config, ReductionConfig):
+            raise InvalidConfiguration(f"reduction_config={reduction_config!r} must be a tensortap.ReductionConfig "
+                                       "or None")
         self.rule_specs = _rule_specs(rules)
         self.stop_on_issue = stop_on_issue
         self._hook_kwargs = dict(save_config=save_config, reduction_config=reduction_config,
@@ -176,6 +181,20 @@ class TrainerCapture:
         else:
             logger.error("tensortap: trainer callback (%s) failed and is off: %s", where, e)
         self._failed = True
+
+    def end_of_training(self, job_ends: bool) -> None:
+        """Training returned: everything saved is made readable; with rules, when the job ends (`job_ends`), the
+        hook closes so that they judge its last steps and finish."""
+        if self.hook is None:
+            return
+        try:
+            if self.rule_specs and job_ends:
+                self.close()
+            else:
+                self.hook.end_step()
+                self.hook.flush()
+        except Exception as e:  # noqa: BLE001 - never break training
+            self.fail("end of training", e)
 
     def close(self, wait_for_rules: bool = True) -> None:
         if self.hook is not None:

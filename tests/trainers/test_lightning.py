@@ -114,6 +114,10 @@ def test_bad_arguments_are_one_line_errors(tmp_path):
         TensortapCallback(out_dir=str(tmp_path / "a"), rules=["no_such_rule"])
     with pytest.raises(InvalidConfiguration, match="include_collections"):
         TensortapCallback(out_dir=str(tmp_path / "b"), include_collections="weights")
+    with pytest.raises(InvalidConfiguration, match="include_workers='every'"):
+        TensortapCallback(out_dir=str(tmp_path / "c"), include_workers="every")
+    with pytest.raises(InvalidConfiguration, match="save_interval"):
+        TensortapCallback(out_dir=str(tmp_path / "d"), save_config=0)
 
 
 def test_a_failing_capture_never_breaks_training(tmp_path, caplog, monkeypatch):
