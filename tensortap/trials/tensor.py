@@ -345,6 +345,9 @@ class Tensor:
         g = self._global(step_num, mode)
         if g is not None:
             rows = self._rows_at(self._part(key), g)
+            if worker is not None and len(rows):  # another worker's saved reduction is not this one's
+                src = self.trial.source
+                rows = rows[[src.workers[int(w)] == worker for w in rows["worker"]]]
             if len(rows):
                 row = self._pick_worker(rows, worker, step_num)
                 return _scalar(self.trial.source.read_values(row.reshape(1))[0])
