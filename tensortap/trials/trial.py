@@ -443,6 +443,28 @@ class Trial:
 
         return bulk.statistics(self, names, stats, mode=mode, worker=worker, steps=steps)
 
+    def wall_time(self, global_steps: Iterable[int]) -> np.ndarray:
+        """UNIX seconds at which each global step's data became readable: the time of the index flush (the block
+        header's `time`, docs/format.md §3.1) that first held or passed the step, the earliest over the workers;
+        at most one flush interval (0.5 s by default) after the step was saved. NaN where unknown (smdebug
+        out_dirs record no time; a step no flush has reached yet)."""
+        steps = np.asarray(list(global_steps) if not isinstance(global_steps, np.ndarray) else global_steps,
+                           dtype=np.int64)
+        out = np.full(len(steps), np.inf)
+        bt = getattr(self.source, "block_times", None)
+        if not bt or not len(steps):
+            return np.full(len(steps), np.nan)
+        arr = np.asarray(bt, dtype=np.float64)
+        for wid in np.unique(arr[:, 0]).tolist():
+            rows = arr[arr[:, 0] == wid]
+            upto = np.maximum.accumulate(rows[:, 1])  # blocks in the order read: a worker's steps only grow
+            times = rows[:, 2]
+            i = np.searchsorted(upto, steps, side="left")
+            ok = i < len(times)
+            out[ok] = np.minimum(out[ok], times[i[ok]])
+        out[~np.isfinite(out)] = np.nan
+        return out
+
     def values_of(
         self,
         names: Iterable[str] | None = None,

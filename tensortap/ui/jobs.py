@@ -9,6 +9,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tensortap.trials import Trial, create_trial
 from tensortap.trials.summary import RULE_STATUSES, rule_runs, rule_summary  # noqa: F401 - named here for callers
 from tensortap.ui.series import is_scalar
@@ -16,8 +18,6 @@ from tensortap.ui.series import is_scalar
 #: bytes of per-step statistics a Job keeps for the tensors drawn last (the layers page and the heatmap draw
 #: the same ones); the least recently drawn go first
 STATS_CACHE_BYTES = 64 << 20
-#: a live job's statistics are extended step by step up to this many new steps, recomputed beyond
-INCREMENTAL_STEPS = 200
 
 _XGB_NON_SCALAR = re.compile(
     r"^(feature_importance|average_shap|full_shap|hyperparameters|trees)/|^(labels|predictions)$")
@@ -179,6 +179,18 @@ class Job:
         return np.fromiter((-1 if (g := to_global(mode, s)) is None else g for s in steps.tolist()),
                            dtype=np.int64, count=len(steps))
 
+    def wall_seconds(self, global_steps: Any) -> list[float | None] | None:
+        """Seconds since the job's first saved step at which each global step was written (Trial.wall_time: the
+        index flush that made it readable, to within a flush interval), None where unknown; None when the job
+        records no times at all (smdebug out_dirs)."""
+        with self.lock:
+            first = self.trial.steps(show_incomplete_steps=True)[:1]
+            origin = self.trial.wall_time(first)
+            if not len(origin) or not np.isfinite(origin[0]):
+                return None
+            rel = self.trial.wall_time(np.asarray(global_steps, dtype=np.int64)) - origin[0]
+        return [round(float(x), 3) if np.isfinite(x) else None for x in rel.tolist()]
+
     def warm(self) -> None:
         """Index the job and read its curves now (the dashboard's start), not on the page's first request."""
         from tensortap import modes as _modes
@@ -192,53 +204,66 @@ class Job:
 
     def stats(self, name: str, worker: str | None = None,
               which: tuple[str, ...] = ("l2", "min", "max", "nonfinite")) -> dict[str, tuple[Any, Any]]:
-        """{stat: (steps, values)} of tensor `name`'s statistics `which` (of L2 norm, min, max, non-finite
-        count) at every saved step (series.stat_series), kept (up to STATS_CACHE_BYTES) and extended as the
-        job grows; a statistic asked for later is read then (the heatmap asks for norms only)."""
-        from tensortap.ui.series import stat_series
+        """{stat: (steps, values)} of tensor `name`'s statistics `which` (see stats_many)."""
+        return self.stats_many([name], worker, which)[name]
+
+    def stats_many(self, names: list[str], worker: str | None = None,
+                   which: tuple[str, ...] = ("l2", "min", "max", "nonfinite")) -> dict[str, dict[str, tuple[Any, Any]]]:
+        """{tensor: {stat: (steps, values)}} of the statistics `which` (of L2 norm, min, max, mean, non-finite
+        count) of tensors `names` at every saved step (series.stat_series' values), kept (up to
+        STATS_CACHE_BYTES) and extended as the job grows. What is not kept yet is read for all the tensors at
+        once (Trial.statistics: one pass over the index and the raw values): a statistic asked for later is
+        read then (the heatmap asks for norms only), a live job's new steps only are read."""
+        from tensortap.ui.series import stat_bulk
 
         with self.lock:
-            key = (name, worker)
-            hit = self._stats.pop(key, None)
-            tensor = self.trial.tensor(name)
-            if hit is not None and hit[0] == self.trial.generation:
-                got, asked = hit[1], hit[2]
-            elif hit is not None and (ext := self._extended(tensor, hit[1], worker)) is not None:
-                got, asked = ext, hit[2]
-            else:
-                got, asked = stat_series(tensor, which, worker=worker), set(which)
-            missing = tuple(s for s in which if s not in asked)
-            if missing:
-                got = {**got, **stat_series(tensor, missing, worker=worker)}
-                asked = asked | set(missing)
-            self._stats[key] = (self.trial.generation, got, asked)
-            size = sum(a.nbytes + b.nbytes for entry in self._stats.values() for a, b in entry[1].values())
-            while len(self._stats) > 1 and size > STATS_CACHE_BYTES:
-                _, (_, old, _) = self._stats.popitem(last=False)
-                size -= sum(a.nbytes + b.nbytes for a, b in old.values())
-            return got
+            gen = self.trial.generation
+            out: dict[str, dict[str, tuple[Any, Any]]] = {}
+            fresh: list[str] = []  # read whole
+            grow: dict[int, list[str]] = {}  # last step kept -> tensors to extend past it
+            for n in dict.fromkeys(names):
+                hit = self._stats.get((n, worker))
+                if hit is not None and hit[0] == gen and all(s in hit[2] for s in which):
+                    out[n] = hit[1]
+                    continue
+                last = None
+                if hit is not None and all(s in hit[2] for s in which):
+                    last = max((int(st[-1]) for st, _ in hit[1].values() if len(st)), default=None)
+                if last is None:
+                    fresh.append(n)
+                else:
+                    grow.setdefault(last, []).append(n)
+            asked = set(which)
+            if fresh:
+                for n, got in stat_bulk(self.trial, fresh, which, worker=worker).items():
+                    out[n] = got
+                    self._keep(n, worker, got, asked)
+            for last, group in grow.items():
+                new = stat_bulk(self.trial, group, tuple(self._stats[(group[0], worker)][2]), worker=worker,
+                                steps=(last + 1, None))
+                for n in group:
+                    old, kept = self._stats[(n, worker)][1], self._stats[(n, worker)][2]
+                    got = {}
+                    for k in kept:
+                        st, v = old.get(k, (np.empty(0, np.int64), np.empty(0)))
+                        add = new[n].get(k)
+                        got[k] = (st, v) if add is None else (np.concatenate([st, add[0]]),
+                                                               np.concatenate([v, add[1]]))
+                    got = {k: v for k, v in got.items() if len(v[0])}
+                    out[n] = got
+                    self._keep(n, worker, got, kept)
+            return {n: {k: v for k, v in out[n].items() if k in which} for n in dict.fromkeys(names)}
 
-    @staticmethod
-    def _extended(tensor: Any, old: dict[str, tuple[Any, Any]], worker: str | None) -> dict | None:
-        """`old` statistics with the steps saved since (a live job: each new step's value is read once),
-        or None when a full recomputation is due (no old steps, or many new ones)."""
-        import numpy as np
-
-        from tensortap.ui.series import stats_at
-
-        last = max((int(st[-1]) for st, _ in old.values() if len(st)), default=None)
-        if last is None:
-            return None
-        new = [s for s in tensor.steps() if s > last]
-        if len(new) > INCREMENTAL_STEPS:
-            return None
-        rows = [(s, stats_at(tensor, s, worker)) for s in new]
-        out = {}
-        for k, (st, v) in old.items():
-            add = [(s, r[k]) for s, r in rows if k in r]
-            out[k] = (np.concatenate([st, np.array([a for a, _ in add], dtype=st.dtype)]),
-                      np.concatenate([v, np.array([b for _, b in add], dtype=np.float64)]))
-        return out
+    def _keep(self, name: str, worker: str | None, got: dict, asked: set) -> None:
+        """Keep `got` (the statistics `asked` of `name`) for this generation, the least recently drawn going first
+        beyond STATS_CACHE_BYTES."""
+        key = (name, worker)
+        self._stats.pop(key, None)
+        self._stats[key] = (self.trial.generation, got, set(asked))
+        size = sum(a.nbytes + b.nbytes for entry in self._stats.values() for a, b in entry[1].values())
+        while len(self._stats) > 1 and size > STATS_CACHE_BYTES:
+            _, (_, old, _) = self._stats.popitem(last=False)
+            size -= sum(a.nbytes + b.nbytes for a, b in old.values())
 
     def rules(self) -> list[dict[str, Any]]:
         """Every rule of the job (see rules_of)."""

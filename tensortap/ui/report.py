@@ -84,8 +84,9 @@ def report_distributions(job: Any, patterns: list[str] | None = None, limit: int
             if t in choices and t not in chosen:
                 chosen.append(t)
     largest = []
+    norms = job.stats_many(job.kinds.gradients) if job.kinds.gradients else {}
     for g in job.kinds.gradients:
-        st = job.stats(g).get("l2")
+        st = norms[g].get("l2")
         if st is not None and len(st[1]):
             v = st[1][np.isfinite(st[1])]
             largest.append((float(v.max()) if len(v) else float("inf"), g))

@@ -234,7 +234,7 @@ def _curve(job: Job, name: str, mode: Any, k: int, multi: bool, max_points: int 
           "marker": {"color": colour, "size": 5},
           "meta": {"job": job.index, "tensor": name, "mode": mode.name, "n": int(len(v)),
                    "downsampled": bool(len(idx) < len(v)), "curve": True,
-                   "x_mode": [int(s) for s in m[idx].tolist()]},
+                   "x_mode": [int(s) for s in m[idx].tolist()], "x_wall": job.wall_seconds(g[idx])},
           "hovertemplate": "step %{x}: %{y}<extra>" + label + "</extra>"}
     bad = ~np.isfinite(v)
     nf = None
@@ -243,7 +243,8 @@ def _curve(job: Job, name: str, mode: Any, k: int, multi: bool, max_points: int 
         nf = {"type": "scatter", "mode": "markers", "x": [int(s) for s in steps.tolist()], "y": [0] * len(steps),
               "name": "non-finite " + tr["name"], "marker": {"symbol": "x", "color": "#000000", "size": 9},
               "hovertemplate": "NaN or inf at step %{x}<extra>" + label + "</extra>",
-              "meta": {"job": job.index, "row": "nonfinite", "x_mode": [int(s) for s in m[bad][:100].tolist()]}}
+              "meta": {"job": job.index, "row": "nonfinite", "x_mode": [int(s) for s in m[bad][:100].tolist()],
+                       "x_wall": job.wall_seconds(g[bad][:100])}}
     return tr, nf
 
 
@@ -294,6 +295,7 @@ def _curve_figures(jobs: list[Job], names: list[str] | None, multi: bool, prefix
                     g, _, m = job.scalar(own[0]["meta"]["tensor"], _modes.parse_mode(mode_name))
                     for mk in markers:
                         mk["meta"]["x_mode"] = _to_mode_steps(g, m, mk["x"])
+                        mk["meta"]["x_wall"] = job.wall_seconds(mk["x"])
                 traces = traces + markers
         curves = [t for t in traces if t["meta"].get("curve")]
         counts = [len(t["x"]) for t in curves]
@@ -314,7 +316,7 @@ def _curve_figures(jobs: list[Job], names: list[str] | None, multi: bool, prefix
 
 def series_window(job: Job, tensor: str, mode: str, lo: float, hi: float) -> dict[str, Any]:
     """A curve's points when steps lo..hi show (a zoom): every saved point inside (a min/max envelope beyond
-    MAX_POINTS), a min/max envelope outside; {x, y, x_mode, n, inside}."""
+    MAX_POINTS), a min/max envelope outside; {x, y, x_mode, x_wall, n, inside}."""
     if tensor not in job.kinds.scalars:
         raise KeyError(f"tensor {tensor!r}: not a scalar of job {job.index}")
     m = _modes.parse_mode(mode)
@@ -323,7 +325,8 @@ def series_window(job: Job, tensor: str, mode: str, lo: float, hi: float) -> dic
     idx = window_index(g, v, lo, hi, MAX_POINTS)
     inside = int(np.count_nonzero((g >= lo) & (g <= hi)))
     return {"x": [int(s) for s in g[idx].tolist()], "y": to_json_values(v[idx]),
-            "x_mode": [int(s) for s in ms[idx].tolist()], "n": int(len(v)), "inside": inside}
+            "x_mode": [int(s) for s in ms[idx].tolist()], "x_wall": job.wall_seconds(g[idx]), "n": int(len(v)),
+            "inside": inside}
 
 
 def rules_view(jobs: list[Job]) -> list[dict[str, Any]]:
@@ -418,6 +421,10 @@ def layers_view(jobs: Job | list[Job], page: int = 0, per_page: int = LAYERS_PER
     log_axes: dict[str, Any] = {}
     nonfinite_total: dict[str, int] = {}
     kinds: set[str] = set()
+    stats = {}
+    for job in jobs:  # every shown tensor of a job read at once
+        names = [t for layer in shown for t in per[job.index].get(layer, (None, None)) if t is not None]
+        stats[job.index] = job.stats_many(names) if names else {}
     for i, layer in enumerate(shown, start=1):
         ax = "" if i == 1 else str(i)
         annotations.append({"text": esc(short(layer, 40)), "xref": f"x{ax} domain", "yref": f"y{ax} domain",
@@ -433,8 +440,7 @@ def layers_view(jobs: Job | list[Job], page: int = 0, per_page: int = LAYERS_PER
                 kinds.add(kind)
                 colour = job_colour(job.index) if multi else KIND_COLOURS[kind]
                 who = f"{kind} · {esc(short(job.name, 24))}" if multi else kind
-                with job.lock:
-                    st = job.stats(tname)
+                st = stats[job.index][tname]
                 common = {"xaxis": "x" + ax, "yaxis": "y" + ax, "legendgroup": who,
                           "line": {"color": colour, "width": 1.2, "dash": KIND_DASH[kind]}}
                 meta = {"tensor": tname, "job": job.index}
@@ -538,16 +544,15 @@ def _heat_rows(job: Job, columns: int) -> tuple[list[tuple[str, str]], list[int]
     grads = sorted(job.kinds.gradients, key=lambda g: natural_key(layer_of(g)))
     columns = min(columns, max(50, HEATMAP_CELLS // max(len(grads), 1)))
     rows = []
-    all_steps: set[int] = set()
+    stats = job.stats_many(grads, which=("l2", "nonfinite")) if grads else {}
     for g in grads:
-        st = job.stats(g, which=("l2", "nonfinite")).get("l2")
+        st = stats[g].get("l2")
         if st is None:
             continue
         rows.append((g, st))
-        all_steps.update(st[0].tolist())
     if not rows:
         return None
-    steps = np.array(sorted(all_steps), dtype=np.int64)
+    steps = np.unique(np.concatenate([st[0] for _, st in rows]))
     ncol = min(columns, len(steps))
     edges = np.linspace(0, len(steps), ncol + 1).astype(np.int64)
     z = np.full((len(rows), ncol), np.nan)

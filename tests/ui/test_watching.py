@@ -319,6 +319,73 @@ def test_zoom_rereads_the_shown_steps_at_full_resolution(page, tmp_path, ui):
         server.stop()
 
 
+def test_a_live_redraw_keeps_the_zoomed_window_at_full_resolution_and_wall_time_is_an_x_axis(page, tmp_path, ui):
+    """A zoomed curve of a live job stays zoomed, with every saved step of its window, when the page redraws it
+    for the job's new steps; the x axis by wall time puts each point at the flush time of its step."""
+    import time
+
+    out = str(tmp_path / "live")
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1))
+    rng = np.random.default_rng(2)
+    saved: list[float] = []
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            hook.set_mode(modes.TRAIN)
+            hook.next_step()
+            saved.append(float(1 + 0.1 * rng.standard_normal()))
+            hook.save_scalar("loss", saved[-1])
+        hook.next_step()  # the steps so far are complete once the job moved past them
+        hook.flush()
+
+    steps(2500)
+    server = Server([out], port=0).start()
+    try:
+        ui.open_page(page, server.url)
+        (c,) = _curve_traces(ui.figure_data(page, "scalars-TRAIN")["data"])
+        assert c["meta"]["downsampled"]
+        n = page.js("window.ttZooms || 0")
+        page.page.evaluate("Plotly.relayout(document.querySelector('div.figure[data-fig=scalars-TRAIN]'), "
+                           "{'xaxis.range': [1000, 1299]})")
+        page.wait(f"(window.ttZooms || 0) > {n}")
+
+        def window() -> list[tuple[int, float]]:
+            (z,) = _curve_traces(ui.figure_data(page, "scalars-TRAIN")["data"])
+            return [(x, y) for x, y in zip(z["x"], z["y"], strict=True) if 1000 <= x <= 1299], z
+
+        inside, _ = window()
+        assert [x for x, _ in inside] == list(range(1000, 1300))
+        time.sleep(1.0)  # the next flush is a second later: its steps get a later wall time
+        steps(40)
+        page.wait("Math.max(...document.querySelector('div.figure[data-fig=scalars-TRAIN]').data"
+                  ".find(t => t.meta && t.meta.curve).x) >= 2539")
+        page.wait("document.querySelector('div.figure[data-fig=scalars-TRAIN]').data.find(t => t.meta && "
+                  "t.meta.curve).meta.window")  # redrawn with the job's new steps, then its window read again
+        inside, z = window()
+        assert [x for x, _ in inside] == list(range(1000, 1300))  # no zoomed point lost
+        assert [y for _, y in inside] == pytest.approx(saved[1000:1300], rel=1e-6)
+        assert ui.figure_data(page, "scalars-TRAIN")["layout"]["xaxis"]["range"] == [1000, 1299]
+        last = max(z["x"])
+        assert last > 2499  # the new steps are there, outside the window (an envelope of them)
+        # wall time: the flush time of each step, seconds since the job's first step
+        wall = z["meta"]["x_wall"]
+        assert len(wall) == len(z["x"]) and all(w is not None for w in wall)
+        assert wall == sorted(wall) and wall[0] >= 0
+        assert wall[z["x"].index(last)] - wall[z["x"].index(1000)] >= 0.9  # written a second later
+        page.page.dblclick("div.figure[data-fig=scalars-TRAIN] .nsewdrag")  # back to the whole curve
+        page.page.select_option("select[data-control=x]", "wall")
+        page.wait("document.querySelector('div.figure[data-fig=scalars-TRAIN]').layout.xaxis.title.text"
+                  " === \"wall time (s since the job's first step)\"")
+        drawn = page.js("document.querySelector('div.figure[data-fig=scalars-TRAIN]').data"
+                        ".find(t => t.meta && t.meta.curve)")
+        assert drawn["x"] == drawn["meta"]["x_wall"]
+        page.screenshot("curves-wall-time.png")
+        assert page.errors == []
+    finally:
+        server.stop()
+        hook.close()
+
+
 def test_a_long_tensor_list_is_searchable(page, tmp_path, ui):
     out = str(tmp_path / "many")
     hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1),
