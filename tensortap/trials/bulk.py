@@ -199,6 +199,56 @@ def rowwise(x: np.ndarray, name: str, abs_: bool = False) -> np.ndarray:
     return np.asarray(r).astype(np.float64)
 
 
+def _gather(source: Any, e: np.ndarray) -> np.ndarray | None:
+    """The payloads of raw entries of one dtype and shape as stacked rows, gathered from the mapped data files of
+    a local native store in one numpy take per file and checked against their CRC32C; None where that does not
+    apply (inline or mixed entries, object stores), or a payload does not check out (the per-entry read then
+    raises CorruptData naming it)."""
+    chunks, storage = getattr(source, "_chunks", None), getattr(source, "storage", None)
+    if chunks is None or storage is None or not getattr(storage, "supports_append", False) or not len(e):
+        return None
+    n = int(e["length"][0])
+    if n == 0 or np.any(e["chunk"] == INLINE_CHUNK) or not np.all(e["length"] == n):
+        return None
+    from tensortap.format import codec
+
+    out = np.empty((len(e), n), dtype=np.uint8)
+    chunk = e["chunk"]
+    for cid in np.unique(chunk).tolist():
+        at = np.flatnonzero(chunk == cid)
+        mm = storage.mapped(chunks[cid].dat_key)
+        if mm is None:
+            return None
+        buf = np.frombuffer(mm, dtype=np.uint8)
+        offs = e["offset"][at].astype(np.int64)
+        if int(offs.max()) + n > len(buf):
+            return None
+        out[at] = buf[offs[:, None] + np.arange(n, dtype=np.int64)]
+        del buf
+    crc_at = codec.crc32c_at
+    want = e["crc"].tolist()
+    if crc_at is not None:
+        base = out.ctypes.data
+        ok = all(crc_at(base + j * n, n) == w for j, w in enumerate(want))
+    else:
+        ok = all(codec.crc32c(row.tobytes()) == w for row, w in zip(out, want, strict=True))
+    return out if ok else None
+
+
+def _stacked(source: Any, e: np.ndarray) -> np.ndarray | None:
+    """Entries of one tensor kind, dtype and shape as one stacked array (what the source's read_stacked gives,
+    gathered at once where it can be), else None."""
+    if not len(e) or not (np.all(e["dtype"] == e["dtype"][0]) and np.all(e["shape"] == e["shape"][0])
+                          and np.all(e["kind"] == RAW)):
+        return None
+    rows = _gather(source, e)
+    if rows is not None:
+        shape = tuple(source.shapes[int(e["shape"][0])])
+        return rows.view(source.dtypes[int(e["dtype"][0])]).reshape((len(e), *shape))
+    fast = getattr(source, "read_stacked", None)
+    return fast(e) if fast is not None else None
+
+
 def _raw_batches(source: Any, e: np.ndarray) -> Iterable[tuple[np.ndarray, Any]]:
     """(positions in `e`, values) of raw entries, read in payload order in batches of one (dtype, shape):
     values a 2-D array (rows flattened) where they stack, else a list of arrays."""
@@ -207,14 +257,13 @@ def _raw_batches(source: Any, e: np.ndarray) -> Iterable[tuple[np.ndarray, Any]]
     order = np.lexsort((e["offset"], e["chunk"], e["shape"], e["dtype"]))
     key = e["dtype"][order].astype(np.int64) << 32 | e["shape"][order].astype(np.int64)
     bounds = np.flatnonzero(np.diff(key)) + 1
-    stacked = getattr(source, "read_stacked", None)
     for grp in np.split(order, bounds):
         size = max(int(e["length"][grp[0]]), 1)
         per = max(1, BATCH_BYTES // size)
         for a in range(0, len(grp), per):
             pos = grp[a:a + per]
             sub = _take(e, pos)
-            arr = stacked(sub) if stacked is not None else None
+            arr = _stacked(source, sub)
             if arr is not None:
                 yield pos, np.asarray(arr).reshape(len(pos), -1)
                 continue
@@ -339,7 +388,6 @@ def values(trial: Trial, names: Iterable[str] | None = None, *, mode: Any = _mod
     sel = Selection(trial, names, mode, steps, worker, (RAW,))
     e, src = sel.entries, trial.source
     out: dict[str, tuple[np.ndarray, Any]] = {}
-    stacked = getattr(src, "read_stacked", None)
     nid = e["name"]
     bounds = np.flatnonzero(np.diff(nid)) + 1
     for a, b in zip(np.concatenate([[0], bounds]).tolist(), np.concatenate([bounds, [len(e)]]).tolist(),
@@ -348,7 +396,7 @@ def values(trial: Trial, names: Iterable[str] | None = None, *, mode: Any = _mod
             continue
         part = e[a:b]  # one tensor's entries, by step (as Tensor.stacked reads them)
         st = part[sel.step_col].copy()
-        arr = stacked(part) if stacked is not None else None
+        arr = _stacked(src, part)
         if arr is None:
             from tensortap.format.smdebug import NO_EVENT_FILE
 

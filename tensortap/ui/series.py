@@ -81,9 +81,30 @@ DIGITS = 7
 
 
 def to_json_values(values: np.ndarray) -> list[float | None]:
-    """Floats for JSON, to DIGITS significant digits: NaN and +-inf become None (drawn as a gap)."""
+    """Floats for JSON, to DIGITS significant digits: NaN and +-inf become None (drawn as a gap). Rounded with
+    numpy (x·10^k rounded, then divided by 10^k: the double nearest the decimal, which prints short), each
+    value whose power of ten is out of exact range by Python's formatting."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    fin = np.isfinite(v)
+    x = np.where(fin, v, 0.0)
+    nz = x != 0
+    with np.errstate(all="ignore"):
+        k = (DIGITS - 1) - np.floor(np.log10(np.abs(np.where(nz, x, 1.0))))
+    exact = nz & (np.abs(k) <= 22)  # 10^k is exact: the rounding is the decimal's
+    up, down = exact & (k >= 0), exact & (k < 0)
+    if up.any():
+        p = 10.0 ** k[up]
+        x[up] = np.round(x[up] * p) / p
+    if down.any():
+        p = 10.0 ** -k[down]
+        x[down] = np.round(x[down] / p) * p
+    out: list[float | None] = x.tolist()
     fmt = f"%.{DIGITS}g"
-    return [float(fmt % v) if math.isfinite(v) else None for v in np.asarray(values, dtype=np.float64).tolist()]
+    for i in np.flatnonzero(nz & ~exact).tolist():
+        out[i] = float(fmt % v[i])
+    for i in np.flatnonzero(~fin).tolist():
+        out[i] = None
+    return out
 
 
 def series_json(steps: np.ndarray, values: np.ndarray, max_points: int = MAX_POINTS) -> dict[str, Any]:

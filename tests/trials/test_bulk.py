@@ -172,3 +172,18 @@ def test_smdebug_statistics_and_values_equal_the_per_tensor_reads(job):
         _check_statistics(trial, mode=mode)
     if len(trial.workers()) > 1:
         assert _check_statistics(trial, worker=trial.workers()[-1]) > 5
+
+
+def test_a_damaged_payload_raises_as_the_per_tensor_read_does(tmp_path):
+    from tensortap.exceptions import CorruptData
+
+    _write(str(tmp_path))
+    dat = tmp_path / "tensortap" / "worker_0" / "00000000.dat"
+    raw = bytearray(dat.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    dat.write_bytes(bytes(raw))
+    trial = tt.create_trial(str(tmp_path))
+    with pytest.raises(CorruptData):
+        trial.statistics(["layer/big", "layer/f64", "layer/half", "layer/ints"], ["max"])
+    with pytest.raises(CorruptData):
+        trial.values_of(["layer/big", "layer/f64", "layer/half", "layer/ints"])
