@@ -95,7 +95,10 @@ class Selection:
                 s, t = trial._groups[nid]
                 parts.append(trial._all[s:t])
         e = entries_concat(parts) if parts else np.empty(0, dtype=ENTRY_DTYPE)
-        keep = np.isin(e["kind"], np.asarray(kinds, dtype=np.uint8))
+        kind = e["kind"]
+        keep = np.zeros(len(e), dtype=bool)
+        for k in kinds:
+            keep |= kind == k
         if self.mode != _modes.GLOBAL:
             keep &= e["mode"] == self.mode.value
         keep &= trial._complete_mask(e["step"])
@@ -103,13 +106,13 @@ class Selection:
         if how == "range":
             keep &= (col >= arg[0]) & (col <= arg[1])
         elif how == "set":
-            keep &= np.isin(col, arg)
+            keep &= _member(col.astype(np.int64), arg)
         if worker is not None:
             if worker not in src.workers:
                 raise InvalidWorker(worker, src.workers)
             keep &= e["worker"] == src.workers.index(worker)
         e = _take(e, np.flatnonzero(keep)) if not keep.all() else e
-        if worker is None and len(e) and len(np.unique(e["worker"])) > 1:
+        if worker is None and len(e) and np.any(e["worker"] != e["worker"][0]):
             rank = np.empty(len(src.workers), dtype=np.int64)
             rank[sorted(range(len(src.workers)), key=lambda i: natural_key(src.workers[i]))] = np.arange(
                 len(src.workers))
@@ -127,6 +130,16 @@ class Selection:
     def key(self, e: np.ndarray) -> np.ndarray:
         """(tensor, step) of each entry as one int64 (tensor id in the high bits)."""
         return (e["name"].astype(np.int64) << _STEP_BITS) | e["step"].astype(np.int64)
+
+
+def _member(a: np.ndarray, b: np.ndarray, b_sorted: bool = False) -> np.ndarray:
+    """np.isin(a, b) for int64 arrays, by a sort of b and a binary search (no hash table of a)."""
+    if not len(b) or not len(a):
+        return np.zeros(len(a), dtype=bool)
+    if not b_sorted:
+        b = np.sort(b)
+    i = np.minimum(np.searchsorted(b, a), len(b) - 1)
+    return b[i] == a
 
 
 def _inline_floats(source: Any, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -299,13 +312,15 @@ def statistics(trial: Trial, names: Iterable[str] | None = None,
     raw = e[~red] if red.any() else e
     raw_key = sel.key(raw)
     saved: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # stat -> (entries, key, float64 values)
+    saved_sorted: dict[str, np.ndarray] = {}
     need = np.zeros(len(raw), dtype=bool)
     for s, (code, _) in codes.items():
         r = e[red & (e["reduction"] == code)]
         vals, ok = _inline_floats(src, r)
         r, vals = (r[ok], vals[ok]) if not ok.all() else (r, vals)
         saved[s] = (r, sel.key(r), vals)
-        need |= ~np.isin(raw_key, saved[s][1])
+        saved_sorted[s] = np.sort(saved[s][1])
+        need |= ~_member(raw_key, saved_sorted[s], True)
     # raw values whose step lacks a saved reduction asked for: read once, every missing statistic computed
     todo = raw[need] if not need.all() else raw
     todo_key = raw_key[need] if not need.all() else raw_key
@@ -314,7 +329,7 @@ def statistics(trial: Trial, names: Iterable[str] | None = None,
         k = todo_key[pos]
         for s, (_code, absolute) in codes.items():
             base = s[4:] if absolute else s
-            miss = ~np.isin(k, saved[s][1])
+            miss = ~_member(k, saved_sorted[s], True)
             if not miss.any():
                 continue
             if isinstance(vals, np.ndarray) and vals.dtype.kind in _NUMERIC:

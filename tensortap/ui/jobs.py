@@ -28,6 +28,8 @@ _WEIGHT_PREFIX = re.compile(r"^weights?/")
 #: Keras' weight names: `<layer>/weights/<variable path>` (d1/weights/sequential/d1/kernel); its gradient is
 #: gradients/<variable path>Grad
 _KERAS_WEIGHT = re.compile(r"^[^/]+/weights/(.+)$")
+#: steps at which a job's wall times are sent to the page (between them, linear interpolation)
+WALL_POINTS = 1000
 #: bytes of scalar series a Job keeps (the curves and their zoomed windows read them)
 SERIES_CACHE_BYTES = 64 << 20
 
@@ -112,6 +114,8 @@ class Job:
         self._kinds: Kinds | None = None
         self._kinds_generation = -1
         self._stats: OrderedDict[tuple[str, str | None], tuple[int, dict, set]] = OrderedDict()
+        self._stats_bytes = 0  # of the arrays in self._stats
+        self._wall: tuple[int, dict | None] | None = None
         self._series: OrderedDict[tuple[str, str], tuple[int, tuple]] = OrderedDict()
 
     @classmethod
@@ -179,17 +183,27 @@ class Job:
         return np.fromiter((-1 if (g := to_global(mode, s)) is None else g for s in steps.tolist()),
                            dtype=np.int64, count=len(steps))
 
-    def wall_seconds(self, global_steps: Any) -> list[float | None] | None:
-        """Seconds since the job's first saved step at which each global step was written (Trial.wall_time: the
-        index flush that made it readable, to within a flush interval), None where unknown; None when the job
-        records no times at all (smdebug out_dirs)."""
+    def wall_table(self, points: int = WALL_POINTS) -> dict[str, list] | None:
+        """When the job's steps were written, for an x axis of wall time: {"step": global steps, "s": seconds
+        since the first of them} at up to `points` of its saved steps (evenly spread, the first and the last
+        always); a page puts any step between two of them by linear interpolation. Times are those of
+        Trial.wall_time (the index flush that made a step readable: within a flush interval of its save). None
+        when the job records no times (smdebug out_dirs)."""
         with self.lock:
-            first = self.trial.steps(show_incomplete_steps=True)[:1]
-            origin = self.trial.wall_time(first)
-            if not len(origin) or not np.isfinite(origin[0]):
-                return None
-            rel = self.trial.wall_time(np.asarray(global_steps, dtype=np.int64)) - origin[0]
-        return [round(float(x), 3) if np.isfinite(x) else None for x in rel.tolist()]
+            gen = self.trial.generation
+            if self._wall is not None and self._wall[0] == gen:
+                return self._wall[1]
+            steps = np.asarray(self.trial.steps(show_incomplete_steps=True), dtype=np.int64)
+            if len(steps) > points:
+                steps = steps[np.unique(np.linspace(0, len(steps) - 1, points).round().astype(np.int64))]
+            t = self.trial.wall_time(steps) if len(steps) else np.empty(0)
+            ok = np.isfinite(t)
+            table = None
+            if ok.any():
+                steps, t = steps[ok], t[ok]
+                table = {"step": steps.tolist(), "s": [round(float(x), 3) for x in (t - t[0]).tolist()]}
+            self._wall = (gen, table)
+            return table
 
     def warm(self) -> None:
         """Index the job and read its curves now (the dashboard's start), not on the page's first request."""
@@ -257,13 +271,18 @@ class Job:
     def _keep(self, name: str, worker: str | None, got: dict, asked: set) -> None:
         """Keep `got` (the statistics `asked` of `name`) for this generation, the least recently drawn going first
         beyond STATS_CACHE_BYTES."""
+        def nbytes(stats: dict) -> int:
+            return sum(a.nbytes + b.nbytes for a, b in stats.values())
+
         key = (name, worker)
-        self._stats.pop(key, None)
+        old = self._stats.pop(key, None)
+        if old is not None:
+            self._stats_bytes -= nbytes(old[1])
         self._stats[key] = (self.trial.generation, got, set(asked))
-        size = sum(a.nbytes + b.nbytes for entry in self._stats.values() for a, b in entry[1].values())
-        while len(self._stats) > 1 and size > STATS_CACHE_BYTES:
-            _, (_, old, _) = self._stats.popitem(last=False)
-            size -= sum(a.nbytes + b.nbytes for a, b in old.values())
+        self._stats_bytes += nbytes(got)
+        while len(self._stats) > 1 and self._stats_bytes > STATS_CACHE_BYTES:
+            _, (_, gone, _) = self._stats.popitem(last=False)
+            self._stats_bytes -= nbytes(gone)
 
     def rules(self) -> list[dict[str, Any]]:
         """Every rule of the job (see rules_of)."""

@@ -7,7 +7,6 @@ reported separately so that a view can mark them.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np

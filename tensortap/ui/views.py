@@ -41,6 +41,9 @@ SMALL_POINTS = 400
 #: columns: at most HEATMAP_CELLS cells per job (500 layers: 120 columns; a zoom of the Layers view shows more)
 HEATMAP_COLUMNS = 400
 HEATMAP_CELLS = 60_000
+#: the heatmap's rows: 22 px each up to HEATMAP_ROWS_PX in all, then smaller (at least HEATMAP_MIN_ROW_PX)
+HEATMAP_ROWS_PX = 2200
+HEATMAP_MIN_ROW_PX = 4
 #: jobs beyond which the layers view leaves out the min/max small multiples (a note says how to see them)
 MINMAX_JOBS = 8
 #: points of all the curves of one figure together: with many curves (50 jobs), each is a min/max envelope of
@@ -234,7 +237,7 @@ def _curve(job: Job, name: str, mode: Any, k: int, multi: bool, max_points: int 
           "marker": {"color": colour, "size": 5},
           "meta": {"job": job.index, "tensor": name, "mode": mode.name, "n": int(len(v)),
                    "downsampled": bool(len(idx) < len(v)), "curve": True,
-                   "x_mode": [int(s) for s in m[idx].tolist()], "x_wall": job.wall_seconds(g[idx])},
+                   "x_mode": [int(s) for s in m[idx].tolist()], "wall": job.wall_table()},
           "hovertemplate": "step %{x}: %{y}<extra>" + label + "</extra>"}
     bad = ~np.isfinite(v)
     nf = None
@@ -244,7 +247,7 @@ def _curve(job: Job, name: str, mode: Any, k: int, multi: bool, max_points: int 
               "name": "non-finite " + tr["name"], "marker": {"symbol": "x", "color": "#000000", "size": 9},
               "hovertemplate": "NaN or inf at step %{x}<extra>" + label + "</extra>",
               "meta": {"job": job.index, "row": "nonfinite", "x_mode": [int(s) for s in m[bad][:100].tolist()],
-                       "x_wall": job.wall_seconds(g[bad][:100])}}
+                       "wall": job.wall_table()}}
     return tr, nf
 
 
@@ -295,7 +298,7 @@ def _curve_figures(jobs: list[Job], names: list[str] | None, multi: bool, prefix
                     g, _, m = job.scalar(own[0]["meta"]["tensor"], _modes.parse_mode(mode_name))
                     for mk in markers:
                         mk["meta"]["x_mode"] = _to_mode_steps(g, m, mk["x"])
-                        mk["meta"]["x_wall"] = job.wall_seconds(mk["x"])
+                        mk["meta"]["wall"] = job.wall_table()
                 traces = traces + markers
         curves = [t for t in traces if t["meta"].get("curve")]
         counts = [len(t["x"]) for t in curves]
@@ -316,7 +319,7 @@ def _curve_figures(jobs: list[Job], names: list[str] | None, multi: bool, prefix
 
 def series_window(job: Job, tensor: str, mode: str, lo: float, hi: float) -> dict[str, Any]:
     """A curve's points when steps lo..hi show (a zoom): every saved point inside (a min/max envelope beyond
-    MAX_POINTS), a min/max envelope outside; {x, y, x_mode, x_wall, n, inside}."""
+    MAX_POINTS), a min/max envelope outside; {x, y, x_mode, n, inside}."""
     if tensor not in job.kinds.scalars:
         raise KeyError(f"tensor {tensor!r}: not a scalar of job {job.index}")
     m = _modes.parse_mode(mode)
@@ -325,8 +328,7 @@ def series_window(job: Job, tensor: str, mode: str, lo: float, hi: float) -> dic
     idx = window_index(g, v, lo, hi, MAX_POINTS)
     inside = int(np.count_nonzero((g >= lo) & (g <= hi)))
     return {"x": [int(s) for s in g[idx].tolist()], "y": to_json_values(v[idx]),
-            "x_mode": [int(s) for s in ms[idx].tolist()], "x_wall": job.wall_seconds(g[idx]), "n": int(len(v)),
-            "inside": inside}
+            "x_mode": [int(s) for s in ms[idx].tolist()], "n": int(len(v)), "inside": inside}
 
 
 def rules_view(jobs: list[Job]) -> list[dict[str, Any]]:
@@ -653,7 +655,8 @@ def heatmap_view(jobs: Job | list[Job], columns: int = HEATMAP_COLUMNS) -> list[
     if multi:
         layout["grid"] = {"rows": 1, "columns": len(got), "pattern": "independent", "xgap": 0.04}
     title = "Gradient L2 norm per layer over steps (log10)" + (", side by side on one colour scale" if multi else "")
-    height = max(260, 22 * len(layers) + 140)
+    # 22 px a layer, fewer beyond 100 layers (the figure stays under ~2,500 px; the hover names every row)
+    height = max(260, round(len(layers) * max(HEATMAP_MIN_ROW_PX, min(22.0, HEATMAP_ROWS_PX / len(layers)))) + 140)
     return [figure_block("heatmap", fig(data, title, **layout), height)]
 
 

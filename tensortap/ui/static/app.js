@@ -22,8 +22,26 @@
   // How curves are drawn (the toolbar above them): EMA smoothing weight, log y axis, x by global step, by step
   // within the mode, or by wall time (seconds since the job's first step, where the job records it).
   var curveState = { smooth: 0, ylog: false, x: "step" };
-  // the trace meta key that holds the points' x of each x axis but the global step
+  // the trace meta key that holds the points' x of each x axis but the global step (wall time: computed from
+  // the job's table of {step, s}, by linear interpolation between its steps)
   var X_KEYS = { mode: "x_mode", wall: "x_wall" };
+  function wallX(table, steps) {
+    var st = table.step, s = table.s, n = st.length;
+    return steps.map(function (x) {
+      if (x === null || x < st[0] || x > st[n - 1]) return null;
+      var lo = 0, hi = n - 1;
+      while (hi - lo > 1) { var mid = (lo + hi) >> 1; if (st[mid] <= x) lo = mid; else hi = mid; }
+      if (st[lo] === x || hi === lo) return s[lo];
+      if (st[hi] === x) return s[hi];
+      return s[lo] + (s[hi] - s[lo]) * (x - st[lo]) / (st[hi] - st[lo]);
+    });
+  }
+  // the points' x under x axis `xKey` (null: the global steps themselves)
+  function xOf(t, xKey) {
+    var m = t.meta || {};
+    if (xKey === "x_wall") return m.wall ? wallX(m.wall, t.x) : null;
+    return xKey && m[xKey] ? m[xKey] : null;
+  }
   var X_TITLES = { mode: "step within its mode", wall: "wall time (s since the job's first step)" };
   var curveListeners = [];  // called when the toolbar changes (the live page keeps it in the URL)
 
@@ -82,7 +100,7 @@
     var lines = [], others = [], rowMarks = [];
     f.data.forEach(function (t) {
       var m = t.meta || {};
-      var x = xKey && m[xKey] ? m[xKey] : t.x;
+      var x = xOf(t, xKey) || t.x;
       if (m.curve) {
         var key = "c" + m.job + ":" + m.tensor + ":" + m.mode;
         if (cs.smooth > 0) {
@@ -197,15 +215,15 @@
       var m = t.meta || {};
       if (!m.curve) return;
       var glo = lo, ghi = hi;
-      if (xKey && m[xKey]) {  // the axis shows mode steps or wall time: the global steps of the same points
-        var xs = m[xKey];
+      var xs = xOf(t, xKey);
+      if (xs) {  // the axis shows mode steps or wall time: the global steps of the same points
         var a = xs.findIndex(function (s) { return s !== null && s >= lo; }), b = -1;
         for (var k = xs.length - 1; k >= 0; k--) if (xs[k] !== null && xs[k] <= hi) { b = k; break; }
         if (a < 0 || b < 0) return;
         glo = t.x[a]; ghi = t.x[b];
       }
       jobs.push(zoomSource(m, glo, ghi).then(function (s) {
-        data[i] = Object.assign({}, t, { x: s.x, y: s.y, meta: Object.assign({}, m, { x_mode: s.x_mode, x_wall: s.x_wall,
+        data[i] = Object.assign({}, t, { x: s.x, y: s.y, meta: Object.assign({}, m, { x_mode: s.x_mode,
                                                                                      window: [glo, ghi], n_inside: s.inside }) });
       }));
     });
@@ -316,7 +334,7 @@
       // the curve toolbar goes above the first curves (or the note about them just before)
       if (!toolbar && (b.curves || (b.type === "note" && blocks[i + 1] && blocks[i + 1].curves))) {
         nodes.push(curveToolbar(blocks.some(function (x) {
-          return x.curves && x.figure.data.some(function (t) { return t.meta && t.meta.x_wall; });
+          return x.curves && x.figure.data.some(function (t) { return t.meta && t.meta.wall; });
         })));
         toolbar = true;
       }
