@@ -186,7 +186,8 @@ class Job:
     def wall_table(self, points: int = WALL_POINTS) -> dict[str, list] | None:
         """When the job's steps were written, for an x axis of wall time: {"step": global steps, "s": seconds
         since the first of them} at up to `points` of its saved steps (evenly spread, the first and the last
-        always); a page puts any step between two of them by linear interpolation. Times are those of
+        always; of the steps one flush wrote, the first and the last only); a page puts any step between two of
+        them by linear interpolation. Times are those of
         Trial.wall_time (the index flush that made a step readable: within a flush interval of its save). None
         when the job records no times (smdebug out_dirs)."""
         with self.lock:
@@ -201,6 +202,10 @@ class Job:
             table = None
             if ok.any():
                 steps, t = steps[ok], t[ok]
+                # steps of one flush share its time: only the first and last of each run are needed
+                keep = np.ones(len(t), dtype=bool)
+                keep[1:-1] = (t[1:-1] != t[:-2]) | (t[1:-1] != t[2:])
+                steps, t = steps[keep], t[keep]
                 table = {"step": steps.tolist(), "s": [round(float(x), 3) for x in (t - t[0]).tolist()]}
             self._wall = (gen, table)
             return table

@@ -237,7 +237,7 @@ def _curve(job: Job, name: str, mode: Any, k: int, multi: bool, max_points: int 
           "marker": {"color": colour, "size": 5},
           "meta": {"job": job.index, "tensor": name, "mode": mode.name, "n": int(len(v)),
                    "downsampled": bool(len(idx) < len(v)), "curve": True,
-                   "x_mode": [int(s) for s in m[idx].tolist()], "wall": job.wall_table()},
+                   "x_mode": [int(s) for s in m[idx].tolist()]},
           "hovertemplate": "step %{x}: %{y}<extra>" + label + "</extra>"}
     bad = ~np.isfinite(v)
     nf = None
@@ -246,8 +246,7 @@ def _curve(job: Job, name: str, mode: Any, k: int, multi: bool, max_points: int 
         nf = {"type": "scatter", "mode": "markers", "x": [int(s) for s in steps.tolist()], "y": [0] * len(steps),
               "name": "non-finite " + tr["name"], "marker": {"symbol": "x", "color": "#000000", "size": 9},
               "hovertemplate": "NaN or inf at step %{x}<extra>" + label + "</extra>",
-              "meta": {"job": job.index, "row": "nonfinite", "x_mode": [int(s) for s in m[bad][:100].tolist()],
-                       "wall": job.wall_table()}}
+              "meta": {"job": job.index, "row": "nonfinite", "x_mode": [int(s) for s in m[bad][:100].tolist()]}}
     return tr, nf
 
 
@@ -298,7 +297,7 @@ def _curve_figures(jobs: list[Job], names: list[str] | None, multi: bool, prefix
                     g, _, m = job.scalar(own[0]["meta"]["tensor"], _modes.parse_mode(mode_name))
                     for mk in markers:
                         mk["meta"]["x_mode"] = _to_mode_steps(g, m, mk["x"])
-                        mk["meta"]["wall"] = job.wall_table()
+                        mk["meta"]["job"] = job.index
                 traces = traces + markers
         curves = [t for t in traces if t["meta"].get("curve")]
         counts = [len(t["x"]) for t in curves]
@@ -313,6 +312,10 @@ def _curve_figures(jobs: list[Job], names: list[str] | None, multi: bool, prefix
         f = fig(traces, f"{title} ({mode_name})", xaxis=step_axis(traces, xtitle), showlegend=True,
                 yaxis={"title": {"text": "value"}, "zeroline": False})
         f["layout"]["title"]["font"]["color"] = mode_colour
+        # when each job's steps were written (an x axis of wall time), once per job: {job index: table}
+        walls = {str(j.index): w for j in jobs if (w := j.wall_table()) is not None}
+        if walls:
+            f["layout"]["meta"] = {"wall": walls}
         blocks.append(figure_block(f"{prefix}-{mode_name}", f, curves=True, mode=mode_name))
     return blocks
 

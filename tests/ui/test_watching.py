@@ -368,7 +368,7 @@ def test_a_live_redraw_keeps_the_zoomed_window_at_full_resolution_and_wall_time_
         last = max(z["x"])
         assert last > 2499  # the new steps are there, outside the window (an envelope of them)
         # wall time: the flush time of each step, seconds since the job's first step
-        table = z["meta"]["wall"]
+        table = ui.figure_data(page, "scalars-TRAIN")["layout"]["meta"]["wall"]["0"]
         assert table["step"][0] == 0 and table["step"][-1] >= 2539 and table["s"][0] == 0
         assert table["s"] == sorted(table["s"])
         at = dict(zip(table["step"], table["s"], strict=True))

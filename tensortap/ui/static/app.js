@@ -36,10 +36,14 @@
       return s[lo] + (s[hi] - s[lo]) * (x - st[lo]) / (st[hi] - st[lo]);
     });
   }
-  // the points' x under x axis `xKey` (null: the global steps themselves)
-  function xOf(t, xKey) {
+  // the points' x under x axis `xKey` (null: the global steps themselves); `f`: the trace's figure, whose
+  // layout.meta.wall holds each job's table of wall times
+  function xOf(t, xKey, f) {
     var m = t.meta || {};
-    if (xKey === "x_wall") return m.wall ? wallX(m.wall, t.x) : null;
+    if (xKey === "x_wall") {
+      var walls = f.layout.meta && f.layout.meta.wall, table = walls && walls[String(m.job)];
+      return table ? wallX(table, t.x) : null;
+    }
     return xKey && m[xKey] ? m[xKey] : null;
   }
   var X_TITLES = { mode: "step within its mode", wall: "wall time (s since the job's first step)" };
@@ -100,7 +104,7 @@
     var lines = [], others = [], rowMarks = [];
     f.data.forEach(function (t) {
       var m = t.meta || {};
-      var x = xOf(t, xKey) || t.x;
+      var x = xOf(t, xKey, f) || t.x;
       if (m.curve) {
         var key = "c" + m.job + ":" + m.tensor + ":" + m.mode;
         if (cs.smooth > 0) {
@@ -215,7 +219,7 @@
       var m = t.meta || {};
       if (!m.curve) return;
       var glo = lo, ghi = hi;
-      var xs = xOf(t, xKey);
+      var xs = xOf(t, xKey, f);
       if (xs) {  // the axis shows mode steps or wall time: the global steps of the same points
         var a = xs.findIndex(function (s) { return s !== null && s >= lo; }), b = -1;
         for (var k = xs.length - 1; k >= 0; k--) if (xs[k] !== null && xs[k] <= hi) { b = k; break; }
@@ -334,7 +338,7 @@
       // the curve toolbar goes above the first curves (or the note about them just before)
       if (!toolbar && (b.curves || (b.type === "note" && blocks[i + 1] && blocks[i + 1].curves))) {
         nodes.push(curveToolbar(blocks.some(function (x) {
-          return x.curves && x.figure.data.some(function (t) { return t.meta && t.meta.wall; });
+          return x.curves && x.figure.layout.meta && x.figure.layout.meta.wall;
         })));
         toolbar = true;
       }
