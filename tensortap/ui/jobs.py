@@ -215,6 +215,7 @@ class Job:
         from tensortap import modes as _modes
 
         with self.lock:
+            self.wall_table()
             for mode in self.trial.modes() or [_modes.GLOBAL]:
                 for name in self.kinds.scalars:
                     self.scalar(name, mode)
