@@ -192,26 +192,31 @@ def read_partition(part: Partition, mode: int | None = None, names: list[str] | 
     if s is None:
         s = ex.scalars()
 
-    def strings(codes: np.ndarray, table: list[str]) -> np.ndarray:
-        return np.array(table or [""], dtype=object)[codes]
+    import pyarrow as pa
+
+    def strings(codes: np.ndarray, table: list[str]) -> Any:
+        # decoded by pyarrow from the codes and their small table: no Python string object per row
+        arr = pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32, copy=False)),
+                                             pa.array(table or [""], pa.string()))
+        return pd.arrays.ArrowStringArray(arr.cast(pa.string()))
 
     return pd.DataFrame({
-        "job": np.full(len(s), part.job, dtype=object), "worker": strings(s.worker, s.workers),
-        "mode": np.array([MODE_NAMES[i] for i in range(1, 5)], dtype=object)[s.mode.astype(np.int64) - 1],
+        "job": strings(np.zeros(len(s), np.int32), [part.job]), "worker": strings(s.worker, s.workers),
+        "mode": strings(s.mode.astype(np.int32) - 1, [MODE_NAMES[i] for i in range(1, 5)]),
         "mode_step": s.mode_step, "step": s.step, "tensor": strings(s.tensor, s.tensors),
-        "statistic": np.array(STATISTICS, dtype=object)[s.statistic],
+        "statistic": strings(s.statistic, list(STATISTICS)),
         "value": s.value, "computed": s.computed, "wall_time": s.wall_time,
-    }).astype({c: "string" for c in ("job", "worker", "mode", "tensor", "statistic")})
+    })
 
 
 def _meta() -> Any:
     import pandas as pd
 
     return pd.DataFrame({
-        "job": pd.Series([], dtype="string"), "worker": pd.Series([], dtype="string"),
-        "mode": pd.Series([], dtype="string"), "mode_step": pd.Series([], dtype="int64"),
-        "step": pd.Series([], dtype="int64"), "tensor": pd.Series([], dtype="string"),
-        "statistic": pd.Series([], dtype="string"), "value": pd.Series([], dtype="float64"),
+        "job": pd.Series([], dtype="string[pyarrow]"), "worker": pd.Series([], dtype="string[pyarrow]"),
+        "mode": pd.Series([], dtype="string[pyarrow]"), "mode_step": pd.Series([], dtype="int64"),
+        "step": pd.Series([], dtype="int64"), "tensor": pd.Series([], dtype="string[pyarrow]"),
+        "statistic": pd.Series([], dtype="string[pyarrow]"), "value": pd.Series([], dtype="float64"),
         "computed": pd.Series([], dtype="bool"), "wall_time": pd.Series([], dtype="float64"),
     })
 
