@@ -26,11 +26,10 @@ from tensortap.ui.views import (
     heatmap_view,
     job_colour,
     layers_view,
-    per_job,
     rules_view,
     scalars_view,
     workers_view,
-    xgboost_view,
+    xgboost_blocks,
 )
 
 #: tensors whose distribution the report shows, per job (unless --distribution names them)
@@ -135,7 +134,7 @@ def _sections(jobs: JobSet, distributions: list[str] | None = None) -> list[dict
     if any(len(j.trial.workers()) > 1 for j in sel):
         sections.append({"name": "workers", "title": "Workers", "blocks": workers_view(sel)})
     if xgb:
-        sections.append({"name": "xgboost", "title": "XGBoost training report", "blocks": per_job(xgboost_view, xgb)})
+        sections.append({"name": "xgboost", "title": "XGBoost training report", "blocks": xgboost_blocks(xgb)})
     return sections
 
 

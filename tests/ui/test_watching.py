@@ -285,6 +285,40 @@ def test_the_xgboost_page(page, xgboost_job, dead_layer_job, ui):
         page.close()
 
 
+def test_two_xgboost_jobs_share_the_axes_of_the_xgboost_page(page, tmp_path, ui):
+    """Two XGBoost jobs compared: metrics per round in one figure, feature importance and SHAP as grouped bars,
+    each job in its colour; labels and confusion one job after the other."""
+    a, b = str(tmp_path / "xgb_a"), str(tmp_path / "xgb_b")
+    ui.write_xgboost_job(a, rounds=12)
+    ui.write_xgboost_job(b, rounds=7)
+    server = Server([a, b], port=0).start()
+    try:
+        ui.open_page(page, server.url)
+        ui.show(page, "xgboost")
+        figs = page.js("[...document.querySelectorAll('div.figure')].map(d => d.dataset.fig)")
+        assert figs == ["xgb-metrics", "xgb-fi", "xgb-shap", "xgb-labels@0", "xgb-confusion@0", "xgb-labels@1",
+                        "xgb-confusion@1"]
+        metrics = ui.figure_data(page, "xgb-metrics")["data"]
+        assert {(t["meta"]["job"], t["line"]["color"]) for t in metrics} == {(0, PALETTE[0]), (1, PALETTE[1])}
+        assert max(max(t["x"]) for t in metrics if t["meta"]["job"] == 1) == 6  # one axis of rounds for both
+        fi = ui.figure_data(page, "xgb-fi")
+        shown = [t for t in fi["data"] if t["visible"] is True]
+        assert [t["meta"]["job"] for t in shown] == [0, 1] and fi["layout"]["barmode"] == "group"
+        for t, path in zip(shown, (a, b), strict=True):
+            trial = tt.create_trial(path)
+            last = trial.steps()[-1]
+            want = {f: float(trial.tensor(f"feature_importance/gain/{f}").value(last)) for f in t["y"]}
+            assert dict(zip(t["y"], t["x"], strict=True)) == pytest.approx(want)
+        shap = ui.figure_data(page, "xgb-shap")["data"]
+        assert [t["marker"]["color"] for t in shap] == [PALETTE[0], PALETTE[1]]
+        assert dict(zip(shap[0]["y"], shap[0]["x"], strict=True))["f0"] == pytest.approx(0.5 * 11)
+        assert dict(zip(shap[1]["y"], shap[1]["x"], strict=True))["f0"] == pytest.approx(0.5 * 6)
+        page.screenshot("xgboost-two-jobs.png")
+        assert page.errors == [] and page.outside == []
+    finally:
+        server.stop()
+
+
 def test_zoom_rereads_the_shown_steps_at_full_resolution(page, tmp_path, ui):
     """A 30,000-step curve is drawn as a min/max envelope; zooming to 600 steps re-reads them all, keeps an
     envelope outside, and a one-step spike is drawn at every zoom."""
