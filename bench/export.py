@@ -194,11 +194,13 @@ def bench_wide(tmp: str, repeat: int, steps: int) -> dict:
             "read_whole": summary(n, reads, cpus)}
 
 
-def bench_wide_stream(tmp: str, repeat: int, steps: int, path: str | None = None, dask_workers: int = 2) -> dict:
+def bench_wide_stream(tmp: str, repeat: int, steps: int, path: str | None = None, dask_workers: int = 2,
+                      only_columns: bool = False) -> dict:
     """A wide job (10,000 tensors x `steps` steps of statistics) read whole as `tensortap.dask.read_jobs` reads it:
     its index in byte ranges of whole blocks, each read straight into columns (trials.native_columns), one
     partition after another in this process, then on a LocalCluster of `dask_workers` processes. `path`: an
-    existing job of that shape (it takes minutes to write 10^8 values)."""
+    existing job of that shape (it takes minutes to write 10^8 values). "columns": the partitions' columns alone
+    (trials.native_columns, before pandas builds its string columns); `only_columns`: that alone."""
     import tensortap.dask as ttd
 
     if path is None:
@@ -210,8 +212,21 @@ def bench_wide_stream(tmp: str, repeat: int, steps: int, path: str | None = None
     t0 = time.perf_counter()
     parts = ttd.partitions([path])
     list_s = time.perf_counter() - t0
-    seq, seq_cpu, dist = [], [], []
+    seq, seq_cpu, dist, cols, cols_cpu = [], [], [], [], []
     rows = 0
+    from tensortap.format import layout
+    from tensortap.storage import open_storage
+    from tensortap.trials.native_columns import read_scalars
+
+    store = open_storage(path)
+    for _ in range(repeat):  # the columns alone (what each partition reads before pandas)
+        c0, t0 = time.process_time(), time.perf_counter()
+        got = sum(len(read_scalars(store, layout.chunk_key(p.worker, p.seq, layout.INDEX_SUFFIX), p.lo,
+                                   p.hi or None)) for p in parts)
+        cols.append(time.perf_counter() - t0)
+        cols_cpu.append(time.process_time() - c0)
+    if only_columns:
+        return {"values": got, "index_bytes": size, "partitions": len(parts), "columns": summary(got, cols, cols_cpu)}
     for _ in range(repeat):
         c0, t0 = time.process_time(), time.perf_counter()
         rows = sum(len(ttd.read_partition(p)) for p in parts)
@@ -229,7 +244,7 @@ def bench_wide_stream(tmp: str, repeat: int, steps: int, path: str | None = None
             dist.append(time.perf_counter() - t0)
             assert got == rows
     return {"values": rows, "index_bytes": size, "partitions": len(parts), "list_s": round(list_s, 3),
-            "sequential": summary(rows, seq, seq_cpu),
+            "columns": summary(rows, cols, cols_cpu), "sequential": summary(rows, seq, seq_cpu),
             f"dask_{dask_workers}_workers": summary(rows, dist)}
 
 
@@ -300,6 +315,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=["frames", "export", "wide", "wide_stream", "duckdb", "read_jobs"])
     ap.add_argument("--wide-path", default=None, help="wide_stream: an existing job of 10,000 tensors (reused)")
     ap.add_argument("--dask-workers", type=int, default=2)
+    ap.add_argument("--only-columns", action="store_true", help="wide_stream: the columnar read alone")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--wide-steps", type=int, default=1000)
     ap.add_argument("--w64-steps", type=int, default=10_000)
@@ -318,7 +334,8 @@ def main() -> None:
             elif name == "wide":
                 out[name] = bench_wide(tmp, args.repeat, args.wide_steps)
             elif name == "wide_stream":
-                out[name] = bench_wide_stream(tmp, args.repeat, args.wide_steps, args.wide_path, args.dask_workers)
+                out[name] = bench_wide_stream(tmp, args.repeat, args.wide_steps, args.wide_path, args.dask_workers,
+                                              args.only_columns)
             elif name == "duckdb":
                 out[name] = bench_duckdb(tmp, args.repeat)
             elif name == "read_jobs":

@@ -17,7 +17,7 @@ import numpy as np
 
 from tensortap.format import codec
 from tensortap.format.entries import RAW, REDUCTION, SHAPE
-from tensortap.trials.columns import _STAT_OF_CODE, _VALUE, Scalars, _lookup
+from tensortap.trials.columns import _STAT_OF_CODE, _VALUE, Scalars
 
 #: byte offsets of the fields of an index record (docs/format.md §3.2)
 _OFFSETS = {name: DISK_OFF for name, (_, DISK_OFF) in codec.DISK_ENTRY_DTYPE.fields.items()}
@@ -73,7 +73,7 @@ def read_scalars(storage: Any, key: str, start: int = 0, end: int | None = None,
     worker_ids: dict[str, int] = {}
     worker_list: list[str] = []
     cols: dict[str, list[np.ndarray]] = {k: [] for k in ("name", "worker", "mode", "step", "mode_step", "stat",
-                                                         "value")}
+                                                         "value", "wall")}
     block_steps: dict[int, list[tuple[int, float]]] = {}
     for header, disk, _ in dec.blocks:
         if _malformed(header, disk):
@@ -101,8 +101,12 @@ def read_scalars(storage: Any, key: str, start: int = 0, end: int | None = None,
         if wid == len(worker_list):
             worker_list.append(worker)
         step_all = _field(disk, "step")
-        if isinstance(header.get("time"), int | float):
-            block_steps.setdefault(wid, []).append((int(step_all.max()), float(header["time"])))
+        if not isinstance(header.get("time"), int | float):
+            return None  # (a block without its flush time: the trial dates its values by a later block)
+        blocks_of = block_steps.setdefault(wid, [])
+        prev_max = max(blocks_of[-1][0], int(step_all.max())) if blocks_of else int(step_all.max())
+        first_new = not blocks_of or int(step_all.min()) > blocks_of[-1][0]
+        blocks_of.append((prev_max, float(header["time"])))
         local = []
         for n in header["names"]:
             i = name_ids.get(n)
@@ -156,6 +160,14 @@ def read_scalars(storage: Any, key: str, start: int = 0, end: int | None = None,
         for c, a in zip(("name", "mode", "step", "mode_step", "stat", "value"), parts, strict=True):
             cols[c].append(a)
         cols["worker"].append(np.full(len(parts[0]), wid, dtype=np.int32))
+        # wall time: the flush of the first block (of this worker, in file order) whose steps reach the row's
+        # step; this block's own, unless an earlier block reached the step already
+        if first_new:
+            cols["wall"].append(np.full(len(parts[0]), blocks_of[-1][1]))
+        else:
+            upto = np.asarray([b[0] for b in blocks_of], dtype=np.int64)
+            times = np.asarray([b[1] for b in blocks_of], dtype=np.float64)
+            cols["wall"].append(times[np.searchsorted(upto, parts[2], side="left")])
     if not cols["name"]:
         return Scalars([], [], *(np.empty(0, dt) for dt in (np.int32, np.int32, np.uint8, np.int64, np.int64,
                                                              np.int16, np.float64, bool, np.float64)))
@@ -169,17 +181,9 @@ def read_scalars(storage: Any, key: str, start: int = 0, end: int | None = None,
     wcode[np.asarray(worder, dtype=np.int64)] = np.arange(len(worder), dtype=np.int32)
     tcol = code[c["name"]]
     order = np.argsort(tcol.astype(np.uint16) if len(tensors) <= 1 << 16 else tcol, kind="stable")
-    wall = np.full(len(order), np.nan)
     wk = c["worker"][order]
     st = c["step"][order]
-    for wid, rows in block_steps.items():
-        upto = np.maximum.accumulate(np.asarray([r[0] for r in rows], dtype=np.int64))
-        times = np.asarray([r[1] for r in rows], dtype=np.float64)
-        if len(block_steps) == 1 and len(worker_list) == 1:
-            wall = _lookup(upto, times, st)
-        else:
-            at = np.flatnonzero(wk == wid)
-            wall[at] = _lookup(upto, times, st[at])
+    wall = c["wall"][order]
     return Scalars([name_list[i] for i in tensors], [worker_list[i] for i in worder], tcol[order],
                    wcode[wk], c["mode"][order], st, c["mode_step"][order], c["stat"][order],
                    c["value"][order], np.zeros(len(order), dtype=bool), wall)
