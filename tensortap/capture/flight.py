@@ -14,6 +14,7 @@ in the hook's `error_count`); the ring holds at most `steps` steps; each step of
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import os
@@ -129,11 +130,13 @@ class Layout:
 class SpikeDetector:
     """Spikes of a positive series (a loss, a gradient norm), judged on its log: a robust z-score against the
     median and MAD of the trailing window, and the ratio to the largest value seen before. A spike is reported
-    when the series starts spiking (not again while it stays up)."""
+    when the series starts spiking (not again while it stays up). The window is kept sorted: the median costs
+    nothing, the MAD is computed only for a value that could be a spike."""
 
     def __init__(self, config: FlightConfig):
         self.config = config
-        self.history: deque[float] = deque(maxlen=config.spike_window)
+        self.window: deque[float] = deque()
+        self.sorted: list[float] = []
         self.running_max = 0.0
         self.spiking = False
 
@@ -143,22 +146,29 @@ class SpikeDetector:
         c = self.config
         lv = math.log(value)
         found = None
-        if len(self.history) >= c.spike_min_history:
-            h = np.fromiter(self.history, dtype=np.float64, count=len(self.history))
-            med = float(np.median(h))
-            mad = float(np.median(np.abs(h - med)))
-            z = (lv - med) / max(1.4826 * mad, _MIN_LOG_SPREAD)
+        s = self.sorted
+        n = len(s)
+        if n >= c.spike_min_history:
+            med = s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
             ratio = value / self.running_max if self.running_max > 0 else 0.0
             why = []
-            if z > c.spike_z:
-                why.append(f"robust z-score of the log {z:.1f} > {c.spike_z:g}")
-            if ratio > c.spike_ratio:
-                why.append(f"{ratio:.1f}x the largest value before > {c.spike_ratio:g}x")
+            z = 0.0
+            mad = None
+            if lv - med > c.spike_z * _MIN_LOG_SPREAD or ratio > c.spike_ratio:
+                mad = float(np.median(np.abs(np.asarray(s) - med)))
+                z = (lv - med) / max(1.4826 * mad, _MIN_LOG_SPREAD)
+                if z > c.spike_z:
+                    why.append(f"robust z-score of the log {z:.1f} > {c.spike_z:g}")
+                if ratio > c.spike_ratio:
+                    why.append(f"{ratio:.1f}x the largest value before > {c.spike_ratio:g}x")
             if why and not self.spiking:
                 found = {"value": value, "median": math.exp(med), "mad": mad, "z": z,
                          "running_max": self.running_max, "ratio": ratio, "why": "; ".join(why)}
             self.spiking = bool(why)
-        self.history.append(lv)
+        if n >= c.spike_window:
+            del s[bisect.bisect_left(s, self.window.popleft())]
+        self.window.append(lv)
+        bisect.insort(s, lv)
         if value > self.running_max:
             self.running_max = value
         return found

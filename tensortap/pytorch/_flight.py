@@ -31,6 +31,8 @@ logger = logging.getLogger("tensortap")
 _is_compiling = torch.compiler.is_compiling
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _F64 = np.dtype(np.float64)
+_Tensor = torch.Tensor
+_STRIDED = torch.strided
 _F32 = np.dtype(np.float32)
 _FOREACH_MAX = getattr(torch, "_foreach_max", None)
 _NO_GRAD_MODES = (_modes.EVAL, _modes.PREDICT)  # modes whose steps have no gradients (TRAIN and GLOBAL have)
@@ -50,6 +52,19 @@ def _usable(t: Any) -> bool:
             and not getattr(t, "is_nested", False))
 
 
+class _StepPlan:
+    """The names and roles of a step's tensors (outputs, then weights, then gradients), for steps alike."""
+
+    __slots__ = ("names", "dtypes", "n_out", "n_weights", "n_grads", "out_calls", "loss", "layouts", "low_precision")
+
+    def __init__(self, names: tuple[str, ...], dtypes: tuple[np.dtype, ...], n_out: int, n_weights: int,
+                 n_grads: int, out_calls: list[int], loss: int | None):
+        self.names, self.dtypes, self.n_out, self.n_weights, self.n_grads = names, dtypes, n_out, n_weights, n_grads
+        self.out_calls, self.loss = out_calls, loss
+        self.layouts: dict[tuple, Layout] = {}  # by the tensors' shapes
+        self.low_precision = False  # some tensor is float16 / bfloat16
+
+
 class TorchFlight:
     """The flight recorder of one PyTorch hook."""
 
@@ -61,13 +76,15 @@ class TorchFlight:
         self.roots: set[int] = set()  # indices of registered roots (their forward ends a model call)
         self.losses: set[int] = set()  # indices of registered loss modules
         self.params: list[tuple[str, nn.Parameter]] = []
+        self.weights: list[nn.Parameter] = []  # the parameters recorded (dense, floating point), in order
+        self.weight_names: list[str] = []
+        self.plans: dict[tuple, _StepPlan] = {}
         self.handles: list[Any] = []
         # the pending step: (module index, inputs, output) of each call, in the order they ended
         self.calls: list[tuple[int, Any, Any]] = []
         self.step_id: tuple[int, int, int] | None = None
         self.wait_optimizer = False  # the pending step ends at the optimizer's step (TRAIN, optimizer known)
         self.finish_next = False  # the pending step ends when the next step's forward begins
-        self.layouts: dict[tuple, Layout] = {}
         self.warned_unseen = False
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -79,6 +96,9 @@ class TorchFlight:
         """Watch a registered model: every module's outputs (where they are not compiled) and every parameter."""
         try:
             self.params.extend((f"{root_name}_{n}", p) for n, p in inner.named_parameters())
+            self.weight_names = [n for n, p in self.params if _usable(p)]
+            self.weights = [p for _n, p in self.params if _usable(p)]
+            self.plans.clear()
             if compiled:
                 logger.warning("tensortap flight recorder: %s is compiled: the outputs of the modules inside it are "
                                "not seen (weights and gradients are)", root_name)
@@ -154,117 +174,163 @@ class TorchFlight:
             self.warned_unseen = True
             logger.warning("tensortap flight recorder: no module output was seen in step %d (the model runs "
                            "compiled?): weights and gradients are recorded, module outputs are not", step_id[0])
-        names: list[str] = []
+        # the step's tensors: outputs in the order their calls ended, the weights, the gradients there are
         tensors: list[torch.Tensor] = []
-        out_calls: list[int] = []  # per output tensor: its position in `calls`
-        counts: dict[int, int] = {}
-        modules = self.modules
-        for c, (idx, _inputs, out) in enumerate(calls):
-            outs = (out,) if type(out) is torch.Tensor else list(iter_tensors(out))
-            k = counts.get(idx, 0)
-            counts[idx] = k + 1
-            base = modules[idx] + "_output_"
-            n = len(outs)
-            for i, t in enumerate(outs):
-                if _usable(t):
-                    names.append(f"{base}{k * n + i}")
-                    tensors.append(t.detach())
-                    out_calls.append(c)
+        sig: list[Any] = []
+        for idx, _inputs, out in calls:
+            if type(out) is _Tensor:
+                tensors.append(out)
+                sig.append(idx)
+            else:
+                outs = list(iter_tensors(out))
+                tensors.extend(outs)
+                sig.append((idx, len(outs)))
         n_out = len(tensors)
-        for name, p in self.params:
-            if _usable(p):
-                names.append(name)
-                tensors.append(p.detach())
-        n_w = len(tensors) - n_out
+        keep = None
+        for t in tensors:  # (cheap tests; an integer output is left out)
+            if t.layout is not _STRIDED or not (t.dtype.is_floating_point or t.dtype.is_complex):
+                keep = [j for j, u in enumerate(tensors) if _usable(u)]
+                break
+        params = self.weights  # (checked when registered)
+        tensors.extend(params)
+        gmask: Any = False
+        gl: list[Any] = []
         if grads:
-            for name, p in self.params:
-                g = p.grad
-                if g is not None and _usable(g):
-                    names.append("gradient/" + name)
-                    tensors.append(g)
+            gl = [p.grad for p in params]
+            gmask = True
+            for g in gl:
+                if g is None or g.layout is not _STRIDED:  # (a sparse gradient is left out)
+                    gmask = tuple(g is not None and g.layout is _STRIDED for g in gl)
+                    break
+            tensors.extend(g for g in gl if g is not None and g.layout is _STRIDED)
+        if keep is not None:
+            keep.extend(range(n_out, len(tensors)))
+        key = (tuple(sig), gmask, keep is None or tuple(keep), tuple(t.dtype for t in tensors[:n_out]))
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self._plan(key, calls, tensors, n_out, gl if grads else None, keep)
+        if keep is not None:
+            tensors = [tensors[j] for j in keep]
         if not tensors:
             return
-        values = self._statistics(tensors)
-        key = (tuple(names), tuple(t.shape for t in tensors))
-        layout = self.layouts.get(key)
+        values = self._statistics(tensors, plan)
+        shapes = tuple(t.shape for t in tensors)
+        layout = plan.layouts.get(shapes)
         if layout is None:
-            if len(self.layouts) > 256:
-                self.layouts.clear()
-            layout = self.layouts[key] = Layout(key[0], tuple(tuple(s) for s in key[1]),
-                                                tuple(_F32 if t.dtype is torch.float32 else _F64 for t in tensors))
+            if len(plan.layouts) > 64:
+                plan.layouts.clear()
+            layout = plan.layouts[shapes] = Layout(plan.names, tuple(tuple(s) for s in shapes), plan.dtypes)
         rec = self.rec
         rec.record(step_id, layout, values)
-        bad = values[:, 1] > 0
+        names = plan.names
 
         def raw() -> list[tuple[str, np.ndarray]]:
             return [(n, host_numpy(t.detach().cpu())) for n, t in zip(names, tensors, strict=True)]
 
-        if bad.any():
-            rec.nonfinite(step_id, self._provenance(calls, names, tensors, values, n_out, n_w, out_calls), raw)
+        if values[:, 1].any():
+            rec.nonfinite(step_id, self._provenance(calls, plan, tensors, values), raw)
         else:
             rec.nonfinite(step_id, None)
         if step_id[1] not in _NO_GRAD_MODE_VALUES:
-            loss = loss_name = None
-            for i in range(n_out):
-                c = out_calls[i]
-                idx = calls[c][0]
-                if (idx in self.losses or (not self.losses and idx in self.roots)) and tensors[i].numel() == 1:
-                    loss, loss_name = float(values[i, 0]), names[i]  # (|loss|: its l2)
+            loss = float(values[plan.loss, 0]) if plan.loss is not None else None  # (|loss|: its l2)
             gnorm = None
-            if grads and len(tensors) > n_out + n_w:
-                gnorm = float(np.sqrt(np.sum(np.square(values[n_out + n_w:, 0]))))
-            rec.observe(step_id, loss, gnorm, raw, loss_name)
+            if plan.n_grads:
+                g = values[-plan.n_grads:, 0]
+                gnorm = float(np.sqrt(np.dot(g, g)))
+            rec.observe(step_id, loss, gnorm, raw, names[plan.loss] if plan.loss is not None else None)
         rec.poll(step_id)
 
-    def _statistics(self, tensors: list[torch.Tensor]) -> np.ndarray:
+    def _plan(self, key: tuple, calls: list, tensors: list[torch.Tensor], n_out: int, grads: list | None,
+              keep: list[int] | None) -> _StepPlan:
+        """Names and roles of the tensors of steps whose calls and gradients look like this one's."""
+        names: list[str] = []
+        out_calls: list[int] = []  # per output: its call's position in `calls`
+        counts: dict[int, int] = {}
+        for c, (idx, _inputs, out) in enumerate(calls):
+            n = 1 if type(out) is _Tensor else sum(1 for _ in iter_tensors(out))
+            k = counts.get(idx, 0)
+            counts[idx] = k + 1
+            base = self.modules[idx] + "_output_"
+            for i in range(n):
+                names.append(f"{base}{k * n + i}")
+                out_calls.append(c)
+        names.extend(self.weight_names)
+        n_grads = 0
+        if grads is not None:
+            for name, g in zip(self.weight_names, grads, strict=True):
+                if g is not None and g.layout is _STRIDED:
+                    names.append("gradient/" + name)
+                    n_grads += 1
+        roles = ["output"] * n_out + ["weight"] * len(self.weight_names) + ["gradient"] * n_grads
+        if keep is not None:
+            names = [names[j] for j in keep]
+            roles = [roles[j] for j in keep]
+            out_calls = [out_calls[j] for j in keep if j < n_out]
+            n_grads = roles.count("gradient")
+        kept = [tensors[j] for j in keep] if keep is not None else tensors
+        n_out = roles.count("output")
+        loss = None
+        for i in range(n_out):
+            idx = calls[out_calls[i]][0]
+            if (idx in self.losses or (not self.losses and idx in self.roots)) and kept[i].numel() == 1:
+                loss = i  # (the last loss of the step)
+        plan = _StepPlan(tuple(names), tuple(_F32 if t.dtype is torch.float32 else _F64 for t in kept),
+                         n_out, len(names) - n_out - n_grads, n_grads, out_calls, loss)
+        plan.low_precision = any(t.dtype in _LOW_PRECISION for t in kept)
+        if len(self.plans) > 256:
+            self.plans.clear()
+        self.plans[key] = plan
+        return plan
+
+    def _statistics(self, tensors: list[torch.Tensor], plan: _StepPlan) -> np.ndarray:
         """values[i] = (l2, non-finite count[, l1, max|x|]) of each tensor, computed where it lives, in one pass per
         statistic over all of them, one transfer to the host (the exact non-finite counts only where l2 is not
         finite)."""
-        low = [i for i, t in enumerate(tensors) if t.dtype in _LOW_PRECISION]
-        if low:
-            rest = [i for i, t in enumerate(tensors) if t.dtype not in _LOW_PRECISION]
-            order = rest + low
-            norms = list(torch._foreach_norm([tensors[i] for i in rest], 2)) if rest else []
-            norms += torch._foreach_norm([tensors[i] for i in low], 2, dtype=torch.float32)
-            by_pos: list[Any] = [None] * len(tensors)
-            for pos, v in zip(order, norms, strict=True):
-                by_pos[pos] = v
-            norms = by_pos
-        else:
-            norms = torch._foreach_norm(tensors, 2)
-        parts = [torch.stack([v.to(torch.float64) for v in norms]) if len({v.dtype for v in norms}) > 1
-                 else torch.stack(list(norms))]
-        if self.full:
-            a = torch._foreach_abs(tensors)
-            parts.append(torch.stack([x.sum().to(parts[0].dtype) for x in a]))
-            mx = _FOREACH_MAX(a) if _FOREACH_MAX is not None else [x.max() if x.numel() else x.sum() for x in a]
-            parts.append(torch.stack([x.to(parts[0].dtype) for x in mx]))
-        host = torch.stack([p.to(parts[0].dtype) for p in parts]).cpu().numpy().astype(np.float64, copy=False)
-        n = len(tensors)
-        k = 4 if self.full else 2
-        values = np.zeros((n, k), dtype=np.float64)
-        values[:, 0] = host[0]
-        if self.full:
-            values[:, 2] = host[1]
-            values[:, 3] = host[2]
-        bad = np.flatnonzero(~np.isfinite(values[:, 0]))
-        for i in bad.tolist():  # (rare: a non-finite value, or a sum of squares past the dtype's range)
-            t = tensors[i]
-            nf = int((~torch.isfinite(t)).sum())
-            values[i, 1] = nf
-            if nf == 0:
-                values[i, 0] = float(torch.linalg.vector_norm(t.double()))
+        with torch.no_grad():
+            if plan.low_precision:  # (norms of float16/bfloat16 tensors in float32: no overflow at 65504)
+                norms = [torch.linalg.vector_norm(t, dtype=torch.float32) if t.dtype in _LOW_PRECISION
+                         else torch.linalg.vector_norm(t) for t in tensors]
+            else:
+                norms = torch._foreach_norm(tensors, 2)
+            d0 = norms[0].dtype
+            for v in norms:
+                if v.dtype is not d0:
+                    norms = [v.double() for v in norms]
+                    break
+            stacked = torch.stack(norms)
+            n = len(tensors)
+            if self.full:
+                a = torch._foreach_abs(tensors)
+                mx = _FOREACH_MAX(a) if _FOREACH_MAX is not None else [x.max() if x.numel() else x.sum() for x in a]
+                stacked = torch.cat([stacked, torch.stack([x.sum().to(stacked.dtype) for x in a]),
+                                     torch.stack([x.to(stacked.dtype) for x in mx])])
+            host = stacked.numpy() if stacked.is_cpu else stacked.cpu().numpy()  # (the one transfer)
+            values = np.zeros((n, 4 if self.full else 2), dtype=np.float64)
+            values[:, 0] = host[:n]
+            if self.full:
+                values[:, 2] = host[n:2 * n]
+                values[:, 3] = host[2 * n:]
+            if not np.isfinite(host[:n]).all():
+                for i in np.flatnonzero(~np.isfinite(values[:, 0])).tolist():
+                    # (rare: a non-finite value, or a sum of squares past the dtype's range)
+                    t = tensors[i]
+                    nf = int((~torch.isfinite(t)).sum())
+                    values[i, 1] = nf
+                    if nf == 0:
+                        values[i, 0] = float(torch.linalg.vector_norm(t.double()))
         return values
 
-    def _provenance(self, calls: list, names: list[str], tensors: list[torch.Tensor], values: np.ndarray,
-                    n_out: int, n_w: int, out_calls: list[int]) -> dict[str, Any]:
+    def _provenance(self, calls: list, plan: _StepPlan, tensors: list[torch.Tensor], values: np.ndarray
+                    ) -> dict[str, Any]:
         """Where the step's first non-finite value appeared (docs/format.md §11)."""
         bad = values[:, 1] > 0
+        names = plan.names
+        n_out, n_w = plan.n_out, plan.n_weights
         inputs: list[dict[str, Any]] = []
         module = parameter = None
         first = next((i for i in range(n_out) if bad[i]), None)
         if first is not None:
-            idx, ins, _out = calls[out_calls[first]]
+            idx, ins, _out = calls[plan.out_calls[first]]
             module = self.modules[idx]
             phase = "loss" if idx in self.losses else "forward"
             for j, t in enumerate(t for t in iter_tensors(ins) if _usable(t)):
@@ -279,7 +345,7 @@ class TorchFlight:
                 first = next(i for i in range(n_out, n_out + n_w) if bad[i])
                 phase = "weights"
                 parameter = names[first]
-        t = tensors[first]
+        t = tensors[first].detach()
         if t.is_complex():
             t = torch.view_as_real(t)
         return {"phase": phase, "module": module, "parameter": parameter, "tensor": names[first],
