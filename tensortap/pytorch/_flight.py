@@ -85,6 +85,7 @@ class TorchFlight:
         self.step_id: tuple[int, int, int] | None = None
         self.wait_optimizer = False  # the pending step ends at the optimizer's step (TRAIN, optimizer known)
         self.finish_next = False  # the pending step ends when the next step's forward begins
+        self.mark = 0  # the pending calls up to the last model or loss call that ended
         self.warned_unseen = False
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -130,11 +131,22 @@ class TorchFlight:
             if self.finish_next and idx not in self.losses:
                 self.finish(False)  # a new step's forward: the last one (EVAL, or no optimizer) is complete
             self.calls.append((idx, inputs, output))
-            if idx in self.roots and self.step_id is None:
+            if idx in self.roots:
                 hook = self.hook
-                self.step_id = hook.step_id()
-                self.wait_optimizer = hook.mode not in _NO_GRAD_MODES and bool(hook._opts)
-                self.finish_next = not self.wait_optimizer
+                sid = hook.step_id()
+                if self.step_id is not None and sid != self.step_id:
+                    # the hook began a step with no optimizer step since the pending one (a step the GradScaler
+                    # skipped, a mode change): the pending step ends with the calls before this forward
+                    pending, self.calls = self.calls[self.mark:], self.calls[:self.mark]
+                    self.finish(False)
+                    self.calls = pending
+                if self.step_id is None:
+                    self.step_id = sid
+                    self.wait_optimizer = hook.mode not in _NO_GRAD_MODES and bool(hook._opts)
+                    self.finish_next = not self.wait_optimizer
+                self.mark = len(self.calls)
+            elif idx in self.losses:
+                self.mark = len(self.calls)
         except Exception as e:  # noqa: BLE001
             self.rec.fail("forward hook", e)
 
@@ -167,6 +179,7 @@ class TorchFlight:
         """Compute the pending step's statistics (with the gradients, at the optimizer's step), keep them in the
         ring, and look for what went wrong."""
         calls, self.calls = self.calls, []
+        self.mark = 0
         step_id = self.step_id if self.step_id is not None else self.hook.step_id()
         self.step_id = None
         self.finish_next = self.wait_optimizer = False
@@ -354,7 +367,7 @@ class TorchFlight:
 
     def _raw_now(self) -> list[tuple[str, np.ndarray]]:
         """The raw tensors of the step in progress (for an incident that is not about one step's values): the
-        outputs seen so far, the weights, the gradients there are."""
+        outputs seen so far, the weights, and in a TRAIN step the gradients there are."""
         out: list[tuple[str, np.ndarray]] = []
         counts: dict[int, int] = {}
         for idx, _inputs, o in self.calls:
@@ -366,9 +379,10 @@ class TorchFlight:
         for name, p in self.params:
             if _usable(p):
                 out.append((name, host_numpy(p.detach().cpu())))
-        for name, p in self.params:
-            if p.grad is not None and _usable(p.grad):
-                out.append(("gradient/" + name, host_numpy(p.grad.detach().cpu())))
+        if self.hook.mode not in _NO_GRAD_MODES:  # (an EVAL step has no gradients of its own)
+            for name, p in self.params:
+                if p.grad is not None and _usable(p.grad):
+                    out.append(("gradient/" + name, host_numpy(p.grad.detach().cpu())))
         return out
 
 

@@ -362,3 +362,41 @@ def test_off_by_env_and_by_default(tmp_path, monkeypatch):
             model(_batch(step)[0])
         hook.close()
         assert not (out / "incidents").exists()
+
+
+def test_eval_steps_are_recorded_as_their_own_steps(tmp_path):
+    """TRAIN steps end at the optimizer's step, EVAL steps when the next forward begins: each keeps its own
+    outputs (EVAL: no gradients), at its own mode step."""
+    model = _mlp()
+    loss_fn = nn.CrossEntropyLoss()
+    hook = _hook(str(tmp_path), steps=32)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    eval_out = []
+    with pytest.raises(KeyError):
+        with hook:
+            for epoch in range(2):
+                hook.set_mode(tp.modes.TRAIN)
+                for step in range(3):
+                    x, y = _batch(step)
+                    opt.zero_grad()
+                    loss_fn(model(x), y).backward()
+                    opt.step()
+                hook.set_mode(tp.modes.EVAL)
+                with torch.no_grad():
+                    for step in range(2):
+                        x, y = _batch(100 + step)
+                        out = model(x)
+                        eval_out.append(out.norm().item())
+                        loss_fn(out, y)
+            raise KeyError("end")
+    trial = create_trial(str(tmp_path))
+    assert trial.steps(mode=tp.modes.EVAL) == [0, 1, 2, 3]
+    assert trial.steps(mode=tp.modes.TRAIN) == [0, 1, 2, 3, 4, 5]
+    root = trial.tensor("Sequential_output_0")
+    got = [float(root.reduction_value(s, "l2", mode=tp.modes.EVAL)) for s in range(4)]
+    assert got == pytest.approx(eval_out, rel=1e-6)
+    grad = trial.tensor("gradient/Sequential_0.weight")
+    assert grad.steps(mode=tp.modes.TRAIN) == [0, 1, 2, 3, 4, 5] and grad.steps(mode=tp.modes.EVAL) == []
+    assert trial.tensor("CrossEntropyLoss_output_0").steps(mode=tp.modes.EVAL) == [0, 1, 2, 3]
