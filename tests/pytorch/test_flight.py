@@ -376,7 +376,7 @@ def test_eval_steps_are_recorded_as_their_own_steps(tmp_path):
     eval_out = []
     with pytest.raises(KeyError):
         with hook:
-            for epoch in range(2):
+            for _epoch in range(2):
                 hook.set_mode(tp.modes.TRAIN)
                 for step in range(3):
                     x, y = _batch(step)
