@@ -199,11 +199,10 @@ class _Series:
 
         self.stat_index = {s: i for i, s in enumerate(STATISTICS)}
         self.trial = trial
+        self.s = None
         if names:
-            s = trial._extract(names, None, None, _modes.GLOBAL).scalars()
-        else:
-            s = None
-        self.s = s
+            with np.errstate(all="ignore"):
+                self.s = trial._extract(names, None, None, _modes.GLOBAL).scalars()
 
     def series(self, name: str, stats: tuple[str, ...], worker: str | None = None, train: bool = True
                ) -> tuple[np.ndarray, np.ndarray]:
@@ -382,7 +381,8 @@ def _scan_nonfinite(trial: Any) -> dict[str, Any] | None:
     names = list(trial.tensor_names())
     if not names:
         return None
-    s = trial._extract(names, None, None, _modes.GLOBAL).scalars()
+    with np.errstate(all="ignore"):  # statistics of non-finite values are what is looked for here
+        s = trial._extract(names, None, None, _modes.GLOBAL).scalars()
     nf = STATISTICS.index("nonfinite")
     bad = np.where(s.statistic == nf, s.value > 0, ~np.isfinite(s.value))
     if not bad.any():

@@ -1,10 +1,11 @@
 """Ranks (workers) whose curve diverges from the others', step by step.
 
-Per worker, the median of its last `window` finite values is compared with the median of the other workers'
-medians: a worker diverges when the two differ by more than `ratio_threshold` times (in either direction; for
-curves with values <= 0, when the difference is more than `ratio_threshold - 1` times the others' magnitude).
-Medians of a few saved values, not single values: data-parallel ranks see different batches, so their losses
-differ by the batches' noise. A worker whose value is non-finite while others' are finite diverges at once.
+Per worker, the median of its last `window` finite values is compared with the median of all the workers'
+medians (with two workers, with the other's): a worker diverges when the two differ by more than
+`ratio_threshold` times (in either direction; for curves with values <= 0, when the difference is more than
+`ratio_threshold - 1` times the other's magnitude). Medians of a few saved values, not single values:
+data-parallel ranks see different batches, so their losses differ by the batches' noise. A worker whose value
+is non-finite while others' are finite diverges at once.
 
 With two workers both differ from "the other" alike: the one named is the one that moved from where all the
 workers were before (the median of every worker's values before its current window); both are named when they
@@ -31,7 +32,7 @@ class Divergence:
     step: int
     workers: list[str]  # the diverging workers
     values: dict[str, float]  # each worker's median of its last values (its value, for a non-finite one)
-    others: float  # the other workers' median (of the first diverging worker)
+    others: float  # what the first diverging worker was compared with (the workers' median, or the other's)
     ratio: float  # how many times apart
     reason: str  # "non-finite" or "ratio"
     detail: dict[str, Any] = field(default_factory=dict)
@@ -93,8 +94,10 @@ class DivergenceTracker:
             return None
         self.judged += 1
         flagged: list[tuple[str, float, float]] = []
+        everyone = float(np.median(list(ready.values())))
         for w, m in ready.items():
-            others = float(np.median([x for o, x in ready.items() if o != w]))
+            # two workers: each against the other; more: against the median of all (the majority's value)
+            others = next(x for o, x in ready.items() if o != w) if len(ready) == 2 else everyone
             r = _apart(m, others)
             if r > self.ratio_threshold:
                 flagged.append((w, others, r))

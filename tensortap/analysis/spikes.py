@@ -33,9 +33,9 @@ __all__ = ["Spike", "SpikeDetector", "find_spikes", "spike_events", "attribute",
 #: the smallest spread of log values a window is taken to have (5%): a flat curve is not infinitely sure
 MIN_LOG_SIGMA = 0.05
 #: a layer's norm moved, for attribution, when its robust z-score is above this and ...
-ATTR_Z = 4.0
+ATTR_Z = 6.0
 #: ... it is more than this many times (or less than 1/this) its own median before
-ATTR_RATIO = 1.5
+ATTR_RATIO = 3.0
 _MAD_SIGMA = 1.4826
 
 
@@ -162,15 +162,16 @@ def find_spikes(steps: Sequence[int] | np.ndarray, values: Sequence[float] | np.
     return out
 
 
-def spike_events(spikes: list[Spike], steps: Sequence[int] | np.ndarray) -> list[Spike]:
-    """Spiky values at consecutive judged points of the curve (`steps`: all its steps) merged into one event:
-    the first spike, with `end_step`, `peak_step` and `peak_value` set."""
+def spike_events(spikes: list[Spike], steps: Sequence[int] | np.ndarray, gap: int = 10) -> list[Spike]:
+    """Spiky values of a curve (`steps`: all its steps) less than `gap` points apart merged into one event (a
+    spike and its aftershocks while training recovers): the first spike, with `end_step`, `peak_step` and
+    `peak_value` set."""
     pos = {int(s): i for i, s in enumerate(np.asarray(steps).tolist())}
     events: list[Spike] = []
     last_i = None
     for sp in spikes:
         i = pos.get(sp.step)
-        if events and i is not None and last_i is not None and i == last_i + 1:
+        if events and i is not None and last_i is not None and i - last_i <= gap:
             ev = events[-1]
             ev.end_step = sp.step
             if sp.value > (ev.peak_value or -math.inf):
@@ -183,7 +184,7 @@ def spike_events(spikes: list[Spike], steps: Sequence[int] | np.ndarray) -> list
 
 
 def attribute(spike_step: int, layers: Mapping[str, tuple[Iterable[int], Iterable[float]]],
-              since: int | None = None, lookback: int = 16, window: int = 50, top: int = 5,
+              since: int | None = None, lookback: int = 8, window: int = 50, top: int = 5,
               min_baseline: int = 3) -> list[Mover]:
     """The layers whose norm moved first at a spike at `spike_step`. `layers`: {tensor: (steps, norms)},
     steps increasing. The examined span is (since - lookback, spike_step] (`since`: the previous judged

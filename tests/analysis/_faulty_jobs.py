@@ -29,7 +29,7 @@ def mlp(seed: int = 0) -> Any:
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
 
 
-def spike_job(out_dir: str, steps: int = 90, corrupt_step: int | None = 60, factor: float = 3000.0,
+def spike_job(out_dir: str, steps: int = 90, corrupt_step: int | None = 60, factor: float = 100.0,
               save_interval: int = 1) -> dict[str, Any]:
     """An MLP trained with SGD. At `corrupt_step` the gradient of its second Linear (`Sequential_2.weight`) is
     multiplied by `factor` before the optimizer's step (a bad batch, a broken kernel): that gradient spikes at
@@ -40,7 +40,7 @@ def spike_job(out_dir: str, steps: int = 90, corrupt_step: int | None = 60, fact
     import tensortap.pytorch as tp
 
     model = mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
     loss_fn = nn.CrossEntropyLoss()
     hook = tp.Hook(out_dir=out_dir, save_config=tp.SaveConfig(save_interval=save_interval),
                    include_collections=["weights", "gradients", "losses"], writer="thread")
@@ -54,7 +54,7 @@ def spike_job(out_dir: str, steps: int = 90, corrupt_step: int | None = 60, fact
         opt.zero_grad()
         loss = loss_fn(model(x[idx]), y[idx])
         loss.backward()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if step == corrupt_step:
             model[2].weight.grad.mul_(factor)
         opt.step()

@@ -1,0 +1,103 @@
+"""`diagnose` on real PyTorch trainings with a planted fault: each fault is found where it was planted, and a
+healthy run of the same training is found healthy."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _faulty_jobs as jobs  # noqa: E402
+
+from tensortap.analysis.diagnose import diagnose  # noqa: E402
+from tensortap.trials import create_trial  # noqa: E402
+
+CORRUPT = 60
+
+
+@pytest.fixture(scope="module")
+def spiky(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("spiky") / "job")
+    rec = jobs.spike_job(out, corrupt_step=CORRUPT, factor=100.0)
+    return out, rec
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("healthy") / "job")
+    jobs.spike_job(out, corrupt_step=None)
+    return out
+
+
+def test_a_gradient_spike_then_a_loss_spike_attributed_to_the_layer_that_moved_first(spiky):
+    out, rec = spiky
+    d = diagnose(create_trial(out))
+    by_kind = {s["kind"]: s for s in d.spikes}
+    assert set(by_kind) == {"loss", "gradient norm"}, d.spikes
+    g, loss = by_kind["gradient norm"], by_kind["loss"]
+    assert g["step"] == CORRUPT  # the corrupted gradient is what the optimizer consumed at that step
+    assert loss["step"] == CORRUPT + 1  # the weights it moved make the next step's loss spike
+    assert loss["value"] == pytest.approx(rec["losses"][CORRUPT + 1], rel=1e-6)  # what the script itself saw
+    assert loss["ratio"] > 2 and loss["z"] > 6
+    first = loss["movers"][0]
+    assert (first["tensor"], first["step"]) == ("gradient/Sequential_2.weight", CORRUPT)
+    assert g["movers"][0]["tensor"] == "gradient/Sequential_2.weight"
+    assert d.nonfinite is None and not d.ranks and d.findings == 2
+    text = d.to_text()
+    assert f"at step {CORRUPT + 1}" in text and "gradient/Sequential_2.weight" in text
+    assert any("lowering the learning rate" in s for s in d.suggestions)
+    assert any("clipping gradients" in s for s in d.suggestions)
+    assert any(f"{CORRUPT}, {CORRUPT + 1}" in s for s in d.suggestions)  # the steps whose data to check
+
+
+def test_the_same_training_without_the_fault_is_healthy(healthy):
+    d = diagnose(create_trial(healthy))
+    assert d.findings == 0, d.to_text()
+    assert d.spikes == [] and d.nonfinite is None and d.suggestions == []
+    assert d.to_text().splitlines()[2] == "nothing wrong found."
+    json.loads(d.to_json())
+
+
+def test_a_gradient_scaler_that_collapses(tmp_path):
+    out = str(tmp_path / "amp")
+    scales = jobs.amp_job(out, overflow_from=20)
+    d = diagnose(create_trial(out))
+    assert d.amp is not None and d.amp["collapsed"], d.amp
+    assert d.amp["skipped"] == 20 and d.amp["run_steps"] == [20, 39] and d.amp["longest_run"] == 20
+    assert d.amp["last_scale"] == pytest.approx(scales[-2])  # the scale it skipped its last step with
+    assert d.findings == 1 and "GradScaler" in d.headline()
+    ok = str(tmp_path / "amp_ok")
+    jobs.amp_job(ok, overflow_from=None)
+    d2 = diagnose(create_trial(ok))
+    assert d2.amp is not None and not d2.amp["collapsed"] and d2.amp["skipped"] == 0 and d2.findings == 0
+
+
+def test_non_finite_values_from_saved_data(tmp_path):
+    """Without the flight recorder's incident, the earliest saved step holding NaN/inf is reported."""
+    out = str(tmp_path / "nan")
+    jobs.spike_job(out, steps=40, corrupt_step=25, factor=float("inf"))
+    d = diagnose(create_trial(out))
+    nf = d.nonfinite
+    assert nf is not None and nf["source"] == "saved data" and nf["step"] == 25
+    assert "gradient/Sequential_2.weight" in nf["tensors"]
+    assert "Sequential_0.weight" not in nf["tensors"]  # the weights used at step 25 were still finite
+    assert d.to_dict()["first_nonfinite"]["step"] == 25
+    json.loads(d.to_json())  # inf/NaN values are written as strings / null: valid JSON
+
+
+def test_diverging_rank_of_a_two_process_gloo_job(tmp_path):
+    out = str(tmp_path / "ddp")
+    jobs.ddp_job(out, str(tmp_path), corrupt_rank=1, corrupt_from=20)
+    d = diagnose(create_trial(out))
+    assert d.ranks, d.to_text()
+    assert all(r["workers"] == ["worker_1"] for r in d.ranks)
+    norm = next(r for r in d.ranks if r["curve"] == "the total gradient norm")
+    assert 20 <= norm["step"] <= 24
+    assert any("worker_1" in s for s in d.suggestions)
+    assert np.isfinite(norm["ratio"]) and norm["ratio"] > 2
