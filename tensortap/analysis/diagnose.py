@@ -253,14 +253,16 @@ def _names(trial: Any, collection: str, prefixes: tuple[str, ...] = ()) -> list[
 
 def diagnose(trial: Any, *, window: int = 50, z_threshold: float = 6.0, min_ratio: float = 2.0,
              max_factor: float = 10.0, min_history: int = 10, ratio_threshold: float = 2.0,
-             rank_window: int = 5) -> Diagnosis:
-    """The diagnosis of `trial` (a Trial or a path). Spike parameters are LossSpike's / GradNormSpike's,
-    `ratio_threshold` and `rank_window` RankDivergence's."""
+             rank_window: int = 5, refresh: bool = True) -> Diagnosis:
+    """The diagnosis of `trial` (a Trial or a path), after reading what the job wrote since (unless not
+    `refresh`). Spike parameters are LossSpike's / GradNormSpike's, `ratio_threshold` and `rank_window`
+    RankDivergence's."""
     if isinstance(trial, str):
         from tensortap.trials import create_trial
 
         trial = create_trial(trial)
-    trial.refresh_data()
+    if refresh:
+        trial.refresh_data()
     steps = trial.steps(show_incomplete_steps=True)
     d = Diagnosis(str(trial.path), list(trial.workers()),
                   {"count": len(steps), "first": steps[0] if steps else None, "last": steps[-1] if steps else None,
@@ -277,7 +279,8 @@ def diagnose(trial: Any, *, window: int = 50, z_threshold: float = 6.0, min_rati
     spike = {"window": window, "z_threshold": z_threshold, "min_ratio": min_ratio, "max_factor": max_factor,
              "min_history": min_history}
     for name in losses:
-        st, vals = data.series(name, ("value", "mean"))
+        # a scalar loss's own value; at steps only the flight recorder's ring has, its l2 (|loss|)
+        st, vals = data.series(name, ("value", "mean", "l2"))
         _spikes(d, "loss", name, st, vals, layers, spike)
         _plateau(d, name, st, vals)
     total = _total_norm(layers)
@@ -317,21 +320,14 @@ def _rules(d: Diagnosis, storage: Any) -> None:
                         "message": msg or (r.get("message") or "")[:400]})
 
 
-def _incident_api(trial: Any) -> tuple[Any, Any]:
-    """Trial.first_nonfinite and Trial.incidents (the flight recorder's incidents), None where absent."""
-    return getattr(trial, "first_nonfinite", None), getattr(trial, "incidents", None)
-
-
 def _nonfinite(d: Diagnosis, trial: Any) -> None:
-    first_fn, incidents_fn = _incident_api(trial)
     inc = None
-    if callable(incidents_fn):
-        try:
-            for i in incidents_fn():
-                d.incidents[str(i.get("kind"))] = d.incidents.get(str(i.get("kind")), 0) + 1
-            inc = first_fn() if callable(first_fn) else None
-        except Exception as e:  # noqa: BLE001 - the saved data still says where values went non-finite
-            d.notes.append(f"the flight recorder's incidents could not be read: {e}")
+    try:
+        for i in trial.incidents():
+            d.incidents[str(i.get("kind"))] = d.incidents.get(str(i.get("kind")), 0) + 1
+        inc = trial.first_nonfinite()
+    except Exception as e:  # noqa: BLE001 - the saved data still says where values went non-finite
+        d.notes.append(f"the flight recorder's incidents could not be read: {e}")
     if inc:
         d.nonfinite = _from_incident(inc)
         return

@@ -101,3 +101,28 @@ def test_diverging_rank_of_a_two_process_gloo_job(tmp_path):
     assert 20 <= norm["step"] <= 24
     assert any("worker_1" in s for s in d.suggestions)
     assert np.isfinite(norm["ratio"]) and norm["ratio"] > 2
+
+
+def test_the_flight_recorder_s_incident_names_the_producer(tmp_path):
+    """A non-finite incident, as docs/format.md §11 has the flight recorder write it, is what diagnose reports
+    (module, phase, step, inputs), ahead of the saved-data scan (which only knows the first saved step)."""
+    from tensortap.format.incidents import IncidentLog, make_incident
+    from tensortap.storage import open_storage
+
+    out = str(tmp_path / "nan")
+    jobs.spike_job(out, steps=40, corrupt_step=25, factor=float("inf"))
+    log = IncidentLog(open_storage(out), "worker_0")
+    log.append(make_incident("non_finite", 25, "TRAIN", 25, "worker_0", 1.0, (0, 25), {
+        "phase": "backward", "module": None, "parameter": "Sequential_2.weight",
+        "tensor": "gradient/Sequential_2.weight", "nan": 0, "posinf": 512, "neginf": 512, "inputs": []}))
+    log.append(make_incident("loss_spike", 26, "TRAIN", 26, "worker_0", 2.0, None, {"value": float("nan")}))
+    d = diagnose(create_trial(out))
+    nf = d.nonfinite
+    assert nf["source"] == "flight recorder" and nf["step"] == 25 and nf["phase"] == "backward"
+    assert nf["parameter"] == "Sequential_2.weight" and (nf["posinf"], nf["neginf"]) == (512, 512)
+    assert d.incidents == {"non_finite": 1, "loss_spike": 1}
+    text = d.to_text()
+    assert "the gradient of parameter Sequential_2.weight went non-finite first in the backward pass" in text
+    assert "steps 0..25 before it" in text
+    assert any("overflowed first at step 25" in s for s in d.suggestions)
+    assert json.loads(d.to_json())["first_nonfinite"]["parameter"] == "Sequential_2.weight"
