@@ -252,11 +252,11 @@ def test_report_opened_from_disk_renders_the_same(page, pytorch_job, hostile_job
     assert "<script src" not in text and "<link rel=\"stylesheet\"" not in text
     _open(page, "file://" + report)
     page.screenshot("report.png")
-    for view in ("rules", "overview", "heatmap", "layers", "distribution"):
+    for view in ("diagnosis", "rules", "overview", "heatmap", "layers", "distribution"):
         page.page.locator(f"section[data-view={view}]").screenshot(
             path=os.path.join(ui.artifacts_dir(), f"report-section-{view}.png"))
     sections = page.js("Array.from(document.querySelectorAll('section')).map(s => s.dataset.view)")
-    assert sections[:2] == ["rules", "overview"]  # the rule summary on top
+    assert sections[:3] == ["diagnosis", "rules", "overview"]  # the diagnosis on top, then the rule summary
     figs = page.js(ui.FIGURES_JS)
     train = next(f for f in figs if f["fig"] == "scalars-TRAIN")
     by_name = {html.unescape(t["name"]): t for t in train["traces"]}
