@@ -126,3 +126,61 @@ def test_the_flight_recorder_s_incident_names_the_producer(tmp_path):
     assert "steps 0..25 before it" in text
     assert any("overflowed first at step 25" in s for s in d.suggestions)
     assert json.loads(d.to_json())["first_nonfinite"]["parameter"] == "Sequential_2.weight"
+
+
+def _flight_recorder_landed() -> bool:
+    import inspect
+
+    import tensortap.pytorch as tp
+
+    return "flight_recorder" in inspect.signature(tp.Hook.__init__).parameters
+
+
+@pytest.mark.skipif(not _flight_recorder_landed(), reason="the PyTorch flight recorder (#40, capture side) is not "
+                                                          "in this tree yet")
+def test_a_third_layer_that_outputs_inf_at_step_k_is_named_at_step_k(tmp_path):
+    """The issue's end-to-end case: with the flight recorder on and save_interval=500 (nothing saved near step k),
+    diagnose names the third layer, at step k, in the forward pass."""
+    from torch import nn
+
+    import tensortap.pytorch as tp
+
+    k = 37
+
+    class InfAt(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(32, 32)
+            self.calls = 0
+
+        def forward(self, x):
+            y = self.lin(x)
+            if self.calls == k:
+                y = y.clone()
+                y[0, 0] = float("inf")
+            self.calls += 1
+            return y
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), InfAt(), nn.ReLU(), nn.Linear(32, 4))
+    out = str(tmp_path / "job")
+    hook = tp.Hook(out_dir=out, save_config=tp.SaveConfig(save_interval=500), flight_recorder=True,
+                   include_collections=["losses"], writer="thread")
+    hook.register_module(model)
+    loss_fn = nn.CrossEntropyLoss()
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = jobs._data()
+    for step in range(k + 5):
+        opt.zero_grad()
+        loss_fn(model(x[step * 32:step * 32 + 32]), y[step * 32:step * 32 + 32]).backward()
+        opt.step()
+    hook.close()
+    d = diagnose(create_trial(out))
+    nf = d.nonfinite
+    assert nf is not None and nf["source"] == "flight recorder", d.to_text()
+    assert (nf["step"], nf["phase"], nf["module"]) == (k, "forward", "2")
+    assert nf["posinf"] == 1
+    assert f"step {k}" in d.to_text() and "module 2 went non-finite first in the forward pass" in d.to_text()
+    r = json.loads(d.to_json())
+    assert r["first_nonfinite"]["module"] == "2" and r["first_nonfinite"]["step"] == k

@@ -92,7 +92,7 @@ def test_dashboard_of_a_pytorch_job_whose_rule_fired(page, pytorch_job, hostile_
         assert any(ui.HOSTILE[:47] in s for s in figs["scalars-TRAIN"]["svgText"])
         assert page.js("window.__pwned") is None
         # the rule table: status and the rule's own explanation
-        rows = page.js("Array.from(document.querySelectorAll('table.tt tr')).map(r => "
+        rows = page.js("Array.from(document.querySelectorAll('table.tt[data-table=rules] tr')).map(r => "
                        "Array.from(r.children).map(c => c.textContent))")
         assert rows[0][:3] == ["job", "rule", "status"]
         assert rows[1][:4] == ["pytorch_job", "vanishing_gradient", "IssuesFound", str(fired[0])]
@@ -205,13 +205,13 @@ def test_offline_rule_statuses_show_like_live_ones(page, pytorch_job, tmp_path, 
                     last_step=10, message="")
     st.write_status(storage, "unchanged_tensor", True, rule="unchanged_tensor", status=st.ERROR,
                     message="ValueError: <b>bad</b>", traceback="Traceback ...")
-    rows_js = ("Array.from(document.querySelectorAll('table.tt tr')).slice(1).map(r => "
+    rows_js = ("Array.from(document.querySelectorAll('table.tt[data-table=rules] tr')).slice(1).map(r => "
                "[...r.children].map(c => c.textContent))")
     server = Server([out], port=0).start()
     try:
         _open(page, server.url)
         page.screenshot("dashboard-offline-rules.png")
-        head = page.js("[...document.querySelectorAll('table.tt th')].map(c => c.textContent)")
+        head = page.js("[...document.querySelectorAll('table.tt[data-table=rules] th')].map(c => c.textContent)")
         assert head[:3] == ["rule", "run", "status"]  # one job: no job column
         rows = {(r[0], r[1]): r for r in page.js(rows_js)}
         assert {k: r[2] for k, r in rows.items()} == {
