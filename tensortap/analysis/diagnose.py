@@ -3,12 +3,15 @@
 It gathers, without running the job again:
 
 - the rules that fired (`rules/<rule>/status.json` of `tensortap run`, `rules/<rule>/offline/` of
-  `tensortap rules run`) and where;
+  `tensortap rules run`) and where; and the built-in rules that need no parameter of the user's
+  (DIAGNOSE_RULES), run here at their defaults on what the job saved, unless the job records them already (run
+  "diagnose", nothing written);
 - the first non-finite value: the flight recorder's incident when the job has one (`Trial.first_nonfinite()`,
   which names the producing module or parameter), else the earliest saved step where a tensor held NaN or inf;
 - loss and total-gradient-norm spikes (tensortap.analysis.spikes, the method and defaults of the LossSpike and
   GradNormSpike rules), each with the layers whose gradient norm moved first;
-- plateaus: a TRAIN loss that never fell, or that levels off (the latter is said, not counted as a finding);
+- plateaus: a training loss (TRAIN steps, and steps saved without a mode) of at least PLATEAU_MIN_VALUES saved
+  values that never fell, or that levels off (the latter is said, not counted as a finding);
 - workers whose loss or gradient norm diverge from the others' (tensortap.analysis.ranks, RankDivergence's);
 - the GradScaler's skipped steps and scale (AmpScaleCollapse's defaults);
 - suggestions, worded as such, for what was found.
@@ -41,8 +44,41 @@ PLATEAU_SEGMENTS = 10
 PLATEAU_TOLERANCE = 0.03
 #: a loss whose last run's median is not this much below its first run's never fell
 NEVER_FELL = 0.10
+#: plateaus are judged on losses with at least this many saved TRAIN values (a short run may not have fallen yet)
+PLATEAU_MIN_VALUES = 50
 #: at most this many items of one kind are listed in the text
 LIST_LIMIT = 5
+#: built-in rules diagnose does not run itself: they need the user's parameters, a second job or wall time, or
+#: diagnose makes the same judgement (spikes, workers, the GradScaler)
+NOT_RUN = ("all_zero", "tensor_variance", "similar_across_runs", "stalled_training_rule", "loss_spike",
+           "grad_norm_spike", "rank_divergence", "amp_scale_collapse")
+#: what to try when a built-in rule fired (the non-finite, spike, worker and GradScaler findings have their own)
+RULE_SUGGESTIONS = {
+    "vanishing_gradient": "Gradients vanish: consider the initialisation (He for ReLU, Xavier for tanh), "
+                          "non-saturating activations, normalisation layers or residual connections",
+    "weight_update_ratio": "Weight updates are out of proportion to the weights: if tiny or zero, check that the "
+                           "optimizer was given the model's parameters and the learning rate is not 0; if large, "
+                           "lower the learning rate",
+    "unchanged_tensor": "Weights do not change: check that the optimizer was given the model's parameters, that "
+                        "they require gradients, and the learning rate",
+    "loss_not_decreasing": "The loss does not fall: check the learning rate (too small, or too large), the "
+                           "initialisation, and that labels match their inputs",
+    "dead_relu": "Many ReLUs never fire: consider a lower learning rate, another initialisation of the weights and "
+                 "biases, or LeakyReLU/GELU",
+    "saturated_activation": "tanh/sigmoid units saturate: check the initialisation and the scale of the inputs; "
+                            "consider normalisation layers",
+    "poor_weight_initialization": "Check the initialisation: activations or gradients are badly scaled from the "
+                                  "first steps",
+    "overfit": "The model overfits: consider early stopping, weight decay or dropout, or more training data",
+    "overtraining": "The model stopped improving: consider early stopping (the best evaluation is earlier)",
+    "class_imbalance": "Classes are imbalanced: consider re-weighting the loss or resampling the data",
+    "confusion": "Some classes are mostly mispredicted: check their labels and their share of the data",
+    "check_input_images": "Normalise the input images (about mean 0 and unit variance per channel)",
+    "nlp_sequence_ratio": "The sequences are mostly padding: consider bucketing them by length or trimming",
+    "tree_depth": "Trees are deeper than max_depth would allow: check max_depth and the grow policy",
+    "feature_importance_overweight": "A few features hold nearly all the importance: check for a label leak",
+    "exploding_tensor": "Tensors hold NaN or inf: see the first non-finite value above",
+}
 #: GradScaler: skipped steps in a row, and the scale below which it collapsed (AmpScaleCollapse's defaults)
 AMP_CONSECUTIVE_SKIPS = 10
 AMP_MIN_SCALE = 1.0
@@ -86,7 +122,9 @@ class Diagnosis:
 
     def headline(self) -> str:
         if not self.findings:
-            return "nothing wrong found"
+            judged = sum(r["status"] == "NoIssuesFound" for r in self.rules)
+            return "nothing wrong found" + (f" ({judged} rule{'s' if judged != 1 else ''} judged the data and "
+                                            f"found no issue)" if judged else "")
         parts = []
         if self.nonfinite is not None:
             parts.append(f"non-finite values from step {self.nonfinite['step']}")
@@ -129,9 +167,13 @@ class Diagnosis:
                 out.append(f"- {r['name']} ({r['run']}): IssuesFound {where}")
                 if r.get("message"):
                     out.append(f"  {r['message']}")
-            quiet = [f"{r['name']} {r['status']}" for r in self.rules if r["status"] != "IssuesFound"]
+            quiet: dict[str, list[str]] = {}
+            for r in self.rules:
+                if r["status"] != "IssuesFound":
+                    quiet.setdefault(r["status"], []).append(r["name"])
             if quiet:
-                out.append(("- " if fired else "- no rule fired: ") + ", ".join(quiet))
+                said = "; ".join(f"{st}: {', '.join(names)}" for st, names in sorted(quiet.items()))
+                out.append(("- " if fired else "- no rule fired. ") + said)
             out.append("")
         if self.spikes:
             out += ["## Spikes", ""]
@@ -253,10 +295,10 @@ def _names(trial: Any, collection: str, prefixes: tuple[str, ...] = ()) -> list[
 
 def diagnose(trial: Any, *, window: int = 50, z_threshold: float = 6.0, min_ratio: float = 2.0,
              max_factor: float = 10.0, min_history: int = 10, ratio_threshold: float = 2.0,
-             rank_window: int = 5, refresh: bool = True) -> Diagnosis:
+             rank_window: int = 5, refresh: bool = True, rules: bool = True) -> Diagnosis:
     """The diagnosis of `trial` (a Trial or a path), after reading what the job wrote since (unless not
-    `refresh`). Spike parameters are LossSpike's / GradNormSpike's, `ratio_threshold` and `rank_window`
-    RankDivergence's."""
+    `refresh`); with `rules`, the built-in rules the job does not record are run at their defaults. Spike
+    parameters are LossSpike's / GradNormSpike's, `ratio_threshold` and `rank_window` RankDivergence's."""
     if isinstance(trial, str):
         from tensortap.trials import create_trial
 
@@ -269,6 +311,8 @@ def diagnose(trial: Any, *, window: int = 50, z_threshold: float = 6.0, min_rati
                    "ended": bool(trial.loaded_all_steps)})
     storage = _storage(trial)
     _rules(d, storage)
+    if rules:
+        _run_rules(d, trial)
     losses = _names(trial, "losses")
     grads = _names(trial, "gradients", ("gradient/", "gradients/"))
     scaler = [n for n in ("grad_scaler/scale", "grad_scaler/skipped") if n in set(trial.tensor_names())]
@@ -291,6 +335,7 @@ def diagnose(trial: Any, *, window: int = 50, z_threshold: float = 6.0, min_rati
     if scaler:
         _amp(d, data)
     d.spikes.sort(key=lambda s: s["step"])
+    d.rules.sort(key=lambda r: (r["status"] != "IssuesFound", (r.get("fired_steps") or [math.inf])[0], r["name"]))
     _suggest(d)
     if not losses:
         d.notes.append("no loss was saved (the `losses` collection): spikes and plateaus of the loss are not "
@@ -318,6 +363,31 @@ def _rules(d: Diagnosis, storage: Any) -> None:
         d.rules.append({"name": r["name"], "run": r.get("run", "live"), "status": r["status"],
                         "fired_steps": list(r.get("fired_steps") or [])[:1000],
                         "message": msg or (r.get("message") or "")[:400]})
+
+
+def _run_rules(d: Diagnosis, trial: Any) -> None:
+    """The built-in rules at their defaults over the job's complete steps, in memory (nothing written)."""
+    from tensortap.rules import invoke_rule
+    from tensortap.rules.builtin import BUILTIN_RULES, snake_name
+
+    recorded = {r["name"].split("/")[0] for r in d.rules}
+    last = trial.last_complete_step  # (a property)
+    if last < 0:
+        return
+    for cls in BUILTIN_RULES:
+        name = snake_name(cls)
+        if name in NOT_RUN or name in recorded:
+            continue
+        try:
+            rep = invoke_rule(cls(trial), start_step=0, end_step=last + 1, stop_at_job_end=True)
+        except Exception as e:  # noqa: BLE001 - one rule failing leaves the others' verdicts
+            d.notes.append(f"rule {name} could not be evaluated: {type(e).__name__}: {e}")
+            continue
+        msg = rep.first_violations[0].condition if rep.first_violations else ""
+        if rep.first_violations and rep.first_violations[0].tensor:
+            msg = f"{rep.first_violations[0].tensor}: {msg}"
+        d.rules.append({"name": name, "run": "diagnose", "status": rep.status,
+                        "fired_steps": list(rep.fired_steps)[:1000], "message": msg[:400]})
 
 
 def _nonfinite(d: Diagnosis, trial: Any) -> None:
@@ -445,7 +515,7 @@ def _plateau(d: Diagnosis, name: str, steps: np.ndarray, vals: np.ndarray) -> No
     ok = np.isfinite(vals)
     steps, vals = steps[ok], vals[ok]
     n = len(vals)
-    if n < 2 * PLATEAU_SEGMENTS:
+    if n < max(PLATEAU_MIN_VALUES, 2 * PLATEAU_SEGMENTS):
         return
     cuts = np.array_split(np.arange(n), PLATEAU_SEGMENTS)
     med = [float(np.median(vals[c])) for c in cuts]
@@ -453,7 +523,7 @@ def _plateau(d: Diagnosis, name: str, steps: np.ndarray, vals: np.ndarray) -> No
     if first > 0 and last >= first * (1 - NEVER_FELL):
         d.plateaus.append({"kind": "never fell", "tensor": name, "from_step": int(steps[0]),
                            "to_step": int(steps[-1]), "start": first, "end": last,
-                           "text": f"the TRAIN loss {name} never fell: median {first:.4g} over its first saved "
+                           "text": f"the training loss {name} never fell: median {first:.4g} over its first saved "
                                    f"values (steps {int(steps[cuts[0][0]])}-{int(steps[cuts[0][-1]])}), "
                                    f"{last:.4g} over its last (steps {int(steps[cuts[-1][0]])}-"
                                    f"{int(steps[-1])})"})
@@ -471,7 +541,7 @@ def _plateau(d: Diagnosis, name: str, steps: np.ndarray, vals: np.ndarray) -> No
         fell = 100 * (first - med[k]) / abs(first) if first else 0.0
         d.plateaus.append({"kind": "levels off", "tensor": name, "from_step": at, "to_step": int(steps[-1]),
                            "start": first, "end": last,
-                           "text": f"the TRAIN loss {name} levels off from about step {at} at {med[k]:.4g} (the "
+                           "text": f"the training loss {name} levels off from about step {at} at {med[k]:.4g} (the "
                                    f"last {share}% of its saved values within {100 * PLATEAU_TOLERANCE:g}%), after "
                                    f"falling {fell:.0f}% from {first:.4g}"})
 
@@ -586,6 +656,11 @@ def _suggest(d: Diagnosis) -> None:
     if any(p["kind"] == "never fell" for p in d.plateaus):
         s.append("The loss never fell: check the learning rate (too small, or too large), the initialisation, and "
                  "that labels match their inputs")
+    for r in d.rules:
+        if r["status"] == "IssuesFound":
+            tip = RULE_SUGGESTIONS.get(r["name"].split("/")[0])
+            if tip and tip not in s and not (r["name"] == "loss_not_decreasing" and any("never fell" in x for x in s)):
+                s.append(tip)
     if d.amp and d.amp.get("collapsed"):
         s.append("The GradScaler kept skipping steps: the gradients are non-finite at any scale; find the first "
                  "non-finite value (the flight recorder names it), consider bf16 instead of fp16, or a lower "
