@@ -12,7 +12,7 @@ from tensortap.analysis.diagnose import Diagnosis, diagnose
 __all__ = ["diagnosis_view", "job_diagnosis", "findings_rows", "RECOMPUTE_S"]
 
 #: a running job's diagnosis is recomputed at most this often (seconds); a finished job's when its data changes
-RECOMPUTE_S = 10.0
+RECOMPUTE_S = 30.0
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
