@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os as _os
 import sys
 import time
 from collections import OrderedDict
@@ -210,7 +211,13 @@ class Hook(BaseHook):
     _scalars_wait_for_step = True  # (steps begin at the model's forward)
 
     def __init__(self, out_dir: str, *args: Any, rank: int | None = None, world_size: int | None = None,
-                 **kwargs: Any):
+                 flight_recorder: Any = None, **kwargs: Any):
+        """`flight_recorder`: True, a number of steps (default 256) or a `tensortap.capture.flight.FlightConfig`
+        keeps cheap statistics of every tensor at every step and writes them when something goes wrong
+        (docs/pytorch.md, "The flight recorder"); on by default under `tensortap run`."""
+        from tensortap.capture.flight import FlightConfig
+
+        flight = FlightConfig.coerce(flight_recorder, under_runner=_os.environ.get("TENSORTAP_AUTO") == "1")
         given = rank is not None or world_size is not None
         if not given:
             rank, world_size = _detect_rank()
@@ -274,6 +281,11 @@ class Hook(BaseHook):
         self._reduced_records: list[Record] = []  # the step's statistics, handed over when it ends
         self._step_handles_kept: list[Any] = []  # hooks kept until close
         self._activation_keys: dict[str, str] = {}  # "<module>_output_": its activation collection
+        self._flight = None  # the flight recorder (tensortap.pytorch._flight), when on
+        if flight is not None and not self.disabled:
+            from tensortap.pytorch._flight import TorchFlight
+
+            self._flight = TorchFlight(self, flight)
         singleton.set_hook(self)
 
     def _prepare(self) -> None:
@@ -385,6 +397,8 @@ class Hook(BaseHook):
         self._name_added_modules()
         self._config_changed()
         self._watch_optimizers()
+        if self._flight is not None:
+            self._flight.add_root(root_name, module, inner, compiled)
         if compiled:
             self._warn_io_missing(f"{root_name} is compiled (torch.compile)")
 
@@ -420,6 +434,8 @@ class Hook(BaseHook):
         if any(m is loss_module for m, _fn, _k in self._losses):
             return
         self._losses.append((loss_module, functools.partial(self._loss_hook, name), _hook_id()))
+        if self._flight is not None:
+            self._flight.add_loss(name, loss_module)
         self._remove_plan_handles()  # the next saving step installs its hook
         if self._forward_unseen:
             self._step_handles_kept.append(loss_module.register_forward_pre_hook(self._loss_step_hook))
@@ -939,7 +955,14 @@ class Hook(BaseHook):
         self._saving = False
         self._step_plan = None
 
+    def __exit__(self, *exc: Any) -> None:
+        if self._flight is not None and len(exc) > 1 and exc[1] is not None:
+            self._flight.rec.on_exception(exc[1])  # (an exception leaving the hook's `with` block)
+        super().__exit__(*exc)
+
     def on_close(self) -> None:
+        if self._flight is not None:
+            self._flight.close()
         self._disarm()
         self.clock.tally = None
         for root in self._roots:
