@@ -79,6 +79,7 @@ class TorchFlight:
         self.weights: list[nn.Parameter] = []  # the parameters recorded (dense, floating point), in order
         self.weight_names: list[str] = []
         self.plans: dict[tuple, _StepPlan] = {}
+        self.own_params: dict[int, list[str]] = {}  # module index: the names of its own (direct) parameters
         self.handles: list[Any] = []
         # the pending step: (module index, inputs, output) of each call, in the order they ended
         self.calls: list[tuple[int, Any, Any]] = []
@@ -103,13 +104,15 @@ class TorchFlight:
             if compiled:
                 logger.warning("tensortap flight recorder: %s is compiled: the outputs of the modules inside it are "
                                "not seen (weights and gradients are)", root_name)
-                targets = [(root_name, module)] if module is not inner else []
+                targets = [("", module)] if module is not inner else []
                 self.warned_unseen = True
             else:
-                targets = [(n if n else root_name, m) for n, m in inner.named_modules()]
-            for name, m in targets:
+                targets = list(inner.named_modules())
+            for n, m in targets:
                 idx = len(self.modules)
-                self.modules.append(name)
+                self.modules.append(n if n else root_name)
+                self.own_params[idx] = [f"{root_name}_{n + '.' if n else ''}{pn}"
+                                        for pn, _p in m.named_parameters(recurse=False)]
                 if m is inner or m is module:
                     self.roots.add(idx)
                 self.handles.append(m.register_forward_hook(functools.partial(self._forward_hook, idx)))
@@ -227,12 +230,13 @@ class TorchFlight:
         if not tensors:
             return
         values = self._statistics(tensors, plan)
-        shapes = tuple(t.shape for t in tensors)
+        n_out = plan.n_out
+        shapes = tuple([t.shape for t in tensors[:n_out]])  # (the parameters' shapes are the plan's)
         layout = plan.layouts.get(shapes)
         if layout is None:
             if len(plan.layouts) > 64:
                 plan.layouts.clear()
-            layout = plan.layouts[shapes] = Layout(plan.names, tuple(tuple(s) for s in shapes), plan.dtypes)
+            layout = plan.layouts[shapes] = Layout(plan.names, tuple(tuple(t.shape) for t in tensors), plan.dtypes)
         rec = self.rec
         rec.record(step_id, layout, values)
         names = plan.names
@@ -348,6 +352,10 @@ class TorchFlight:
             phase = "loss" if idx in self.losses else "forward"
             for j, t in enumerate(t for t in iter_tensors(ins) if _usable(t)):
                 inputs.append(_input_stats(f"{module}_input_{j}", t))
+            own = set(self.own_params.get(idx, ()))
+            bad_own = next((i for i in range(n_out, n_out + n_w) if bad[i] and names[i] in own), None)
+            if bad_own is not None:  # the module computed with a non-finite parameter of its own
+                first, phase, parameter = bad_own, "weights", names[bad_own]
         else:
             n = len(tensors)
             first = next((i for i in range(n - 1, n_out + n_w - 1, -1) if bad[i]), None)  # backward order

@@ -400,3 +400,26 @@ def test_eval_steps_are_recorded_as_their_own_steps(tmp_path):
     grad = trial.tensor("gradient/Sequential_0.weight")
     assert grad.steps(mode=tp.modes.TRAIN) == [0, 1, 2, 3, 4, 5] and grad.steps(mode=tp.modes.EVAL) == []
     assert trial.tensor("CrossEntropyLoss_output_0").steps(mode=tp.modes.EVAL) == [0, 1, 2, 3]
+
+
+def test_a_module_computing_with_a_non_finite_weight_names_the_weight(tmp_path):
+    k = 4
+    model = _mlp()
+    hook = _hook(str(tmp_path))
+    hook.register_module(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(k + 2):
+        if step == k:
+            with torch.no_grad():
+                model[2].bias[3] = float("nan")
+        x, _y = _batch(step)
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    hook.close()
+    inc = create_trial(str(tmp_path)).first_nonfinite()
+    assert inc["step"] == k
+    d = inc["detail"]
+    assert (d["phase"], d["module"], d["parameter"], d["tensor"], d["nan"]) == (
+        "weights", "2", "Sequential_2.bias", "Sequential_2.bias", 1)
+    assert d["inputs"][0]["nonfinite"] == 0  # (what came in was finite)
