@@ -30,7 +30,7 @@ import numpy as np
 
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.format.incidents import IncidentLog, make_incident
-from tensortap.format.writer import Record
+from tensortap.format.records import Record
 
 logger = logging.getLogger("tensortap")
 
