@@ -27,9 +27,10 @@ through shared memory) side by side.
 
 `tensortap-tb` is the default hook with `export_tensorboard=True` (issue #24: the export costs the step nothing).
 `tensortap-flight` is a hook with its flight recorder on (statistics of every weight, gradient and module output at
-every step, docs/pytorch.md), `tensortap-flight-full` the same with `statistics="full"`, `tensortap-flight-parameterized` /
-`tensortap-flight-nooutputs` with `outputs="parameterized"` / `"none"`; with `--intervals never`
-nothing else is saved. `anomaly` is `torch.autograd.set_detect_anomaly(True)` in the hooked blocks (no hook):
+every step, docs/pytorch.md), `tensortap-flight-full` the same with `statistics="full"`,
+`tensortap-flight-parameterized` / `tensortap-flight-nooutputs` with `outputs="parameterized"` / `"none"`; with
+`--intervals never` nothing else is saved. `anomaly` is `torch.autograd.set_detect_anomaly(True)` in the hooked
+blocks (no hook):
 
     .venv/bin/python bench/pytorch_overhead.py --models mlp,cnn,transformer --intervals never \
         --libs none,tensortap-flight,anomaly
