@@ -28,6 +28,7 @@ from tensortap import modes as _modes
 from tensortap.capture.batch import BatchSpec, array_sources
 from tensortap.capture.clock import StepClock
 from tensortap.capture.schedule import SaveSchedule
+from tensortap.capture.writer import Writer, open_writer
 from tensortap.collection import (
     NON_REDUCTION_COLLECTIONS,
     Collection,
@@ -37,7 +38,7 @@ from tensortap.collection import (
 from tensortap.config import ReductionConfig, SaveConfig
 from tensortap.exceptions import InvalidConfiguration, TensorTapError
 from tensortap.format import codec, layout
-from tensortap.format.writer import ChunkWriter, Record, RecordBatch
+from tensortap.format.records import Record, RecordBatch
 from tensortap.modes import ModeKeys
 from tensortap.storage import check_access, is_remote, open_storage
 
@@ -60,8 +61,6 @@ def _stop_check_interval() -> float:
 
 STOP_CHECK_INTERVAL = _stop_check_interval()
 STOP_POLL_INTERVAL = min(0.5, STOP_CHECK_INTERVAL * 10)
-#: raw values a thread writer gets as one batch rather than as records when they hold at least this many bytes
-_THREAD_BATCH_MIN_BYTES = 4096
 
 
 def default_writer(out_dir: str) -> str:
@@ -334,7 +333,7 @@ class Hook:
             flush_interval=flush_interval, chunk_bytes=chunk_bytes,
             max_pending_bytes=max_pending_bytes, backpressure=backpressure,
         )
-        self._writer: ChunkWriter | None = None
+        self._writer: Writer | None = None
         self._storage = None
         self._first_seq: int | None = None  # the writer's first chunk number, when the claim found it
         self._prepared = False
@@ -755,50 +754,29 @@ class Hook:
 
     # --- saving -----------------------------------------------------------------------------
 
-    def _get_writer(self) -> ChunkWriter:
+    def _get_writer(self) -> Writer:
         if self._writer is None:
             if self._storage is None:
                 self._storage = open_storage(self.out_dir)
-            kw = dict(num_workers=self.num_workers, tensorboard_dir=self._tb_dir,
-                      metadata={"rank": self.rank, "world_size": self.world_size, "hook": type(self).__name__},
-                      **self._writer_opts)
-            if self.writer_kind == "process" and not _ring_is_ordered():
-                logger.warning("tensortap: writer='process' needs ordered shared counters (the C helper, or an "
-                               "x86-64 CPU); writing from a thread instead")
-                self.writer_kind = "thread"
-            if self.writer_kind == "process":
-                from tensortap.transport.process_writer import ProcessChunkWriter
-
-                try:
-                    self._writer = ProcessChunkWriter(self._storage, self.worker, **kw)
-                except OSError as e:  # e.g. /dev/shm too small, no way to start a process: the thread
-                    logger.warning("tensortap: cannot start the writer process (%s); writing from a thread "
-                                   "instead", e)
-                    self.writer_kind = "thread"
-            if self._writer is None:
-                from tensortap.transport.copy import gather_into
-
-                start_after = self._writer_opts["flush_interval"] if self._late_writer_thread else 0.0
-                tb_dir = kw.pop("tensorboard_dir")
-                exporter = None
-                if tb_dir:
-                    from tensortap.tensorboard.export import EventExporter
-
-                    exporter = EventExporter(tb_dir, self.worker)
-                self._writer = ChunkWriter(self._storage, self.worker, first_seq=self._first_seq,
-                                           start_after=start_after, exporter=exporter, gather=gather_into, **kw)
+            start_after = self._writer_opts["flush_interval"] if self._late_writer_thread else 0.0
+            self._writer = open_writer(self.writer_kind, self._storage, self.worker, tensorboard_dir=self._tb_dir,
+                                       first_seq=self._first_seq, start_after=start_after,
+                                       num_workers=self.num_workers, metadata=self._writer_metadata(),
+                                       **self._writer_opts)
+            self.writer_kind = self._writer.kind
         return self._writer
 
-    def _end_writer(self) -> ChunkWriter:
+    def _writer_metadata(self) -> dict[str, Any]:
+        return {"rank": self.rank, "world_size": self.world_size, "hook": type(self).__name__}
+
+    def _end_writer(self) -> Writer:
         """The writer of a hook that handed nothing over: the end of the job written on the closing thread (a
         writer thread that is never started), not a writer process started only to be stopped."""
         if self._storage is None:
             self._storage = open_storage(self.out_dir)
-        self._writer = ChunkWriter(self._storage, self.worker, first_seq=self._first_seq,
+        self._writer = open_writer("thread", self._storage, self.worker, first_seq=self._first_seq,
                                    start_after=self._writer_opts["flush_interval"], num_workers=self.num_workers,
-                                   metadata={"rank": self.rank, "world_size": self.world_size,
-                                             "hook": type(self).__name__},
-                                   **self._writer_opts)
+                                   metadata=self._writer_metadata(), **self._writer_opts)
         return self._writer
 
     def _plan(self, name: str, colls: list[Collection]) -> tuple[bool, tuple[tuple[str, bool], ...], bool]:
@@ -885,7 +863,7 @@ class Hook:
         if self.dry_run:
             return
         writer = self._get_writer()
-        if batch and type(writer) is ChunkWriter and sum(a.nbytes for _n, a, _r in batch) < _THREAD_BATCH_MIN_BYTES:
+        if batch and sum(a.nbytes for _n, a, _r in batch) < writer.reserve_min_bytes:
             # (a thread writer takes small host values as they are, in one hand-off: no reservation to copy into)
             reds = tuple(r for _n, _a, r in batch)
             writer.submit_batch(RecordBatch(tuple(n for n, _a, _r in batch),
@@ -932,7 +910,7 @@ class Hook:
         if self.dry_run or not spec.raw_only:
             return False
         writer = self._writer if self._writer is not None else self._get_writer()
-        if type(writer) is ChunkWriter and sum(n for _a, n in sources) < _THREAD_BATCH_MIN_BYTES:
+        if sum(n for _a, n in sources) < writer.reserve_min_bytes:
             return False
         self.clock.sync()
         return self._reserve_and_copy(writer, spec, sources, at)

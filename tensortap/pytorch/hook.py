@@ -31,13 +31,14 @@ from tensortap import modes as _modes
 from tensortap.capture.batch import BatchSpec, StepLayout
 from tensortap.collection import ACTIVATION_COLLECTIONS, Collection, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
-from tensortap.format.writer import Record, RecordBatch
+from tensortap.format.records import RecordBatch, StatisticsRows
 from tensortap.hooks.base import Hook as BaseHook
 from tensortap.hooks.base import rank_in_env
 from tensortap.pytorch import _dtensor, _step_counter, singleton
 from tensortap.pytorch._step_counter import CountingHooks
 from tensortap.pytorch._tensors import (
     HostBatch,
+    Reduced,
     ReductionProgram,
     capturable,
     device_reductions,
@@ -277,8 +278,8 @@ class Hook(BaseHook):
         self._forward_unseen = False  # registered modules run compiled: their forwards are never seen
         self._closure_opt: Any = None  # an optimizer inside `step(closure)`: gradients read after it
         self._scalers: list[Any] = []
-        self._grad_reduced: list[dict] | None = None  # the step's gradient statistics, computed at capture
-        self._reduced_records: list[Record] = []  # the step's statistics, handed over when it ends
+        self._grad_reduced: Reduced | None = None  # the step's gradient statistics, computed at capture
+        self._reduced_records: list[StatisticsRows] = []  # the step's statistics, handed over when it ends
         self._step_handles_kept: list[Any] = []  # hooks kept until close
         self._activation_keys: dict[str, str] = {}  # "<module>_output_": its activation collection
         self._flight = None  # the flight recorder (tensortap.pytorch._flight), when on
@@ -1167,9 +1168,10 @@ class Hook(BaseHook):
             with self.guard("gradients"):
                 self._write_reduced(reduced, plan.grad_items)
         if self._reduced_records:
-            records, self._reduced_records = self._reduced_records, []
+            rows, self._reduced_records = self._reduced_records, []
             with self.guard("statistics"):
-                self._get_writer().submit_many(records)
+                for r in rows:
+                    self._get_writer().submit_statistics(r)
         if small:
             with self.guard("small tensors"):
                 self.write_tensors([(name, host_numpy(t), colls) for name, t, colls in small], copy=False)
@@ -1299,21 +1301,17 @@ class Hook(BaseHook):
             out.append(reds)
         return out
 
-    def _write_reduced(self, values: list[dict], items: list[tuple[str, list[Collection]]]) -> None:
-        """Reductions computed here (device_reductions) to the writer, in one hand-off."""
-        if self.dry_run:
-            for name, colls in items:
-                self._note_membership(name, colls)
-            return
-        step, mode, mode_step = self.step_id()
-        records = self._reduced_records if self._saving else []
-        for (name, colls), rv in zip(items, values, strict=True):
+    def _write_reduced(self, values: Reduced, items: list[tuple[str, list[Collection]]]) -> None:
+        """Reductions computed here (device_reductions) to the writer, as one packed hand-off."""
+        for name, colls in items:
             self._note_membership(name, colls)
-            records.append(Record(name=name, step=step, mode=mode, mode_step=mode_step, value=None, save_raw=False,
-                                  reduction_values=rv))
-        if not self._saving:
-            self._get_writer().submit_many(records)
-        # (else handed over with the step's other statistics when it ends: one hand-off per step)
+        if self.dry_run:
+            return
+        rows = values.rows(tuple(name for name, _c in items), *self.step_id())
+        if self._saving:
+            self._reduced_records.append(rows)  # (handed over with the step's other statistics when it ends)
+        else:
+            self._get_writer().submit_statistics(rows)
 
     def _raw_only(self, name: str, colls: list[Collection]) -> bool:
         key = (name, tuple(map(id, colls)))
