@@ -6,7 +6,7 @@ from typing import Any
 
 from tensortap import modes as _modes
 from tensortap.analysis.spikes import SpikeDetector, attribute
-from tensortap.rules.builtin._norms import GradNorms
+from tensortap.rules.builtin._norms import L2, GradNorms
 from tensortap.rules.builtin._stats import MEAN
 from tensortap.rules.params import as_float, as_int, as_mode, as_regex_list
 from tensortap.rules.rule import Rule
@@ -71,13 +71,16 @@ class LossSpike(Rule):
         self._grads.read(step)
         names = self.select([] if self.tensor_regex else ["losses"], self.tensor_regex)
         for name in names:
-            v = self.stat(name, step, MEAN)
-            if v is None:
-                continue
             det = self._detectors.get(name)
             if det is None:
                 det = self._detectors[name] = SpikeDetector(self.window, self.z_threshold, self.min_ratio,
                                                             self.max_factor, self.min_history)
+            v = self.stat(name, step, MEAN)
+            if v is None and not det.has_nonpositive:
+                # a step only the flight recorder's ring has: its l2 is |loss|, the loss itself while it is > 0
+                v = self.stat(name, step, L2)
+            if v is None:
+                continue
             sp = det.add(step, float(v))
             self.report.judged = sum(d.judged for d in self._detectors.values())
             if sp is None:
