@@ -78,8 +78,8 @@ class _Runner:
             os.environ.setdefault("WANDB_SILENT", "true")
             import wandb
 
-            self.wb = wandb.init(mode="offline", dir=self.dir, project="tensortap-peers", reinit="create_new")
-            self.wb.watch(self.model, log="all", log_freq=interval)
+            self.wb = wandb.init(mode="offline", dir=self.dir, project="tensortap-peers")  # (watch logs to wandb.run)
+            wandb.watch(self.model, log="all", log_freq=interval)
         self.params = [(n, p) for n, p in self.model.named_parameters()]
 
     def _log_floor(self) -> None:
