@@ -94,6 +94,7 @@ class Diagnosis:
     rules: list[dict[str, Any]] = field(default_factory=list)
     nonfinite: dict[str, Any] | None = None
     incidents: dict[str, int] = field(default_factory=dict)
+    incident_lines: list[str] = field(default_factory=list)
     spikes: list[dict[str, Any]] = field(default_factory=list)
     plateaus: list[dict[str, Any]] = field(default_factory=list)
     ranks: list[dict[str, Any]] = field(default_factory=list)
@@ -113,6 +114,7 @@ class Diagnosis:
         return _jsonable({
             "path": self.path, "findings": self.findings, "workers": self.workers, "steps": self.steps,
             "rules": self.rules, "first_nonfinite": self.nonfinite, "incidents": self.incidents,
+            "incident_lines": self.incident_lines,
             "spikes": self.spikes, "plateaus": self.plateaus, "diverging_ranks": self.ranks, "amp": self.amp,
             "suggestions": self.suggestions, "notes": self.notes,
         })
@@ -197,7 +199,11 @@ class Diagnosis:
             out.append("")
         if self.incidents:
             kinds = ", ".join(f"{k}: {n}" for k, n in sorted(self.incidents.items()))
-            out += ["## Flight recorder incidents", "", kinds, ""]
+            out += ["## Flight recorder incidents", "", kinds]
+            out += [f"- {x}" for x in self.incident_lines[:LIST_LIMIT]]
+            if len(self.incident_lines) > LIST_LIMIT:
+                out.append(f"- ... and {len(self.incident_lines) - LIST_LIMIT} more (Trial.incidents())")
+            out.append("")
         if self.suggestions:
             out += ["## What to try", ""]
             out += [f"- {s}" for s in self.suggestions]
@@ -255,30 +261,31 @@ class _Series:
         if s is None or name not in s.tensors:
             return empty
         code = s.tensors.index(name)
-        rows = s.tensor == code
+        a, b = (int(x) for x in np.searchsorted(s.tensor, [code, code + 1]))  # rows come sorted by tensor
+        mode, wk, stat, step, value = (s.mode[a:b], s.worker[a:b], s.statistic[a:b], s.step[a:b], s.value[a:b])
+        rows = np.ones(b - a, dtype=bool)
         if train:
-            rows &= np.isin(s.mode, [_modes.TRAIN.value, _modes.GLOBAL.value])
+            rows &= (mode == _modes.TRAIN.value) | (mode == _modes.GLOBAL.value)
         if worker is None:
-            ws = np.unique(s.worker[rows])
-            if not len(ws):
+            if not rows.any():
                 return empty
-            rows &= s.worker == ws.min()
+            rows &= wk == wk[rows].min()
         else:
             if worker not in s.workers:
                 return empty
-            rows &= s.worker == s.workers.index(worker)
-        steps_out: dict[int, float] = {}
-        for stat in reversed(stats):  # the first statistic wins: written last
-            i = self.stat_index.get(stat)
+            rows &= wk == s.workers.index(worker)
+        st_parts, v_parts = [], []
+        for name_ in stats:  # in order: the first statistic present at a step wins
+            i = self.stat_index.get(name_)
             if i is None:
                 continue
-            sel = rows & (s.statistic == i)
-            for st, v in zip(s.step[sel].tolist(), s.value[sel].tolist(), strict=True):
-                steps_out[int(st)] = float(v)
-        if not steps_out:
+            sel = rows & (stat == i)
+            st_parts.append(step[sel])
+            v_parts.append(value[sel])
+        if not st_parts or not sum(len(p) for p in st_parts):
             return empty
-        keys = sorted(steps_out)
-        return np.asarray(keys, np.int64), np.asarray([steps_out[k] for k in keys], np.float64)
+        steps, first = np.unique(np.concatenate(st_parts), return_index=True)
+        return steps.astype(np.int64), np.concatenate(v_parts)[first].astype(np.float64)
 
 
 def _names(trial: Any, collection: str, prefixes: tuple[str, ...] = ()) -> list[str]:
@@ -395,6 +402,7 @@ def _nonfinite(d: Diagnosis, trial: Any) -> None:
     try:
         for i in trial.incidents():
             d.incidents[str(i.get("kind"))] = d.incidents.get(str(i.get("kind")), 0) + 1
+            d.incident_lines.append(_incident_line(i))
         inc = trial.first_nonfinite()
     except Exception as e:  # noqa: BLE001 - the saved data still says where values went non-finite
         d.notes.append(f"the flight recorder's incidents could not be read: {e}")
@@ -404,6 +412,24 @@ def _nonfinite(d: Diagnosis, trial: Any) -> None:
     found = _scan_nonfinite(trial)
     if found is not None:
         d.nonfinite = found
+
+
+def _incident_line(i: dict[str, Any]) -> str:
+    """One incident in a line: step, worker, kind and what its detail says."""
+    det = i.get("detail") or {}
+    kind = i.get("kind")
+    if kind == "exception":
+        what = f"{det.get('type')}: {det.get('message')}"
+    elif kind in ("rule", "stop"):
+        what = f"{det.get('rule')}: {det.get('message') or det.get('reason') or ''}"
+    elif kind in ("loss_spike", "grad_norm_spike"):
+        what = (f"{det.get('tensor') or ''} {_g(det.get('value'))} ({det.get('why') or ''}; median "
+                f"{_g(det.get('median'))})")
+    elif kind == "non_finite":
+        what = f"{det.get('phase')}: {det.get('module') or det.get('parameter') or det.get('tensor')}"
+    else:
+        what = ""
+    return f"step {i.get('step')} ({i.get('worker')}): {kind} {what}".strip()[:300]
 
 
 def _from_incident(inc: dict[str, Any]) -> dict[str, Any]:
