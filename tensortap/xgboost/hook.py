@@ -44,7 +44,6 @@ from tensortap.format import codec
 from tensortap.format.writer import Record, ScalarRows
 from tensortap.hooks import base as _base
 from tensortap.hooks.base import Hook as BaseHook
-from tensortap.hooks.base import rank_in_env
 from tensortap.xgboost.data import as_dmatrix
 from tensortap.xgboost.shap import ShapValues
 
@@ -142,6 +141,8 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
     _late_writer_thread = True
     _scalars_wait_for_step = True  # (steps are boosting rounds)
 
+    identity_source = staticmethod(_collective_identity)  # (the collective may start after the hook)
+
     def __init__(
         self,
         out_dir: str | None = None,
@@ -175,21 +176,14 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             # A boosting round hands over little data, and starting a writer process costs more than a short
             # boosting job: the writer is a thread unless asked otherwise.
             kwargs["writer"] = "thread"
-        identity = _collective_identity() if kwargs.get("rank") is None else None
-        if identity is not None:
-            kwargs["rank"], kwargs["world_size"] = identity
         self._init_args = dict(
             out_dir=out_dir, export_tensorboard=export_tensorboard, tensorboard_dir=tensorboard_dir,
             dry_run=dry_run, save_config=save_config, include_regex=include_regex,
             include_collections=include_collections, save_all=save_all, include_workers=include_workers,
             hyperparameters=hyperparameters, **{k: v for k, v in kwargs.items() if k not in ("rank", "world_size")},
         )
-        self._explicit_rank = kwargs.get("rank") is not None and identity is None
         #: rounds whose metrics are kept for the next hand-off: (step, TRAIN step, [(eval, metric, last value)])
         self._kept: list[tuple[int, int, list[tuple[str, str, Any]]]] = []
-        # Without a rank from the caller, the collective or the launcher, the collective may still start before
-        # training (xgboost.dask, the tracker): the worker's folder is claimed when training starts.
-        self._claim_later = kwargs.get("rank") is None and rank_in_env() is None
         super().__init__(
             out_dir, export_tensorboard=export_tensorboard, tensorboard_dir=tensorboard_dir, dry_run=dry_run,
             reduction_config=None, save_config=save_config, include_regex=include_regex,
@@ -231,17 +225,6 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             self.collection_manager.get(name).include(regex)
 
     # --- distributed ------------------------------------------------------------------------
-
-    def _adopt_identity(self, rank: int, world_size: int) -> None:
-        """Take the rank XGBoost's collective gives (it may start after the hook was made)."""
-        if (rank, world_size) == (self.rank, self.world_size) or self._explicit_rank or self.step >= 0:
-            return
-        self.rank, self.world_size = rank, world_size
-        if self._init_args.get("worker") is None:
-            self.worker = f"worker_{rank}"
-        self.num_workers = world_size if self.include_workers == "all" else 1
-        self.collection_manager.set_num_workers(self.num_workers)
-        self.writes = self.include_workers == "all" or rank == 0
 
     def __copy__(self) -> Hook:
         return self  # a hook is a handle on its job's output: copies (sklearn's clone) share it
@@ -297,21 +280,17 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             with self.guard("before_training"):
                 identity = _collective_identity()
                 if identity is not None:
-                    self._adopt_identity(*identity)
+                    self.engine.adopt_identity(*identity)  # (the collective may start after the hook)
                 self._claim()
         return model
 
     def _claim(self) -> None:
         """Claim this worker's folder in out_dir once its name is known (what the base constructor does when it
         knows the worker); another job's folder: this hook writes nothing, training goes on."""
-        if self._claim_later:
-            self._claim_later = False
+        engine = self.engine
+        if engine.claim_pending:
+            engine.claim()
             if self.writes and not self.disabled and not self.dry_run:
-                try:
-                    self._check_out_dir()
-                except InvalidConfiguration as e:
-                    self._fail("start of training", e)
-                    return
                 self._get_writer()  # (it opens its chunk beside the first rounds)
 
     def after_training(self, model: Any) -> Any:
@@ -353,7 +332,7 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
                 steps[_TRAIN] = steps[_GLOBAL] = rnd
                 self._quiet_next = rnd + 1
                 return False
-            if self._claim_later:  # (no before_training: the callback driven by hand)
+            if self.engine.claim_pending:  # (no before_training: the callback driven by hand)
                 self._claim()
                 if self.disabled:
                     return False
