@@ -176,6 +176,10 @@ class StepEngine:
         # and until when (time.monotonic()) the steps before it may only be counted
         self.next_save: float = -1
         self.deadline = 0.0
+        # the light window (see open_light_window): the next step that saves a collection the adapter cannot keep
+        # on a counted step, and the collections it can keep (a predicate; None: no light window)
+        self.next_full: float = -1
+        self.light: Callable[[Any], bool] | None = None
         self.plans = PlanCache()
         self._armed: Any = None  # the tally counting quiet steps (see arm)
         #: collections or their membership changed since the writer last got them
@@ -248,7 +252,7 @@ class StepEngine:
         self.disarm()
         self.plans.clear()
         self.schedule.invalidate()
-        self.next_save = -1
+        self.next_save = self.next_full = -1
 
     # --- the quiet window -----------------------------------------------------------------------------
 
@@ -274,6 +278,44 @@ class StepEngine:
             clock.advance()
             return True
         return False
+
+    def open_light_window(self, deadline: float) -> None:
+        """For an adapter whose steps hand everything over before they end (XGBoost's rounds), after such a step:
+        the steps after it, until the next one that saves a collection it cannot keep (`light(collection)` false)
+        and until `deadline`, may be counted with `count_light` whether the step saved or not."""
+        clock = self.clock
+        mode = clock.mode
+        nxt = clock.mode_steps[mode] + 1
+        if not self.host.active or self.light is None:
+            self.next_save = self.next_full = math.inf if not self.host.active else -1
+        else:
+            schedule = self.schedule
+            light = self.light
+
+            def needs_full(c: Any) -> bool:
+                return not light(c)
+
+            self.next_save = schedule.next_saving_step(mode, nxt)
+            self.next_full = schedule.next_saving_step(mode, nxt, where=needs_full)
+        self.deadline = deadline
+
+    def close_light_window(self) -> None:
+        self.next_full = -1
+
+    def count_light(self, target: int) -> int:
+        """Count step `target` (the next of the open step's mode) inside the light window: 0 when the adapter must
+        begin it (`next_step()`), 1 when it was counted and saves nothing, 2 when it was counted and saves only
+        collections the adapter keeps (it hands their values over with a later step's)."""
+        clock = self.clock
+        if not clock.in_step or self._every_step:
+            return 0
+        if not (clock.mode_steps[clock.mode] + 1 == target < self.next_full and monotonic() < self.deadline):
+            return 0
+        clock.advance()
+        if target >= self.next_save:
+            self.next_save = self.schedule.next_saving_step(clock.mode, target + 1)
+            return 2
+        return 1
 
     def quiet_left(self) -> int:
         """How many steps after the open one may only be counted (0 when none)."""

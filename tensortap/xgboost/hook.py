@@ -27,7 +27,6 @@ Errors inside the hook turn it off (logged once); boosting goes on.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from collections.abc import Iterable
@@ -201,6 +200,8 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
         self.validation_data = as_dmatrix(validation_data, "validation_data")
         self._labels: np.ndarray | None = None
         self._shap = ShapValues()
+        # a round that saves only collections of these groups keeps their values (the engine's light window)
+        self.engine.light = self._keeps
         self._reset_rounds()
         from tensortap.xgboost.singleton import set_hook
 
@@ -312,25 +313,18 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
                 rnd = model.num_boosted_rounds() - 1 if isinstance(model, xgb.Booster) else epoch
                 self._round_offset = rnd - epoch
             self._last_epoch = epoch
-            clock = self.clock
-            if rnd == self._quiet_next and rnd < self._full_until and clock.mode is _TRAIN \
-                    and time.monotonic() < self._full_round_by:
+            counted = self.engine.count_light(rnd) if self.clock.mode is _TRAIN else 0
+            if counted:
                 # A round in the run of them after a full round that saves nothing, or only metrics (kept, and
-                # handed off with the other kept rounds at the next full round): only counted. Readers learn that
-                # it passed when the next full round begins (or training ends).
-                if rnd >= self._quiet_until:
+                # handed off with the other kept rounds at the next full round): only counted (the step engine's
+                # light window). Readers learn that it passed when the next full round begins (or training ends).
+                if counted == 2:
                     values = []
                     for d, ms in evals_log.items():
                         for m, log in ms.items():
                             if log:
                                 values.append((d, m, log[-1]))
                     self._kept.append((rnd, rnd, values))
-                    every = self._every
-                    self._quiet_until = rnd + every if every else self._next_saving_round(rnd + 1)[0]
-                clock.step = rnd  # (the hook has no tally: its clock needs no sync)
-                steps = clock.mode_steps
-                steps[_TRAIN] = steps[_GLOBAL] = rnd
-                self._quiet_next = rnd + 1
                 return False
             if self.engine.claim_pending:  # (no before_training: the callback driven by hand)
                 self._claim()
@@ -341,9 +335,7 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
                 now = self.collections_to_save()
                 if now:
                     self._save_round(model, evals_log, now)
-            self._quiet_next = rnd + 1
-            self._quiet_until, self._full_until = self._next_saving_round(rnd + 1)
-            self._full_round_by = time.monotonic() + _FULL_ROUND_EVERY
+            self.engine.open_light_window(time.monotonic() + _FULL_ROUND_EVERY)
         except Exception as e:  # noqa: BLE001 - never break training (what guard() does, without a generator)
             if isinstance(e, InvalidConfiguration):
                 raise
@@ -354,12 +346,7 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
         """Forget what the last rounds told (a new training begins, or collections changed)."""
         self._last_epoch = -2  # the epoch of the last round seen (-2: none)
         self._round_offset = 0  # round - epoch in this training
-        self._quiet_next = -1  # the round that may be only counted next
-        self._quiet_until = -1  # the next round at which something saves
-        self._full_until = -1  # the next round at which something other than metrics saves
-        self._full_round_by = 0.0  # time.monotonic() by which a round takes the full path again
-        self._train_cfgs: tuple[Any, list[Any]] | None = None  # (key, [(TRAIN save config, kept)] of the included)
-        self._every = 0  # k when every included collection saves every k rounds from a start, with no end (else 0)
+        self.engine.close_light_window()
         self._wanted_for: list[Collection] | None = None  # the collections_to_save() list `_wanted_now` is for
         self._wanted_now: set[str] = set()
         #: per scalar tensor name, its `_resolve` plan with the collections `_wanted_for` (None: not saved)
@@ -368,40 +355,12 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
     def _collections_changed(self) -> None:
         self._hand_off_kept()  # (saved as the collections were when those rounds ended)
         super()._collections_changed()
-        self._quiet_until = self._full_until = -1
-        self._train_cfgs = None
-        self._every = 0
         self._wanted_for = None
 
-    def _next_saving_round(self, rnd: int) -> tuple[float, float]:
-        """(the first round >= `rnd` at which an included collection saves, the first at which one saves that
-        needs the model: not only metrics, losses or hyperparameters); inf: none."""
-        if not self.writes:
-            return math.inf, math.inf
-        if self.save_all:
-            return rnd, rnd  # (every collection is included: no shortcut)
-        key = (len(self.include_collections), self.save_config)
-        cfgs = self._train_cfgs
-        if cfgs is None or cfgs[0] != key:
-            modes_ = []
-            for name in self.include_collections:
-                coll = self.collection_manager.get(name)
-                own = coll.save_config
-                cfg = own.merge_default(self.save_config) if own is not None else self.save_config
-                modes_.append((cfg.get_save_config(modes.TRAIN), self._wanted([coll]) <= _KEPT_GROUPS))
-            cfgs = self._train_cfgs = (key, modes_)
-            plain = {cfg for cfg, _kept in modes_}
-            cfg = plain.pop() if len(plain) == 1 else None
-            self._every = cfg.save_interval if cfg is not None and not cfg.save_steps and cfg.end_step is None else 0
-        best: float = math.inf
-        full: float = math.inf
-        for cfg, kept in cfgs[1]:
-            nxt = cfg.next_save_step(rnd)
-            if nxt < best:
-                best = nxt
-            if not kept and nxt < full:
-                full = nxt
-        return best, full
+    def _keeps(self, c: Collection) -> bool:
+        """Whether a round that saves `c` may keep its values for a later hand-off (only metrics and losses from
+        XGBoost's evaluation log, or hyperparameters)."""
+        return self._wanted([c]) <= _KEPT_GROUPS
 
     def _begin_round(self, rnd: int) -> None:
         if self.mode is not modes.TRAIN:
