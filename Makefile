@@ -8,7 +8,7 @@ DEMO_STAMP := $(VENV)/.demo-installed
 SMD_VENV := .venv-smdebug
 SMD_STAMP := $(SMD_VENV)/.installed
 
-.PHONY: install demo-install smdebug-venv test demo lint bench clean chromium
+.PHONY: install demo-install smdebug-venv test demo lint bench clean chromium spark
 
 $(STAMP): pyproject.toml setup.py tensortap/transport/_streamcopy.c tensortap/pytorch/_counting.c requirements/test.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -41,6 +41,21 @@ chromium:
 		|| echo "make: could not install chromium: the browser tests (tests/ui) will skip"; \
 	else echo "make: no chromium and no root apt-get: the browser tests (tests/ui) will skip"; fi
 
+# Spark (tests/export/test_export_spark.py): pyspark in .venv and a Java runtime, installed when we can (root and
+# apt-get), else that test skips with a message saying so.
+SPARK_STAMP := $(VENV)/.spark-installed
+$(SPARK_STAMP): requirements/spark.txt $(STAMP)
+	$(VPY) -m pip install -q -r requirements/spark.txt
+	touch $(SPARK_STAMP)
+
+spark:
+	@$(MAKE) --no-print-directory $(SPARK_STAMP) || echo "make: could not install pyspark: the Spark test will skip"
+	@if command -v java >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null) \
+		|| echo "make: could not install a Java runtime: the Spark test will skip"; \
+	else echo "make: no Java and no root apt-get: the Spark test will skip"; fi
+
 $(SMD_STAMP): requirements/smdebug.txt
 	test -x $(SMD_VENV)/bin/python || $(PY) -m venv $(SMD_VENV)
 	$(SMD_VENV)/bin/python -m pip install -q -r requirements/smdebug.txt
@@ -51,6 +66,7 @@ smdebug-venv: $(SMD_STAMP)
 # The differential test runs against smdebug when its venv could be built, and is skipped (saying why) otherwise.
 # The MXNet tests run first in their own environment; the whole suite's summary is the last line.
 test: install
+	$(MAKE) spark
 	$(MAKE) test-mxnet
 	$(MAKE) smdebug-venv || echo "smdebug 1.0.34 environment could not be built: tests/differential will be skipped"
 	TENSORTAP_SMDEBUG_PYTHON="$$(test -f $(SMD_STAMP) && echo $(CURDIR)/$(SMD_VENV)/bin/python)" \

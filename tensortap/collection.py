@@ -41,6 +41,8 @@ class CollectionKeys:
     OPTIMIZER_VARIABLES = "optimizer_variables"
     SM_METRICS = "sm_metrics"
     TENSORFLOW_SUMMARIES = "tensorflow_summaries"
+    # PyTorch: a registered torch.amp.GradScaler's scale and skipped steps (grad_scaler/scale, grad_scaler/skipped)
+    GRAD_SCALER = "grad_scaler"
     # XGBoost
     HYPERPARAMETERS = "hyperparameters"
     PREDICTIONS = "predictions"
@@ -67,6 +69,7 @@ SCALAR_COLLECTIONS: frozenset[str] = frozenset(
         CollectionKeys.AVERAGE_SHAP,
         CollectionKeys.SM_METRICS,
         CollectionKeys.SCALARS,
+        CollectionKeys.GRAD_SCALER,
     }
 )
 SM_METRIC_COLLECTIONS: frozenset[str] = frozenset(

@@ -10,7 +10,9 @@ being trained and the loss modules, without any tensortap code in the script:
   optimizer step) is one step; every EVAL forward is a step;
 * top-level loss modules (subclasses of `torch.nn.modules.loss._Loss`) are registered as losses;
 * the first `optimizer.step()` ends discovery: the global module hooks are removed (no per-module
-  cost afterwards) and the optimizer is registered when `optimizer_variables` is saved.
+  cost afterwards) and the optimizer is registered when `optimizer_variables` is saved;
+* a `torch.amp.GradScaler` is registered (`Hook.register_scaler`) at its first `step()`, so a step it skips
+  is recorded as skipped (`GradScaler.step` is wrapped on the class, in this process only: docs/internals.md).
 
 If the script builds its own tensortap hook, that hook is used (with the runner's config) and nothing
 is attached automatically.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from typing import Any
 
 logger = logging.getLogger("tensortap")
@@ -64,6 +67,7 @@ class _Auto:
         self.opt_handle = register_optimizer_step_post_hook(self._after_optimizer_step)
         self.optimizers: set[int] = set()
         self.stepped = True  # an optimizer step happened since the current TRAIN step began
+        self._wrap_grad_scaler()
 
     # --- discovery ----------------------------------------------------------------------------
 
@@ -160,6 +164,32 @@ class _Auto:
                 self.remove_global_hooks()
         except Exception as e:  # noqa: BLE001
             logger.error("tensortap: automatic capture of the optimizer failed: %s", e)
+
+    def _wrap_grad_scaler(self) -> None:
+        """Register each GradScaler with the hook at its first `step()`; `register_scaler` then wraps that
+        scaler's own `step`, so this class-level wrapper runs once per scaler."""
+        scaler_cls = getattr(getattr(self.torch, "amp", None), "GradScaler", None)
+        if scaler_cls is None or not callable(getattr(scaler_cls, "step", None)):
+            return
+        original = scaler_cls.step
+        auto = self
+        self.scalers: weakref.WeakSet = weakref.WeakSet()
+
+        def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            hook = auto.hook
+            if hook is not None and scaler not in auto.scalers:
+                auto.scalers.add(scaler)
+                try:
+                    hook.register_scaler(scaler)
+                except Exception as e:  # noqa: BLE001 - never break training
+                    logger.error("tensortap: could not register the GradScaler: %s", e)
+                own = vars(scaler).get("step")
+                if own is not None:
+                    return own(optimizer, *args, **kwargs)
+            return original(scaler, optimizer, *args, **kwargs)
+
+        step.__wrapped__ = original  # type: ignore[attr-defined]
+        scaler_cls.step = step
 
     def remove_global_hooks(self) -> None:
         for h in self.handles:

@@ -12,7 +12,7 @@ __all__ = ["create_trial", "Trial", "LocalTrial", "S3Trial", "Tensor", "StepStat
 
 #: top-level entries a job's out_dir may hold before its hook has written anything: what tensortap's
 #: runner writes beside the job (rule statuses) and its control files
-_NOT_STARTED_OK = ("rules", "tensortap")
+_NOT_STARTED_OK = ("rules", "tensortap", "incidents")
 #: top-level entries of the stores a trial reads (tensortap's own, smdebug's)
 _STORE_ENTRIES = ("tensortap", "index", "events", "collections")
 

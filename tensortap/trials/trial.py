@@ -319,6 +319,25 @@ class Trial:
             total += v * v
         return total ** 0.5
 
+    def incidents(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """What the job's flight recorder saw go wrong (docs/format.md §11): every incident of every worker, of
+        `kind` only when given ("non_finite", "loss_spike", "grad_norm_spike", "exception", "rule", "stop"), sorted
+        by step, then worker. Read afresh at each call."""
+        from tensortap.trials.incidents import read_incidents
+
+        storage = getattr(self.source, "storage", None)
+        if storage is None:
+            from tensortap.storage import open_storage
+
+            storage = open_storage(self.path)
+        return read_incidents(storage, kind)
+
+    def first_nonfinite(self) -> dict[str, Any] | None:
+        """The earliest `non_finite` incident over all workers (where a NaN or infinity first appeared: the
+        module, or the parameter whose gradient, that produced it), or None."""
+        found = self.incidents("non_finite")
+        return found[0] if found else None
+
     def collections(self) -> dict[str, CollectionInfo]:
         self.maybe_refresh()
         return dict(self.source.collections)

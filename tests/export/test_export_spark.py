@@ -1,11 +1,9 @@
 """Spark reads the export with no tensortap code: partition discovery gives job, worker and step_block, and the
-values are the trial's, bit for bit. Opt-in (TENSORTAP_TEST_SPARK=1, with `pip install pyspark` and a Java 17+
-runtime): starting Spark's JVM takes minutes on the project's loaded 2-core VM (4 min measured), too long for
-`make test`."""
+values are the trial's, bit for bit. `make test` installs pyspark (requirements/spark.txt) and a Java runtime
+(`make spark`); where either is missing the test skips, saying which."""
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import pytest
@@ -15,11 +13,9 @@ from tensortap.export import export
 
 from .conftest import assert_same_values, expected_scalars, numpy_job
 
-if os.environ.get("TENSORTAP_TEST_SPARK") != "1":
-    pytest.skip("Spark test is opt-in: TENSORTAP_TEST_SPARK=1 (needs pyspark and Java)", allow_module_level=True)
-pyspark = pytest.importorskip("pyspark")
+pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (`make spark` installs it)")
 if shutil.which("java") is None:
-    pytest.skip("Spark needs a Java runtime", allow_module_level=True)
+    pytest.skip("Spark needs a Java runtime (`make spark` installs one with root apt-get)", allow_module_level=True)
 
 
 def test_spark_reads_the_export(tmp_path):

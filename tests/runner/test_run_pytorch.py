@@ -188,3 +188,42 @@ def test_train_steps_are_counted_at_optimizer_steps(tmp_path):
     trial = tt.create_trial(out)
     assert trial.steps(tt.modes.TRAIN) == list(range(10))
     assert trial.tensor("gradient/Sequential_0.weight").steps() == list(range(10))
+
+
+GRAD_SCALER = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    for step in range(5):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        if step == 2:
+            loss = loss * float("inf")  # non-finite gradients: the scaler skips this step
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        print("max|grad|", step, float(model[0].weight.grad.abs().max()), flush=True)
+    """
+)
+
+
+def test_grad_scaler_found_without_script_change(tmp_path):
+    """`tensortap run` registers the script's GradScaler: its skipped step is recorded as skipped (not run into
+    the next step), and gradients are saved unscaled, as the optimizer consumed them."""
+    script = tmp_path / "amp.py"
+    script.write_text(GRAD_SCALER)
+    out = str(tmp_path / "job")
+    r = tensortap("run", "--out-dir", out, "--save-interval", "1", "--collection", "gradients",
+                  "--collection", "grad_scaler", "--json", "--", sys.executable, str(script))
+    assert r.returncode == 0, (r.stdout, r.stderr[-3000:])
+    trial = tt.create_trial(out)
+    assert trial.steps(tt.modes.TRAIN) == [0, 1, 2, 3, 4]
+    assert trial.tensor("grad_scaler/skipped").steps() == [2]
+    g = trial.tensor("gradient/Sequential_0.weight")
+    assert g.steps() == [0, 1, 3, 4]
+    assert float(abs(g.value(0)).max()) < 10  # unscaled (×65536 they would not be)
