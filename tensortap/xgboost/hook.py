@@ -347,15 +347,10 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
         self._last_epoch = -2  # the epoch of the last round seen (-2: none)
         self._round_offset = 0  # round - epoch in this training
         self.engine.close_light_window()
-        self._wanted_for: list[Collection] | None = None  # the collections_to_save() list `_wanted_now` is for
-        self._wanted_now: set[str] = set()
-        #: per scalar tensor name, its `_resolve` plan with the collections `_wanted_for` (None: not saved)
-        self._scalar_plans: dict[str, tuple | None] = {}
 
     def _collections_changed(self) -> None:
         self._hand_off_kept()  # (saved as the collections were when those rounds ended)
         super()._collections_changed()
-        self._wanted_for = None
 
     def _keeps(self, c: Collection) -> bool:
         """Whether a round that saves `c` may keep its values for a later hand-off (only metrics and losses from
@@ -385,12 +380,13 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             return set(_GROUPS)
         return names
 
+    def _round_plan(self, now: list[Collection], _key: Any) -> tuple[set[str], dict[str, tuple | None]]:
+        """(the groups a round saving `now` computes, per scalar tensor name its `_resolve` plan (None: not saved),
+        filled as the rounds go)."""
+        return self._wanted(now), {}
+
     def _save_round(self, model: Any, evals_log: dict[str, Any], now: list[Collection]) -> None:
-        if now is not self._wanted_for:  # (the same list object while the set stays the same)
-            self._wanted_now = self._wanted(now)
-            self._wanted_for = now
-            self._scalar_plans = {}
-        wanted = self._wanted_now
+        wanted, plans = self.engine.plans.get(now, None, self._round_plan)  # (the engine's plan cache)
         if wanted & _KEPT_GROUPS:  # (handed off with the kept rounds' at the next full round)
             self._kept.append((self.step, self.mode_step, [(d, m, log[-1]) for d, ms in evals_log.items()
                                                            for m, log in ms.items() if log]))
@@ -401,7 +397,6 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             items: list[tuple[str, Any, list[Collection]]] = []
             scalars = _Scalars()  # (float scalars saved raw: one hand-off)
             collections_for = self.collections_for
-            plans = self._scalar_plans
             step, mode_step = self.step, self.mode_step
 
             def add(name: str, value: Any) -> None:
