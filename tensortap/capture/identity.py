@@ -13,7 +13,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tensortap.exceptions import InvalidConfiguration
@@ -49,14 +49,11 @@ class WorkerIdentity:
     given: bool = False
     named: bool = False
     writes: bool = True  # whether this process writes anything
+    num_workers: int = field(init=False, default=1)  # the workers whose data the job's readers wait for
 
     def __post_init__(self) -> None:
         self.writes = self.include_workers == "all" or self.rank == 0
-
-    @property
-    def num_workers(self) -> int:
-        """The workers whose data the job's readers wait for."""
-        return self.world_size if self.include_workers == "all" else 1
+        self.num_workers = self.world_size if self.include_workers == "all" else 1
 
     def adopt(self, rank: int, world_size: int) -> str | None:
         """Take (rank, world size) found late; a reason when they cannot be taken (None when taken)."""
@@ -66,6 +63,7 @@ class WorkerIdentity:
         if not self.named:
             self.worker = f"worker_{rank}"
         self.writes = self.include_workers == "all" or rank == 0
+        self.num_workers = world_size if self.include_workers == "all" else 1
         return None
 
 
