@@ -88,3 +88,22 @@ def claim_worker_dir(out_dir: str, worker: str) -> tuple[Any, int]:
             f"({storage.describe(layout.claim_key(worker))}): use a new out_dir for every training job"
         )
     return storage, max((p[1] for k in keys if (p := layout.parse_chunk_key(k))), default=-1) + 1
+
+
+def resolve_identity(rank: int | None, world_size: int | None, worker: str | None, include_workers: str,
+                     source: IdentitySource | None) -> tuple[WorkerIdentity, bool]:
+    """Who a new hook writes as: the caller's rank, else the framework's `source`, else the launcher's environment,
+    else rank 0 of 1; and whether the source may still tell it later (then it is asked again at the first step)."""
+    given = rank is not None or world_size is not None
+    found = source() if not given and source is not None else None
+    if found is not None:
+        rank, world_size = found
+    env = rank_in_env()
+    env_rank, env_world = env if env is not None else (0, 1)
+    rank = env_rank if rank is None else int(rank)
+    world_size = env_world if world_size is None else int(world_size)
+    if not 0 <= rank < max(world_size, 1):
+        raise InvalidConfiguration(f"rank={rank} is not in [0, world_size={world_size})")
+    identity = WorkerIdentity(rank, world_size, worker or f"worker_{rank}", include_workers, given=given,
+                              named=worker is not None)
+    return identity, not given and found is None and source is not None and env is None

@@ -23,7 +23,7 @@ from tensortap.capture.batch import BatchSpec
 from tensortap.capture.clock import StepClock
 from tensortap.capture.engine import Listener, StepEngine, TensorSpec
 from tensortap.capture.handoff import HandOff
-from tensortap.capture.identity import IdentitySource, WorkerIdentity, rank_in_env
+from tensortap.capture.identity import IdentitySource, rank_in_env, resolve_identity
 from tensortap.capture.schedule import SaveSchedule
 from tensortap.collection import Collection, CollectionKeys, CollectionManager
 from tensortap.config import ReductionConfig, SaveConfig
@@ -38,7 +38,6 @@ from tensortap.hooks.options import (
     default_writer,
     disabled_by_env,
     included_collections,
-    rank_from_env,
     ring_is_ordered,
     runner_config,
     tensorboard_dir_of,
@@ -147,23 +146,12 @@ class Hook(ValueSaving):
                                         self.default_include_collections, self.always_include_collections,
                                         include_regex, save_all)
 
-        # Who this process writes as: the caller's rank, else the framework's, else the launcher's.
-        given = rank is not None or world_size is not None
+        # Who this process writes as. The framework may start its collective after this hook
+        # (torch.multiprocessing.spawn calling init_process_group itself, hvd.init(), xgboost.dask): its rank is
+        # then taken at the first step and the worker's folder claimed then, before anything is written.
         source = type(self).identity_source
-        found = source() if not given and source is not None else None
-        if found is not None:
-            rank, world_size = found
-        env_rank, env_world = rank_from_env()
-        rank = env_rank if rank is None else int(rank)
-        world_size = env_world if world_size is None else int(world_size)
-        if not 0 <= rank < max(world_size, 1):
-            raise InvalidConfiguration(f"rank={rank} is not in [0, world_size={world_size})")
-        identity = WorkerIdentity(rank, world_size, worker or f"worker_{rank}", include_workers, given=given,
-                                  named=worker is not None)
-        # The framework may start its collective after this hook (torch.multiprocessing.spawn calling
-        # init_process_group itself, hvd.init(), xgboost.dask): its rank is taken at the first step and the
-        # worker's folder claimed then, before anything is written.
-        later = self._claim_later or (not given and found is None and source is not None and rank_in_env() is None)
+        identity, later = resolve_identity(rank, world_size, worker, include_workers, source)
+        later = later or self._claim_later
 
         #: the step clock, what saves at each step (tensortap.capture) and the step engine on them
         self.clock = StepClock()

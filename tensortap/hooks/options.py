@@ -17,8 +17,8 @@ from tensortap.config import ReductionConfig
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.storage import is_remote
 
-__all__ = ["check_arguments", "check_out_dir", "default_writer", "disabled_by_env", "rank_from_env",
-           "rank_in_env", "runner_config", "tensorboard_dir_of"]
+__all__ = ["check_arguments", "check_out_dir", "default_writer", "disabled_by_env", "rank_in_env", "runner_config",
+           "tensorboard_dir_of"]
 
 DISABLE_ENV = "TENSORTAP_DISABLE"
 INCLUDE_WORKERS = ("one", "all")
@@ -127,12 +127,6 @@ def flush_interval_from_env() -> float:
 
 def disabled_by_env() -> bool:
     return os.environ.get(DISABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def rank_from_env() -> tuple[int, int]:
-    """(rank, world size) from the launcher's environment (torchrun, MPI, SLURM), else (0, 1)."""
-    found = rank_in_env()
-    return found if found is not None else (0, 1)
 
 
 def check_arguments(*, dry_run: Any, save_all: Any, export_tensorboard: Any, include_workers: Any,
