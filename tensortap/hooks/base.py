@@ -657,7 +657,7 @@ class Hook(ValueSaving):
         that way (then hand its tensors to `write_tensors`). `at`: as for `write_tensors`."""
         return self.handoff.write_planned(spec, sources, at)
 
-    _batch_spec = batch_spec
+    _batch_spec = batch_spec  # (the names the Keras hook uses)
     _write_planned = write_planned
 
 

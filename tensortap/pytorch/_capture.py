@@ -95,7 +95,7 @@ class TensorCapture:
             return
         if not plan.some_odd:
             if spec is None:
-                spec = plan.weight_spec = self._batch_spec(plan.weight_items)
+                spec = plan.weight_spec = self.batch_spec(plan.weight_items)
             layout = plan.step_layout
             if layout is not None and spec.sources is not None and self._defer_small and self._writer is not None:
                 # one message for the weights and, at the end of the backward pass, the gradients

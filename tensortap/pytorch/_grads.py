@@ -132,7 +132,7 @@ class GradientCapture:
                     # the usual case: every gradient, in one copy (a later backward of this step replaces it)
                     self._pending_grads = {}
                     if plan.grad_spec is None:
-                        plan.grad_spec = self._batch_spec(plan.grad_items)
+                        plan.grad_spec = self.batch_spec(plan.grad_items)
                     res = self._grad_res
                     extra = self._small[:self._small_in_res if res is not None else len(self._small)]
                     for _n, t, _c in extra:
@@ -251,7 +251,7 @@ class GradientCapture:
             with self.guard("gradients"):
                 if batch is not None and plan is not None:
                     if plan.grad_spec is None:
-                        plan.grad_spec = self._batch_spec(plan.grad_items)
+                        plan.grad_spec = self.batch_spec(plan.grad_items)
                     self._write_batch(batch, plan.grad_items, plan.grad_spec)
                 if pending:
                     self.write_tensors([(name, arr, colls) for name, (arr, colls) in pending.items()], copy=False)
