@@ -26,6 +26,12 @@ through shared memory) side by side.
     .venv/bin/python bench/pytorch_overhead.py --models mlp --libs tensortap,tensortap-tb --intervals 10
 
 `tensortap-tb` is the default hook with `export_tensorboard=True` (issue #24: the export costs the step nothing).
+`tensortap-flight` is a hook with its flight recorder on (statistics of every weight, gradient and module output at
+every step, docs/pytorch.md), `tensortap-flight-full` the same with `statistics="full"`; with `--intervals never`
+nothing else is saved. `anomaly` is `torch.autograd.set_detect_anomaly(True)` in the hooked blocks (no hook):
+
+    .venv/bin/python bench/pytorch_overhead.py --models mlp,cnn,transformer --intervals never \
+        --libs none,tensortap-flight,anomaly
 """
 
 from __future__ import annotations
@@ -112,11 +118,16 @@ class _HookSwitch:
     _MODULE = ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks")
     _PARAM = ("_backward_hooks", "_post_accumulate_grad_hooks")
 
-    def __init__(self, roots):
+    def __init__(self, roots, optimizer_hooks: bool = False):
         self.modules = [m for r in roots for m in r.modules()]
         self.params = [p for r in roots for p in r.parameters()]
         self.saved: list = []
         self.swapped: list = []
+        self.globals: list = []
+        if optimizer_hooks:  # (the flight recorder's work runs in a global optimizer step hook too)
+            from torch.optim import optimizer as o
+
+            self.globals = [o._global_optimizer_pre_hooks, o._global_optimizer_post_hooks]
 
     def off(self) -> None:
         for objs, attrs in ((self.modules, self._MODULE), (self.params, self._PARAM)):
@@ -130,6 +141,10 @@ class _HookSwitch:
                     elif d:
                         self.saved.append((d, dict(d)))
                         d.clear()
+        for d in self.globals:
+            if d:
+                self.saved.append((d, dict(d)))
+                d.clear()
 
     def on(self) -> None:
         for d, content in self.saved:
@@ -185,17 +200,24 @@ def child(lib: str, interval: str, model_name: str, pairs: int, steps: int) -> d
         import smdebug.pytorch as smd
 
         hook = smd.Hook(out_dir=out_dir, save_config=smd.SaveConfig(**cfg_kwargs), include_collections=COLLECTIONS)
-    elif lib != "none":
+    elif lib not in ("none", "anomaly"):
         import tensortap.pytorch as tp
 
         export = lib == "tensortap-tb"  # the same hook exporting TensorBoard event files (written by the writer)
-        writer = lib.split("-", 1)[1] if "-" in lib and not export else "auto"
+        flight = lib.startswith("tensortap-flight")
+        writer = lib.split("-", 1)[1] if "-" in lib and not export and not flight else "auto"
+        kw = {}
+        if flight:
+            from tensortap.capture.flight import FlightConfig
+
+            kw["flight_recorder"] = FlightConfig(statistics="full" if lib.endswith("-full") else "norms")
         hook = tp.Hook(out_dir=out_dir, save_config=tp.SaveConfig(**cfg_kwargs), include_collections=COLLECTIONS,
-                       writer=writer, export_tensorboard=export)
+                       writer=writer, export_tensorboard=export, **kw)
     if hook is not None:
         hook.register_module(model)
         hook.register_loss(loss_fn)
-    switch = _HookSwitch([model, loss_fn])
+    switch = _HookSwitch([model, loss_fn], optimizer_hooks=lib.startswith("tensortap-flight"))
+    anomaly = lib == "anomaly"  # hooked blocks: torch's anomaly mode, no hook
     on_cpu: dict[int, int] = {}  # the CPU the training thread ran on at the end of each block
 
     def run(hooked: bool, n: int) -> tuple[float, float]:
@@ -203,6 +225,8 @@ def child(lib: str, interval: str, model_name: str, pairs: int, steps: int) -> d
             switch.on()
         else:
             switch.off()
+        if anomaly:
+            torch.autograd.set_detect_anomaly(hooked)
         t0, c0 = time.perf_counter(), time.thread_time()
         for _ in range(n):
             opt.zero_grad()
@@ -316,7 +340,8 @@ def main() -> None:
         libs.remove("smdebug")
     pythons = {"tensortap": sys.executable, "tensortap-thread": sys.executable,
                "tensortap-process": sys.executable, "tensortap-tb": sys.executable, "smdebug": smdebug_python,
-               "none": sys.executable}
+               "none": sys.executable, "tensortap-flight": sys.executable, "tensortap-flight-full": sys.executable,
+               "anomaly": sys.executable}
     configs = [(m, lib, iv) for m in args.models.split(",") for iv in args.intervals.split(",") for lib in libs]
     results: dict[tuple[str, str, str], list[dict]] = {c: [] for c in configs}
     for r in range(args.rounds):

@@ -98,7 +98,8 @@ class _TensortapCallbackMixin:
             self._stepped = False
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        self.capture.run("on_before_optimizer_step", self._before_optimizer_step)
+        if self.capture.saving:  # (a step that saves nothing costs one attribute test here)
+            self.capture.run("on_before_optimizer_step", self._before_optimizer_step)
 
     def _before_optimizer_step(self) -> None:
         cap = self.capture
@@ -107,7 +108,8 @@ class _TensortapCallbackMixin:
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._stepped = True
-        self.capture.run("optimizer step", self._after_step)
+        if self.capture.saving:
+            self.capture.run("optimizer step", self._after_step)
 
     def _after_step(self) -> None:
         cap = self.capture

@@ -2,9 +2,11 @@
 
 The scan reads tensortap's source (no import): a touchpoint is an access `obj._name` (also through
 getattr/setattr/hasattr with a constant name) where `obj` is not `self`/`cls` and no tensortap class defines
-`_name` (a method, a class attribute or a `self._name = ...`), or an import of a private module or name from
-outside tensortap (`import _posixshmem`, `from sys import _getframe`). Each one found must appear in a row of
-docs/internals.md's table that names both the attribute (in backticks) and the file that uses it.
+`_name` (a method, a class attribute or a `self._name = ...`; a module-level function does not count), or an
+import of a private module or name from outside tensortap (`import _posixshmem`, `from sys import _getframe`), or
+an import from a library's internal package (`tensorflow.python`: TensorFlow's public API is `tf.*`). Each one
+found must appear in a row of docs/internals.md's table that names both the attribute (in backticks) and the
+file that uses it.
 """
 
 from __future__ import annotations
@@ -23,19 +25,28 @@ INTERNALS = ROOT / "docs" / "internals.md"
 # puts on objects it wraps.
 _NOT_TOUCHPOINTS = {"_value_", "_exit", "_w"}
 _OWN_PREFIX = "_tensortap"
+# Packages that are a library's internals though no part of their name starts with an underscore.
+_INTERNAL_PACKAGES = ("tensorflow.python",)
 
 
 def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__") and not name.startswith(_OWN_PREFIX)
 
 
+def _internal_module(module: str) -> bool:
+    return any(_private(part) for part in module.split(".")) or any(
+        module == p or module.startswith(p + ".") for p in _INTERNAL_PACKAGES)
+
+
 def _defined_names(trees: dict[Path, ast.AST]) -> set[str]:
     names: set[str] = set()
     for tree in trees.values():
         for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names.add(node.name)
             if isinstance(node, ast.ClassDef):
+                names.add(node.name)
+                # (methods only: a module-level `_helper` of tensortap's does not make `layer._helper` its own)
+                names.update(stmt.name for stmt in node.body
+                             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)))
                 for stmt in node.body:
                     targets = stmt.targets if isinstance(stmt, ast.Assign) else \
                         [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
@@ -67,7 +78,7 @@ def scan(package: Path = PACKAGE) -> dict[str, set[str]]:
                 found[name].add(rel)
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
                     and node.module.split(".")[0] != "tensortap":
-                if any(_private(part) for part in node.module.split(".")):
+                if _internal_module(node.module):
                     found[node.module].add(rel)
                 for alias in node.names:
                     if _private(alias.name):
@@ -75,7 +86,7 @@ def scan(package: Path = PACKAGE) -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     parts = alias.name.split(".")
-                    if parts[0] != "tensortap" and any(_private(p) for p in parts):
+                    if parts[0] != "tensortap" and _internal_module(alias.name):
                         found[alias.name].add(rel)
     return dict(found)
 
@@ -106,11 +117,26 @@ def test_the_scan_finds_a_new_private_access(tmp_path):
         "    def __init__(self):\n"
         "        self._mine = 1\n"
         "    def f(self, m):\n"
-        "        return m._parameters, self._mine, getattr(m, '_buffers', None), m._mine, m._value_\n"
+        "        return m._parameters, self._mine, getattr(m, '_buffers', None), m._mine, m._value_, m._layers\n"
+        "def _layers():\n"
+        "    pass\n"
     )
     found = scan(pkg)
     assert found == {"_parameters": {"tensortap/mod.py"}, "_buffers": {"tensortap/mod.py"},
-                     "_private_thing": {"tensortap/mod.py"}}
+                     "_private_thing": {"tensortap/mod.py"}, "_layers": {"tensortap/mod.py"}}
+
+
+def test_the_scan_finds_an_import_from_a_librarys_internal_package(tmp_path):
+    pkg = tmp_path / "tensortap"
+    pkg.mkdir()
+    (pkg / "mod.py").write_text(
+        "import tensorflow as tf\n"
+        "from tensorflow.python.ops import resource_variable_ops\n"
+        "import tensorflow.python.eager.context\n"
+        "from tensorflow import nest\n"
+    )
+    assert scan(pkg) == {"tensorflow.python.ops": {"tensortap/mod.py"},
+                         "tensorflow.python.eager.context": {"tensortap/mod.py"}}
 
 
 def test_every_listed_row_names_a_fallback_and_a_guarding_test():

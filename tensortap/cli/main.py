@@ -171,6 +171,8 @@ def _spec_from_args(args: argparse.Namespace, command: list[str]) -> Any:
         spec.grace_period = args.grace_period
     if getattr(args, "tensorboard_dir", None):
         spec.tensorboard_dir = os.path.abspath(args.tensorboard_dir)
+    if getattr(args, "no_flight_recorder", False):
+        spec.flight_recorder = False
     if getattr(args, "config", None):
         merge_job_file(spec, load_job_file(args.config))
     return spec
@@ -311,6 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--grace-period", type=float, help="seconds training may take to stop before it is killed")
     run.add_argument("--config", help="a YAML or JSON job file with the same settings")
     run.add_argument("--tensorboard-dir", help="also write TensorBoard event files there, live")
+    run.add_argument("--no-flight-recorder", action="store_true",
+                     help="turn the flight recorder off (the last 256 steps' statistics of every tensor, written "
+                          "with an incident when training goes wrong; also TENSORTAP_FLIGHT=0)")
     _add_rule_args(run)
     run.set_defaults(func=cmd_run)
     _with_examples(run, "run")

@@ -250,6 +250,25 @@ class Hook(ValueSaving):
         self.engine.collections_dirty = value
 
     @property
+    def _storage(self) -> Any:
+        """The job's storage, once the claim or the writer opened it."""
+        return self.engine.storage
+
+    @property
+    def _stop_request(self) -> dict | None:
+        """The stop request found (docs/format.md §8), if any."""
+        return self._stop.request
+
+    def _claim_late(self) -> None:
+        """Claim the out_dir now that the worker is known (`StepEngine.claim` does it for a hook whose identity
+        the engine settles); another job's data there turns this hook off (training goes on)."""
+        if self.writes and not self.disabled and not self.dry_run:
+            try:
+                self.engine.claim_now()
+            except InvalidConfiguration as e:
+                self._fail("first step", e)
+
+    @property
     def _stop_watch(self) -> bool:
         return self._stop.watching
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os as _os
 from typing import Any
 
 import torch
@@ -72,7 +73,13 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
     # init_process_group itself, takes the group's rank at the first step: the engine's late identity)
     identity_source = staticmethod(_detect_rank)
 
-    def __init__(self, out_dir: str, *args: Any, **kwargs: Any):
+    def __init__(self, out_dir: str, *args: Any, flight_recorder: Any = None, **kwargs: Any):
+        """`flight_recorder`: True, a number of steps (default 256) or a `tensortap.capture.flight.FlightConfig`
+        keeps cheap statistics of every tensor at every step and writes them when something goes wrong
+        (docs/pytorch.md, "The flight recorder"); on by default under `tensortap run`."""
+        from tensortap.capture.flight import FlightConfig
+
+        flight = FlightConfig.coerce(flight_recorder, under_runner=_os.environ.get("TENSORTAP_AUTO") == "1")
         super().__init__(out_dir, *args, **kwargs)
         self._roots: list[_Root] = []
         self._module_ids: set[int] = set()  # every module inside a registered root
@@ -128,6 +135,11 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
         self._lifecycle_handles: list[Any] = []
         self._backward_queued = False
         self.engine.watch_listeners(self._listeners_changed)
+        self._flight = None  # the flight recorder (tensortap.pytorch._flight), when on
+        if flight is not None and not self.disabled:
+            from tensortap.pytorch._flight import TorchFlight
+
+            self._flight = TorchFlight(self, flight)
         singleton.set_hook(self)
 
     def _prepare(self) -> None:
@@ -226,6 +238,8 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
         self._name_added_modules()
         self._config_changed()
         self._watch_optimizers()
+        if self._flight is not None:
+            self._flight.add_root(root_name, module, inner, compiled)
         if compiled:
             self._warn_io_missing(f"{root_name} is compiled (torch.compile)")
 
@@ -261,6 +275,8 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
         if any(m is loss_module for m, _fn, _k in self._losses):
             return
         self._losses.append((loss_module, functools.partial(self._loss_hook, name), _hook_id()))
+        if self._flight is not None:
+            self._flight.add_loss(name, loss_module)
         self._remove_plan_handles()  # the next saving step installs its hook
         if self._forward_unseen:
             self._step_handles_kept.append(loss_module.register_forward_pre_hook(self._loss_step_hook))
@@ -445,7 +461,14 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
         self._hand_off_grads()
         self._step_plan = None
 
+    def __exit__(self, *exc: Any) -> None:
+        if self._flight is not None and len(exc) > 1 and exc[1] is not None:
+            self._flight.rec.on_exception(exc[1])  # (an exception leaving the hook's `with` block)
+        super().__exit__(*exc)
+
     def on_close(self) -> None:
+        if self._flight is not None:
+            self._flight.close()
         self.engine.disarm()
         self.clock.tally = None
         for root in self._roots:

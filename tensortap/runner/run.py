@@ -252,6 +252,8 @@ class Runner:
         env = dict(os.environ)
         env["TENSORTAP_CONFIG"] = config_path
         env["TENSORTAP_AUTO"] = "1"
+        if not self.spec.flight_recorder:
+            env["TENSORTAP_FLIGHT"] = "0"
         if self.spec.rules:  # rules watch live: the hook makes its data visible sooner (docs/format.md §4)
             env.setdefault("TENSORTAP_FLUSH_INTERVAL", "0.1")
             env.setdefault("TENSORTAP_STOP_CHECK_INTERVAL", "0.05")

@@ -50,6 +50,7 @@ class JobSpec:
     include_workers: str = "all"
     json_output: bool = False
     tensorboard_dir: str | None = None  # live TensorBoard export there (the hook's export_tensorboard)
+    flight_recorder: bool = True  # the hook's flight recorder (docs/pytorch.md); --no-flight-recorder turns it off
 
 
 def parse_params(text: str, what: str) -> dict[str, str]:

@@ -54,6 +54,7 @@ class SessionHook(Hook, tf.compat.v1.train.SessionRunHook):
         self._step_items: list[tuple[str, np.ndarray, Any]] = []  # weights read before the saving step
         self._graph: Any = None
         self._pending = False  # after_run has fetched values to write
+        self._wrapped_optimizers: list[Any] = []
 
     def _init_builtin_collections(self) -> None:
         cm = self.collection_manager
@@ -69,7 +70,7 @@ class SessionHook(Hook, tf.compat.v1.train.SessionRunHook):
     def wrap_optimizer(self, optimizer: Any) -> Any:
         """Capture the gradients a `tf.compat.v1.train.Optimizer` applies (`apply_gradients`, also through
         `minimize`). Returns the same optimizer."""
-        if getattr(optimizer, "_tensortap_hook", None) is self:
+        if any(o is optimizer for o in self._wrapped_optimizers):
             return optimizer
         orig = optimizer.apply_gradients
         hook = self
@@ -80,7 +81,7 @@ class SessionHook(Hook, tf.compat.v1.train.SessionRunHook):
             return orig(grads_and_vars, *args, **kwargs)
 
         optimizer.apply_gradients = apply_gradients
-        optimizer._tensortap_hook = self
+        self._wrapped_optimizers.append(optimizer)
         return optimizer
 
     def add_gradients(self, grads_and_vars: Any) -> None:

@@ -135,6 +135,8 @@ class TrainerCapture:
         self._rule_procs: list[tuple[str, subprocess.Popen]] = []
         self._rules_tmp: str | None = None
         self._failed = False
+        #: the step engine's saving flag of the open step, read when it began (callbacks test this attribute)
+        self.saving = False
 
     # --- life ---------------------------------------------------------------------------------
 
@@ -204,17 +206,13 @@ class TrainerCapture:
         saved nothing in the same mode is only counted (readers learn it passed when a later step ends), as the
         framework hooks count their quiet steps."""
         if not self.active:
+            self.saving = False
             return
         h = self.hook
         if h.engine.count_quiet(mode, None if mode_step is None else int(mode_step)):
             return  # (the step engine's quiet window)
         h.begin(mode, mode_step)
-
-    @property
-    def saving(self) -> bool:
-        """Whether anything saves at the open step (the step engine's flag, found when the step began)."""
-        h = self.hook
-        return h is not None and not self._failed and h.engine.saving
+        self.saving = h.engine.saving
 
     def current(self) -> tuple[_modes.ModeKeys, int] | None:
         """(mode, mode step) of the open step, or None."""

@@ -328,7 +328,9 @@ def test_gradients_after_loss_scaling_is_undone(tmp_path):
                          include_collections=["gradients"])
     inner = _recording_adam(target_iteration=2)
     opt = keras.optimizers.LossScaleOptimizer(inner, initial_scale=2.0 ** 10)
-    model.compile(optimizer=hook.wrap_optimizer(opt), loss="sparse_categorical_crossentropy")
+    assert hook.wrap_optimizer(opt) is opt
+    model.compile(optimizer=hook.wrap_optimizer(opt), loss="sparse_categorical_crossentropy")  # (wrapped once)
+    assert not [k for o in (opt, inner) for k in vars(o) if "tensortap" in k]  # no mark left on the user's objects
     opt.build(model.trainable_variables)
     model.fit(x, y, batch_size=16, epochs=1, shuffle=False, callbacks=[hook], verbose=0)
     hook.close()

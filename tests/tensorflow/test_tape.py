@@ -55,6 +55,35 @@ def test_tape_loop_captures_loss_weights_gradients(tmp_path, compiled):
     assert hook.mode_steps[TRAIN] == 5
 
 
+
+def test_tape_inside_an_xla_function_captures_nothing_and_training_goes_on(tmp_path, caplog):
+    import keras
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 8, 3)).astype("float32")
+    y = rng.normal(size=(3, 8, 1)).astype("float32")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, name="o")])
+    opt = keras.optimizers.SGD(0.1)
+    hook = ttf.KerasHook(out_dir=str(tmp_path / "run"), save_config=ttf.SaveConfig(save_interval=1),
+                         include_collections=["weights", "gradients", "losses"])
+
+    def step(xb, yb):
+        with hook.wrap_tape(tf.GradientTape()) as tape:
+            loss = tf.reduce_mean(tf.square(model(xb) - yb))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply(grads, model.trainable_variables)
+        return loss
+
+    fn = tf.function(step, jit_compile=True)
+    with caplog.at_level("WARNING", logger="tensortap"):
+        losses = [float(fn(x[i], y[i])) for i in range(3)]
+    hook.close()
+    assert all(np.isfinite(losses)) and losses[2] < losses[0]  # the script trained
+    assert hook.error_count == 0
+    assert sum("wrap_tape inside an XLA-compiled function" in r.getMessage() for r in caplog.records) == 1
+    assert create_trial(str(tmp_path / "run")).steps(mode=TRAIN) == []
+
 def test_save_tensor_save_scalar_set_mode_get_hook(tmp_path):
     hook = ttf.KerasHook(out_dir=str(tmp_path / "run"), save_config=ttf.SaveConfig(save_interval=1))
     assert ttf.get_hook() is hook

@@ -1,0 +1,402 @@
+"""The flight recorder on real PyTorch jobs (docs/pytorch.md "The flight recorder", docs/format.md §11): where a
+non-finite value first appeared, the ring of the steps before a failure, and every trigger."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import tensortap.pytorch as tp
+from tensortap.capture.flight import FlightConfig
+from tensortap.exceptions import InvalidConfiguration, StepUnavailable
+from tensortap.format.control import TrainingStopped, request_stop
+from tensortap.trials import create_trial
+
+torch.set_num_threads(1)
+
+
+def _mlp(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
+                         nn.Linear(16, 4))
+
+
+def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)
+
+
+def _hook(out: str, steps=8, **kw) -> tp.Hook:
+    return tp.Hook(out_dir=out, save_config=tp.SaveConfig(save_interval=500), writer="thread",
+                   flight_recorder=FlightConfig(steps=steps) if isinstance(steps, int) else steps, **kw)
+
+
+def test_a_layer_that_outputs_inf_at_step_k_is_named_with_the_ring_before_it(tmp_path):
+    """The third Linear overflows (its weights scaled up before step k's forward): a `forward` non_finite incident
+    names it at step k, with its input's statistics; with save_interval=500 the ring holds the N steps up to k,
+    equal to what the script itself reads; the failing step's raw tensors are saved."""
+    k, n = 20, 8
+    model = _mlp()
+    loss_fn = nn.CrossEntropyLoss()
+    hook = _hook(str(tmp_path), steps=n)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    seen: dict[int, dict] = {}
+    outputs: dict[str, torch.Tensor] = {}
+    model[4].register_forward_hook(lambda m, i, o: outputs.update(out=o.detach().clone(), inp=i[0].detach().clone()))
+    for step in range(k + 5):
+        if step == k:
+            with torch.no_grad():
+                model[4].weight.fill_(3e38)  # (finite weights; their products overflow)
+        x, y = _batch(step)
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        seen[step] = {"w": model[2].weight.detach().norm().item(), "g": model[2].weight.grad.norm().item()}
+        if step == k:
+            at_k = dict(outputs)
+        opt.step()
+    hook.close()
+    assert hook.error_count == 0
+    trial = create_trial(str(tmp_path))
+    inc = trial.first_nonfinite()
+    assert inc["step"] == k and inc["mode_step"] == k and inc["worker"] == "worker_0"
+    d = inc["detail"]
+    assert (d["phase"], d["module"], d["parameter"], d["tensor"]) == ("forward", "4", None, "4_output_0")
+    assert d["nan"] + d["posinf"] + d["neginf"] == int((~torch.isfinite(at_k["out"])).sum()) > 0
+    assert d["posinf"] == int(torch.isposinf(at_k["out"]).sum())
+    (inp,) = d["inputs"]
+    assert inp["name"] == "4_input_0" and inp["count"] == at_k["inp"].numel() and inp["nonfinite"] == 0
+    assert inp["l2"] == pytest.approx(at_k["inp"].norm().item(), rel=1e-5)
+    assert inp["max_abs"] == pytest.approx(at_k["inp"].abs().max().item(), rel=1e-6)
+    assert inc["ring"] == {"first_step": k - n + 1, "last_step": k}
+    assert [i["kind"] for i in trial.incidents()] == ["non_finite"]  # (every later step is non-finite too)
+    # the ring: the N steps up to the failure, nothing before them, equal to the script's own norms
+    w, g = trial.tensor("Sequential_2.weight"), trial.tensor("gradient/Sequential_2.weight")
+    assert "Sequential_2.weight" in trial.tensor_names(collection="flight")
+    for step in range(k - n + 1, k + 1):
+        assert float(w.reduction_value(step, "l2")) == pytest.approx(seen[step]["w"], rel=1e-5)
+        assert float(g.reduction_value(step, "l2")) == pytest.approx(seen[step]["g"], rel=1e-5)
+        assert int(w.reduction_value(step, "nonfinite")) == 0
+    assert int(trial.tensor("4_output_0").reduction_value(k, "nonfinite")) > 0
+    assert int(trial.tensor("2_output_0").reduction_value(k, "nonfinite")) == 0
+    with pytest.raises(StepUnavailable):
+        w.reduction_value(k - n, "l2")
+    # the failing step's raw output, bit for bit as the script read it
+    assert trial.tensor("4_output_0").value(k).tobytes() == at_k["out"].numpy().tobytes()
+
+
+class _Amplify(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by `factor` (float32 overflows to inf)."""
+
+    @staticmethod
+    def forward(ctx, w, factor):
+        ctx.factor = factor
+        return w.view_as(w)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
+
+
+class _LinearWithLoudGrad(nn.Linear):
+    factor = 1.0
+
+    def forward(self, x):
+        return nn.functional.linear(x, _Amplify.apply(self.weight, self.factor), self.bias)
+
+
+def test_a_gradient_that_overflows_in_backward_names_its_parameter(tmp_path):
+    k = 6
+    torch.manual_seed(0)
+    loud = _LinearWithLoudGrad(16, 16)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), loud, nn.Tanh(), nn.Linear(16, 4))
+    loss_fn = nn.CrossEntropyLoss()
+    hook = _hook(str(tmp_path))
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(k + 3):
+        loud.factor = 1e39 if step == k else 1.0
+        x, y = _batch(step)
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        if step == k:
+            grad_k = model[2].weight.grad.clone()
+            assert torch.isfinite(model[0].weight.grad).all()  # (the input gradients stay finite)
+        opt.step()
+    hook.close()
+    inc = create_trial(str(tmp_path)).first_nonfinite()
+    assert inc["step"] == k
+    d = inc["detail"]
+    assert (d["phase"], d["module"], d["parameter"], d["tensor"]) == (
+        "backward", None, "Sequential_2.weight", "gradient/Sequential_2.weight")
+    assert d["nan"] + d["posinf"] + d["neginf"] == int((~torch.isfinite(grad_k)).sum()) > 0
+    assert d["inputs"] == []
+
+
+def test_exception_in_a_with_block_and_the_hook_lives_on(tmp_path):
+    model = _mlp()
+    loss_fn = nn.CrossEntropyLoss()
+    with pytest.raises(RuntimeError, match="the data loader died"):
+        with _hook(str(tmp_path)) as hook:
+            hook.register_module(model)
+            hook.register_loss(loss_fn)
+            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+            for step in range(5):
+                x, y = _batch(step)
+                opt.zero_grad()
+                loss_fn(model(x), y).backward()
+                opt.step()
+            model(x)
+            raise RuntimeError("the data loader died")
+    trial = create_trial(str(tmp_path))
+    (inc,) = trial.incidents()
+    assert inc["kind"] == "exception" and inc["step"] == 5
+    assert inc["detail"] == {"type": "RuntimeError", "message": "the data loader died"}
+    assert inc["ring"] == {"first_step": 0, "last_step": 4}
+    assert trial.tensor("gradient/Sequential_0.weight").reduction_value(4, "l2") > 0
+    # the step in progress: its outputs so far, the weights
+    assert trial.tensor("0_output_0").value(5).shape == (16, 16)
+
+
+def test_an_uncaught_exception_in_a_script(tmp_path):
+    """sys.excepthook: the exception that ends a script is an incident, and its traceback is still printed."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import torch
+        from torch import nn
+        import tensortap.pytorch as tp
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        hook = tp.Hook(out_dir={str(tmp_path / 'out')!r}, flight_recorder=16, writer="thread")
+        hook.register_module(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(10):
+            if step == 7:
+                raise ValueError("bad batch " + str(step))
+            opt.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+    """))
+    os.makedirs(tmp_path / "out")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 1 and "ValueError: bad batch 7" in proc.stderr
+    (inc,) = create_trial(str(tmp_path / "out")).incidents()
+    assert (inc["kind"], inc["step"], inc["detail"]["type"]) == ("exception", 6, "ValueError")
+    assert inc["ring"] == {"first_step": 0, "last_step": 6}
+
+
+def test_a_stop_request_writes_the_ring(tmp_path):
+    model = _mlp()
+    hook = _hook(str(tmp_path))
+    hook.register_module(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    deadline = time.monotonic() + 60
+    with pytest.raises(TrainingStopped):
+        step = 0
+        while time.monotonic() < deadline:
+            if step == 3:
+                request_stop(str(tmp_path), rule="exploding_tensor", step=2, reason="NaN in gradients")
+            x, _y = _batch(step)
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+            step += 1
+    (inc,) = create_trial(str(tmp_path)).incidents()
+    assert inc["kind"] == "stop" and inc["detail"] == {"rule": "exploding_tensor", "reason": "NaN in gradients"}
+    assert inc["ring"]["last_step"] == inc["step"] - 1 or inc["ring"]["last_step"] == inc["step"]
+
+
+def test_a_rule_that_found_an_issue(tmp_path):
+    model = _mlp()
+    hook = _hook(str(tmp_path))
+    hook.register_module(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    deadline = time.monotonic() + 60
+    step = 0
+    status = tmp_path / "rules" / "vanishing_gradient" / "status.json"
+    while time.monotonic() < deadline and not (tmp_path / "incidents").exists():
+        if step == 2:
+            status.parent.mkdir(parents=True)
+            status.write_text(json.dumps({"name": "vanishing_gradient", "status": "IssuesFound", "first_step": 1,
+                                          "message": "gradients below 1e-7"}))
+        x, _y = _batch(step)
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+        step += 1
+    hook.close()
+    (inc,) = create_trial(str(tmp_path)).incidents()
+    assert inc["kind"] == "rule" and inc["step"] >= 2
+    assert inc["detail"] == {"rule": "vanishing_gradient", "message": "gradients below 1e-7", "first_step": 1}
+
+
+def test_a_loss_spike(tmp_path):
+    k = 40
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+    loss_fn = nn.CrossEntropyLoss()
+    hook = _hook(str(tmp_path), steps=64)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(k + 3):
+        x, y = _batch(step % 4)
+        if step == k:
+            x = x * 300.0
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+    hook.close()
+    kinds = {(i["kind"], i["step"]) for i in create_trial(str(tmp_path)).incidents()}
+    assert ("loss_spike", k) in kinds or ("grad_norm_spike", k) in kinds, kinds
+    assert all(s == k for _k, s in kinds), kinds
+    spike = create_trial(str(tmp_path)).incidents()[0]["detail"]
+    assert spike["value"] > spike["median"] and spike["why"]
+
+
+def test_the_recorder_never_breaks_training(tmp_path, caplog):
+    """An incident that cannot be written (a file where the incidents folder goes) turns the recorder off with one
+    error; training goes on and ends exactly as without tensortap."""
+    def train(hook):
+        model = _mlp()
+        loss_fn = nn.CrossEntropyLoss()
+        if hook is not None:
+            hook.register_module(model)
+            hook.register_loss(loss_fn)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        for step in range(12):
+            if step == 5:
+                with torch.no_grad():
+                    model[2].bias[0] = float("nan")
+            x, y = _batch(step)
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+        return model
+
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "incidents").write_text("in the way")
+    with caplog.at_level(logging.ERROR, logger="tensortap"):
+        hook = _hook(str(tmp_path / "job"))
+        hooked = train(hook)
+        hook.close()
+    plain = train(None)
+    for a, b in zip(hooked.parameters(), plain.parameters(), strict=True):
+        assert a.detach().numpy().tobytes() == b.detach().numpy().tobytes()
+    errors = [r for r in caplog.records if "flight recorder" in r.getMessage()]
+    assert len(errors) == 1 and hook.error_count >= 1
+
+
+@pytest.mark.parametrize("order", ["register_then_compile", "compile_then_register"])
+def test_compiled_models_train_with_no_graph_break(tmp_path, order, caplog):
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = _mlp()
+    hook = _hook(str(tmp_path))
+    if order == "register_then_compile":
+        hook.register_module(model)
+        run = torch.compile(model, backend="aot_eager", fullgraph=True)
+    else:
+        run = torch.compile(model, backend="aot_eager", fullgraph=True)
+        hook.register_module(run)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with caplog.at_level(logging.WARNING, logger="tensortap"):
+        with pytest.raises(KeyError):
+            with hook:
+                for step in range(4):
+                    x, _y = _batch(step)
+                    opt.zero_grad()
+                    run(x).square().mean().backward()
+                    opt.step()
+                raise KeyError("stop here")
+    assert dict(counters["graph_break"]) == {}
+    assert hook.error_count == 0
+    trial = create_trial(str(tmp_path))
+    assert [i["kind"] for i in trial.incidents()] == ["exception"]
+    for s in range(4):
+        assert trial.tensor("gradient/Sequential_0.weight").reduction_value(s, "l2") > 0
+        assert trial.tensor("Sequential_0.weight").reduction_value(s, "l2") > 0
+    said = [r.getMessage() for r in caplog.records if "flight recorder" in r.getMessage() and "not" in r.getMessage()]
+    assert len(said) == 1, said
+
+
+def test_bad_settings_are_one_line_errors(tmp_path, monkeypatch):
+    with pytest.raises(InvalidConfiguration, match="flight_recorder='yes'"):
+        tp.Hook(out_dir=str(tmp_path), flight_recorder="yes")
+    with pytest.raises(InvalidConfiguration, match="statistics='all': allowed are norms, full"):
+        FlightConfig(statistics="all")
+    monkeypatch.setenv("TENSORTAP_FLIGHT", "lots")
+    with pytest.raises(InvalidConfiguration, match="TENSORTAP_FLIGHT='lots'"):
+        tp.Hook(out_dir=str(tmp_path), flight_recorder=True)
+
+
+def test_off_by_env_and_by_default(tmp_path, monkeypatch):
+    """Off unless asked on an explicit hook; TENSORTAP_FLIGHT=0 turns it off even when asked."""
+    for name, kw, env in (("default", {}, None), ("env-off", {"flight_recorder": True}, "0")):
+        if env is not None:
+            monkeypatch.setenv("TENSORTAP_FLIGHT", env)
+        out = tmp_path / name
+        out.mkdir()
+        model = _mlp()
+        hook = tp.Hook(out_dir=str(out), writer="thread", **kw)
+        hook.register_module(model)
+        for step in range(3):
+            if step == 2:
+                with torch.no_grad():
+                    model[0].bias[0] = float("inf")
+            model(_batch(step)[0])
+        hook.close()
+        assert not (out / "incidents").exists()
+
+
+def test_eval_steps_are_recorded_as_their_own_steps(tmp_path):
+    """TRAIN steps end at the optimizer's step, EVAL steps when the next forward begins: each keeps its own
+    outputs (EVAL: no gradients), at its own mode step."""
+    model = _mlp()
+    loss_fn = nn.CrossEntropyLoss()
+    hook = _hook(str(tmp_path), steps=32)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    eval_out = []
+    with pytest.raises(KeyError):
+        with hook:
+            for _epoch in range(2):
+                hook.set_mode(tp.modes.TRAIN)
+                for step in range(3):
+                    x, y = _batch(step)
+                    opt.zero_grad()
+                    loss_fn(model(x), y).backward()
+                    opt.step()
+                hook.set_mode(tp.modes.EVAL)
+                with torch.no_grad():
+                    for step in range(2):
+                        x, y = _batch(100 + step)
+                        out = model(x)
+                        eval_out.append(out.norm().item())
+                        loss_fn(out, y)
+            raise KeyError("end")
+    trial = create_trial(str(tmp_path))
+    assert trial.steps(mode=tp.modes.EVAL) == [0, 1, 2, 3]
+    assert trial.steps(mode=tp.modes.TRAIN) == [0, 1, 2, 3, 4, 5]
+    root = trial.tensor("Sequential_output_0")
+    got = [float(root.reduction_value(s, "l2", mode=tp.modes.EVAL)) for s in range(4)]
+    assert got == pytest.approx(eval_out, rel=1e-6)
+    grad = trial.tensor("gradient/Sequential_0.weight")
+    assert grad.steps(mode=tp.modes.TRAIN) == [0, 1, 2, 3, 4, 5] and grad.steps(mode=tp.modes.EVAL) == []
+    assert trial.tensor("CrossEntropyLoss_output_0").steps(mode=tp.modes.EVAL) == [0, 1, 2, 3]
