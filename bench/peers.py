@@ -12,10 +12,12 @@ driver prints the median over rounds of (block time / the round's plain block ti
 * `foreach-floor`: the same norms and extrema computed in the loop by hand, batched (`torch._foreach_norm`,
   `torch._foreach_max`) and brought to the host once per step: the floor any statistics logger can reach;
 * `tensorboard`: `torch.utils.tensorboard.SummaryWriter` histograms of every weight and gradient plus their
-  L2 norms as scalars (what people log by hand).
+  L2 norms as scalars (what people log by hand);
+* `wandb`: `wandb.watch(model, log="all", log_freq=interval)` in an offline run (histograms of every weight and
+  gradient), with the loss logged by `wandb.log` at each saving step (which commits what `watch` gathered).
 
-(`wandb.watch` is not measured: wandb is not installed here.) Hooks are built and closed outside the timed
-blocks; a block is charged until tensortap's writer has caught up (`hook.flush()`).
+Hooks and runs are built and closed outside the timed blocks; a block is charged until tensortap's writer has
+caught up (`hook.flush()`). wandb's own service process writes its offline run meanwhile, as it would.
 
     .venv/bin/python bench/peers.py [--models mlp,transformer] [--intervals 1,10] [--rounds 7] [--steps 100]
 """
@@ -34,7 +36,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 WRITER = os.environ.get("TTBENCH_WRITER", "auto")  # tensortap's writer (--writer)
-CONFIGS = ("none", "tensortap-raw", "tensortap-stats", "foreach-floor", "tensorboard")
+CONFIGS = ("none", "tensortap-raw", "tensortap-stats", "foreach-floor", "tensorboard", "wandb")
 
 
 def _model(name: str):
@@ -54,7 +56,7 @@ class _Runner:
         self.config, self.interval = config, interval
         self.model, self.opt, self.loss_fn, self.x, self.y = _model(model_name)
         self.dir = tempfile.mkdtemp(dir=root)
-        self.hook = self.tb = None
+        self.hook = self.tb = self.wb = None
         self.step = 0
         if config.startswith("tensortap"):
             import tensortap.pytorch as tp
@@ -72,6 +74,12 @@ class _Runner:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(self.dir)
+        elif config == "wandb":
+            os.environ.setdefault("WANDB_SILENT", "true")
+            import wandb
+
+            self.wb = wandb.init(mode="offline", dir=self.dir, project="tensortap-peers", reinit="create_new")
+            self.wb.watch(self.model, log="all", log_freq=interval)
         self.params = [(n, p) for n, p in self.model.named_parameters()]
 
     def _log_floor(self) -> None:
@@ -101,6 +109,8 @@ class _Runner:
                     self._log_floor()
                 elif self.config == "tensorboard":
                     self._log_tb()
+                elif self.wb is not None:
+                    self.wb.log({"loss": loss.item()}, step=self.step)
             opt.step()
             self.step += 1
         if self.hook is not None:
@@ -114,6 +124,8 @@ class _Runner:
             self.hook.close()
         if self.tb is not None:
             self.tb.close()
+        if self.wb is not None:
+            self.wb.finish()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -134,6 +146,12 @@ def main() -> None:
     torch.set_num_threads(1)
     root = tempfile.mkdtemp(prefix="tt-peers-")
     configs = [c for c in args.configs.split(",") if c != "none"]
+    if "wandb" in configs:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            configs.remove("wandb")
+            print("(wandb is not installed: `pip install -r requirements/test.txt`; its column is left out)")
     print(f"load average {os.getloadavg()[0]:.1f}; {args.rounds} rounds of {args.steps}-step blocks, 1 thread, "
           f"tensortap writer {args.writer}\n")
     print("| model | every | " + " | ".join(configs) + " | A/A (none again) |")

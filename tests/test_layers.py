@@ -23,6 +23,9 @@ _MODULE_ROOMS = {
     "tensortap.tensorboard.events": "format",
     "tensortap.tensorboard.export": "format",
     "tensortap.tensorboard.histogram": "format",
+    # the diagnosis reads trials and runs rules: it sits on top, beside the CLI and the dashboard (the rest of
+    # tensortap.analysis is numpy only, under the rules)
+    "tensortap.analysis.diagnose": "diagnose",
 }
 _FACADES = {"tensortap", "core"}
 #: what each lower layer may import (the higher layers are not restricted here)

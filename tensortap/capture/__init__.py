@@ -1,8 +1,9 @@
 """The framework-neutral capture core: what every framework hook stands on.
 
 * `tensortap.capture.writer`: the `Writer` contract (`typing.Protocol`) that the writer thread
-  (`tensortap.format.writer.ChunkWriter`) and the writer process (`tensortap.transport.process_writer`) implement,
-  with `Reservation`s that copy a batch of tensors in without the caller seeing an address; `open_writer` picks one.
+  (`tensortap.transport.thread_writer.ChunkWriter`) and the writer process (`tensortap.transport.process_writer`)
+  implement around the same encoder (`tensortap.format.writer.ChunkEncoder`), with `Reservation`s that copy a batch
+  of tensors in without the caller seeing an address; `open_writer` makes one.
 * `tensortap.capture.clock.StepClock`: the global step, each mode's step and the current mode; steps a framework
   counts elsewhere (a tally) are added before anything reads them.
 * `tensortap.capture.schedule.SaveSchedule`: which included collections save at a step of a mode, which of them

@@ -30,7 +30,7 @@ import numpy as np
 
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.format.incidents import IncidentLog, make_incident
-from tensortap.format.writer import Record
+from tensortap.format.records import Record
 
 logger = logging.getLogger("tensortap")
 
@@ -178,11 +178,14 @@ class FlightRecorder:
     """The ring of the last steps' statistics of one hook, and what happens on a trigger.
 
     `hook` is tensortap's hook (tensortap.hooks.base.Hook): the recorder writes through it. `raw_tensors()`, given
-    by the framework adapter, returns the current step's raw tensors as (name, host array) pairs.
+    by the framework adapter, returns the current step's raw tensors as (name, host array) pairs; `flush()` records
+    the step in progress.
     """
 
-    def __init__(self, config: FlightConfig, hook: Any, raw_tensors: Callable[[], list[tuple[str, np.ndarray]]]):
+    def __init__(self, config: FlightConfig, hook: Any, raw_tensors: Callable[[], list[tuple[str, np.ndarray]]],
+                 flush: Callable[[], None] | None = None):
         self.config = config
+        self.flush = flush  # records the step in progress (before an exception's incident)
         self.keys = STATISTICS[config.statistics]
         self.hook = hook
         self.raw_tensors = raw_tensors
@@ -282,6 +285,12 @@ class FlightRecorder:
         hook = self.hook
         if hook._closed:
             return
+        if self.flush is not None:
+            try:
+                self.flush()
+            except Exception as e:  # noqa: BLE001
+                self.fail("recording the step in progress", e)
+                return
         self.incident("exception", hook.step_id(), {"type": type(exc).__name__, "message": str(exc)[:2000]},
                       self.raw_tensors)
 

@@ -19,10 +19,7 @@ import numpy as np
 from tensortap.capture.batch import BatchSpec, array_sources
 from tensortap.collection import NON_REDUCTION_COLLECTIONS, Collection
 from tensortap.format import codec
-from tensortap.format.writer import ChunkWriter, Record, RecordBatch
-
-#: raw values a thread writer gets as one batch rather than as records when they hold at least this many bytes
-THREAD_BATCH_MIN_BYTES = 4096
+from tensortap.format.records import Record, RecordBatch
 
 StepId = tuple[int, int, int]
 
@@ -106,7 +103,7 @@ class HandOff:
         if self.host.dry_run:
             return
         writer = self.host._get_writer()
-        if batch and type(writer) is ChunkWriter and sum(a.nbytes for _n, a, _r in batch) < THREAD_BATCH_MIN_BYTES:
+        if batch and sum(a.nbytes for _n, a, _r in batch) < writer.reserve_min_bytes:
             # (a thread writer takes small host values as they are, in one hand-off: no reservation to copy into)
             reds = tuple(r for _n, _a, r in batch)
             writer.submit_batch(RecordBatch(tuple(n for n, _a, _r in batch),
@@ -152,7 +149,7 @@ class HandOff:
         if host.dry_run or not spec.raw_only:
             return False
         writer = host._writer if host._writer is not None else host._get_writer()
-        if type(writer) is ChunkWriter and sum(n for _a, n in sources) < THREAD_BATCH_MIN_BYTES:
+        if sum(n for _a, n in sources) < writer.reserve_min_bytes:
             return False
         self.engine.clock.sync()
         return self.reserve_and_copy(writer, spec, sources, at)

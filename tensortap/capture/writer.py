@@ -1,8 +1,10 @@
 """The writer contract: what a hook hands its tensors to.
 
-Two implementations: `ChunkWriter` (a writer thread in the training process; object stores, other platforms)
-and `ProcessChunkWriter` (a writer process fed through a shared-memory ring; local out_dirs on Linux). A hook
-uses only what `Writer` names, so a framework hook works with either.
+Two implementations wrap the same synchronous encoder (`tensortap.format.writer.ChunkEncoder`):
+`tensortap.transport.thread_writer.ChunkWriter` (a writer thread in the training process; object stores, other
+platforms) and `tensortap.transport.process_writer.ProcessChunkWriter` (a writer process fed through a
+shared-memory ring; local out_dirs on Linux). A hook gets one from `open_writer` and uses only what `Writer`
+names, its declared capabilities included (`reserve_min_bytes`), so a framework hook works with either.
 
 Hand-offs, from the cheapest for the training thread:
 * `reserve_batch(names, dtype, shapes, step, mode, mode_step)`: room for a batch of raw tensors of one dtype;
@@ -12,17 +14,22 @@ Hand-offs, from the cheapest for the training thread:
 * `submit_batch(RecordBatch)`: raw tensors already on the host, one hand-off.
 * `submit_scalars(ScalarRows)`: float scalars of several steps (e.g. metrics kept over several rounds), one
   hand-off.
+* `submit_statistics(StatisticsRows)`: the statistics of a step's tensors, computed by the caller where the
+  tensors live, as one vector (its `StatisticsLayout` built once and kept): one hand-off per step.
 * `submit_many(records)` / `submit(record)`: anything, with reductions computed by the writer.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from tensortap.format.writer import Record, RecordBatch, ScalarRows
+from tensortap.format.records import Record, RecordBatch, ScalarRows, StatisticsRows
+
+logger = logging.getLogger("tensortap")
 
 __all__ = ["Reservation", "Writer", "open_writer"]
 
@@ -58,6 +65,11 @@ class Writer(Protocol):
     #: a step mark with records handed over since the last makes them readable at once, and the next mark waits
     #: for that (docs/format.md §7); False when the caller closes the writer next
     prompt_marks: bool
+    #: "thread" or "process"
+    kind: str
+    #: capability: a batch of fewer bytes is cheaper handed over as host arrays (`submit_batch`) than through
+    #: `reserve_batch` (a writer thread's reservation is a host buffer: one copy more)
+    reserve_min_bytes: int
 
     @property
     def written_records(self) -> int: ...
@@ -81,6 +93,9 @@ class Writer(Protocol):
 
     def submit_scalars(self, rows: ScalarRows) -> int: ...
 
+    def submit_statistics(self, rows: StatisticsRows) -> int:
+        """The statistics of a step's tensors in one hand-off (all or none): how many records were accepted."""
+
     def mark_step_passed(self, step: int, mode_steps: dict[str, int]) -> None:
         """Nothing more comes for `step` (and these mode steps); readers learn it once its records are written."""
 
@@ -91,17 +106,37 @@ class Writer(Protocol):
     def close(self, timeout: float | None = 60.0) -> None: ...
 
 
-def open_writer(kind: str, storage: Any, worker: str, **options: Any) -> Writer:
-    """A writer of `kind` ("thread" or "process") for `worker` on `storage`. A writer process that cannot start
-    (e.g. no memory for its ring) raises OSError; the caller then opens a thread writer. A thread writer's
-    TensorBoard export is a sink the caller attaches (`exporter=`); a writer process takes `tensorboard_dir=`
-    and attaches it in the child."""
+def open_writer(kind: str, storage: Any, worker: str, *, tensorboard_dir: str | None = None,
+                first_seq: int | None = None, start_after: float = 0.0, **options: Any) -> Writer:
+    """A writer of `kind` ("thread" or "process") for `worker` on `storage`: the one way hooks make theirs.
+
+    A writer process needs ordered shared counters (the C helper, or an x86-64 CPU) and room for its ring; where
+    it cannot start, one warning and a writer thread instead (`Writer.kind` says which). `tensorboard_dir`: the
+    TensorBoard export, a sink attached to the encoder (in the writer process, by the child). `first_seq` and
+    `start_after` are the writer thread's (see `ChunkWriter`); `options` are both writers' (num_workers,
+    flush_interval, chunk_bytes, max_pending_bytes, backpressure, metadata, ...)."""
+    if kind not in ("thread", "process"):
+        raise ValueError(f"writer must be 'thread' or 'process', not {kind!r}")
     if kind == "process":
-        from tensortap.transport.process_writer import ProcessChunkWriter
+        from tensortap.transport.copy import ORDERED
 
-        return ProcessChunkWriter(storage, worker, **options)
-    from tensortap.format.writer import ChunkWriter
+        if not ORDERED:
+            logger.warning("tensortap: writer='process' needs ordered shared counters (the C helper, or an x86-64 "
+                           "CPU); writing from a thread instead")
+        else:
+            from tensortap.transport.process_writer import ProcessChunkWriter
+
+            try:
+                return ProcessChunkWriter(storage, worker, tensorboard_dir=tensorboard_dir, **options)
+            except OSError as e:  # e.g. /dev/shm too small, no way to start a process: the thread
+                logger.warning("tensortap: cannot start the writer process (%s); writing from a thread instead", e)
     from tensortap.transport.copy import gather_into
+    from tensortap.transport.thread_writer import ChunkWriter
 
+    exporter = options.pop("exporter", None)  # (a sink of the caller's own)
+    if tensorboard_dir and exporter is None:
+        from tensortap.tensorboard.export import EventExporter
+
+        exporter = EventExporter(tensorboard_dir, worker)
     options.setdefault("gather", gather_into)
-    return ChunkWriter(storage, worker, **options)
+    return ChunkWriter(storage, worker, first_seq=first_seq, start_after=start_after, exporter=exporter, **options)

@@ -216,6 +216,24 @@ def cmd_rules_run(args: argparse.Namespace) -> int:
     return run_rules_offline(_spec_from_args(args, []))
 
 
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    """What went wrong in a job, on one screen; also written to OUT_DIR/diagnosis.md. Exit status 0 when
+    nothing was found, 1 when something was, 2 on error."""
+    from tensortap.analysis.diagnose import DIAGNOSIS_KEY, diagnose
+    from tensortap.storage import open_storage
+    from tensortap.trials import create_trial
+
+    _check_job_dir(args.out_dir)
+    d = diagnose(create_trial(args.out_dir))
+    text = d.to_text()
+    open_storage(args.out_dir).write(DIAGNOSIS_KEY, text.encode("utf-8"))
+    if args.json:
+        sys.stdout.write(d.to_json() + "\n")
+    else:
+        sys.stdout.write(text)
+    return 1 if d.findings else 0
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from tensortap.ui.cli import run_ui
 
@@ -267,6 +285,7 @@ EXAMPLES = {
     "run": ["tensortap run --out-dir runs/job1 --rule vanishing_gradient \\\n"
             "      --rule loss_not_decreasing:num_steps=20 --stop-on-issue -- python train.py --epochs 3"],
     "rules": ["tensortap rules list", "tensortap rules run runs/job1 --rule exploding_tensor"],
+    "diagnose": ["tensortap diagnose runs/job1            # also writes runs/job1/diagnosis.md"],
     "ui": ["tensortap ui runs/job1 runs/job2        # then open http://127.0.0.1:6007/"],
     "report": ["tensortap report runs/job1 runs/job2 -o report.html"],
     "tensorboard": ["tensortap tensorboard runs/job1 --logdir tb/job1   # then: tensorboard --logdir tb",
@@ -331,6 +350,13 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--dask", metavar="ADDRESS", help="evaluate on every job matched at once, on this Dask cluster")
     _add_rule_args(rr)
     rr.set_defaults(func=cmd_rules_run)
+
+    dg = sub.add_parser("diagnose", help="what went wrong: rules that fired, the first non-finite value, spikes, "
+                                         "plateaus, diverging workers, and what to try (writes OUT_DIR/diagnosis.md)")
+    dg.add_argument("out_dir", help="the job's out_dir (local path or s3://bucket/prefix)")
+    dg.add_argument("--json", action="store_true", help="print one JSON document")
+    dg.set_defaults(func=cmd_diagnose)
+    _with_examples(dg, "diagnose")
 
     from tensortap.ui.cli import add_report_parser, add_ui_parser
 

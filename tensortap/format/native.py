@@ -45,7 +45,7 @@ class _Chunk:
 
 
 class NativeSource(Source):
-    """A job written by tensortap's ChunkWriter."""
+    """A job written by tensortap's writers (tensortap.format.writer.ChunkEncoder)."""
 
     #: seconds an index tail may stay incomplete or damaged before it counts as final (its writer is gone)
     settle_s: float = 2.0

@@ -25,10 +25,10 @@ from tensortap.capture.engine import Listener, StepEngine, TensorSpec
 from tensortap.capture.handoff import HandOff
 from tensortap.capture.identity import IdentitySource, rank_in_env, resolve_identity
 from tensortap.capture.schedule import SaveSchedule
+from tensortap.capture.writer import Writer, open_writer
 from tensortap.collection import Collection, CollectionKeys, CollectionManager
 from tensortap.config import ReductionConfig, SaveConfig
 from tensortap.exceptions import InvalidConfiguration, TensorTapError
-from tensortap.format.writer import ChunkWriter
 from tensortap.hooks.options import (
     DISABLE_ENV,
     FROM_JSON,
@@ -38,7 +38,6 @@ from tensortap.hooks.options import (
     default_writer,
     disabled_by_env,
     included_collections,
-    ring_is_ordered,
     runner_config,
     tensorboard_dir_of,
     with_runner_config,
@@ -173,7 +172,7 @@ class Hook(ValueSaving):
             flush_interval=flush_interval, chunk_bytes=chunk_bytes,
             max_pending_bytes=max_pending_bytes, backpressure=backpressure,
         )
-        self._writer: ChunkWriter | None = None
+        self._writer: Writer | None = None
         self._prepared = False
         self._closed = False
         # Stop requests (tensortap.format.control): every rank watches, writing or not.
@@ -590,52 +589,31 @@ class Hook(ValueSaving):
 
     # --- saving -----------------------------------------------------------------------------
 
-    def _get_writer(self) -> ChunkWriter:
+    def _get_writer(self) -> Writer:
         if self._writer is None:
             engine = self.engine
             if engine.storage is None:
                 engine.storage = open_storage(self.out_dir)
-            kw = dict(num_workers=self.num_workers, tensorboard_dir=self._tb_dir,
-                      metadata={"rank": self.rank, "world_size": self.world_size, "hook": type(self).__name__},
-                      **self._writer_opts)
-            if self.writer_kind == "process" and not ring_is_ordered():
-                logger.warning("tensortap: writer='process' needs ordered shared counters (the C helper, or an "
-                               "x86-64 CPU); writing from a thread instead")
-                self.writer_kind = "thread"
-            if self.writer_kind == "process":
-                from tensortap.transport.process_writer import ProcessChunkWriter
-
-                try:
-                    self._writer = ProcessChunkWriter(engine.storage, self.worker, **kw)
-                except OSError as e:  # e.g. /dev/shm too small, no way to start a process: the thread
-                    logger.warning("tensortap: cannot start the writer process (%s); writing from a thread "
-                                   "instead", e)
-                    self.writer_kind = "thread"
-            if self._writer is None:
-                from tensortap.transport.copy import gather_into
-
-                start_after = self._writer_opts["flush_interval"] if self._late_writer_thread else 0.0
-                tb_dir = kw.pop("tensorboard_dir")
-                exporter = None
-                if tb_dir:
-                    from tensortap.tensorboard.export import EventExporter
-
-                    exporter = EventExporter(tb_dir, self.worker)
-                self._writer = ChunkWriter(engine.storage, self.worker, first_seq=engine.first_seq,
-                                           start_after=start_after, exporter=exporter, gather=gather_into, **kw)
+            start_after = self._writer_opts["flush_interval"] if self._late_writer_thread else 0.0
+            self._writer = open_writer(self.writer_kind, engine.storage, self.worker, tensorboard_dir=self._tb_dir,
+                                       first_seq=engine.first_seq, start_after=start_after,
+                                       num_workers=self.num_workers, metadata=self._writer_metadata(),
+                                       **self._writer_opts)
+            self.writer_kind = self._writer.kind
         return self._writer
 
-    def _end_writer(self) -> ChunkWriter:
+    def _writer_metadata(self) -> dict[str, Any]:
+        return {"rank": self.rank, "world_size": self.world_size, "hook": type(self).__name__}
+
+    def _end_writer(self) -> Writer:
         """The writer of a hook that handed nothing over: the end of the job written on the closing thread (a
         writer thread that is never started), not a writer process started only to be stopped."""
         engine = self.engine
         if engine.storage is None:
             engine.storage = open_storage(self.out_dir)
-        self._writer = ChunkWriter(engine.storage, self.worker, first_seq=engine.first_seq,
+        self._writer = open_writer("thread", engine.storage, self.worker, first_seq=engine.first_seq,
                                    start_after=self._writer_opts["flush_interval"], num_workers=self.num_workers,
-                                   metadata={"rank": self.rank, "world_size": self.world_size,
-                                             "hook": type(self).__name__},
-                                   **self._writer_opts)
+                                   metadata=self._writer_metadata(), **self._writer_opts)
         return self._writer
 
     # (the hand-off, tensortap.capture.handoff)

@@ -12,7 +12,7 @@ import numpy as np
 from tensortap.collection import CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.format import codec
-from tensortap.format.writer import Record
+from tensortap.format.records import Record
 
 
 class ValueSaving:

@@ -11,7 +11,7 @@ from torch import nn
 
 from tensortap.capture.batch import BatchSpec
 from tensortap.collection import Collection
-from tensortap.format.writer import Record, RecordBatch
+from tensortap.format.records import RecordBatch
 from tensortap.pytorch import _dtensor
 from tensortap.pytorch._plan import (
     _SMALL,
@@ -24,6 +24,7 @@ from tensortap.pytorch._plan import (
 )
 from tensortap.pytorch._tensors import (
     HostBatch,
+    Reduced,
     ReductionProgram,
     capturable,
     device_reductions,
@@ -287,21 +288,17 @@ class TensorCapture:
             out.append(reds)
         return out
 
-    def _write_reduced(self, values: list[dict], items: list[tuple[str, list[Collection]]]) -> None:
-        """Reductions computed here (device_reductions) to the writer, in one hand-off."""
-        if self.dry_run:
-            for name, colls in items:
-                self._note_membership(name, colls)
-            return
-        step, mode, mode_step = self.step_id()
-        records = self._reduced_records if self.engine.saving else []
-        for (name, colls), rv in zip(items, values, strict=True):
+    def _write_reduced(self, values: Reduced, items: list[tuple[str, list[Collection]]]) -> None:
+        """Reductions computed here (device_reductions) to the writer, as one packed hand-off."""
+        for name, colls in items:
             self._note_membership(name, colls)
-            records.append(Record(name=name, step=step, mode=mode, mode_step=mode_step, value=None, save_raw=False,
-                                  reduction_values=rv))
-        if not self.engine.saving:
-            self._get_writer().submit_many(records)
-        # (else handed over with the step's other statistics when it ends: one hand-off per step)
+        if self.dry_run:
+            return
+        rows = values.rows(tuple(name for name, _c in items), *self.step_id())
+        if self.engine.saving:
+            self._reduced_records.append(rows)  # (handed over with the step's other statistics when it ends)
+        else:
+            self._get_writer().submit_statistics(rows)
 
     def _raw_only(self, name: str, colls: list[Collection]) -> bool:
         key = (name, tuple(map(id, colls)))

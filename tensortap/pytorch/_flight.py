@@ -65,12 +65,34 @@ class _StepPlan:
         self.low_precision = False  # some tensor is float16 / bfloat16
 
 
+class _Call:
+    """One call of a watched module in the pending step: which of its outputs are recorded (`slots`), their norms
+    (floats measured on the CPU; 0-d tensors on an accelerator, `held` with their outputs and `inputs`), the
+    non-finite counts of CPU outputs, and `bad`: the first non-finite CPU output's incident detail."""
+
+    __slots__ = ("idx", "n", "slots", "norms", "nonfinite", "held", "inputs", "bad", "shapes", "dtypes", "numels",
+                 "sig")
+
+    def __init__(self, idx: int, n: int):
+        self.idx, self.n = idx, n
+        self.slots: list[int] = []
+        self.norms: list[Any] = []  # per slot: (l2[, l1, max|x|]) floats, or a tensor of them (accelerator)
+        self.nonfinite: list[int] = []  # per slot; -1: not known yet (accelerator)
+        self.held: list[torch.Tensor] = []
+        self.inputs: Any = None
+        self.bad: dict[str, Any] | None = None
+        self.shapes: tuple = ()
+        self.dtypes: list[np.dtype] = []
+        self.numels: list[int] = []
+        self.sig: tuple = ()
+
+
 class TorchFlight:
     """The flight recorder of one PyTorch hook."""
 
     def __init__(self, hook: Any, config: FlightConfig):
         self.hook = hook
-        self.rec = FlightRecorder(config, hook, self._raw_now)
+        self.rec = FlightRecorder(config, hook, self._raw_now, self._flush)
         self.full = config.statistics == "full"
         self.modules: list[str] = []  # forward-hook index: the module's name (a root by its class name)
         self.roots: set[int] = set()  # indices of registered roots (their forward ends a model call)
@@ -79,6 +101,7 @@ class TorchFlight:
         self.weights: list[nn.Parameter] = []  # the parameters recorded (dense, floating point), in order
         self.weight_names: list[str] = []
         self.plans: dict[tuple, _StepPlan] = {}
+        self.own_params: dict[int, list[str]] = {}  # module index: the names of its own (direct) parameters
         self.handles: list[Any] = []
         # the pending step: (module index, inputs, output) of each call, in the order they ended
         self.calls: list[tuple[int, Any, Any]] = []
@@ -103,13 +126,15 @@ class TorchFlight:
             if compiled:
                 logger.warning("tensortap flight recorder: %s is compiled: the outputs of the modules inside it are "
                                "not seen (weights and gradients are)", root_name)
-                targets = [(root_name, module)] if module is not inner else []
+                targets = [("", module)] if module is not inner else []
                 self.warned_unseen = True
             else:
-                targets = [(n if n else root_name, m) for n, m in inner.named_modules()]
-            for name, m in targets:
+                targets = list(inner.named_modules())
+            for n, m in targets:
                 idx = len(self.modules)
-                self.modules.append(name)
+                self.modules.append(n if n else root_name)
+                self.own_params[idx] = [f"{root_name}_{n + '.' if n else ''}{pn}"
+                                        for pn, _p in m.named_parameters(recurse=False)]
                 if m is inner or m is module:
                     self.roots.add(idx)
                 self.handles.append(m.register_forward_hook(functools.partial(self._forward_hook, idx)))
@@ -130,7 +155,7 @@ class TorchFlight:
         try:
             if self.finish_next and idx not in self.losses:
                 self.finish(False)  # a new step's forward: the last one (EVAL, or no optimizer) is complete
-            self.calls.append((idx, inputs, output))
+            self.calls.append(self._measure(idx, inputs, output))
             if idx in self.roots:
                 hook = self.hook
                 sid = hook.step_id()
@@ -150,6 +175,49 @@ class TorchFlight:
         except Exception as e:  # noqa: BLE001
             self.rec.fail("forward hook", e)
 
+    def _measure(self, idx: int, inputs: Any, output: Any) -> _Call:
+        """One call's outputs: on the CPU their statistics now, while they are in the cache (no reference is kept:
+        the memory of an output autograd does not keep is freed as without the recorder), and where one is not
+        finite what the incident needs (its counts, its module's inputs, its value); on an accelerator statistics
+        launched now, the output kept until the step's one transfer."""
+        outs = (output,) if type(output) is _Tensor else tuple(iter_tensors(output))
+        call = _Call(idx, len(outs))
+        full = self.full
+        shapes = []
+        with torch.no_grad():
+            for i, t in enumerate(outs):
+                if t.layout is not _STRIDED or not (t.dtype.is_floating_point or t.dtype.is_complex) or \
+                        not _usable(t):
+                    continue
+                call.slots.append(i)
+                shapes.append(t.shape)
+                call.dtypes.append(_F32 if t.dtype is torch.float32 else _F64)
+                call.numels.append(t.numel())
+                v = torch.linalg.vector_norm(t, dtype=torch.float32) if t.dtype in _LOW_PRECISION else \
+                    torch.linalg.vector_norm(t)
+                if full:
+                    a = t.abs()
+                    stats = [v, a.sum(), a.max() if t.numel() else a.sum()]
+                if not t.is_cpu:
+                    call.norms.append(torch.stack([x.to(torch.float64) for x in stats]) if full else v)
+                    call.nonfinite.append(-1)
+                    call.held.append(t)
+                    call.inputs = inputs
+                    continue
+                x = v.item()
+                nf = 0
+                if not math.isfinite(x):
+                    nf = int((~torch.isfinite(t)).sum())
+                    if nf == 0:  # (a sum of squares past the dtype's range)
+                        x = float(torch.linalg.vector_norm(t.double()))
+                    elif call.bad is None:
+                        call.bad = _bad_output(self.modules[idx], i, inputs, t)
+                call.norms.append((x, float(stats[1]), float(stats[2])) if full else (x,))
+                call.nonfinite.append(nf)
+        call.shapes = tuple(shapes)
+        call.sig = (idx, call.n, tuple(call.slots), tuple(call.dtypes))
+        return call
+
     def _optimizer_pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         hook = self.hook
         if self.rec.off or hook.disabled or hook._closed or not self.params:
@@ -161,10 +229,13 @@ class TorchFlight:
         except Exception as e:  # noqa: BLE001
             self.rec.fail("optimizer step", e)
 
+    def _flush(self) -> None:
+        if not self.rec.off and (self.calls or self.step_id is not None):
+            self.finish(False)
+
     def close(self) -> None:
         try:
-            if not self.rec.off and (self.calls or self.step_id is not None):
-                self.finish(False)
+            self._flush()
             self.rec.on_close()
         except Exception as e:  # noqa: BLE001
             self.rec.fail("close", e)
@@ -176,8 +247,8 @@ class TorchFlight:
     # --- a step's statistics ----------------------------------------------------------------
 
     def finish(self, grads: bool) -> None:
-        """Compute the pending step's statistics (with the gradients, at the optimizer's step), keep them in the
-        ring, and look for what went wrong."""
+        """Record the pending step: its outputs' statistics (measured per call), the weights' and (at the optimizer's
+        step) the gradients' in one batched pass; keep them in the ring, and look for what went wrong."""
         calls, self.calls = self.calls, []
         self.mark = 0
         step_id = self.step_id if self.step_id is not None else self.hook.step_id()
@@ -187,63 +258,89 @@ class TorchFlight:
             self.warned_unseen = True
             logger.warning("tensortap flight recorder: no module output was seen in step %d (the model runs "
                            "compiled?): weights and gradients are recorded, module outputs are not", step_id[0])
-        # the step's tensors: outputs in the order their calls ended, the weights, the gradients there are
-        tensors: list[torch.Tensor] = []
+        k = 4 if self.full else 2
         sig: list[Any] = []
-        for idx, _inputs, out in calls:
-            if type(out) is _Tensor:
-                tensors.append(out)
-                sig.append(idx)
+        out_stats: list[Any] = []  # per recorded output: a tuple of floats (CPU) or a tensor (accelerator)
+        out_nf: list[int] = []  # its non-finite count (-1: not known yet)
+        held: list[tuple[int, torch.Tensor]] = []  # (position, output) of the accelerator outputs
+        for c in calls:
+            sig.append(c.sig)
+            if c.held:
+                j = 0
+                for v, nf in zip(c.norms, c.nonfinite, strict=True):
+                    if nf < 0:
+                        held.append((len(out_stats), c.held[j]))
+                        j += 1
+                    out_stats.append(v)
+                    out_nf.append(nf)
             else:
-                outs = list(iter_tensors(out))
-                tensors.extend(outs)
-                sig.append((idx, len(outs)))
-        n_out = len(tensors)
-        keep = None
-        for t in tensors:  # (cheap tests; an integer output is left out)
-            if t.layout is not _STRIDED or not (t.dtype.is_floating_point or t.dtype.is_complex):
-                keep = [j for j, u in enumerate(tensors) if _usable(u)]
-                break
-        params = self.weights  # (checked when registered)
-        tensors.extend(params)
+                out_stats.extend(c.norms)
+                out_nf.extend(c.nonfinite)
+        n_out = len(out_stats)
+        tensors: list[torch.Tensor] = list(self.weights)  # (checked when registered)
         gmask: Any = False
         gl: list[Any] = []
         if grads:
-            gl = [p.grad for p in params]
+            gl = [p.grad for p in self.weights]
             gmask = True
             for g in gl:
                 if g is None or g.layout is not _STRIDED:  # (a sparse gradient is left out)
                     gmask = tuple(g is not None and g.layout is _STRIDED for g in gl)
                     break
             tensors.extend(g for g in gl if g is not None and g.layout is _STRIDED)
-        if keep is not None:
-            keep.extend(range(n_out, len(tensors)))
-        key = (tuple(sig), gmask, keep is None or tuple(keep), tuple(t.dtype for t in tensors[:n_out]))
+        key = (tuple(sig), gmask)
         plan = self.plans.get(key)
         if plan is None:
-            plan = self._plan(key, calls, tensors, n_out, gl if grads else None, keep)
-        if keep is not None:
-            tensors = [tensors[j] for j in keep]
-        if not tensors:
+            plan = self._plan(key, calls, tensors, n_out, gl if grads else None)
+        if n_out + len(tensors) == 0:
             return
-        values = self._statistics(tensors, plan)
-        shapes = tuple(t.shape for t in tensors)
+        values = np.zeros((n_out + len(tensors), k), dtype=np.float64)
+        dev = [out_stats[i] for i, _t in held]
+        host = self._statistics(tensors, plan, dev)
+        if n_out:
+            for (i, _t), row in zip(held, host[len(tensors):], strict=True):
+                out_stats[i] = (row[0],) if k == 2 else (row[0], row[2], row[3])
+            if k == 2:
+                values[:n_out, :1] = out_stats
+            else:
+                values[:n_out, 0] = [st[0] for st in out_stats]
+                values[:n_out, 2] = [st[1] for st in out_stats]
+                values[:n_out, 3] = [st[2] for st in out_stats]
+            values[:n_out, 1] = out_nf
+            for i, t in held:
+                if not math.isfinite(values[i, 0]):
+                    values[i, 1] = nf = int((~torch.isfinite(t)).sum())
+                    if nf == 0:
+                        values[i, 0] = float(torch.linalg.vector_norm(t.double()))
+                else:
+                    values[i, 1] = 0
+        values[n_out:] = host[:len(tensors)]
+        shapes = tuple([c.shapes for c in calls])
         layout = plan.layouts.get(shapes)
         if layout is None:
             if len(plan.layouts) > 64:
                 plan.layouts.clear()
-            layout = plan.layouts[shapes] = Layout(plan.names, tuple(tuple(s) for s in shapes), plan.dtypes)
+            out_shapes = [sh for c in calls for sh in c.shapes]
+            layout = plan.layouts[shapes] = Layout(plan.names, tuple(out_shapes) + tuple(tuple(t.shape)
+                                                                                          for t in tensors),
+                                                   plan.dtypes)
         rec = self.rec
         rec.record(step_id, layout, values)
         names = plan.names
+        bad_value = None
+        if values[:, 1].any():
+            detail, bad_value = self._provenance(calls, plan, tensors, values, held)
+        else:
+            detail = None
 
         def raw() -> list[tuple[str, np.ndarray]]:
-            return [(n, host_numpy(t.detach().cpu())) for n, t in zip(names, tensors, strict=True)]
+            items = [(n, host_numpy(t.detach().cpu())) for n, t in zip(names[n_out:], tensors, strict=True)]
+            items += [(names[i], host_numpy(t.detach().cpu())) for i, t in held]
+            if bad_value is not None:
+                items.append(bad_value)
+            return items
 
-        if values[:, 1].any():
-            rec.nonfinite(step_id, self._provenance(calls, plan, tensors, values), raw)
-        else:
-            rec.nonfinite(step_id, None)
+        rec.nonfinite(step_id, detail, raw)
         if step_id[1] not in _NO_GRAD_MODE_VALUES:
             loss = float(values[plan.loss, 0]) if plan.loss is not None else None  # (|loss|: its l2)
             gnorm = None
@@ -253,20 +350,21 @@ class TorchFlight:
             rec.observe(step_id, loss, gnorm, raw, names[plan.loss] if plan.loss is not None else None)
         rec.poll(step_id)
 
-    def _plan(self, key: tuple, calls: list, tensors: list[torch.Tensor], n_out: int, grads: list | None,
-              keep: list[int] | None) -> _StepPlan:
+    def _plan(self, key: tuple, calls: list[_Call], tensors: list[torch.Tensor], n_out: int,
+              grads: list | None) -> _StepPlan:
         """Names and roles of the tensors of steps whose calls and gradients look like this one's."""
         names: list[str] = []
         out_calls: list[int] = []  # per output: its call's position in `calls`
         counts: dict[int, int] = {}
-        for c, (idx, _inputs, out) in enumerate(calls):
-            n = 1 if type(out) is _Tensor else sum(1 for _ in iter_tensors(out))
-            k = counts.get(idx, 0)
-            counts[idx] = k + 1
-            base = self.modules[idx] + "_output_"
-            for i in range(n):
-                names.append(f"{base}{k * n + i}")
-                out_calls.append(c)
+        dtypes: list[np.dtype] = []
+        for c_pos, c in enumerate(calls):
+            k = counts.get(c.idx, 0)
+            counts[c.idx] = k + 1
+            base = self.modules[c.idx] + "_output_"
+            for i in c.slots:
+                names.append(f"{base}{k * c.n + i}")
+                out_calls.append(c_pos)
+            dtypes.extend(c.dtypes)
         names.extend(self.weight_names)
         n_grads = 0
         if grads is not None:
@@ -274,108 +372,114 @@ class TorchFlight:
                 if g is not None and g.layout is _STRIDED:
                     names.append("gradient/" + name)
                     n_grads += 1
-        roles = ["output"] * n_out + ["weight"] * len(self.weight_names) + ["gradient"] * n_grads
-        if keep is not None:
-            names = [names[j] for j in keep]
-            roles = [roles[j] for j in keep]
-            out_calls = [out_calls[j] for j in keep if j < n_out]
-            n_grads = roles.count("gradient")
-        kept = [tensors[j] for j in keep] if keep is not None else tensors
-        n_out = roles.count("output")
+        dtypes.extend(_F32 if t.dtype is torch.float32 else _F64 for t in tensors)
         loss = None
-        for i in range(n_out):
-            idx = calls[out_calls[i]][0]
-            if (idx in self.losses or (not self.losses and idx in self.roots)) and kept[i].numel() == 1:
-                loss = i  # (the last loss of the step)
-        plan = _StepPlan(tuple(names), tuple(_F32 if t.dtype is torch.float32 else _F64 for t in kept),
-                         n_out, len(names) - n_out - n_grads, n_grads, out_calls, loss)
-        plan.low_precision = any(t.dtype in _LOW_PRECISION for t in kept)
+        i = 0
+        for c in calls:
+            for numel in c.numels:
+                if (c.idx in self.losses or (not self.losses and c.idx in self.roots)) and numel == 1:
+                    loss = i  # (the last loss of the step)
+                i += 1
+        plan = _StepPlan(tuple(names), tuple(dtypes), n_out, len(self.weight_names), n_grads, out_calls, loss)
+        plan.low_precision = any(t.dtype in _LOW_PRECISION for t in tensors)
         if len(self.plans) > 256:
             self.plans.clear()
         self.plans[key] = plan
         return plan
 
-    def _statistics(self, tensors: list[torch.Tensor], plan: _StepPlan) -> np.ndarray:
-        """values[i] = (l2, non-finite count[, l1, max|x|]) of each tensor, computed where it lives, in one pass per
-        statistic over all of them, one transfer to the host (the exact non-finite counts only where l2 is not
+    def _statistics(self, tensors: list[torch.Tensor], plan: _StepPlan, dev: list[torch.Tensor]) -> np.ndarray:
+        """Rows (l2, non-finite count[, l1, max|x|]) of each of `tensors` (the weights and gradients), computed where
+        they live in one pass per statistic over all of them, then one row per accelerator output's statistics
+        tensor in `dev`, all brought to the host in one transfer (the exact non-finite counts only where l2 is not
         finite)."""
+        k = 4 if self.full else 2
+        n = len(tensors)
+        out = np.zeros((n + len(dev), k), dtype=np.float64)
+        if not n and not dev:
+            return out
         with torch.no_grad():
-            if plan.low_precision:  # (norms of float16/bfloat16 tensors in float32: no overflow at 65504)
-                norms = [torch.linalg.vector_norm(t, dtype=torch.float32) if t.dtype in _LOW_PRECISION
-                         else torch.linalg.vector_norm(t) for t in tensors]
-            else:
-                norms = torch._foreach_norm(tensors, 2)
-            d0 = norms[0].dtype
-            for v in norms:
-                if v.dtype is not d0:
-                    norms = [v.double() for v in norms]
-                    break
-            stacked = torch.stack(norms)
-            n = len(tensors)
-            if self.full:
-                a = torch._foreach_abs(tensors)
-                mx = _FOREACH_MAX(a) if _FOREACH_MAX is not None else [x.max() if x.numel() else x.sum() for x in a]
-                stacked = torch.cat([stacked, torch.stack([x.sum().to(stacked.dtype) for x in a]),
-                                     torch.stack([x.to(stacked.dtype) for x in mx])])
+            parts = []
+            if n:
+                if plan.low_precision:  # (norms of float16/bfloat16 tensors in float32: no overflow at 65504)
+                    norms = [torch.linalg.vector_norm(t, dtype=torch.float32) if t.dtype in _LOW_PRECISION
+                             else torch.linalg.vector_norm(t) for t in tensors]
+                else:
+                    norms = torch._foreach_norm(tensors, 2)
+                d0 = norms[0].dtype
+                for v in norms:
+                    if v.dtype is not d0:
+                        norms = [v.double() for v in norms]
+                        break
+                cols = [torch.stack(norms)]
+                if self.full:
+                    a = torch._foreach_abs(tensors)
+                    mx = _FOREACH_MAX(a) if _FOREACH_MAX is not None else [x.max() if x.numel() else x.sum()
+                                                                             for x in a]
+                    cols.append(torch.stack([x.sum().to(cols[0].dtype) for x in a]))
+                    cols.append(torch.stack([x.to(cols[0].dtype) for x in mx]))
+                parts.append(torch.stack(cols, 1) if self.full else cols[0].reshape(-1, 1))
+            if dev:
+                parts.append(torch.stack([d.reshape(-1).to(torch.float64) for d in dev]))
+            if len(parts) > 1 and parts[0].device != parts[1].device:
+                parts = [p.cpu() for p in parts]
+            if len(parts) > 1:
+                parts = [p.to(torch.float64) for p in parts]
+            stacked = torch.cat(parts) if len(parts) > 1 else parts[0]
             host = stacked.numpy() if stacked.is_cpu else stacked.cpu().numpy()  # (the one transfer)
-            values = np.zeros((n, 4 if self.full else 2), dtype=np.float64)
-            values[:, 0] = host[:n]
+            out[:, 0] = host[:, 0]
             if self.full:
-                values[:, 2] = host[n:2 * n]
-                values[:, 3] = host[2 * n:]
-            if not np.isfinite(host[:n]).all():
-                for i in np.flatnonzero(~np.isfinite(values[:, 0])).tolist():
+                out[:, 2:] = host[:, 1:]
+            if not np.isfinite(host[:n, 0]).all():
+                for i in np.flatnonzero(~np.isfinite(out[:n, 0])).tolist():
                     # (rare: a non-finite value, or a sum of squares past the dtype's range)
                     t = tensors[i]
                     nf = int((~torch.isfinite(t)).sum())
-                    values[i, 1] = nf
+                    out[i, 1] = nf
                     if nf == 0:
-                        values[i, 0] = float(torch.linalg.vector_norm(t.double()))
-        return values
+                        out[i, 0] = float(torch.linalg.vector_norm(t.double()))
+        return out
 
-    def _provenance(self, calls: list, plan: _StepPlan, tensors: list[torch.Tensor], values: np.ndarray
-                    ) -> dict[str, Any]:
-        """Where the step's first non-finite value appeared (docs/format.md §11)."""
+    def _provenance(self, calls: list[_Call], plan: _StepPlan, tensors: list[torch.Tensor], values: np.ndarray,
+                    held: list[tuple[int, torch.Tensor]]) -> tuple[dict[str, Any], tuple[str, np.ndarray] | None]:
+        """Where the step's first non-finite value appeared (docs/format.md §11), and (name, value) of the first
+        non-finite CPU output (not held, kept when it was made)."""
         bad = values[:, 1] > 0
         names = plan.names
         n_out, n_w = plan.n_out, plan.n_weights
-        inputs: list[dict[str, Any]] = []
-        module = parameter = None
         first = next((i for i in range(n_out) if bad[i]), None)
         if first is not None:
-            idx, ins, _out = calls[plan.out_calls[first]]
-            module = self.modules[idx]
-            phase = "loss" if idx in self.losses else "forward"
-            for j, t in enumerate(t for t in iter_tensors(ins) if _usable(t)):
-                inputs.append(_input_stats(f"{module}_input_{j}", t))
-        else:
-            n = len(tensors)
-            first = next((i for i in range(n - 1, n_out + n_w - 1, -1) if bad[i]), None)  # backward order
-            if first is not None:
-                phase = "backward"
-                parameter = names[first][len("gradient/"):]
+            call = calls[plan.out_calls[first]]
+            module = self.modules[call.idx]
+            if call.bad is not None:  # (a CPU output: described when it was made)
+                detail = {k: v for k, v in call.bad.items() if k != "value"}
             else:
-                first = next(i for i in range(n_out, n_out + n_w) if bad[i])
-                phase = "weights"
-                parameter = names[first]
-        t = tensors[first].detach()
-        if t.is_complex():
-            t = torch.view_as_real(t)
-        return {"phase": phase, "module": module, "parameter": parameter, "tensor": names[first],
-                "nan": int(torch.isnan(t).sum()), "posinf": int(torch.isposinf(t).sum()),
-                "neginf": int(torch.isneginf(t).sum()), "inputs": inputs}
+                t = dict(held)[first]
+                detail = {"tensor": names[first], **_counts(t),
+                          "inputs": [_input_stats(f"{module}_input_{j}", x)
+                                     for j, x in enumerate(x for x in iter_tensors(call.inputs) if _usable(x))]}
+            detail.update(phase="loss" if call.idx in self.losses else "forward", module=module, parameter=None,
+                          tensor=names[first])
+            own = set(self.own_params.get(call.idx, ()))
+            bad_own = next((i for i in range(n_out, n_out + n_w) if bad[i] and names[i] in own), None)
+            if bad_own is not None:  # the module computed with a non-finite parameter of its own
+                detail.update(phase="weights", parameter=names[bad_own], tensor=names[bad_own],
+                              **_counts(tensors[bad_own - n_out]))
+            return _ordered(detail), ((names[first], call.bad["value"]) if call.bad is not None else None)
+        n = len(names)
+        first = next((i for i in range(n - 1, n_out + n_w - 1, -1) if bad[i]), None)  # backward order
+        if first is not None:
+            phase, parameter = "backward", names[first][len("gradient/"):]
+        else:
+            first = next(i for i in range(n_out, n_out + n_w) if bad[i])
+            phase, parameter = "weights", names[first]
+        return _ordered({"phase": phase, "module": None, "parameter": parameter, "tensor": names[first],
+                         **_counts(tensors[first - n_out]), "inputs": []}), None
 
     def _raw_now(self) -> list[tuple[str, np.ndarray]]:
         """The raw tensors of the step in progress (for an incident that is not about one step's values): the
-        outputs seen so far, the weights, and in a TRAIN step the gradients there are."""
+        weights, in a TRAIN step the gradients there are, and the outputs held (accelerator outputs; CPU outputs
+        are not kept)."""
         out: list[tuple[str, np.ndarray]] = []
-        counts: dict[int, int] = {}
-        for idx, _inputs, o in self.calls:
-            outs = (o,) if type(o) is torch.Tensor else list(iter_tensors(o))
-            k = counts.get(idx, 0)
-            counts[idx] = k + 1
-            out.extend((f"{self.modules[idx]}_output_{k * len(outs) + i}", host_numpy(t.detach().cpu()))
-                       for i, t in enumerate(outs) if _usable(t))
         for name, p in self.params:
             if _usable(p):
                 out.append((name, host_numpy(p.detach().cpu())))
@@ -383,7 +487,35 @@ class TorchFlight:
             for name, p in self.params:
                 if p.grad is not None and _usable(p.grad):
                     out.append(("gradient/" + name, host_numpy(p.grad.detach().cpu())))
+        counts: dict[int, int] = {}
+        for c in self.calls:
+            k = counts.get(c.idx, 0)
+            counts[c.idx] = k + 1
+            for i, t in zip([i for i, nf in zip(c.slots, c.nonfinite, strict=True) if nf < 0], c.held, strict=True):
+                out.append((f"{self.modules[c.idx]}_output_{k * c.n + i}", host_numpy(t.detach().cpu())))
         return out
+
+
+_KEYS = ("phase", "module", "parameter", "tensor", "nan", "posinf", "neginf", "inputs")
+
+
+def _ordered(detail: dict[str, Any]) -> dict[str, Any]:
+    return {k: detail[k] for k in _KEYS}
+
+
+def _counts(t: torch.Tensor) -> dict[str, int]:
+    x = t.detach()
+    if x.is_complex():
+        x = torch.view_as_real(x)
+    return {"nan": int(torch.isnan(x).sum()), "posinf": int(torch.isposinf(x).sum()),
+            "neginf": int(torch.isneginf(x).sum())}
+
+
+def _bad_output(module: str, i: int, inputs: Any, t: torch.Tensor) -> dict[str, Any]:
+    """What an incident says of a non-finite CPU output, taken when it was made (its value kept for the dump)."""
+    return {"tensor": None, **_counts(t), "value": host_numpy(t.detach().clone()),
+            "inputs": [_input_stats(f"{module}_input_{j}", x)
+                       for j, x in enumerate(x for x in iter_tensors(inputs) if _usable(x))]}
 
 
 def _input_stats(name: str, t: torch.Tensor) -> dict[str, Any]:

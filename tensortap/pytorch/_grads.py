@@ -241,9 +241,10 @@ class GradientCapture:
             with self.guard("gradients"):
                 self._write_reduced(reduced, plan.grad_items)
         if self._reduced_records:
-            records, self._reduced_records = self._reduced_records, []
+            rows, self._reduced_records = self._reduced_records, []
             with self.guard("statistics"):
-                self._get_writer().submit_many(records)
+                for r in rows:
+                    self._get_writer().submit_statistics(r)
         if small:
             with self.guard("small tensors"):
                 self.write_tensors([(name, host_numpy(t), colls) for name, t, colls in small], copy=False)

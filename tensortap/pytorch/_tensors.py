@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from tensortap.format.records import StatisticsLayout, StatisticsRows
 from tensortap.pytorch._dtensor import is_dtensor
 
 # torch dtypes numpy lacks, stored through ml_dtypes when it is installed (else upcast to float32).
@@ -200,7 +201,7 @@ class ReductionProgram:
     saved together (their reductions and dtypes); `run` gives {(name, abs): value} per tensor, values of the
     tensor's numpy dtype (int64 for `nonfinite`) as the writer's own are (format.writer.compute_reduction)."""
 
-    __slots__ = ("dtypes", "groups", "singles", "keys", "positions", "out_dtypes", "widen")
+    __slots__ = ("dtypes", "groups", "singles", "keys", "positions", "out_dtypes", "widen", "layouts")
 
     def __init__(self, tensors: list[torch.Tensor], reds: list[tuple[tuple[str, bool], ...]]):
         self.dtypes = tuple(t.dtype for t in tensors)
@@ -246,8 +247,9 @@ class ReductionProgram:
             nd = numpy_dtype(t.dtype) if t.dtype.is_floating_point else None
             nd = nd if nd is not None else np.dtype(np.float64)
             self.out_dtypes.append([np.dtype(np.int64) if k[0] == "nonfinite" else nd for k in self.keys[i]])
+        self.layouts: dict[tuple, StatisticsLayout] = {}  # (names, the vector's dtype) -> the writers' layout
 
-    def run(self, tensors: list[torch.Tensor]) -> list[dict[tuple[str, bool], Any]]:
+    def run(self, tensors: list[torch.Tensor]) -> Reduced:
         if self.widen:
             tensors = list(tensors)
             for i in self.widen:
@@ -259,18 +261,50 @@ class ReductionProgram:
         for i, op in self.singles:
             vals.append(op(tensors[i]))
         if not vals:
-            return [{} for _ in tensors]
+            return Reduced(self, np.empty(0))
         dtype = vals[0].dtype
         for v in vals:
             if v.dtype is not dtype:
                 vals = [v.to(torch.float64) for v in vals]
                 break
-        host = torch.stack(vals).cpu().numpy()  # (the one transfer to the host)
-        return [{k: np.asarray(host[p], dtype=d) for k, p, d in zip(keys, ps, ds, strict=True)}
-                for keys, ps, ds in zip(self.keys, self.positions, self.out_dtypes, strict=True)]
+        return Reduced(self, torch.stack(vals).cpu().numpy())  # (the one transfer to the host)
+
+    def layout(self, names: tuple[str, ...], vector: np.dtype) -> StatisticsLayout:
+        """How a run's vector is stored for tensors `names` (built once per names and vector dtype)."""
+        key = (names, vector)
+        lay = self.layouts.get(key)
+        if lay is None:
+            lay = self.layouts[key] = StatisticsLayout(
+                names, tuple(tuple(k) for k in self.keys), tuple(tuple(d) for d in self.out_dtypes), vector,
+                tuple(tuple(p) for p in self.positions))
+        return lay
 
 
-def device_reductions(tensors: list[torch.Tensor], reds: list[tuple[tuple[str, bool], ...]]
-                      ) -> list[dict[tuple[str, bool], Any]]:
+class Reduced(Sequence):
+    """A run's statistics, as brought to the host in one vector: per tensor {(name, abs): value} (`[i]`, values of
+    the tensor's numpy dtype, int64 for `nonfinite`, as format.records.compute_reduction's), or all of them as one
+    hand-off to a writer (`rows`)."""
+
+    __slots__ = ("program", "host")
+
+    def __init__(self, program: ReductionProgram, host: np.ndarray):
+        self.program, self.host = program, host
+
+    def __len__(self) -> int:
+        return len(self.program.keys)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(len(self))[i]]
+        p = self.program
+        return {k: np.asarray(self.host[q], dtype=d) for k, q, d in zip(p.keys[i], p.positions[i], p.out_dtypes[i],
+                                                                         strict=True)}
+
+    def rows(self, names: tuple[str, ...], step: int, mode: int, mode_step: int) -> StatisticsRows:
+        """The statistics of tensors `names` (in the program's order) at that step, as one writer hand-off."""
+        return StatisticsRows(self.program.layout(names, self.host.dtype), self.host, step, mode, mode_step)
+
+
+def device_reductions(tensors: list[torch.Tensor], reds: list[tuple[tuple[str, bool], ...]]) -> Reduced:
     """`ReductionProgram(tensors, reds).run(tensors)`: for tensors saved once."""
     return ReductionProgram(tensors, reds).run(tensors)

@@ -25,7 +25,7 @@ from tensortap.capture.batch import BatchSpec
 from tensortap.capture.engine import BACKWARD_END, FORWARD_END, TensorSpec
 from tensortap.collection import ACTIVATION_COLLECTIONS, Collection, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
-from tensortap.format.writer import Record
+from tensortap.format.records import StatisticsRows
 from tensortap.hooks.base import Hook as BaseHook
 from tensortap.pytorch import _dtensor, _step_counter, singleton
 from tensortap.pytorch._capture import TensorCapture
@@ -51,7 +51,7 @@ from tensortap.pytorch._plan import (
     _Root,
     _unwrap_ddp,
 )
-from tensortap.pytorch._tensors import HostBatch, capturable, host_numpy, iter_tensors, ring_sources
+from tensortap.pytorch._tensors import HostBatch, Reduced, capturable, host_numpy, iter_tensors, ring_sources
 
 __all__ = ["GRADIENT_PREFIX", "INPUT_SUFFIX", "OPTIMIZER_PREFIX", "OUTPUT_SUFFIX", "Hook", "ring_sources"]
 
@@ -126,8 +126,8 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
         self._forward_unseen = False  # registered modules run compiled: their forwards are never seen
         self._closure_opt: Any = None  # an optimizer inside `step(closure)`: gradients read after it
         self._scalers: list[Any] = []
-        self._grad_reduced: list[dict] | None = None  # the step's gradient statistics, computed at capture
-        self._reduced_records: list[Record] = []  # the step's statistics, handed over when it ends
+        self._grad_reduced: Reduced | None = None  # the step's gradient statistics, computed at capture
+        self._reduced_records: list[StatisticsRows] = []  # the step's statistics, handed over when it ends
         self._step_handles_kept: list[Any] = []  # hooks kept until close
         self._activation_keys: dict[str, str] = {}  # "<module>_output_": its activation collection
         # the lifecycle's forward_end and backward_end, seen while someone listens (StepEngine.add_listener)

@@ -231,14 +231,17 @@ class TrialData:
 
     def _bulk_stat(self, name: str, s: _Series, stat: Stat) -> dict[int, Any]:
         t = self.trial.tensor(name)
+        saved: dict[int, Any] = {}
         if stat.reduction is not None and stat.window == 1:
             red = t.reductions(stat.reduction[0], abs=stat.reduction[1])
             if red:
                 if stat.mode is not None and stat.mode != _modes.GLOBAL:
                     red = {k: v for k, v in red.items() if self.mode_of(k) == stat.mode.value}
-                return {int(k): _py(v) for k, v in red.items()}
+                saved = {int(k): _py(v) for k, v in red.items()}
+                if s.values is None or all(int(x) in saved for x in s.steps.tolist()):
+                    return saved
         if s.values is None or not len(s.steps):
-            return {}
+            return saved
         mask = self._mode_mask(s.steps, stat.mode)
         every = bool(mask.all())
         steps = s.steps if every else s.steps[mask]
@@ -252,6 +255,7 @@ class TrialData:
         res: dict[int, Any] = dict(zip(keys, vals, strict=True))
         for st in keys[: stat.window - 1]:
             res[st] = None
+        res.update(saved)  # a step with the reduction saved (and a raw value: e.g. flight records) takes it
         return res
 
     def _point_stat(self, name: str, step: int, stat: Stat) -> Any:

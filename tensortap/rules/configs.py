@@ -48,6 +48,10 @@ __all__ = [
     "nlp_sequence_ratio",
     "stalled_training_rule",
     "feature_importance_overweight",
+    "loss_spike",
+    "grad_norm_spike",
+    "rank_divergence",
+    "amp_scale_collapse",
 ]
 
 #: the deep-learning hooks' default save interval (SageMaker's ruleConfigs figure)
@@ -295,6 +299,37 @@ def feature_importance_overweight(save_interval: int | None = None, **params: An
     """`feature_importance` (XGBoost)."""
     return RuleConfig("FeatureImportanceOverweight",
                       (CollectionSpec("feature_importance", (), _iv(save_interval)),), params)
+
+
+def loss_spike(tensor_regex: Any = None, save_interval: int | None = None, **params: Any) -> RuleConfig:
+    """`losses` (or a collection `loss_spike` of `tensor_regex`), and `gradients`: a spike's message names the
+    layers whose gradient norm moved first."""
+    iv = _iv(save_interval)
+    regex = as_regex_list(tensor_regex, "tensor_regex", "LossSpike")
+    spec = CollectionSpec("loss_spike", tuple(regex), iv) if regex else CollectionSpec("losses", (), iv)
+    return RuleConfig("LossSpike", (spec, CollectionSpec("gradients", (), iv)), dict(params, tensor_regex=tensor_regex))
+
+
+def grad_norm_spike(collection_name: str = "gradients", save_interval: int | None = None, **params: Any
+                    ) -> RuleConfig:
+    """`gradients` (or the named collection)."""
+    return RuleConfig("GradNormSpike", (CollectionSpec(collection_name, (), _iv(save_interval)),),
+                      dict(params, collection_name=collection_name))
+
+
+def rank_divergence(tensor_regex: Any = None, save_interval: int | None = None, **params: Any) -> RuleConfig:
+    """`losses` (or a collection `rank_divergence` of `tensor_regex`) and `gradients`, on every worker."""
+    iv = _iv(save_interval)
+    regex = as_regex_list(tensor_regex, "tensor_regex", "RankDivergence")
+    spec = CollectionSpec("rank_divergence", tuple(regex), iv) if regex else CollectionSpec("losses", (), iv)
+    return RuleConfig("RankDivergence", (spec, CollectionSpec("gradients", (), iv)),
+                      dict(params, tensor_regex=tensor_regex))
+
+
+def amp_scale_collapse(save_interval: int | None = None, **params: Any) -> RuleConfig:
+    """`grad_scaler` (PyTorch, with `hook.register_scaler(scaler)`): skipped steps are saved whatever the
+    interval, the scale at saving steps."""
+    return RuleConfig("AmpScaleCollapse", (CollectionSpec("grad_scaler", (), _iv(save_interval)),), params)
 
 
 def config_for(rule: str | type, **params: Any) -> RuleConfig:

@@ -7,7 +7,22 @@ trials, hooks) speaks only this interface; the URL scheme picks the backend in `
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
+
+
+class DirectFile(Protocol):
+    """A handle of `Storage.open_direct`: positioned writes of page-aligned buffers, past the page cache."""
+
+    #: buffers, their lengths and the offsets written at are multiples of this many bytes
+    alignment: int
+    #: False once the file system refused a direct write: the handle then writes through the page cache
+    direct: bool
+
+    def write_at(self, views: list[memoryview], offset: int) -> None:
+        """Write the buffers back to back from `offset` (all of them; a full storage raises its OSError). Where
+        the file system refuses direct writes after all, they go through the page cache from then on."""
+
+    def close(self) -> None: ...
 
 
 class Storage(ABC):
@@ -16,6 +31,9 @@ class Storage(ABC):
     #: True where objects can grow in place (local files); False for object stores (S3), where a
     #: writer publishes sealed objects instead.
     supports_append: bool = False
+    #: True where `open_direct` may give a handle that writes past the page cache (local files, where the file
+    #: system allows it)
+    supports_direct: bool = False
 
     def __init__(self, url: str):
         self.url = url
@@ -69,6 +87,15 @@ class Storage(ABC):
     def open_append(self, key: str) -> BinaryIO:
         """A binary handle appending to `key` (created if missing). Only where `supports_append`."""
         raise NotImplementedError(f"{type(self).__name__} does not support appending")
+
+    def open_direct(self, key: str) -> DirectFile | None:
+        """A handle writing the existing object `key` with direct I/O (page-aligned buffers at page-aligned
+        offsets, past the page cache), or None where the store or its file system cannot."""
+        return None
+
+    def truncate(self, key: str, size: int) -> None:
+        """Cut an appendable object to `size` bytes. Only where `supports_append`."""
+        raise NotImplementedError(f"{type(self).__name__} does not support truncating")
 
     def reserve(self, key: str, nbytes: int) -> None:
         """Create `key` holding `nbytes` of space set aside (its content is not read)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import mmap
 import os
 import uuid
@@ -10,9 +11,60 @@ from typing import Any, BinaryIO
 
 from tensortap.storage.base import Storage
 
+logger = logging.getLogger("tensortap")
+_STORAGE_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+class _DirectFile:
+    """A local file opened with O_DIRECT (see Storage.open_direct)."""
+
+    alignment = 4096
+
+    def __init__(self, path: str, fd: int):
+        self.path, self.fd = path, fd
+        self.direct = True
+
+    def write_at(self, views: list[memoryview], offset: int) -> None:
+        total = sum(len(v) for v in views)
+        done = 0
+        try:
+            done = os.pwritev(self.fd, views, offset)
+            while done < total:  # (a short write: the rest one buffer at a time)
+                at = 0
+                for v in views:
+                    if done < at + len(v):
+                        done += os.pwrite(self.fd, v[done - at:], offset + done)
+                        break
+                    at += len(v)
+        except OSError as e:
+            if e.errno in _STORAGE_FULL or not self.direct:
+                raise
+            logger.info("tensortap: O_DIRECT writes failed (%s); writing through the page cache", e)
+            self._buffered()
+            at = 0
+            for v in views:  # (what is not written yet, through the page cache)
+                end = at + len(v)
+                if end > done:
+                    w = max(done, at) - at
+                    while w < len(v):
+                        w += os.pwrite(self.fd, v[w:], offset + at + w)
+                at = end
+
+    def _buffered(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY)
+        os.close(self.fd)
+        self.fd, self.direct = fd, False
+
+    def close(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
 
 class LocalStorage(Storage):
     supports_append = True
+    supports_direct = hasattr(os, "O_DIRECT")
 
     def __init__(self, root: str):
         root = os.path.abspath(os.path.expanduser(root))
@@ -138,6 +190,20 @@ class LocalStorage(Storage):
                 os.pwrite(fd, bytes(nbytes), 0)
         finally:
             os.close(fd)
+
+    def open_direct(self, key: str) -> _DirectFile | None:
+        """O_DIRECT where the file system allows it (not tmpfs, for one): None otherwise."""
+        flag = getattr(os, "O_DIRECT", 0)
+        if not flag:
+            return None
+        path = self._path(key)
+        try:
+            return _DirectFile(path, os.open(path, os.O_WRONLY | flag))
+        except OSError:
+            return None
+
+    def truncate(self, key: str, size: int) -> None:
+        os.truncate(self._path(key), size)
 
     def open_append(self, key: str) -> BinaryIO:
         path = self._path(key)

@@ -166,9 +166,10 @@ class EventExporter:
       the other scalar collections; not for bool, complex, string or empty tensors), of the finite values
       only, with TensorFlow's default buckets (see tensortap.tensorboard.histogram). The collection is the
       first by name, ``all`` and ``default`` last.
-    - ``nonfinite/<name>`` scalar: the number of NaN/inf values a histogram left out, from the first histogram
-      of the tensor that left any out, then beside each of its histograms (a job without any has no such
-      chart).
+    - ``nonfinite/<name>`` scalar: the number of NaN/inf values a histogram left out, and beside it
+      ``nonfinite/<name>/nan``, ``nonfinite/<name>/posinf``, ``nonfinite/<name>/neginf``: how many of them were
+      NaN, +inf and -inf; from the first histogram of the tensor that left any out, then beside each of its
+      histograms (a job without any has no such chart).
 
     The values ``add`` gives for one step and mode are written as one Event, when the step or mode changes,
     at ``flush()`` and at ``close()``.
@@ -225,9 +226,9 @@ class EventExporter:
         # their tag waits for it (a loss's curve starts under the tag it keeps)
         self._pending_scalars: list[tuple[str, str, int, float, list[tuple[str, float]]]] = []
         self._have_collections = False
-        # (name, mode, step, wall_time, encoded HistogramProto or None if skipped, nonfinite count) waiting for
-        # collections
-        self._pending: list[tuple[str, str, int, float, bytes | None, int]] = []
+        # (name, mode, step, wall_time, encoded HistogramProto or None if skipped, (NaN, +inf, -inf) counts)
+        # waiting for collections
+        self._pending: list[tuple[str, str, int, float, bytes | None, tuple[int, int, int]]] = []
         self._pending_bytes = 0
         self._closed = False
         self.errors = 0
@@ -343,7 +344,8 @@ class EventExporter:
                         if known:
                             values.extend(self._histogram_values(coll, name, hist))
                         else:
-                            self._queue(name, mode, step, now, _encode(hist) if hist.num else b"", hist.nonfinite)
+                            self._queue(name, mode, step, now, _encode(hist) if hist.num else b"",
+                                        hist.nonfinite_counts)
                     self._credit -= time.perf_counter() - started
                 elif known:
                     self.skipped_histograms += 1
@@ -403,16 +405,21 @@ class EventExporter:
         if hist.num:
             out.append(histogram_value(histogram_tag(coll, name), _encode(hist)))
             self.histograms += 1
-        out.extend(self._nonfinite_values(name, hist.nonfinite))
+        out.extend(self._nonfinite_values(name, hist.nonfinite_counts))
         return out
 
-    def _nonfinite_values(self, name: str, count: int) -> list[bytes]:
-        """`nonfinite/<name>` from the first histogram that left out a NaN or inf, then beside every one (so
-        its chart also shows the return to 0): a job without them has no such chart."""
-        if count == 0 and name not in self._nonfinite_seen:
+    def _nonfinite_values(self, name: str, counts: tuple[int, int, int]) -> list[bytes]:
+        """`nonfinite/<name>` and its NaN, +inf and -inf counts, from the first histogram that left out a NaN or
+        inf, then beside every one (so its chart also shows the return to 0): a job without them has no such
+        chart."""
+        total = sum(counts)
+        if total == 0 and name not in self._nonfinite_seen:
             return []
         self._nonfinite_seen.add(name)
-        return [scalar_value(clean_tag(f"nonfinite/{name}"), count)]
+        tag = clean_tag(f"nonfinite/{name}")
+        return [scalar_value(tag, total),
+                *(scalar_value(f"{tag}/{kind}", n) for kind, n in zip(("nan", "posinf", "neginf"), counts,
+                                                                       strict=True))]
 
     def _write(self, mode: str, step: int, wall_time: float, values: list[bytes]) -> None:
         """Add `values` to the Event of `step` in `mode`'s file (written when the step changes or at flush)."""
@@ -443,7 +450,8 @@ class EventExporter:
 
     _warned_skip = False
 
-    def _queue(self, name: str, mode: str, step: int, wall_time: float, histo: bytes | None, nonfinite: int) -> None:
+    def _queue(self, name: str, mode: str, step: int, wall_time: float, histo: bytes | None,
+               nonfinite: tuple[int, int, int]) -> None:
         self._pending.append((name, mode, step, wall_time, histo, nonfinite))
         self._pending_bytes += len(histo or b"") + 64
         if self._pending_bytes > MAX_PENDING_BYTES:

@@ -4,7 +4,7 @@ Edges: 0 and ±1e-12·1.1^k for every k with 1e-12·1.1^k < 1e20 (about 1,500 ed
 v with edges[j] <= v < edges[j+1] (the last one also holds edges[-1]), exactly numpy.histogram's rule, so the
 counts equal `np.histogram(finite_values, bins=edges)[0]`. Finite values beyond ±1e20 (outside numpy's
 range) go to the outermost buckets instead of being dropped; min and max keep their true values.
-Non-finite values (NaN, ±inf) are not in the histogram: they are counted separately.
+Non-finite values (NaN, ±inf) are not in the histogram: they are counted separately, NaN, +inf and -inf each.
 
 float32 values (and float16, bfloat16, which convert to float32 exactly) are counted without a float64 copy:
 their bits, mapped to int32 keys in the same order, are sorted and each edge's float32 threshold is searched
@@ -49,7 +49,15 @@ class Histogram:
     sum_squares: float
     bucket_limit: np.ndarray  # right edge of each kept bucket
     bucket: np.ndarray  # count of each kept bucket
-    nonfinite: int
+    nonfinite: int  # nan + posinf + neginf
+    nan: int = 0
+    posinf: int = 0
+    neginf: int = 0
+
+    @property
+    def nonfinite_counts(self) -> tuple[int, int, int]:
+        """(NaN, +inf, -inf) values left out of the buckets."""
+        return self.nan, self.posinf, self.neginf
 
 
 def as_real(value: np.ndarray) -> np.ndarray | None:
@@ -84,19 +92,27 @@ def make_histogram(value: np.ndarray) -> Histogram | None:
     if flat.dtype == np.float16:
         flat = flat.astype(np.float32)  # exact
     nonfinite = 0
+    counts = (0, 0, 0)
     if flat.dtype.kind == "f":
         # a float32/float64 sum of finite values cannot overflow float64: a non-finite sum means NaN/inf inside
         total = flat.sum(dtype=np.float64)
         if not np.isfinite(total):
             finite_mask = np.isfinite(flat)
+            bad = flat[~finite_mask]
             flat = flat[finite_mask]
-            nonfinite = int(finite_mask.size - flat.size)
+            nonfinite = int(bad.size)
+            nan = int(np.count_nonzero(np.isnan(bad)))
+            posinf = int(np.count_nonzero(bad > 0))
+            counts = (nan, posinf, nonfinite - nan - posinf)
             total = flat.sum(dtype=np.float64)
     if flat.size == 0:
-        return Histogram(0.0, 0.0, 0, 0.0, 0.0, np.empty(0), np.empty(0), nonfinite)
+        return Histogram(0.0, 0.0, 0, 0.0, 0.0, np.empty(0), np.empty(0), nonfinite, *counts)
     if flat.dtype == np.float32:
-        return _float32_histogram(np.ascontiguousarray(flat), float(total), nonfinite)
-    return _float64_histogram(flat.astype(np.float64, copy=False), nonfinite)
+        h = _float32_histogram(np.ascontiguousarray(flat), float(total), nonfinite)
+    else:
+        h = _float64_histogram(flat.astype(np.float64, copy=False), nonfinite)
+    h.nan, h.posinf, h.neginf = counts
+    return h
 
 
 def _float32_histogram(flat: np.ndarray, total: float, nonfinite: int) -> Histogram:

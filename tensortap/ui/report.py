@@ -2,7 +2,8 @@
 
 Everything is inside the file: the page's style and script, the views' data as JSON, and the dashboard's
 plotly.js bundle; the data and plotly.js are gzip-compressed and base64-encoded (plotly.js: 0.66 MB instead
-of 1.5 MB) and unpacked by the browser's own DecompressionStream. The rule summary comes first.
+of 1.5 MB) and unpacked by the browser's own DecompressionStream. The diagnosis comes first, then the rule
+summary.
 """
 
 from __future__ import annotations
@@ -103,7 +104,10 @@ def _sections(jobs: JobSet, distributions: list[str] | None = None) -> list[dict
     once, in the XGBoost section."""
     sel = jobs.jobs
     xgb = [j for j in sel if j.kinds.xgboost]
-    sections = [{"name": "rules", "title": "Rule summary", "blocks": rules_view(sel)}]
+    from tensortap.ui.diagnosis import diagnosis_view
+
+    sections = [{"name": "diagnosis", "title": "Diagnosis", "blocks": diagnosis_view(sel)},
+                {"name": "rules", "title": "Rule summary", "blocks": rules_view(sel)}]
     curves = scalars_view(sel, xgboost=False if xgb else None)
     if any(b["type"] == "figure" for b in curves) or not xgb:
         sections.append({"name": "overview", "title": "Losses and metrics", "blocks": curves})

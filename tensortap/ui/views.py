@@ -675,6 +675,7 @@ def distribution_view(jobs: Job | list[Job], tensor: str | None = None) -> list[
     blocks: list[dict[str, Any]] = [choice("tensor", "tensor", choices, tensor)]
     multi = len(jobs) > 1
     traces: list[dict] = []
+    nonfinite: list[dict[str, Any]] = []  # NaN/inf counts per step, beside the bands of the finite values
     for job in jobs:
         with job.lock:
             if tensor not in job.trial.tensor_names():
@@ -697,11 +698,15 @@ def distribution_view(jobs: Job | list[Job], tensor: str | None = None) -> list[
                            "legendgroup": f"{job.index}{label}", "meta": {"job": job.index}})
         traces.append({"type": "scatter", "mode": "lines", "x": x, "y": qs["0.5"], "name": "median" + who,
                        "line": {"color": colour, "dash": job_dash(job.index)}, "meta": {"job": job.index}})
+        from tensortap.ui.diagnosis import nonfinite_blocks
+
+        with job.lock:
+            nonfinite.extend(nonfinite_blocks(job, tensor, x, multi))
     if traces:
         blocks.append(figure_block("distribution", fig(traces, f"Distribution of {esc(tensor)} over steps",
                                                        xaxis=step_axis(traces),
                                                        yaxis={"title": {"text": "value"}})))
-    return blocks
+    return blocks + nonfinite
 
 
 # --- workers -----------------------------------------------------------------------------------
@@ -950,7 +955,9 @@ def render_view(jobs: JobSet, view: str, params: dict[str, Any]) -> list[dict[st
     """The blocks of `view` for the jobs named in params["job"] (indices; all when absent)."""
     sel = jobs.select(params.get("job") or None)
     if view == "overview":
-        return [*rules_view(sel), *scalars_view(sel)]
+        from tensortap.ui.diagnosis import diagnosis_view
+
+        return [*diagnosis_view(sel), *rules_view(sel), *scalars_view(sel)]
     if view == "scalars":
         return scalars_view(sel)
     if view == "rules":

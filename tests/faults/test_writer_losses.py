@@ -61,11 +61,11 @@ LAGGING_WRITER = textwrap.dedent(
     import sys, time, numpy as np, tensortap as tt
     from tensortap.format import writer as w
 
-    encode = w.ChunkWriter._encode
+    encode = w.ChunkEncoder.encode
     def slow_encode(self, r):  # a slow disk: the writer thread stays a step or more behind the loop
         encode(self, r)
         time.sleep(0.004)
-    w.ChunkWriter._encode = slow_encode
+    w.ChunkEncoder.encode = slow_encode
     hook = tt.Hook(sys.argv[1], writer="thread", save_config=tt.SaveConfig(save_interval=1), flush_interval=0.02)
     for step in range(100000):
         hook.next_step()
@@ -247,15 +247,16 @@ class _Opens:
 
 def test_the_writer_process_never_unpickles_what_is_in_its_ring(tmp_path):
     from tensortap.transport import process_writer as pw
+    from tensortap.transport import ring
 
     target = tmp_path / "pwned"
     w = pw.ProcessChunkWriter(str(tmp_path / "run"), "worker_0")
     try:
         evil = pickle.dumps(("records", [_Opens(str(target))]))
         with w._lock:  # a message whose description is a pickle, where a JSON one belongs
-            need = pw._align(pw._align(pw._MSG_HDR + len(evil)))
+            need = ring.align(ring.align(ring.MSG_HDR + len(evil)))
             pos = w._room(need, 0, True)
-            w._write_header(pos, need, evil, pw._align(pw._MSG_HDR + len(evil)))
+            w._write_header(pos, need, evil, ring.align(ring.MSG_HDR + len(evil)))
             w._head += need
             w._sent += 1
             w._publish(urgent=True)
@@ -274,6 +275,7 @@ def test_a_writer_process_catching_up_on_a_backlog_writes_index_blocks_as_it_goe
     not megabytes of data with an empty index."""
     from tensortap.storage import open_storage
     from tensortap.transport import process_writer as pw
+    from tensortap.transport import ring
 
     out = str(tmp_path / "run")
     w = pw.ProcessChunkWriter(open_storage(out), "worker_0", flush_interval=0.003, ring_bytes=256 << 20,
@@ -289,7 +291,7 @@ def test_a_writer_process_catching_up_on_a_backlog_writes_index_blocks_as_it_goe
         w._publish(urgent=True)
         os.kill(w._proc.pid, signal.SIGCONT)
         deadline = time.monotonic() + 30
-        while w._h[pw._DONE_MSGS] < 75 and time.monotonic() < deadline:
+        while w._h[ring.DONE_MSGS] < 75 and time.monotonic() < deadline:
             time.sleep(0.0005)
         os.kill(w._proc.pid, signal.SIGKILL)
         w._proc.wait(10)

@@ -16,8 +16,9 @@ import tensortap as tt
 from tensortap.exceptions import CorruptData
 from tensortap.format import layout
 from tensortap.format.native import NativeSource
-from tensortap.format.writer import ChunkWriter, Record
+from tensortap.format.records import Record
 from tensortap.storage import LocalStorage
+from tensortap.transport.thread_writer import ChunkWriter
 
 
 def _dtypes_cases() -> dict[str, np.ndarray]:

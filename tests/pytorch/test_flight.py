@@ -163,10 +163,12 @@ def test_exception_in_a_with_block_and_the_hook_lives_on(tmp_path):
     (inc,) = trial.incidents()
     assert inc["kind"] == "exception" and inc["step"] == 5
     assert inc["detail"] == {"type": "RuntimeError", "message": "the data loader died"}
-    assert inc["ring"] == {"first_step": 0, "last_step": 4}
+    assert inc["ring"] == {"first_step": 0, "last_step": 5}  # (the step in progress too: its forward)
     assert trial.tensor("gradient/Sequential_0.weight").reduction_value(4, "l2") > 0
-    # the step in progress: its outputs so far, the weights
-    assert trial.tensor("0_output_0").value(5).shape == (16, 16)
+    assert float(trial.tensor("0_output_0").reduction_value(5, "l2")) == pytest.approx(
+        model[0](x).norm().item(), rel=1e-6)
+    # the step in progress: its weights as they are (CPU outputs are not kept)
+    assert trial.tensor("Sequential_0.weight").value(5).tobytes() == model[0].weight.detach().numpy().tobytes()
 
 
 def test_an_uncaught_exception_in_a_script(tmp_path):
@@ -400,3 +402,26 @@ def test_eval_steps_are_recorded_as_their_own_steps(tmp_path):
     grad = trial.tensor("gradient/Sequential_0.weight")
     assert grad.steps(mode=tp.modes.TRAIN) == [0, 1, 2, 3, 4, 5] and grad.steps(mode=tp.modes.EVAL) == []
     assert trial.tensor("CrossEntropyLoss_output_0").steps(mode=tp.modes.EVAL) == [0, 1, 2, 3]
+
+
+def test_a_module_computing_with_a_non_finite_weight_names_the_weight(tmp_path):
+    k = 4
+    model = _mlp()
+    hook = _hook(str(tmp_path))
+    hook.register_module(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(k + 2):
+        if step == k:
+            with torch.no_grad():
+                model[2].bias[3] = float("nan")
+        x, _y = _batch(step)
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    hook.close()
+    inc = create_trial(str(tmp_path)).first_nonfinite()
+    assert inc["step"] == k
+    d = inc["detail"]
+    assert (d["phase"], d["module"], d["parameter"], d["tensor"], d["nan"]) == (
+        "weights", "2", "Sequential_2.bias", "Sequential_2.bias", 1)
+    assert d["inputs"][0]["nonfinite"] == 0  # (what came in was finite)

@@ -542,8 +542,8 @@ def test_injected_failure_disables_hook_and_training_continues(tmp_path, monkeyp
     hook.register_loss(loss_fn)
     calls = {"n": 0}
     # the copy of saved tensors into what the writer reserved: a host buffer (thread) or its ring (process)
-    from tensortap.format.writer import HostReservation
     from tensortap.transport.process_writer import Reservation
+    from tensortap.transport.thread_writer import HostReservation
 
     owner, attr = (HostReservation if writer == "thread" else Reservation), "copy_in"
     real = getattr(owner, attr)

@@ -46,6 +46,13 @@ CATALOG = {
     "StalledTrainingRule": {"threshold": 1800, "stop_training_on_fire": False, "training_job_name_prefix": None},
     "FeatureImportanceOverweight": {"threshold": 0.8, "nfeatures": 3,
                                     "tensor_regex": ".*feature_importance/weight", "min_round": 20},
+    # tensortap's own (docs/rules.md)
+    "LossSpike": {"tensor_regex": None, "mode": None, "window": 50, "z_threshold": 6.0, "min_ratio": 2.0,
+                  "max_factor": 10.0, "min_history": 10},
+    "GradNormSpike": {"collection_name": "gradients", "window": 50, "z_threshold": 6.0, "min_ratio": 2.0,
+                      "max_factor": 10.0, "min_history": 10},
+    "RankDivergence": {"tensor_regex": None, "ratio_threshold": 2.0, "window": 5},
+    "AmpScaleCollapse": {"consecutive_skips": 10, "min_scale": 1.0},
 }
 
 
@@ -65,7 +72,7 @@ def test_lookup_by_any_name():
     with pytest.raises(InvalidConfiguration, match="vanishing_gradient"):
         get_rule("nope")
     listing = describe_rules()
-    assert len(listing) == 20 and listing[0]["parameters"] == [
+    assert len(listing) == 24 and listing[0]["parameters"] == [
         {"name": "threshold", "default": 1e-7, "required": False}]
     lnd = next(r for r in listing if r["name"] == "LossNotDecreasing")
     assert "median of the last `window` saved losses" in lnd["compares"]

@@ -73,9 +73,11 @@ def test_a_pytorch_job_without_activations_or_xgboost_data(tmp_path):
     reports = run_all(path)
     check_honest(reports)
     no_data = {n for n, r in reports.items() if r.status == "NoData"}
-    # what this job cannot show: activations, labels/predictions, images, sequences, XGBoost trees, EVAL steps
+    # what this job cannot show: activations, labels/predictions, images, sequences, XGBoost trees, EVAL steps,
+    # a second worker, a GradScaler
     assert no_data == {"confusion", "class_imbalance", "check_input_images", "dead_relu", "tree_depth", "overfit",
-                       "saturated_activation", "nlp_sequence_ratio", "feature_importance_overweight"}
+                       "saturated_activation", "nlp_sequence_ratio", "feature_importance_overweight",
+                       "rank_divergence", "amp_scale_collapse"}
     dead = reports["dead_relu"].to_dict()
     assert dead["looked_for"] == {"collections": ["relu_output"], "regex": [".*relu_output"]}
     assert "'relu_output'" in dead["message"] and "Sequential_0.weight" in dead["message"]
@@ -83,7 +85,8 @@ def test_a_pytorch_job_without_activations_or_xgboost_data(tmp_path):
     assert "the rule needs losses at EVAL steps after TRAIN steps, in at least min_evaluations evaluations" in \
         reports["overfit"].no_data_message()
     # the rules that did see data judged it
-    for name in ("vanishing_gradient", "exploding_tensor", "loss_not_decreasing", "weight_update_ratio"):
+    for name in ("vanishing_gradient", "exploding_tensor", "loss_not_decreasing", "weight_update_ratio",
+                 "loss_spike", "grad_norm_spike"):
         assert reports[name].status == "NoIssuesFound" and reports[name].steps_evaluated >= 10, name
     pwi = reports["poor_weight_initialization"]
     assert any("no activation inputs" in w for w in pwi.warnings), pwi.warnings

@@ -67,7 +67,7 @@ def test_two_workers_on_one_prefix(s3_url):
 WRITER = textwrap.dedent(
     """
     import sys, time, numpy as np, tensortap as tt
-    from tensortap.format.writer import ChunkWriter
+    from tensortap.transport.thread_writer import ChunkWriter
     url, n = sys.argv[1], int(sys.argv[2])
     hook = tt.Hook(url, save_config=tt.SaveConfig(save_interval=1), flush_interval=0.1)
     hook._writer_opts["seal_interval"] = 0.3

@@ -13,7 +13,7 @@ import pytest
 
 import tensortap as tt
 from tensortap.exceptions import InvalidConfiguration
-from tensortap.format.writer import Record, RecordBatch
+from tensortap.format.records import Record, RecordBatch
 from tensortap.storage import open_storage
 from tensortap.transport.process_writer import ProcessChunkWriter
 from tensortap.trials.state import StepState
@@ -194,7 +194,7 @@ def test_child_entry_imports_no_framework():
     import subprocess
     import sys
 
-    code = ("import sys; from tensortap.transport.process_writer import _child_main; "
+    code = ("import sys; from tensortap.transport.writer_process import _child_main; "
             "print(sorted(m for m in ('torch', 'tensorflow', 'jax') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr

@@ -92,7 +92,7 @@ def test_dashboard_of_a_pytorch_job_whose_rule_fired(page, pytorch_job, hostile_
         assert any(ui.HOSTILE[:47] in s for s in figs["scalars-TRAIN"]["svgText"])
         assert page.js("window.__pwned") is None
         # the rule table: status and the rule's own explanation
-        rows = page.js("Array.from(document.querySelectorAll('table.tt tr')).map(r => "
+        rows = page.js("Array.from(document.querySelectorAll('table.tt[data-table=rules] tr')).map(r => "
                        "Array.from(r.children).map(c => c.textContent))")
         assert rows[0][:3] == ["job", "rule", "status"]
         assert rows[1][:4] == ["pytorch_job", "vanishing_gradient", "IssuesFound", str(fired[0])]
@@ -205,13 +205,13 @@ def test_offline_rule_statuses_show_like_live_ones(page, pytorch_job, tmp_path, 
                     last_step=10, message="")
     st.write_status(storage, "unchanged_tensor", True, rule="unchanged_tensor", status=st.ERROR,
                     message="ValueError: <b>bad</b>", traceback="Traceback ...")
-    rows_js = ("Array.from(document.querySelectorAll('table.tt tr')).slice(1).map(r => "
+    rows_js = ("Array.from(document.querySelectorAll('table.tt[data-table=rules] tr')).slice(1).map(r => "
                "[...r.children].map(c => c.textContent))")
     server = Server([out], port=0).start()
     try:
         _open(page, server.url)
         page.screenshot("dashboard-offline-rules.png")
-        head = page.js("[...document.querySelectorAll('table.tt th')].map(c => c.textContent)")
+        head = page.js("[...document.querySelectorAll('table.tt[data-table=rules] th')].map(c => c.textContent)")
         assert head[:3] == ["rule", "run", "status"]  # one job: no job column
         rows = {(r[0], r[1]): r for r in page.js(rows_js)}
         assert {k: r[2] for k, r in rows.items()} == {
@@ -252,11 +252,11 @@ def test_report_opened_from_disk_renders_the_same(page, pytorch_job, hostile_job
     assert "<script src" not in text and "<link rel=\"stylesheet\"" not in text
     _open(page, "file://" + report)
     page.screenshot("report.png")
-    for view in ("rules", "overview", "heatmap", "layers", "distribution"):
+    for view in ("diagnosis", "rules", "overview", "heatmap", "layers", "distribution"):
         page.page.locator(f"section[data-view={view}]").screenshot(
             path=os.path.join(ui.artifacts_dir(), f"report-section-{view}.png"))
     sections = page.js("Array.from(document.querySelectorAll('section')).map(s => s.dataset.view)")
-    assert sections[:2] == ["rules", "overview"]  # the rule summary on top
+    assert sections[:3] == ["diagnosis", "rules", "overview"]  # the diagnosis on top, then the rule summary
     figs = page.js(ui.FIGURES_JS)
     train = next(f for f in figs if f["fig"] == "scalars-TRAIN")
     by_name = {html.unescape(t["name"]): t for t in train["traces"]}

@@ -136,8 +136,8 @@ def test_views_of_a_job_on_s3(s3_url):
     html = build_report([s3_url])
     packed = re.search(r'id="tt-report-data">([^<]*)</script>', html).group(1)
     doc = json.loads(gzip.decompress(base64.b64decode(packed)))
-    assert [s["name"] for s in doc["sections"]][:2] == ["rules", "overview"]
-    assert _figures(doc["sections"][1]["blocks"]) == figs
+    assert [s["name"] for s in doc["sections"]][:3] == ["diagnosis", "rules", "overview"]
+    assert _figures(doc["sections"][2]["blocks"]) == figs
 
 
 def test_names_from_the_job_reach_figures_escaped(tmp_path):

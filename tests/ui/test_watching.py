@@ -403,7 +403,7 @@ def test_report_of_three_frameworks_draws_only_what_each_has(page, pytorch_job, 
     ui.open_page(page, "file://" + report)
     page.screenshot("report-xgboost.png")
     sections = page.js("[...document.querySelectorAll('section')].map(s => s.dataset.view)")
-    assert sections == ["rules", "xgboost"]  # its metrics once, in its own section
+    assert sections == ["diagnosis", "rules", "xgboost"]  # its metrics once, in its own section
     assert page.js("[...document.querySelectorAll('div.figure')].map(d => d.dataset.fig)") == \
         ["xgb-metrics", "xgb-fi", "xgb-labels", "xgb-confusion", "xgb-shap"]
     page.page.select_option("select[data-switch=xgb-fi]", label="cover")  # the selector works offline too
@@ -413,7 +413,7 @@ def test_report_of_three_frameworks_draws_only_what_each_has(page, pytorch_job, 
     page.wait("window.ttPaintedAt")
     page.screenshot("report-pytorch-keras.png")
     assert page.js("[...document.querySelectorAll('section')].map(s => s.dataset.view)") == \
-        ["rules", "overview", "heatmap", "layers", "distribution"]
+        ["diagnosis", "rules", "overview", "heatmap", "layers", "distribution"]
     assert page.js("document.querySelectorAll('.toolbar input[data-control=smooth]').length") == 1
     assert page.errors == [] and page.outside == []
 

@@ -1,6 +1,7 @@
-"""SageMaker Debugger's built-in rules, open and runnable on any trial (same class names, parameter names
-and defaults). `RULES` maps each class name and its snake_case name to the class; `get_rule(name)` looks one
-up by either (case-insensitive); `describe_rules()` lists names, descriptions and parameters."""
+"""Built-in rules, open and runnable on any trial: SageMaker Debugger's twenty (same class names, parameter
+names and defaults) and tensortap's own (LossSpike, GradNormSpike, RankDivergence, AmpScaleCollapse).
+`RULES` maps each class name and its snake_case name to the class; `get_rule(name)` looks one up by either
+(case-insensitive); `describe_rules()` lists names, descriptions and parameters."""
 
 from __future__ import annotations
 
@@ -10,17 +11,21 @@ from typing import Any
 
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.rules.builtin.all_zero import AllZero
+from tensortap.rules.builtin.amp_scale_collapse import AmpScaleCollapse
 from tensortap.rules.builtin.check_input_images import CheckInputImages
 from tensortap.rules.builtin.class_imbalance import ClassImbalance
 from tensortap.rules.builtin.confusion import Confusion
 from tensortap.rules.builtin.dead_relu import DeadRelu
 from tensortap.rules.builtin.exploding_tensor import ExplodingTensor
 from tensortap.rules.builtin.feature_importance_overweight import FeatureImportanceOverweight
+from tensortap.rules.builtin.grad_norm_spike import GradNormSpike
 from tensortap.rules.builtin.loss_not_decreasing import LossNotDecreasing
+from tensortap.rules.builtin.loss_spike import LossSpike
 from tensortap.rules.builtin.nlp_sequence_ratio import NLPSequenceRatio
 from tensortap.rules.builtin.overfit import Overfit
 from tensortap.rules.builtin.overtraining import Overtraining
 from tensortap.rules.builtin.poor_weight_initialization import PoorWeightInitialization
+from tensortap.rules.builtin.rank_divergence import RankDivergence
 from tensortap.rules.builtin.saturated_activation import SaturatedActivation
 from tensortap.rules.builtin.similar_across_runs import SimilarAcrossRuns
 from tensortap.rules.builtin.stalled_training import StalledTrainingRule
@@ -52,6 +57,10 @@ __all__ = [
     "NLPSequenceRatio",
     "StalledTrainingRule",
     "FeatureImportanceOverweight",
+    "LossSpike",
+    "GradNormSpike",
+    "RankDivergence",
+    "AmpScaleCollapse",
     "BUILTIN_RULES",
     "RULES",
     "snake_name",
@@ -64,7 +73,7 @@ BUILTIN_RULES: tuple[type[Rule], ...] = (
     VanishingGradient, ExplodingTensor, SimilarAcrossRuns, WeightUpdateRatio, AllZero, UnchangedTensor,
     LossNotDecreasing, Confusion, ClassImbalance, CheckInputImages, DeadRelu, TreeDepth, Overfit, Overtraining,
     TensorVariance, PoorWeightInitialization, SaturatedActivation, NLPSequenceRatio, StalledTrainingRule,
-    FeatureImportanceOverweight,
+    FeatureImportanceOverweight, LossSpike, GradNormSpike, RankDivergence, AmpScaleCollapse,
 )
 
 #: rules that inspect deep-learning tensors (the others need XGBoost data, a second trial, or wall time)

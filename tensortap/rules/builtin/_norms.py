@@ -1,0 +1,55 @@
+"""Per-step gradient norms for the spike rules: each gradient tensor's L2 norm (its saved `l2` reduction, else
+computed from its raw value) and the total norm over all of them, kept per layer for attribution."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from tensortap.rules._data import Stat
+from tensortap.rules.builtin._stats import flat
+
+__all__ = ["L2", "GradNorms"]
+
+
+def _l2(rows: np.ndarray) -> np.ndarray:
+    x = flat(rows)
+    if x.shape[1] == 0:
+        return np.full(x.shape[0], np.nan)
+    return np.sqrt(np.square(x.astype(np.float64, copy=False)).sum(axis=1))
+
+
+L2 = Stat("l2", _l2, reduction=("l2", False))
+
+
+class GradNorms:
+    """What a rule has read of the gradients' norms, step by step: per layer {tensor: ([steps], [norms])} and
+    the total norm (sqrt of the sum of squares) at steps where every gradient seen so far has a norm."""
+
+    def __init__(self, rule: Any, collection: str = "gradients"):
+        self.rule = rule
+        self.collection = collection
+        self.layers: dict[str, tuple[list[int], list[float]]] = {}
+        self._most = 0
+
+    def read(self, step: int) -> float | None:
+        """Read every gradient's norm at `step` (kept per layer); the total norm there, None when some gradient
+        seen before has no norm at this step (a total over part of the layers is not comparable) or none has.
+        A non-finite layer norm makes the total non-finite."""
+        total, count = 0.0, 0
+        for name in self.rule.select([self.collection]):
+            v = self.rule.stat(name, step, L2)
+            if v is None:
+                continue
+            v = float(v)
+            st, vals = self.layers.setdefault(name, ([], []))
+            st.append(step)
+            vals.append(v)
+            total += v * v
+            count += 1
+        if not count or count < self._most:
+            return None
+        self._most = count
+        return math.sqrt(total) if math.isfinite(total) else math.nan

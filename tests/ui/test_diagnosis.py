@@ -1,0 +1,82 @@
+"""The diagnosis first: the dashboard's overview and the report open with what went wrong (a real PyTorch job
+whose second layer's gradient is corrupted at step 60), and distributions count the NaN and infinities they
+leave out of their bands."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "analysis"))
+import _faulty_jobs as jobs  # noqa: E402
+
+from tensortap.ui.jobs import JobSet  # noqa: E402
+from tensortap.ui.views import render_view  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def spiky(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("ui") / "spiky")
+    jobs.spike_job(out, corrupt_step=60)
+    return out
+
+
+def test_the_overview_opens_with_the_diagnosis(spiky):
+    blocks = render_view(JobSet([spiky]), "overview", {})
+    assert blocks[0] == {"type": "note", "text": "Diagnosis: 2 findings: 2 spikes."}
+    table = blocks[1]
+    assert table["type"] == "table" and table["columns"] == ["finding", "step", "what"]
+    rows = {r["finding"]: r for r in table["rows"]}
+    assert rows["loss spike"]["step"] == "61" and rows["gradient norm spike"]["step"] == "60"
+    assert "moved first: gradient/Sequential_2.weight at step 60" in rows["loss spike"]["what"]
+    tries = [b["text"] for b in blocks if b["type"] == "note" and b["text"].startswith("To try: ")]
+    assert any("lowering the learning rate" in t for t in tries)
+    assert any(b["type"] == "figure" for b in blocks)  # the curves follow
+
+
+def test_the_report_s_first_section_is_the_diagnosis(spiky):
+    from tensortap.ui.report import build_report
+
+    html = build_report([spiky])
+    packed = re.search(r'id="tt-report-data">([^<]*)</script>', html).group(1)
+    doc = json.loads(gzip.decompress(base64.b64decode(packed)))
+    first = doc["sections"][0]
+    assert (first["name"], first["title"]) == ("diagnosis", "Diagnosis")
+    assert first["blocks"][0]["text"].startswith("Diagnosis: 2 findings")
+
+
+def test_a_healthy_job_says_so(tmp_path):
+    out = str(tmp_path / "ok")
+    jobs.spike_job(out, steps=30, corrupt_step=None)
+    blocks = render_view(JobSet([out]), "overview", {})
+    assert blocks[0]["text"].startswith("Diagnosis: nothing wrong found (")
+    assert blocks[1]["type"] != "table" or blocks[1]["id"] != "diagnosis"
+
+
+def test_distributions_count_the_non_finite_values_they_leave_out(tmp_path):
+    out = str(tmp_path / "nan")
+    jobs.spike_job(out, steps=30, corrupt_step=20, factor=float("inf"))
+    from tensortap.trials import create_trial
+
+    t = create_trial(out)
+    g = t.tensor("gradient/Sequential_2.weight")
+    expect = {s: (int(np.isnan(v).sum()), int(np.isposinf(v).sum()), int(np.isneginf(v).sum()))
+              for s in g.steps() if not np.isfinite(v := g.value(s)).all()}
+    assert expect and min(expect) == 20
+    blocks = render_view(JobSet([out]), "distribution", {"tensor": "gradient/Sequential_2.weight"})
+    fig = next(b for b in blocks if b["type"] == "figure" and b["id"] == "distribution-nonfinite")
+    by = {tr["name"]: dict(zip(tr["x"], tr["y"], strict=True)) for tr in fig["figure"]["data"]}
+    for s, (nan, pos, neg) in expect.items():
+        assert (by.get("NaN", {}).get(s, 0), by.get("+inf", {}).get(s, 0), by.get("−inf", {}).get(s, 0)) == \
+            (nan, pos, neg), s
+    note = next(b["text"] for b in blocks if b["type"] == "note" and "held NaN or infinite" in b["text"])
+    assert note.startswith(f"gradient/Sequential_2.weight: {len(expect)} of the ")
