@@ -94,6 +94,7 @@ class Diagnosis:
     rules: list[dict[str, Any]] = field(default_factory=list)
     nonfinite: dict[str, Any] | None = None
     incidents: dict[str, int] = field(default_factory=dict)
+    incident_lines: list[str] = field(default_factory=list)
     spikes: list[dict[str, Any]] = field(default_factory=list)
     plateaus: list[dict[str, Any]] = field(default_factory=list)
     ranks: list[dict[str, Any]] = field(default_factory=list)
@@ -113,6 +114,7 @@ class Diagnosis:
         return _jsonable({
             "path": self.path, "findings": self.findings, "workers": self.workers, "steps": self.steps,
             "rules": self.rules, "first_nonfinite": self.nonfinite, "incidents": self.incidents,
+            "incident_lines": self.incident_lines,
             "spikes": self.spikes, "plateaus": self.plateaus, "diverging_ranks": self.ranks, "amp": self.amp,
             "suggestions": self.suggestions, "notes": self.notes,
         })
@@ -197,7 +199,11 @@ class Diagnosis:
             out.append("")
         if self.incidents:
             kinds = ", ".join(f"{k}: {n}" for k, n in sorted(self.incidents.items()))
-            out += ["## Flight recorder incidents", "", kinds, ""]
+            out += ["## Flight recorder incidents", "", kinds]
+            out += [f"- {x}" for x in self.incident_lines[:LIST_LIMIT]]
+            if len(self.incident_lines) > LIST_LIMIT:
+                out.append(f"- ... and {len(self.incident_lines) - LIST_LIMIT} more (Trial.incidents())")
+            out.append("")
         if self.suggestions:
             out += ["## What to try", ""]
             out += [f"- {s}" for s in self.suggestions]
@@ -395,6 +401,7 @@ def _nonfinite(d: Diagnosis, trial: Any) -> None:
     try:
         for i in trial.incidents():
             d.incidents[str(i.get("kind"))] = d.incidents.get(str(i.get("kind")), 0) + 1
+            d.incident_lines.append(_incident_line(i))
         inc = trial.first_nonfinite()
     except Exception as e:  # noqa: BLE001 - the saved data still says where values went non-finite
         d.notes.append(f"the flight recorder's incidents could not be read: {e}")
@@ -404,6 +411,24 @@ def _nonfinite(d: Diagnosis, trial: Any) -> None:
     found = _scan_nonfinite(trial)
     if found is not None:
         d.nonfinite = found
+
+
+def _incident_line(i: dict[str, Any]) -> str:
+    """One incident in a line: step, worker, kind and what its detail says."""
+    det = i.get("detail") or {}
+    kind = i.get("kind")
+    if kind == "exception":
+        what = f"{det.get('type')}: {det.get('message')}"
+    elif kind in ("rule", "stop"):
+        what = f"{det.get('rule')}: {det.get('message') or det.get('reason') or ''}"
+    elif kind in ("loss_spike", "grad_norm_spike"):
+        what = (f"{det.get('tensor') or ''} {_g(det.get('value'))} ({det.get('why') or ''}; median "
+                f"{_g(det.get('median'))})")
+    elif kind == "non_finite":
+        what = f"{det.get('phase')}: {det.get('module') or det.get('parameter') or det.get('tensor')}"
+    else:
+        what = ""
+    return f"step {i.get('step')} ({i.get('worker')}): {kind} {what}".strip()[:300]
 
 
 def _from_incident(inc: dict[str, Any]) -> dict[str, Any]:

@@ -108,6 +108,11 @@ class SpikeDetector:
         self.judged = 0
         self.last_step: int | None = None
 
+    @property
+    def has_nonpositive(self) -> bool:
+        """Whether a value <= 0 was seen (the curve is then judged on its values, not their logarithm)."""
+        return self._nonpositive
+
     def add(self, step: int, value: float) -> Spike | None:
         """Judge `value` at `step` (steps in increasing order), then keep it in the history."""
         v = float(value)

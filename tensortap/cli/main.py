@@ -224,7 +224,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from tensortap.trials import create_trial
 
     _check_job_dir(args.out_dir)
-    d = diagnose(create_trial(args.out_dir))
+    d = diagnose(create_trial(args.out_dir), rules=not args.no_rules)
     text = d.to_text()
     open_storage(args.out_dir).write(DIAGNOSIS_KEY, text.encode("utf-8"))
     if args.json:
@@ -355,6 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "plateaus, diverging workers, and what to try (writes OUT_DIR/diagnosis.md)")
     dg.add_argument("out_dir", help="the job's out_dir (local path or s3://bucket/prefix)")
     dg.add_argument("--json", action="store_true", help="print one JSON document")
+    dg.add_argument("--no-rules", action="store_true",
+                    help="do not run the built-in rules the job does not record (faster on a large job)")
     dg.set_defaults(func=cmd_diagnose)
     _with_examples(dg, "diagnose")
 

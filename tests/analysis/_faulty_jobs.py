@@ -30,10 +30,12 @@ def mlp(seed: int = 0) -> Any:
 
 
 def spike_job(out_dir: str, steps: int = 90, corrupt_step: int | None = 60, factor: float = 100.0,
-              save_interval: int = 1) -> dict[str, Any]:
+              save_interval: int = 1, flight: bool = False) -> dict[str, Any]:
     """An MLP trained with SGD. At `corrupt_step` the gradient of its second Linear (`Sequential_2.weight`) is
     multiplied by `factor` before the optimizer's step (a bad batch, a broken kernel): that gradient spikes at
-    that step, the weights jump, and the loss spikes at the next step. Returns {"losses": [...]}."""
+    that step, the weights jump, and the loss spikes at the next step. With `flight`, the flight recorder is on
+    (what is saved between save_interval steps is its ring, written when it sees the spike). Returns
+    {"losses": [...]}."""
     import torch
     from torch import nn
 
@@ -42,8 +44,9 @@ def spike_job(out_dir: str, steps: int = 90, corrupt_step: int | None = 60, fact
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.2)
     loss_fn = nn.CrossEntropyLoss()
+    extra = {"flight_recorder": True} if flight else {}
     hook = tp.Hook(out_dir=out_dir, save_config=tp.SaveConfig(save_interval=save_interval),
-                   include_collections=["weights", "gradients", "losses"], writer="thread")
+                   include_collections=["weights", "gradients", "losses"], writer="thread", **extra)
     hook.register_module(model)
     hook.register_loss(loss_fn)
     hook.register_optimizer(opt)

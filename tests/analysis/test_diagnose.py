@@ -187,3 +187,24 @@ def test_a_third_layer_that_outputs_inf_at_step_k_is_named_at_step_k(tmp_path):
     assert f"step {k}" in d.to_text() and "module 2 went non-finite first in the forward pass" in d.to_text()
     r = json.loads(d.to_json())
     assert r["first_nonfinite"]["module"] == "2" and r["first_nonfinite"]["step"] == k
+
+
+def test_spikes_found_in_the_flight_recorder_s_ring(tmp_path):
+    """save_interval=500: only step 0 is saved by the schedule; the flight recorder writes its ring when it sees
+    the spike, and diagnose (and the spike rules, offline) find it there, attributed to the same layer."""
+    from tensortap.rules import invoke_rule
+    from tensortap.rules.builtin import GradNormSpike, LossSpike
+
+    out = str(tmp_path / "flight")
+    rec = jobs.spike_job(out, corrupt_step=CORRUPT, save_interval=500, flight=True)
+    trial = create_trial(out)
+    assert {i["kind"] for i in trial.incidents()} >= {"grad_norm_spike"}
+    d = diagnose(trial)
+    by_kind = {s["kind"]: s for s in d.spikes}
+    assert by_kind["gradient norm"]["step"] == CORRUPT and by_kind["loss"]["step"] == CORRUPT + 1, d.to_text()
+    assert by_kind["loss"]["value"] == pytest.approx(rec["losses"][CORRUPT + 1], rel=1e-5)  # its ring's |loss|
+    assert by_kind["loss"]["movers"][0]["tensor"] == "gradient/Sequential_2.weight"
+    rep = invoke_rule(LossSpike(create_trial(out)), stop_at_job_end=True)
+    assert rep.status == "IssuesFound" and rep.fired_steps[0] == CORRUPT + 1
+    rep = invoke_rule(GradNormSpike(create_trial(out)), stop_at_job_end=True)
+    assert rep.status == "IssuesFound" and rep.fired_steps[0] == CORRUPT

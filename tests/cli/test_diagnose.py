@@ -95,3 +95,9 @@ def test_errors_exit_2_in_one_line(tmp_path, json_flag):
     (tmp_path / "empty").mkdir()
     r = _diagnose(str(tmp_path / "empty"))
     assert r.returncode == 2 and "not a job's out_dir" in r.stderr
+
+
+def test_no_rules_runs_none(runs):
+    _, healthy = runs
+    d = json.loads(_diagnose(healthy, "--json", "--no-rules").stdout)
+    assert d["rules"] == [] and d["findings"] == 0

@@ -64,6 +64,15 @@ def _names_a_bad_value(msg: str, given_args: dict[str, Any]) -> bool:
     return False
 
 
+def _names_a_missing_parameter(fn: Any, msg: str, given_args: dict[str, Any]) -> bool:
+    """A parameter that was required and not given (AllZero without collection_names or tensor_regex) is named."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return any(re.search(rf"\b{re.escape(p)}\b", msg) for p in params if p not in given_args)
+
+
 def _works_or_clear_error(fn: Any, /, *args: Any, _allowed: tuple[type[BaseException], ...] = (), **kwargs: Any) -> Any:
     try:
         return fn(*args, **kwargs)
@@ -71,7 +80,8 @@ def _works_or_clear_error(fn: Any, /, *args: Any, _allowed: tuple[type[BaseExcep
         given_args = {**{f"arg{i}": a for i, a in enumerate(args)}, **kwargs}
         assert str(e), f"{fn.__qualname__}: an error without a message"
         if not (set(kwargs) & {"self"}) and given_args:
-            assert _names_a_bad_value(str(e), given_args) or not isinstance(e, tt.exceptions.InvalidConfiguration), (
+            assert (_names_a_bad_value(str(e), given_args) or _names_a_missing_parameter(fn, str(e), given_args)
+                    or not isinstance(e, tt.exceptions.InvalidConfiguration)), (
                 f"{fn.__qualname__}({given_args!r}): {e} names neither the value nor the parameter")
         return None
     except _allowed:

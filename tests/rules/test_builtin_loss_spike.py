@@ -79,3 +79,21 @@ def test_bad_parameters_are_one_line_errors(healthy):
         LossSpike(t, min_ratio=0.5)
     with pytest.raises(InvalidConfiguration, match="window"):
         GradNormSpike(t, window="x")
+
+
+def test_steps_written_after_the_rule_passed_them_are_judged_in_order(tmp_path):
+    """The flight recorder writes its ring when it sees the spike, after those steps ended: a rule that was at
+    step 0 when the ring came (save_interval=500: nothing else saved) judges the ring's steps, in order, at the
+    next step it is invoked at, and finds the spike where it was."""
+    out = str(tmp_path / "flight")
+    jobs.spike_job(out, corrupt_step=CORRUPT, save_interval=500, flight=True)
+    for cls, at in ((LossSpike, CORRUPT + 1), (GradNormSpike, CORRUPT)):
+        rule = cls(tt.create_trial(out))
+        rule.invoke(0)  # the rule's first step
+        last = rule.base_trial.steps()[-1]
+        assert last >= CORRUPT + 1  # the ring ends at the loss spike
+        with pytest.raises(tt.exceptions.RuleEvaluationConditionMet):
+            rule.invoke(last)  # the next step it is invoked at: after the ring
+        v = rule.report.first_violations[0]
+        assert v.step == at, (cls.__name__, v)
+        assert "gradient/Sequential_2.weight" in v.condition

@@ -11,7 +11,7 @@ import numpy as np
 from tensortap.rules._data import Stat
 from tensortap.rules.builtin._stats import flat
 
-__all__ = ["L2", "GradNorms"]
+__all__ = ["L2", "GradNorms", "LateSteps"]
 
 
 def _l2(rows: np.ndarray) -> np.ndarray:
@@ -53,3 +53,29 @@ class GradNorms:
             return None
         self._most = count
         return math.sqrt(total) if math.isfinite(total) else math.nan
+
+
+class LateSteps:
+    """Saved steps a rule was not invoked at because they were written after it passed them: the flight
+    recorder writes its ring (every step before a problem) when it sees the problem, after those steps ended.
+    `upto(step)` gives them, in order, then `step`, so a rule judges each saved step once and in order."""
+
+    def __init__(self, trial: Any):
+        self.trial = trial
+        self._last = -1
+        self._gen = None
+        self._steps: list[int] = []
+
+    def upto(self, step: int) -> list[int]:
+        import bisect
+
+        t = self.trial
+        if self._gen != t.generation:
+            self._steps = t.steps()
+            self._gen = t.generation
+        lo = bisect.bisect_right(self._steps, self._last)
+        hi = bisect.bisect_left(self._steps, step)
+        late = self._steps[lo:hi]
+        self._last = max(self._last, step)
+        return [*late, step]
+

@@ -7,7 +7,7 @@ from typing import Any
 
 from tensortap import modes as _modes
 from tensortap.analysis.spikes import SpikeDetector, attribute
-from tensortap.rules.builtin._norms import GradNorms
+from tensortap.rules.builtin._norms import GradNorms, LateSteps
 from tensortap.rules.builtin.loss_spike import describe_movers
 from tensortap.rules.params import as_float, as_int, as_str
 from tensortap.rules.rule import Rule
@@ -20,7 +20,8 @@ class GradNormSpike(Rule):
     `collection_name` taken together, what gradient clipping measures) spikes, judged as LossSpike judges a loss:
     robust z-score of its log over the last `window` saved values above `z_threshold` and more than `min_ratio`
     times their median, or more than `max_factor` times the largest norm before. The message names the layers
-    whose norm moved first. A step where some gradient seen before has no norm is not judged."""
+    whose norm moved first. A step where some gradient seen before has no norm is not judged. Steps written after
+    the rule passed them (the flight recorder's ring) are judged, in order, at the next step it is invoked at."""
 
     description = ("The total gradient norm spikes: robust z-score of its log over a trailing window and a ratio "
                    "to the window's median, or more than max_factor x the largest norm seen.")
@@ -44,19 +45,23 @@ class GradNormSpike(Rule):
                             min_ratio=self.min_ratio, max_factor=self.max_factor, min_history=self.min_history)
         self._det = SpikeDetector(self.window, self.z_threshold, self.min_ratio, self.max_factor, self.min_history)
         self._grads = GradNorms(self, self.collection_name)
+        self._late = LateSteps(self.base_trial)
         self.report.judged = 0
 
     def invoke_at_step(self, step: int) -> bool:
-        if self.base_trial.mode(step) not in (None, _modes.TRAIN, _modes.GLOBAL):
-            return False
+        for s in self._late.upto(step):
+            if self.base_trial.mode(s) in (None, _modes.TRAIN, _modes.GLOBAL):
+                self._judge(s)
+        return bool(self._violations)
+
+    def _judge(self, step: int) -> None:
         total = self._grads.read(step)
         if total is None or not math.isfinite(total):
-            return False
+            return
         sp = self._det.add(step, total)
         self.report.judged = self._det.judged
         if sp is None:
-            return False
+            return
         sp.movers = attribute(step, self._grads.layers, since=sp.previous_step, window=self.window)
         self.violation(step, "the gradient norm spiked: " + sp.describe("total gradient norm")
                        + describe_movers(sp.movers), None, sp.value)
-        return True

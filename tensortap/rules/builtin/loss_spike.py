@@ -6,7 +6,7 @@ from typing import Any
 
 from tensortap import modes as _modes
 from tensortap.analysis.spikes import SpikeDetector, attribute
-from tensortap.rules.builtin._norms import GradNorms
+from tensortap.rules.builtin._norms import L2, GradNorms, LateSteps
 from tensortap.rules.builtin._stats import MEAN
 from tensortap.rules.params import as_float, as_int, as_mode, as_regex_list
 from tensortap.rules.rule import Rule
@@ -31,7 +31,8 @@ class LossSpike(Rule):
     `z_threshold` and it is more than `min_ratio` times their median; or it is more than `max_factor` times the
     largest loss seen before (Megatron-LM's check). The message names the layers whose gradient norm moved first
     (when the job saved gradients). Steps of `mode` (default: TRAIN and steps saved without a mode); the first
-    worker's values (RankDivergence compares workers)."""
+    worker's values (RankDivergence compares workers). Steps written after the rule passed them (the flight
+    recorder's ring) are judged, in order, at the next step it is invoked at."""
 
     description = ("A loss spikes: robust z-score of its log over a trailing window and a ratio to the window's "
                    "median, or more than max_factor x the largest loss seen.")
@@ -57,6 +58,7 @@ class LossSpike(Rule):
                             min_history=self.min_history)
         self._detectors: dict[str, SpikeDetector] = {}
         self._grads = GradNorms(self)
+        self._late = LateSteps(self.base_trial)
         self.report.judged = 0
 
     def _judged_mode(self, step: int) -> bool:
@@ -66,18 +68,25 @@ class LossSpike(Rule):
         return m == self.mode
 
     def invoke_at_step(self, step: int) -> bool:
-        if not self._judged_mode(step):
-            return False
+        for s in self._late.upto(step):
+            if self._judged_mode(s):
+                self._judge(s)
+        return bool(self._violations)
+
+    def _judge(self, step: int) -> None:
         self._grads.read(step)
         names = self.select([] if self.tensor_regex else ["losses"], self.tensor_regex)
         for name in names:
-            v = self.stat(name, step, MEAN)
-            if v is None:
-                continue
             det = self._detectors.get(name)
             if det is None:
                 det = self._detectors[name] = SpikeDetector(self.window, self.z_threshold, self.min_ratio,
                                                             self.max_factor, self.min_history)
+            v = self.stat(name, step, MEAN)
+            if v is None and not det.has_nonpositive:
+                # a step only the flight recorder's ring has: its l2 is |loss|, the loss itself while it is > 0
+                v = self.stat(name, step, L2)
+            if v is None:
+                continue
             sp = det.add(step, float(v))
             self.report.judged = sum(d.judged for d in self._detectors.values())
             if sp is None:
@@ -85,4 +94,3 @@ class LossSpike(Rule):
             sp.movers = attribute(step, self._grads.layers, since=sp.previous_step, window=self.window)
             self.violation(step, "the loss spiked: " + sp.describe("loss") + describe_movers(sp.movers), name,
                            sp.value)
-        return bool(self._violations)

@@ -21,14 +21,14 @@ TOTAL_NORM = "total gradient norm"
 class RankDivergence(Rule):
     """Fires at a saved TRAIN step where a worker's loss (the `losses` collection, or `tensor_regex`) or total
     gradient norm diverges from the other workers': the median of its last `window` saved values is more than
-    `ratio_threshold` times apart from the median of the other workers' (or it is non-finite while theirs is
-    finite). With two workers, the one named is the one that moved from where both were before
-    (tensortap.analysis.ranks). A job with one worker is NoData."""
+    `ratio_threshold` times apart from the median of all workers' medians (with two workers, from the other's),
+    or it is non-finite while the others' is finite. With two workers, the one named is the one that moved from
+    where both were before (tensortap.analysis.ranks). A job with one worker is NoData."""
 
     description = ("A worker's loss or gradient norm diverges from the other workers': medians of the last values "
                    "more than ratio_threshold x apart, or non-finite on some workers only.")
     compares = ("each worker's median of its last `window` saved losses and total gradient norms with the median "
-                "of the other workers'")
+                "of all workers' (with two workers, with the other's)")
     count_empty_steps = False
     needs = "two or more workers that saved losses or gradients at the same steps"
 
