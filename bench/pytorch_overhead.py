@@ -27,8 +27,10 @@ through shared memory) side by side.
 
 `tensortap-tb` is the default hook with `export_tensorboard=True` (issue #24: the export costs the step nothing).
 `tensortap-flight` is a hook with its flight recorder on (statistics of every weight, gradient and module output at
-every step, docs/pytorch.md), `tensortap-flight-full` the same with `statistics="full"`; with `--intervals never`
-nothing else is saved. `anomaly` is `torch.autograd.set_detect_anomaly(True)` in the hooked blocks (no hook):
+every step, docs/pytorch.md), `tensortap-flight-full` the same with `statistics="full"`,
+`tensortap-flight-parameterized` / `tensortap-flight-nooutputs` with `outputs="parameterized"` / `"none"`; with
+`--intervals never` nothing else is saved. `anomaly` is `torch.autograd.set_detect_anomaly(True)` in the hooked
+blocks (no hook):
 
     .venv/bin/python bench/pytorch_overhead.py --models mlp,cnn,transformer --intervals never \
         --libs none,tensortap-flight,anomaly
@@ -51,6 +53,8 @@ INTERVALS = ("1", "10", "100", "never")
 # What the hooks save (`--collections`; children get it through the environment).
 COLLECTIONS = os.environ.get("TTBENCH_COLLECTIONS", "weights,biases,gradients,losses").split(",")
 HERE = os.path.dirname(os.path.abspath(__file__))
+#: the flight recorder's `outputs` setting of each tensortap-flight configuration (default "all")
+FLIGHT_OUTPUTS = {"tensortap-flight-parameterized": "parameterized", "tensortap-flight-nooutputs": "none"}
 DEFAULT_SMDEBUG_PYTHON = "/work/smdebug-venv/bin/python"
 
 
@@ -210,7 +214,8 @@ def child(lib: str, interval: str, model_name: str, pairs: int, steps: int) -> d
         if flight:
             from tensortap.capture.flight import FlightConfig
 
-            kw["flight_recorder"] = FlightConfig(statistics="full" if lib.endswith("-full") else "norms")
+            kw["flight_recorder"] = FlightConfig(statistics="full" if lib.endswith("-full") else "norms",
+                                                 outputs=FLIGHT_OUTPUTS.get(lib, "all"))
         hook = tp.Hook(out_dir=out_dir, save_config=tp.SaveConfig(**cfg_kwargs), include_collections=COLLECTIONS,
                        writer=writer, export_tensorboard=export, **kw)
     if hook is not None:
@@ -341,6 +346,7 @@ def main() -> None:
     pythons = {"tensortap": sys.executable, "tensortap-thread": sys.executable,
                "tensortap-process": sys.executable, "tensortap-tb": sys.executable, "smdebug": smdebug_python,
                "none": sys.executable, "tensortap-flight": sys.executable, "tensortap-flight-full": sys.executable,
+               "tensortap-flight-parameterized": sys.executable, "tensortap-flight-nooutputs": sys.executable,
                "anomaly": sys.executable}
     configs = [(m, lib, iv) for m in args.models.split(",") for iv in args.intervals.split(",") for lib in libs]
     results: dict[tuple[str, str, str], list[dict]] = {c: [] for c in configs}

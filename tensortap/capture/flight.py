@@ -39,6 +39,9 @@ STATISTICS: dict[str, tuple[tuple[str, bool], ...]] = {
     "norms": (("l2", False), ("nonfinite", False)),
     "full": (("l2", False), ("nonfinite", False), ("l1", False), ("max", True)),
 }
+#: whose outputs are recorded: every module's, those of modules with parameters of their own (and the models' and
+#: losses' own outputs), or none (weights, gradients and losses only)
+OUTPUTS = ("all", "parameterized", "none")
 FLIGHT_COLLECTION = "flight"
 ENV = "TENSORTAP_FLIGHT"
 _MODE_NAMES = {1: "TRAIN", 2: "EVAL", 3: "PREDICT", 4: "GLOBAL"}
@@ -58,7 +61,8 @@ class FlightConfig:
     count) or "full" (also l1 and max|x|); spikes of the loss and the gradient norm judged on their log against the
     median and MAD of the last `spike_window` values (once `spike_min_history` are known): z-score above `spike_z`,
     or above `spike_ratio` times the largest value seen before; the raw tensors of at most `max_raw_dumps` failing
-    steps are written."""
+    steps are written; `outputs`: whose outputs are recorded ("all" modules', "parameterized": those with parameters
+    of their own plus the models' and losses' outputs, "none": the models' and losses' own outputs only)."""
 
     steps: int = 256
     statistics: str = "norms"
@@ -67,12 +71,15 @@ class FlightConfig:
     spike_z: float = 6.0
     spike_ratio: float = 10.0
     max_raw_dumps: int = 3
+    outputs: str = "all"
 
     def __post_init__(self) -> None:
         for name in ("steps", "spike_window", "spike_min_history", "max_raw_dumps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "max_raw_dumps" else 1):
                 raise InvalidConfiguration(f"flight recorder {name}={v!r} must be a positive whole number")
+        if self.outputs not in OUTPUTS:
+            raise InvalidConfiguration(f"flight recorder outputs={self.outputs!r}: allowed are {', '.join(OUTPUTS)}")
         if self.statistics not in STATISTICS:
             raise InvalidConfiguration(f"flight recorder statistics={self.statistics!r}: allowed are "
                                        f"{', '.join(STATISTICS)}")

@@ -130,12 +130,17 @@ class TorchFlight:
                 self.warned_unseen = True
             else:
                 targets = list(inner.named_modules())
+            which = self.rec.config.outputs
             for n, m in targets:
+                is_root = m is inner or m is module
+                if not is_root and (which == "none" or (
+                        which == "parameterized" and next(m.parameters(recurse=False), None) is None)):
+                    continue
                 idx = len(self.modules)
                 self.modules.append(n if n else root_name)
                 self.own_params[idx] = [f"{root_name}_{n + '.' if n else ''}{pn}"
                                         for pn, _p in m.named_parameters(recurse=False)]
-                if m is inner or m is module:
+                if is_root:
                     self.roots.add(idx)
                 self.handles.append(m.register_forward_hook(functools.partial(self._forward_hook, idx)))
         except Exception as e:  # noqa: BLE001

@@ -425,3 +425,30 @@ def test_a_module_computing_with_a_non_finite_weight_names_the_weight(tmp_path):
     assert (d["phase"], d["module"], d["parameter"], d["tensor"], d["nan"]) == (
         "weights", "2", "Sequential_2.bias", "Sequential_2.bias", 1)
     assert d["inputs"][0]["nonfinite"] == 0  # (what came in was finite)
+
+
+@pytest.mark.parametrize("outputs", ["parameterized", "none"])
+def test_outputs_of_fewer_modules(tmp_path, outputs):
+    """outputs="parameterized" records modules with parameters of their own (and the model's and the loss's own
+    outputs); "none" only those two; weights and gradients always."""
+    model = _mlp()
+    loss_fn = nn.CrossEntropyLoss()
+    hook = _hook(str(tmp_path), steps=FlightConfig(steps=4, outputs=outputs))
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with pytest.raises(KeyError):
+        with hook:
+            for step in range(3):
+                x, y = _batch(step)
+                opt.zero_grad()
+                loss_fn(model(x), y).backward()
+                opt.step()
+            raise KeyError("end")
+    names = set(create_trial(str(tmp_path)).tensor_names(collection="flight"))
+    assert {"Sequential_output_0", "CrossEntropyLoss_output_0", "Sequential_0.weight",
+            "gradient/Sequential_6.bias"} <= names
+    assert "1_output_0" not in names  # (a Tanh)
+    assert ("0_output_0" in names) == (outputs == "parameterized")
+    with pytest.raises(InvalidConfiguration, match="outputs='some': allowed are all, parameterized, none"):
+        FlightConfig(outputs="some")
