@@ -7,6 +7,7 @@ the median of --repeat runs; A/B comparisons alternate their runs. The machine's
 machine the absolute figures move with it, ratios less.
 
 Usage: .venv/bin/python bench/export.py [--only NAME ...] [--repeat 3] [--wide-steps 1000] [--old /work/main]
+                                       [--wide-path JOB] [--dask-workers 2]
   --old PATH  also time to_dataframe() of the tensortap checkout at PATH (the implementation before this one)
 """
 
@@ -193,6 +194,60 @@ def bench_wide(tmp: str, repeat: int, steps: int) -> dict:
             "read_whole": summary(n, reads, cpus)}
 
 
+def bench_wide_stream(tmp: str, repeat: int, steps: int, path: str | None = None, dask_workers: int = 2,
+                      only_columns: bool = False) -> dict:
+    """A wide job (10,000 tensors x `steps` steps of statistics) read whole as `tensortap.dask.read_jobs` reads it:
+    its index in byte ranges of whole blocks, each read straight into columns (trials.native_columns), one
+    partition after another in this process, then on a LocalCluster of `dask_workers` processes. `path`: an
+    existing job of that shape (it takes minutes to write 10^8 values). "columns": the partitions' columns alone
+    (trials.native_columns, before pandas builds its string columns); `only_columns`: that alone."""
+    import tensortap.dask as ttd
+
+    if path is None:
+        path = os.path.join(tmp, "wide_stream")
+        n = synth_job(path, tensors=10_000, steps=steps, steps_per_block=20)
+    else:
+        n = None
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+    t0 = time.perf_counter()
+    parts = ttd.partitions([path])
+    list_s = time.perf_counter() - t0
+    seq, seq_cpu, dist, cols, cols_cpu = [], [], [], [], []
+    rows = 0
+    from tensortap.format import layout
+    from tensortap.storage import open_storage
+    from tensortap.trials.native_columns import read_scalars
+
+    store = open_storage(path)
+    for _ in range(repeat):  # the columns alone (what each partition reads before pandas)
+        c0, t0 = time.process_time(), time.perf_counter()
+        got = sum(len(read_scalars(store, layout.chunk_key(p.worker, p.seq, layout.INDEX_SUFFIX), p.lo,
+                                   p.hi or None)) for p in parts)
+        cols.append(time.perf_counter() - t0)
+        cols_cpu.append(time.process_time() - c0)
+    if only_columns:
+        return {"values": got, "index_bytes": size, "partitions": len(parts), "columns": summary(got, cols, cols_cpu)}
+    for _ in range(repeat):
+        c0, t0 = time.process_time(), time.perf_counter()
+        rows = sum(len(ttd.read_partition(p)) for p in parts)
+        seq.append(time.perf_counter() - t0)
+        seq_cpu.append(time.process_time() - c0)
+    if n is not None:
+        assert rows == n
+    from dask.distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=dask_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            got = int(client.compute(ttd.read_jobs([path]).map_partitions(len)).result().sum())
+            dist.append(time.perf_counter() - t0)
+            assert got == rows
+    return {"values": rows, "index_bytes": size, "partitions": len(parts), "list_s": round(list_s, 3),
+            "columns": summary(rows, cols, cols_cpu), "sequential": summary(rows, seq, seq_cpu),
+            f"dask_{dask_workers}_workers": summary(rows, dist)}
+
+
 def bench_duckdb(tmp: str, repeat: int) -> dict:
     import duckdb
 
@@ -257,7 +312,10 @@ def bench_read_jobs(tmp: str, repeat: int, steps: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", nargs="*", default=["frames", "export", "wide", "duckdb", "read_jobs"])
+    ap.add_argument("--only", nargs="*", default=["frames", "export", "wide", "wide_stream", "duckdb", "read_jobs"])
+    ap.add_argument("--wide-path", default=None, help="wide_stream: an existing job of 10,000 tensors (reused)")
+    ap.add_argument("--dask-workers", type=int, default=2)
+    ap.add_argument("--only-columns", action="store_true", help="wide_stream: the columnar read alone")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--wide-steps", type=int, default=1000)
     ap.add_argument("--w64-steps", type=int, default=10_000)
@@ -275,6 +333,9 @@ def main() -> None:
                 out[name] = bench_export(tmp, args.repeat)
             elif name == "wide":
                 out[name] = bench_wide(tmp, args.repeat, args.wide_steps)
+            elif name == "wide_stream":
+                out[name] = bench_wide_stream(tmp, args.repeat, args.wide_steps, args.wide_path, args.dask_workers,
+                                              args.only_columns)
             elif name == "duckdb":
                 out[name] = bench_duckdb(tmp, args.repeat)
             elif name == "read_jobs":

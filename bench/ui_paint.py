@@ -372,6 +372,10 @@ def measure_scale(paths: list[str], rounds: int, zoom: bool) -> dict:
     return res
 
 
+def load_text() -> str:
+    return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def report_scale(name: str, res: dict) -> None:
     pm = res["paint_ms"]
     m = res["marks"][-1]
@@ -391,6 +395,35 @@ def report_scale(name: str, res: dict) -> None:
           f"load average {os.getloadavg()[0]:.1f}")
 
 
+VIEWS_TIME = """
+import json, sys, time
+from tensortap.ui.jobs import JobSet
+from tensortap.ui.server import to_json
+from tensortap.ui.views import render_view
+t0, c0 = time.perf_counter(), time.process_time()
+js = JobSet(sys.argv[1:])
+for j in js.jobs:
+    j.warm()
+out = {"start": (round(time.perf_counter() - t0, 2), round(time.process_time() - c0, 2))}
+for v in ("overview", "layers", "heatmap", "distribution"):
+    t, c = time.perf_counter(), time.process_time()
+    n = len(to_json({"blocks": render_view(js, v, {})}))
+    out[v] = (round(time.perf_counter() - t, 2), round(time.process_time() - c, 2), n // 1024)
+print(json.dumps(out))
+"""
+
+
+def server_views(paths: list[str], old: str | None) -> None:
+    """The server's work per view (render_view after Job.warm, as the dashboard runs it), in one process: wall s,
+    CPU s, JSON KB; `old`: also that of the tensortap checkout at OLD, alternated."""
+    here = os.path.dirname(HERE)
+    for name, root in (("this", here), ("old", old)) if old else (("this", here),):
+        env = {**os.environ, "PYTHONPATH": root}
+        got = subprocess.run([sys.executable, "-c", VIEWS_TIME, *paths], capture_output=True, text=True, env=env,
+                             cwd="/", check=True).stdout.strip()
+        print(f"  server views ({name}): {got}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scale", action="store_true", help="the large-job and many-jobs cases (issue #42)")
@@ -402,7 +435,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--report-steps", type=int, default=1000)
     ap.add_argument("--reuse", action="store_true", help="keep jobs written by an earlier run")
+    ap.add_argument("--server-only", action="store_true",
+                    help="--scale: only the server's work per view (no browser), of this checkout and --old")
+    ap.add_argument("--old", help="--server-only: a tensortap checkout to compare with")
     args = ap.parse_args()
+    if args.scale and args.server_only:
+        big = os.path.join(OUT, f"big_{args.big_steps}x{args.big_tensors}")
+        many = os.path.join(OUT, f"many_{args.jobs}")
+        print(f"A ({load_text()}):")
+        server_views([big], args.old)
+        print(f"B ({load_text()}):")
+        server_views(sorted(os.path.join(many, d) for d in os.listdir(many)), args.old)
+        return
     if args.scale:
         big = os.path.join(OUT, f"big_{args.big_steps}x{args.big_tensors}")
         if not (args.reuse and os.path.isdir(big)):

@@ -27,9 +27,15 @@ SMDEBUG_STEPS_PER_PARTITION = 1000
 COLUMNS = ("job", "worker", "mode", "mode_step", "step", "tensor", "statistic", "value", "computed", "wall_time")
 
 
+#: index entries (values) per partition of a native chunk: a larger chunk is read as several byte ranges of
+#: whole index blocks, so that a partition's memory stays bounded however long the job
+NATIVE_ENTRIES_PER_PARTITION = 4_000_000
+
+
 @dataclass(frozen=True)
 class Partition:
-    """What one partition reads: a native chunk (`seq`) of `worker`, or steps [lo, hi) of an smdebug job."""
+    """What one partition reads: bytes [lo, hi) of the index of a native chunk (`seq`) of `worker` (hi 0: to its
+    end), or steps [lo, hi) of an smdebug job."""
 
     path: str
     job: str
@@ -103,10 +109,17 @@ def partitions(paths_or_globs: str | Iterable[str], *, job_names: list[str] | No
         if "://" not in path and not os.path.isdir(path):
             raise InvalidConfiguration(f"{path!r} is not a directory (expected a job's out_dir)")
         if is_native_out_dir(store):
+            from tensortap.trials.native_columns import block_ranges
+
             for key in store.list(layout.ROOT + "/"):
                 p = layout.parse_chunk_key(key)
-                if p is not None and p[2] == "idx":
-                    out.append(Partition(path, job, p[0], "native", seq=p[1]))
+                if p is None or p[2] != "idx":
+                    continue
+                # a large local index: ranges of whole blocks (found from the blocks' heads); else the chunk
+                big = store.supports_append and (store.size(key) or 0) > NATIVE_ENTRIES_PER_PARTITION * 66
+                ranges = block_ranges(store, key, NATIVE_ENTRIES_PER_PARTITION) if big else [(0, 0)]
+                for lo, hi in ranges:
+                    out.append(Partition(path, job, p[0], "native", seq=p[1], lo=lo, hi=hi))
         elif is_smdebug_out_dir(store):
             by_worker: dict[str, list[int]] = {}
             for key in store.list("index/"):
@@ -123,18 +136,33 @@ def partitions(paths_or_globs: str | Iterable[str], *, job_names: list[str] | No
 
 
 def _native_trial(part: Partition) -> Any:
+    """A trial of the partition's chunk (its byte range of whole index blocks)."""
     from tensortap.format import layout
     from tensortap.format.native import NativeSource
     from tensortap.storage import open_storage
     from tensortap.trials.trial import Trial
 
     key = layout.chunk_key(part.worker, part.seq, layout.INDEX_SUFFIX)
+    storage = open_storage(part.path)
+    if part.hi:
+        real_size = storage.size
+
+        def size(k: str) -> int | None:  # the range ends at hi: the blocks after it are another partition's
+            return part.hi if k == key else real_size(k)
+
+        storage.size = size  # (this storage object is the partition's own)
 
     class _OneChunk(NativeSource):
         def _list_chunk_keys(self) -> list[str]:
             return [key]
 
-    return Trial(_OneChunk(open_storage(part.path)), part.job)
+        def _discover(self) -> None:
+            super()._discover()
+            for c in self._chunks:
+                if c.read_upto < part.lo:
+                    c.read_upto = part.lo
+
+    return Trial(_OneChunk(storage), part.job)
 
 
 def read_partition(part: Partition, mode: int | None = None, names: list[str] | None = None) -> Any:
@@ -144,37 +172,51 @@ def read_partition(part: Partition, mode: int | None = None, names: list[str] | 
 
     from tensortap.trials.columns import MODE_NAMES, STATISTICS, Extract
 
+    s = None
     if part.format == "native":
-        trial = _native_trial(part)
-        ex = Extract(trial, names, mode)
+        # a range of statistics and scalars straight into columns; through a trial where that cannot be
+        from tensortap.format import layout
+        from tensortap.storage import open_storage
+        from tensortap.trials.native_columns import read_scalars
+
+        key = layout.chunk_key(part.worker, part.seq, layout.INDEX_SUFFIX)
+        s = read_scalars(open_storage(part.path), key, part.lo, part.hi or None, mode=mode, names=names)
+        if s is None:
+            ex = Extract(_native_trial(part), names, mode)
     else:
         from tensortap.trials import create_trial
 
         trial = create_trial(part.path, name=part.job, range_steps=(part.lo, part.hi))
         trial.assume_ended()
         ex = Extract(trial, names, mode, workers=[part.worker])
-    s = ex.scalars()
+    if s is None:
+        s = ex.scalars()
 
-    def strings(codes: np.ndarray, table: list[str]) -> np.ndarray:
-        return np.array(table or [""], dtype=object)[codes]
+    import pyarrow as pa
+
+    def strings(codes: np.ndarray, table: list[str]) -> Any:
+        # decoded by pyarrow from the codes and their small table: no Python string object per row
+        arr = pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32, copy=False)),
+                                             pa.array(table or [""], pa.string()))
+        return pd.arrays.ArrowStringArray(arr.cast(pa.string()))
 
     return pd.DataFrame({
-        "job": np.full(len(s), part.job, dtype=object), "worker": strings(s.worker, s.workers),
-        "mode": np.array([MODE_NAMES[i] for i in range(1, 5)], dtype=object)[s.mode.astype(np.int64) - 1],
+        "job": strings(np.zeros(len(s), np.int32), [part.job]), "worker": strings(s.worker, s.workers),
+        "mode": strings(s.mode.astype(np.int32) - 1, [MODE_NAMES[i] for i in range(1, 5)]),
         "mode_step": s.mode_step, "step": s.step, "tensor": strings(s.tensor, s.tensors),
-        "statistic": np.array(STATISTICS, dtype=object)[s.statistic],
+        "statistic": strings(s.statistic, list(STATISTICS)),
         "value": s.value, "computed": s.computed, "wall_time": s.wall_time,
-    }).astype({c: "string" for c in ("job", "worker", "mode", "tensor", "statistic")})
+    })
 
 
 def _meta() -> Any:
     import pandas as pd
 
     return pd.DataFrame({
-        "job": pd.Series([], dtype="string"), "worker": pd.Series([], dtype="string"),
-        "mode": pd.Series([], dtype="string"), "mode_step": pd.Series([], dtype="int64"),
-        "step": pd.Series([], dtype="int64"), "tensor": pd.Series([], dtype="string"),
-        "statistic": pd.Series([], dtype="string"), "value": pd.Series([], dtype="float64"),
+        "job": pd.Series([], dtype="string[pyarrow]"), "worker": pd.Series([], dtype="string[pyarrow]"),
+        "mode": pd.Series([], dtype="string[pyarrow]"), "mode_step": pd.Series([], dtype="int64"),
+        "step": pd.Series([], dtype="int64"), "tensor": pd.Series([], dtype="string[pyarrow]"),
+        "statistic": pd.Series([], dtype="string[pyarrow]"), "value": pd.Series([], dtype="float64"),
         "computed": pd.Series([], dtype="bool"), "wall_time": pd.Series([], dtype="float64"),
     })
 

@@ -261,30 +261,31 @@ class _Series:
         if s is None or name not in s.tensors:
             return empty
         code = s.tensors.index(name)
-        rows = s.tensor == code
+        a, b = (int(x) for x in np.searchsorted(s.tensor, [code, code + 1]))  # rows come sorted by tensor
+        mode, wk, stat, step, value = (s.mode[a:b], s.worker[a:b], s.statistic[a:b], s.step[a:b], s.value[a:b])
+        rows = np.ones(b - a, dtype=bool)
         if train:
-            rows &= np.isin(s.mode, [_modes.TRAIN.value, _modes.GLOBAL.value])
+            rows &= (mode == _modes.TRAIN.value) | (mode == _modes.GLOBAL.value)
         if worker is None:
-            ws = np.unique(s.worker[rows])
-            if not len(ws):
+            if not rows.any():
                 return empty
-            rows &= s.worker == ws.min()
+            rows &= wk == wk[rows].min()
         else:
             if worker not in s.workers:
                 return empty
-            rows &= s.worker == s.workers.index(worker)
-        steps_out: dict[int, float] = {}
-        for stat in reversed(stats):  # the first statistic wins: written last
-            i = self.stat_index.get(stat)
+            rows &= wk == s.workers.index(worker)
+        st_parts, v_parts = [], []
+        for name_ in stats:  # in order: the first statistic present at a step wins
+            i = self.stat_index.get(name_)
             if i is None:
                 continue
-            sel = rows & (s.statistic == i)
-            for st, v in zip(s.step[sel].tolist(), s.value[sel].tolist(), strict=True):
-                steps_out[int(st)] = float(v)
-        if not steps_out:
+            sel = rows & (stat == i)
+            st_parts.append(step[sel])
+            v_parts.append(value[sel])
+        if not st_parts or not sum(len(p) for p in st_parts):
             return empty
-        keys = sorted(steps_out)
-        return np.asarray(keys, np.int64), np.asarray([steps_out[k] for k in keys], np.float64)
+        steps, first = np.unique(np.concatenate(st_parts), return_index=True)
+        return steps.astype(np.int64), np.concatenate(v_parts)[first].astype(np.float64)
 
 
 def _names(trial: Any, collection: str, prefixes: tuple[str, ...] = ()) -> list[str]:

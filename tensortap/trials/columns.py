@@ -154,17 +154,16 @@ class Extract:
 
     def _wall_time(self, worker: np.ndarray, step: np.ndarray) -> np.ndarray:
         """Wall times of rows of (worker id, global step)."""
-        out = np.full(len(step), np.nan)
         if self._wall is None or not len(step):
-            return out
-        only = len(self._wall) == 1 and len(self.source.workers) == 1
+            return np.full(len(step), np.nan)
+        if len(self._wall) == 1 and len(self.source.workers) == 1:  # one worker: no selection of its rows
+            ((max_steps, times),) = self._wall.values()
+            return _lookup(max_steps, times, step)
+        out = np.full(len(step), np.nan)
         for wid, (max_steps, times) in self._wall.items():
-            sel = np.arange(len(step)) if only else np.nonzero(worker == wid)[0]
-            if not len(sel):
-                continue
-            i = np.searchsorted(max_steps, step[sel], side="left")
-            ok = i < len(times)
-            out[sel[ok]] = times[i[ok]]
+            sel = np.nonzero(worker == wid)[0]
+            if len(sel):
+                out[sel] = _lookup(max_steps, times, step[sel])
         return out
 
     def _inline_scalars(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -239,7 +238,9 @@ class Extract:
         cols = self._codes(all_idx)
         # rows by tensor name; within a tensor the entries' order (statistic, step, worker) is kept: a stable
         # sort of runs, near linear
-        order = np.argsort(cols["tensor"], kind="stable")
+        codes = cols["tensor"]
+        # (a radix sort for up to 65,536 tensors: linear)
+        order = np.argsort(codes.astype(np.uint16) if len(self.tensors) <= 1 << 16 else codes, kind="stable")
         return Scalars(self.tensors, self.workers, cols["tensor"][order], cols["worker"][order],
                        cols["mode"][order], cols["step"][order], cols["mode_step"][order], stat[order],
                        value[order], computed[order],
@@ -359,6 +360,18 @@ class Extract:
                 t.values.append(None)
             t.pointer.append(ptr if t.values[-1] is None else None)
         return t
+
+
+def _lookup(max_steps: np.ndarray, times: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """The time of the first block whose (running) largest step is >= each step; NaN past the last block. Rows
+    come in runs of one step: the search runs on the runs."""
+    if not len(step):
+        return np.empty(0)
+    starts = np.flatnonzero(np.diff(step)) + 1
+    firsts = np.concatenate([[0], starts])
+    i = np.searchsorted(max_steps, step[firsts], side="left")
+    t = np.append(times, np.nan)[i]
+    return np.repeat(t, np.diff(np.append(firsts, len(step))))
 
 
 def _key(e: np.ndarray) -> np.ndarray:

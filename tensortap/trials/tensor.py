@@ -129,11 +129,13 @@ class Tensor:
 
     # --- steps ------------------------------------------------------------------------------
 
-    def steps(self, mode: ModeKeys | str = _modes.GLOBAL, show_incomplete_steps: bool = False) -> list[int]:
-        """Steps (mode steps, or global steps for GLOBAL) at which anything of this tensor was saved."""
+    def steps(self, mode: ModeKeys | str = _modes.GLOBAL, show_incomplete_steps: bool = False, *,
+              raw_only: bool = False) -> list[int]:
+        """Steps (mode steps, or global steps for GLOBAL) at which anything of this tensor was saved (`raw_only`:
+        its raw value, not only reductions or its shape)."""
         mode = _modes.parse_mode(mode)
         self._refresh_if_stale()
-        e = self._load()
+        e = self._part(_RAW_KEY) if raw_only else self._load()
         if mode != _modes.GLOBAL:
             e = e[e["mode"] == mode.value]
         if not len(e):
@@ -345,6 +347,9 @@ class Tensor:
         g = self._global(step_num, mode)
         if g is not None:
             rows = self._rows_at(self._part(key), g)
+            if worker is not None and len(rows):  # another worker's saved reduction is not this one's
+                src = self.trial.source
+                rows = rows[[src.workers[int(w)] == worker for w in rows["worker"]]]
             if len(rows):
                 row = self._pick_worker(rows, worker, step_num)
                 return _scalar(self.trial.source.read_values(row.reshape(1))[0])

@@ -443,6 +443,62 @@ class Trial:
 
     # --- bulk / export ----------------------------------------------------------------------
 
+    def statistics(
+        self,
+        names: Iterable[str] | None = None,
+        stats: Iterable[str] = ("l2", "min", "max", "nonfinite"),
+        *,
+        mode: ModeKeys | str = _modes.GLOBAL,
+        worker: str | None = None,
+        steps: tuple[int | None, int | None] | Iterable[int] | None = None,
+    ) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
+        """{tensor: {statistic: (steps, float64 values)}} of many tensors at once (default: every tensor), in one
+        pass over the index and one read of the raw values needed: at each complete step, the reduction saved
+        at that step, else the statistic computed from the raw value; the same values as
+        `tensor(name).reduction_value(step, stat)` for each step, bit for bit (`abs_<name>` for abs=True). A
+        statistic with no value is absent. `steps`: (first, last) inclusive, or a list, of steps of `mode`
+        (global steps for GLOBAL); `worker`: that worker's values, else each step's first worker's."""
+        from tensortap.trials import bulk
+
+        return bulk.statistics(self, names, stats, mode=mode, worker=worker, steps=steps)
+
+    def wall_time(self, global_steps: Iterable[int]) -> np.ndarray:
+        """UNIX seconds at which each global step's data became readable: the time of the index flush (the block
+        header's `time`, docs/format.md §3.1) that first held or passed the step, the earliest over the workers;
+        at most one flush interval (0.5 s by default) after the step was saved. NaN where unknown (smdebug
+        out_dirs record no time; a step no flush has reached yet)."""
+        steps = np.asarray(list(global_steps) if not isinstance(global_steps, np.ndarray) else global_steps,
+                           dtype=np.int64)
+        out = np.full(len(steps), np.inf)
+        bt = getattr(self.source, "block_times", None)
+        if not bt or not len(steps):
+            return np.full(len(steps), np.nan)
+        arr = np.asarray(bt, dtype=np.float64)
+        for wid in np.unique(arr[:, 0]).tolist():
+            rows = arr[arr[:, 0] == wid]
+            upto = np.maximum.accumulate(rows[:, 1])  # blocks in the order read: a worker's steps only grow
+            times = rows[:, 2]
+            i = np.searchsorted(upto, steps, side="left")
+            ok = i < len(times)
+            out[ok] = np.minimum(out[ok], times[i[ok]])
+        out[~np.isfinite(out)] = np.nan
+        return out
+
+    def values_of(
+        self,
+        names: Iterable[str] | None = None,
+        *,
+        mode: ModeKeys | str = _modes.GLOBAL,
+        worker: str | None = None,
+        steps: tuple[int | None, int | None] | Iterable[int] | None = None,
+    ) -> dict[str, tuple[np.ndarray, np.ndarray | list[np.ndarray]]]:
+        """{tensor: (steps, values)} of many tensors' raw values at once, as `tensor(name).stacked()` gives each
+        (values stacked when they share a shape and dtype, else a list), for the complete steps asked (as in
+        `statistics`). A tensor with no raw value there is absent."""
+        from tensortap.trials import bulk
+
+        return bulk.values(self, names, mode=mode, worker=worker, steps=steps)
+
     def _extract(self, names: Iterable[str] | None, regex: str | None, collection: str | None,
                  mode: ModeKeys | str) -> Any:
         from tensortap.trials.columns import Extract

@@ -9,6 +9,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tensortap.trials import Trial, create_trial
 from tensortap.trials.summary import RULE_STATUSES, rule_runs, rule_summary  # noqa: F401 - named here for callers
 from tensortap.ui.series import is_scalar
@@ -16,8 +18,6 @@ from tensortap.ui.series import is_scalar
 #: bytes of per-step statistics a Job keeps for the tensors drawn last (the layers page and the heatmap draw
 #: the same ones); the least recently drawn go first
 STATS_CACHE_BYTES = 64 << 20
-#: a live job's statistics are extended step by step up to this many new steps, recomputed beyond
-INCREMENTAL_STEPS = 200
 
 _XGB_NON_SCALAR = re.compile(
     r"^(feature_importance|average_shap|full_shap|hyperparameters|trees)/|^(labels|predictions)$")
@@ -28,6 +28,8 @@ _WEIGHT_PREFIX = re.compile(r"^weights?/")
 #: Keras' weight names: `<layer>/weights/<variable path>` (d1/weights/sequential/d1/kernel); its gradient is
 #: gradients/<variable path>Grad
 _KERAS_WEIGHT = re.compile(r"^[^/]+/weights/(.+)$")
+#: steps at which a job's wall times are sent to the page (between them, linear interpolation)
+WALL_POINTS = 1000
 #: bytes of scalar series a Job keeps (the curves and their zoomed windows read them)
 SERIES_CACHE_BYTES = 64 << 20
 
@@ -112,6 +114,8 @@ class Job:
         self._kinds: Kinds | None = None
         self._kinds_generation = -1
         self._stats: OrderedDict[tuple[str, str | None], tuple[int, dict, set]] = OrderedDict()
+        self._stats_bytes = 0  # of the arrays in self._stats
+        self._wall: tuple[int, dict | None] | None = None
         self._series: OrderedDict[tuple[str, str], tuple[int, tuple]] = OrderedDict()
 
     @classmethod
@@ -179,11 +183,39 @@ class Job:
         return np.fromiter((-1 if (g := to_global(mode, s)) is None else g for s in steps.tolist()),
                            dtype=np.int64, count=len(steps))
 
+    def wall_table(self, points: int = WALL_POINTS) -> dict[str, list] | None:
+        """When the job's steps were written, for an x axis of wall time: {"step": global steps, "s": seconds
+        since the first of them} at up to `points` of its saved steps (evenly spread, the first and the last
+        always; of the steps one flush wrote, the first and the last only); a page puts any step between two of
+        them by linear interpolation. Times are those of
+        Trial.wall_time (the index flush that made a step readable: within a flush interval of its save). None
+        when the job records no times (smdebug out_dirs)."""
+        with self.lock:
+            gen = self.trial.generation
+            if self._wall is not None and self._wall[0] == gen:
+                return self._wall[1]
+            steps = np.asarray(self.trial.steps(show_incomplete_steps=True), dtype=np.int64)
+            if len(steps) > points:
+                steps = steps[np.unique(np.linspace(0, len(steps) - 1, points).round().astype(np.int64))]
+            t = self.trial.wall_time(steps) if len(steps) else np.empty(0)
+            ok = np.isfinite(t)
+            table = None
+            if ok.any():
+                steps, t = steps[ok], t[ok]
+                # steps of one flush share its time: only the first and last of each run are needed
+                keep = np.ones(len(t), dtype=bool)
+                keep[1:-1] = (t[1:-1] != t[:-2]) | (t[1:-1] != t[2:])
+                steps, t = steps[keep], t[keep]
+                table = {"step": steps.tolist(), "s": [round(float(x), 3) for x in (t - t[0]).tolist()]}
+            self._wall = (gen, table)
+            return table
+
     def warm(self) -> None:
         """Index the job and read its curves now (the dashboard's start), not on the page's first request."""
         from tensortap import modes as _modes
 
         with self.lock:
+            self.wall_table()
             for mode in self.trial.modes() or [_modes.GLOBAL]:
                 for name in self.kinds.scalars:
                     self.scalar(name, mode)
@@ -192,53 +224,71 @@ class Job:
 
     def stats(self, name: str, worker: str | None = None,
               which: tuple[str, ...] = ("l2", "min", "max", "nonfinite")) -> dict[str, tuple[Any, Any]]:
-        """{stat: (steps, values)} of tensor `name`'s statistics `which` (of L2 norm, min, max, non-finite
-        count) at every saved step (series.stat_series), kept (up to STATS_CACHE_BYTES) and extended as the
-        job grows; a statistic asked for later is read then (the heatmap asks for norms only)."""
-        from tensortap.ui.series import stat_series
+        """{stat: (steps, values)} of tensor `name`'s statistics `which` (see stats_many)."""
+        return self.stats_many([name], worker, which)[name]
+
+    def stats_many(self, names: list[str], worker: str | None = None,
+                   which: tuple[str, ...] = ("l2", "min", "max", "nonfinite")) -> dict[str, dict[str, tuple[Any, Any]]]:
+        """{tensor: {stat: (steps, values)}} of the statistics `which` (of L2 norm, min, max, mean, non-finite
+        count) of tensors `names` at every saved step (series.stat_series' values), kept (up to
+        STATS_CACHE_BYTES) and extended as the job grows. What is not kept yet is read for all the tensors at
+        once (Trial.statistics: one pass over the index and the raw values): a statistic asked for later is
+        read then (the heatmap asks for norms only), a live job's new steps only are read."""
+        from tensortap.ui.series import stat_bulk
 
         with self.lock:
-            key = (name, worker)
-            hit = self._stats.pop(key, None)
-            tensor = self.trial.tensor(name)
-            if hit is not None and hit[0] == self.trial.generation:
-                got, asked = hit[1], hit[2]
-            elif hit is not None and (ext := self._extended(tensor, hit[1], worker)) is not None:
-                got, asked = ext, hit[2]
-            else:
-                got, asked = stat_series(tensor, which, worker=worker), set(which)
-            missing = tuple(s for s in which if s not in asked)
-            if missing:
-                got = {**got, **stat_series(tensor, missing, worker=worker)}
-                asked = asked | set(missing)
-            self._stats[key] = (self.trial.generation, got, asked)
-            size = sum(a.nbytes + b.nbytes for entry in self._stats.values() for a, b in entry[1].values())
-            while len(self._stats) > 1 and size > STATS_CACHE_BYTES:
-                _, (_, old, _) = self._stats.popitem(last=False)
-                size -= sum(a.nbytes + b.nbytes for a, b in old.values())
-            return got
+            gen = self.trial.generation
+            out: dict[str, dict[str, tuple[Any, Any]]] = {}
+            fresh: list[str] = []  # read whole
+            grow: dict[int, list[str]] = {}  # last step kept -> tensors to extend past it
+            for n in dict.fromkeys(names):
+                hit = self._stats.get((n, worker))
+                if hit is not None and hit[0] == gen and all(s in hit[2] for s in which):
+                    out[n] = hit[1]
+                    continue
+                last = None
+                if hit is not None and all(s in hit[2] for s in which):
+                    last = max((int(st[-1]) for st, _ in hit[1].values() if len(st)), default=None)
+                if last is None:
+                    fresh.append(n)
+                else:
+                    grow.setdefault(last, []).append(n)
+            asked = set(which)
+            if fresh:
+                for n, got in stat_bulk(self.trial, fresh, which, worker=worker).items():
+                    out[n] = got
+                    self._keep(n, worker, got, asked)
+            for last, group in grow.items():
+                new = stat_bulk(self.trial, group, tuple(self._stats[(group[0], worker)][2]), worker=worker,
+                                steps=(last + 1, None))
+                for n in group:
+                    old, kept = self._stats[(n, worker)][1], self._stats[(n, worker)][2]
+                    got = {}
+                    for k in kept:
+                        st, v = old.get(k, (np.empty(0, np.int64), np.empty(0)))
+                        add = new[n].get(k)
+                        got[k] = (st, v) if add is None else (np.concatenate([st, add[0]]),
+                                                               np.concatenate([v, add[1]]))
+                    got = {k: v for k, v in got.items() if len(v[0])}
+                    out[n] = got
+                    self._keep(n, worker, got, kept)
+            return {n: {k: v for k, v in out[n].items() if k in which} for n in dict.fromkeys(names)}
 
-    @staticmethod
-    def _extended(tensor: Any, old: dict[str, tuple[Any, Any]], worker: str | None) -> dict | None:
-        """`old` statistics with the steps saved since (a live job: each new step's value is read once),
-        or None when a full recomputation is due (no old steps, or many new ones)."""
-        import numpy as np
+    def _keep(self, name: str, worker: str | None, got: dict, asked: set) -> None:
+        """Keep `got` (the statistics `asked` of `name`) for this generation, the least recently drawn going first
+        beyond STATS_CACHE_BYTES."""
+        def nbytes(stats: dict) -> int:
+            return sum(a.nbytes + b.nbytes for a, b in stats.values())
 
-        from tensortap.ui.series import stats_at
-
-        last = max((int(st[-1]) for st, _ in old.values() if len(st)), default=None)
-        if last is None:
-            return None
-        new = [s for s in tensor.steps() if s > last]
-        if len(new) > INCREMENTAL_STEPS:
-            return None
-        rows = [(s, stats_at(tensor, s, worker)) for s in new]
-        out = {}
-        for k, (st, v) in old.items():
-            add = [(s, r[k]) for s, r in rows if k in r]
-            out[k] = (np.concatenate([st, np.array([a for a, _ in add], dtype=st.dtype)]),
-                      np.concatenate([v, np.array([b for _, b in add], dtype=np.float64)]))
-        return out
+        key = (name, worker)
+        old = self._stats.pop(key, None)
+        if old is not None:
+            self._stats_bytes -= nbytes(old[1])
+        self._stats[key] = (self.trial.generation, got, set(asked))
+        self._stats_bytes += nbytes(got)
+        while len(self._stats) > 1 and self._stats_bytes > STATS_CACHE_BYTES:
+            _, (_, gone, _) = self._stats.popitem(last=False)
+            self._stats_bytes -= nbytes(gone)
 
     def rules(self) -> list[dict[str, Any]]:
         """Every rule of the job (see rules_of)."""

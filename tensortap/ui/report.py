@@ -27,11 +27,10 @@ from tensortap.ui.views import (
     heatmap_view,
     job_colour,
     layers_view,
-    per_job,
     rules_view,
     scalars_view,
     workers_view,
-    xgboost_view,
+    xgboost_blocks,
 )
 
 #: tensors whose distribution the report shows, per job (unless --distribution names them)
@@ -85,8 +84,9 @@ def report_distributions(job: Any, patterns: list[str] | None = None, limit: int
             if t in choices and t not in chosen:
                 chosen.append(t)
     largest = []
+    norms = job.stats_many(job.kinds.gradients) if job.kinds.gradients else {}
     for g in job.kinds.gradients:
-        st = job.stats(g).get("l2")
+        st = norms[g].get("l2")
         if st is not None and len(st[1]):
             v = st[1][np.isfinite(st[1])]
             largest.append((float(v.max()) if len(v) else float("inf"), g))
@@ -138,7 +138,7 @@ def _sections(jobs: JobSet, distributions: list[str] | None = None) -> list[dict
     if any(len(j.trial.workers()) > 1 for j in sel):
         sections.append({"name": "workers", "title": "Workers", "blocks": workers_view(sel)})
     if xgb:
-        sections.append({"name": "xgboost", "title": "XGBoost training report", "blocks": per_job(xgboost_view, xgb)})
+        sections.append({"name": "xgboost", "title": "XGBoost training report", "blocks": xgboost_blocks(xgb)})
     return sections
 
 

@@ -7,7 +7,6 @@ reported separately so that a view can mark them.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -81,9 +80,30 @@ DIGITS = 7
 
 
 def to_json_values(values: np.ndarray) -> list[float | None]:
-    """Floats for JSON, to DIGITS significant digits: NaN and +-inf become None (drawn as a gap)."""
+    """Floats for JSON, to DIGITS significant digits: NaN and +-inf become None (drawn as a gap). Rounded with
+    numpy (x·10^k rounded, then divided by 10^k: the double nearest the decimal, which prints short), each
+    value whose power of ten is out of exact range by Python's formatting."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    fin = np.isfinite(v)
+    x = np.where(fin, v, 0.0)
+    nz = x != 0
+    with np.errstate(all="ignore"):
+        k = (DIGITS - 1) - np.floor(np.log10(np.abs(np.where(nz, x, 1.0))))
+    exact = nz & (np.abs(k) <= 22)  # 10^k is exact: the rounding is the decimal's
+    up, down = exact & (k >= 0), exact & (k < 0)
+    if up.any():
+        p = 10.0 ** k[up]
+        x[up] = np.round(x[up] * p) / p
+    if down.any():
+        p = 10.0 ** -k[down]
+        x[down] = np.round(x[down] / p) * p
+    out: list[float | None] = x.tolist()
     fmt = f"%.{DIGITS}g"
-    return [float(fmt % v) if math.isfinite(v) else None for v in np.asarray(values, dtype=np.float64).tolist()]
+    for i in np.flatnonzero(nz & ~exact).tolist():
+        out[i] = float(fmt % v[i])
+    for i in np.flatnonzero(~fin).tolist():
+        out[i] = None
+    return out
 
 
 def series_json(steps: np.ndarray, values: np.ndarray, max_points: int = MAX_POINTS) -> dict[str, Any]:
@@ -114,125 +134,53 @@ def scalar_series(
     return np.asarray(steps), vals.astype(np.float64).reshape(-1) if len(steps) else np.empty(0)
 
 
-def _from_reduction(tensor: Tensor, name: str, mode: Any, worker: str | None) -> tuple[np.ndarray, np.ndarray] | None:
-    r = tensor.reductions(name, mode=mode, worker=worker)
-    if not r:
-        return None
-    steps = np.fromiter(r.keys(), dtype=np.int64, count=len(r))
-    vals = np.array([float(v) for v in r.values()], dtype=np.float64)
-    return steps, vals
+def stat_bulk(
+    trial: Trial, names: list[str], stats: tuple[str, ...] = ("l2", "min", "max", "nonfinite"),
+    mode: Any = _modes.GLOBAL, worker: str | None = None, steps: Any = None,
+) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """{tensor: {stat: (steps, values)}} for each asked statistic of many tensors, read at once
+    (Trial.statistics): at each step the saved reduction, else computed from the raw value. A tensor saved with
+    reductions only and no `nonfinite` count still tells its non-finite steps: 1 where a saved reduction is NaN
+    or inf. A statistic with no value is absent."""
+    for s in stats:
+        if s not in STATS:
+            raise ValueError(f"unknown statistic {s!r}: allowed are {', '.join(STATS)}")
+    got = trial.statistics(names, stats, mode=mode, worker=worker, steps=steps)
+    if "nonfinite" in stats:
+        for per in got.values():
+            if "nonfinite" not in per:
+                for s in ("l2", "min", "max", "mean"):
+                    if s in per:
+                        st, v = per[s]
+                        per["nonfinite"] = (st, (~np.isfinite(v)).astype(np.float64))
+                        break
+    return got
 
 
 def stat_series(
     tensor: Tensor, stats: tuple[str, ...] = ("l2", "min", "max", "nonfinite"), mode: Any = _modes.GLOBAL,
     worker: str | None = None,
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """{stat: (steps, values)} for each asked statistic: from the saved reduction when there is one, else
-    computed from the saved raw values (read only then). A statistic with neither is absent."""
-    for s in stats:
-        if s not in STATS:
-            raise ValueError(f"unknown statistic {s!r}: allowed are {', '.join(STATS)}")
-    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    need_raw = []
-    for s in stats:
-        got = None if s == "nonfinite" else _from_reduction(tensor, s, mode, worker)
-        if got is not None:
-            out[s] = got
-        else:
-            need_raw.append(s)
-    if need_raw:
-        steps, vals = tensor.stacked(mode, worker)
-        if len(steps):
-            if isinstance(vals, list):
-                rows = [np.asarray(v, dtype=np.float64).reshape(-1) for v in vals]
-            else:
-                arr = np.asarray(vals)
-                rows = None
-                flat = arr.reshape(len(arr), -1)
-                if flat.dtype.kind not in "fiub":
-                    flat = flat.astype(np.float64)
-            for s in need_raw:
-                if rows is not None:
-                    res = np.array([_row_stat(r, s) for r in rows], dtype=np.float64)
-                else:
-                    res = _matrix_stat(flat, s)
-                out[s] = (np.asarray(steps), res)
-        elif "nonfinite" in need_raw:
-            # no raw values: a non-finite saved reduction still tells that the tensor held one
-            for s in ("l2", "min", "max", "mean"):
-                if s in out:
-                    st, v = out[s]
-                    out["nonfinite"] = (st, (~np.isfinite(v)).astype(np.float64))
-                    break
-    return out
-
-
-def stats_at(tensor: Tensor, step: int, worker: str | None = None) -> dict[str, float]:
-    """The statistics of one global step, as stat_series computes them for every step: saved reductions
-    where there are, else from the raw value (read once); {} when the step has neither."""
-    out: dict[str, float] = {}
-    try:
-        saved = tensor.reduction_values(step, worker=worker)
-    except Exception:  # noqa: BLE001 - this worker saved nothing at this step
-        return out
-    for s in ("l2", "min", "max", "mean"):
-        if (s, False) in saved:
-            out[s] = float(np.asarray(saved[(s, False)], dtype=np.float64).reshape(-1)[0])
-    try:
-        raw = np.asarray(tensor.value(step, worker=worker))
-    except Exception:  # noqa: BLE001 - only reductions at this step
-        raw = None
-    if raw is not None:
-        flat = raw.reshape(1, -1)
-        if flat.dtype.kind not in "fiub":
-            flat = flat.astype(np.float64)
-        for s in ("l2", "min", "max", "nonfinite"):
-            if s not in out:
-                out[s] = float(_matrix_stat(flat, s)[0])
-    elif out:
-        out["nonfinite"] = float(not all(math.isfinite(v) for v in out.values()))
-    return out
-
-
-def _matrix_stat(flat: np.ndarray, s: str) -> np.ndarray:
-    if flat.shape[1] == 0:
-        return np.full(len(flat), np.nan)
-    with np.errstate(all="ignore"):
-        if s == "nonfinite":
-            if flat.dtype.kind in "iub":
-                return np.zeros(len(flat))
-            return (~np.isfinite(flat)).sum(axis=1).astype(np.float64)
-        f = flat.astype(np.float64, copy=False)
-        if s == "l2":
-            return np.sqrt(np.einsum("ij,ij->i", f, f))
-        if s == "min":
-            return f.min(axis=1)
-        if s == "max":
-            return f.max(axis=1)
-        return f.mean(axis=1)
-
-
-def _row_stat(r: np.ndarray, s: str) -> float:
-    return float(_matrix_stat(r.reshape(1, -1), s)[0])
+    """{stat: (steps, values)} of one tensor (stat_bulk)."""
+    return stat_bulk(tensor.trial, [tensor.name], stats, mode, worker)[tensor.name]
 
 
 def quantile_bands(
     tensor: Tensor, mode: Any = _modes.GLOBAL, max_steps: int = 200,
     qs: tuple[float, ...] = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0),
 ) -> dict[str, Any]:
-    """Quantiles of a tensor's raw values at up to `max_steps` of its steps (evenly spread, always the
-    first and last): {steps, quantiles: {q: [..]}}. Reads the raw value of those steps only."""
-    steps = tensor.steps(mode)
+    """Quantiles of a tensor's raw values at up to `max_steps` of the steps it has a raw value at (evenly spread,
+    always the first and last): {steps, quantiles: {q: [..]}}. Reads the raw values of those steps only, at
+    once (Trial.values_of)."""
+    steps = np.asarray(tensor.steps(mode, raw_only=True), dtype=np.int64)
     if len(steps) > max_steps:
         idx = np.unique(np.linspace(0, len(steps) - 1, max_steps).round().astype(int))
-        steps = [steps[i] for i in idx]
+        steps = steps[idx]
     rows: dict[float, list[float | None]] = {q: [] for q in qs}
     kept = []
-    for s in steps:
-        try:
-            v = np.asarray(tensor.value(s, mode), dtype=np.float64).reshape(-1)
-        except Exception:  # noqa: BLE001 - a step with only reductions: no distribution to draw
-            continue
+    got = tensor.trial.values_of([tensor.name], mode=mode, steps=steps.tolist()).get(tensor.name)
+    for s, v in zip(*(got if got is not None else ([], [])), strict=True):
+        v = np.asarray(v, dtype=np.float64).reshape(-1)
         v = v[np.isfinite(v)]
         kept.append(int(s))
         if v.size == 0:

@@ -41,6 +41,9 @@ SMALL_POINTS = 400
 #: columns: at most HEATMAP_CELLS cells per job (500 layers: 120 columns; a zoom of the Layers view shows more)
 HEATMAP_COLUMNS = 400
 HEATMAP_CELLS = 60_000
+#: the heatmap's rows: 22 px each up to HEATMAP_ROWS_PX in all, then smaller (at least HEATMAP_MIN_ROW_PX)
+HEATMAP_ROWS_PX = 2200
+HEATMAP_MIN_ROW_PX = 4
 #: jobs beyond which the layers view leaves out the min/max small multiples (a note says how to see them)
 MINMAX_JOBS = 8
 #: points of all the curves of one figure together: with many curves (50 jobs), each is a min/max envelope of
@@ -294,6 +297,7 @@ def _curve_figures(jobs: list[Job], names: list[str] | None, multi: bool, prefix
                     g, _, m = job.scalar(own[0]["meta"]["tensor"], _modes.parse_mode(mode_name))
                     for mk in markers:
                         mk["meta"]["x_mode"] = _to_mode_steps(g, m, mk["x"])
+                        mk["meta"]["job"] = job.index
                 traces = traces + markers
         curves = [t for t in traces if t["meta"].get("curve")]
         counts = [len(t["x"]) for t in curves]
@@ -308,6 +312,10 @@ def _curve_figures(jobs: list[Job], names: list[str] | None, multi: bool, prefix
         f = fig(traces, f"{title} ({mode_name})", xaxis=step_axis(traces, xtitle), showlegend=True,
                 yaxis={"title": {"text": "value"}, "zeroline": False})
         f["layout"]["title"]["font"]["color"] = mode_colour
+        # when each job's steps were written (an x axis of wall time), once per job: {job index: table}
+        walls = {str(j.index): w for j in jobs if (w := j.wall_table()) is not None}
+        if walls:
+            f["layout"]["meta"] = {"wall": walls}
         blocks.append(figure_block(f"{prefix}-{mode_name}", f, curves=True, mode=mode_name))
     return blocks
 
@@ -418,6 +426,10 @@ def layers_view(jobs: Job | list[Job], page: int = 0, per_page: int = LAYERS_PER
     log_axes: dict[str, Any] = {}
     nonfinite_total: dict[str, int] = {}
     kinds: set[str] = set()
+    stats = {}
+    for job in jobs:  # every shown tensor of a job read at once
+        names = [t for layer in shown for t in per[job.index].get(layer, (None, None)) if t is not None]
+        stats[job.index] = job.stats_many(names) if names else {}
     for i, layer in enumerate(shown, start=1):
         ax = "" if i == 1 else str(i)
         annotations.append({"text": esc(short(layer, 40)), "xref": f"x{ax} domain", "yref": f"y{ax} domain",
@@ -433,8 +445,7 @@ def layers_view(jobs: Job | list[Job], page: int = 0, per_page: int = LAYERS_PER
                 kinds.add(kind)
                 colour = job_colour(job.index) if multi else KIND_COLOURS[kind]
                 who = f"{kind} · {esc(short(job.name, 24))}" if multi else kind
-                with job.lock:
-                    st = job.stats(tname)
+                st = stats[job.index][tname]
                 common = {"xaxis": "x" + ax, "yaxis": "y" + ax, "legendgroup": who,
                           "line": {"color": colour, "width": 1.2, "dash": KIND_DASH[kind]}}
                 meta = {"tensor": tname, "job": job.index}
@@ -538,16 +549,15 @@ def _heat_rows(job: Job, columns: int) -> tuple[list[tuple[str, str]], list[int]
     grads = sorted(job.kinds.gradients, key=lambda g: natural_key(layer_of(g)))
     columns = min(columns, max(50, HEATMAP_CELLS // max(len(grads), 1)))
     rows = []
-    all_steps: set[int] = set()
+    stats = job.stats_many(grads, which=("l2", "nonfinite")) if grads else {}
     for g in grads:
-        st = job.stats(g, which=("l2", "nonfinite")).get("l2")
+        st = stats[g].get("l2")
         if st is None:
             continue
         rows.append((g, st))
-        all_steps.update(st[0].tolist())
     if not rows:
         return None
-    steps = np.array(sorted(all_steps), dtype=np.int64)
+    steps = np.unique(np.concatenate([st[0] for _, st in rows]))
     ncol = min(columns, len(steps))
     edges = np.linspace(0, len(steps), ncol + 1).astype(np.int64)
     z = np.full((len(rows), ncol), np.nan)
@@ -648,7 +658,8 @@ def heatmap_view(jobs: Job | list[Job], columns: int = HEATMAP_COLUMNS) -> list[
     if multi:
         layout["grid"] = {"rows": 1, "columns": len(got), "pattern": "independent", "xgap": 0.04}
     title = "Gradient L2 norm per layer over steps (log10)" + (", side by side on one colour scale" if multi else "")
-    height = max(260, 22 * len(layers) + 140)
+    # 22 px a layer, fewer beyond 100 layers (the figure stays under ~2,500 px; the hover names every row)
+    height = max(260, round(len(layers) * max(HEATMAP_MIN_ROW_PX, min(22.0, HEATMAP_ROWS_PX / len(layers)))) + 140)
     return [figure_block("heatmap", fig(data, title, **layout), height)]
 
 
@@ -877,6 +888,111 @@ def xgboost_view(job: Job, metrics: bool = True) -> list[dict[str, Any]]:
         return blocks or [note("No XGBoost report data yet.")]
 
 
+def xgboost_blocks(jobs: list[Job]) -> list[dict[str, Any]]:
+    """The XGBoost page of `jobs`: one job's as xgboost_view draws it; several jobs compared (xgboost_compare)."""
+    xgb = [j for j in jobs if j.kinds.xgboost]
+    if len(xgb) > 1:
+        return xgboost_compare(xgb)
+    return per_job(xgboost_view, xgb or jobs)
+
+
+def _fi_at_last(job: Job, names: list[str]) -> tuple[dict[str, float], int | None]:
+    """{feature: importance} at the last saved round of the `feature_importance/<type>/<feature>` tensors."""
+    out, rnd = {}, None
+    for n in names:
+        step, v = _last_value(job, n)
+        if v is None:
+            continue
+        rnd = step if rnd is None else max(rnd, step)
+        out[n.split("/", 2)[2]] = float(np.asarray(v, dtype=np.float64).reshape(-1)[0])
+    return out, rnd
+
+
+def xgboost_compare(jobs: list[Job]) -> list[dict[str, Any]]:
+    """Several XGBoost jobs on shared axes, each in its colour: their metrics per round in one figure, feature
+    importance as grouped bars (one chart, a selector for the type), the SHAP summary as grouped bars; labels
+    and confusion matrices, which do not overlay, one job after another."""
+    blocks: list[dict[str, Any]] = []
+    ordered = sorted(jobs, key=lambda j: j.index)
+    tr: list[dict[str, Any]] = []
+    for job in ordered:
+        with job.lock:
+            names = [n for n in job.kinds.scalars if _XGB_METRIC.match(n)]
+            for i, n in enumerate(names):
+                steps, vals = scalar_series(job.trial.tensor(n))
+                sj = series_json(steps, vals)
+                colour = job_colour(job.index)
+                tr.append({"type": "scatter", "mode": "lines+markers", "x": sj["x"], "y": sj["y"],
+                           "name": f"{esc(n)} · {esc(short(job.name, 24))}",
+                           "line": {"color": colour, "dash": DASHES[i % len(DASHES)]},
+                           "marker": {"color": colour, "size": 5, "symbol": _SYMBOLS[i % len(_SYMBOLS)]},
+                           "meta": {"job": job.index, "tensor": n}})
+    if tr:
+        blocks.append(figure_block("xgb-metrics", fig(tr, "Metrics per round", xaxis=step_axis(tr, "round"),
+                                                      yaxis={"title": {"text": "value"}})))
+    types = sorted({t for j in jobs for t in j.kinds.xgboost["feature_importance"]}, key=lambda t: (t != "gain", t))
+    if types:
+        data, options, n_feats = [], [], 0
+        for itype in types:
+            first = len(data)
+            rounds = []
+            per_job_fi = []
+            for job in ordered:
+                with job.lock:
+                    got, rnd = _fi_at_last(job, job.kinds.xgboost["feature_importance"].get(itype, []))
+                per_job_fi.append((job, got))
+                if rnd is not None:
+                    rounds.append(rnd)
+            feats = sorted({f for _, g in per_job_fi for f in g},
+                           key=lambda f: max(g.get(f, float("-inf")) for _, g in per_job_fi))[-30:]
+            n_feats = max(n_feats, len(feats))
+            for job, got in per_job_fi:
+                data.append({"type": "bar", "orientation": "h", "x": [got.get(f) for f in feats],
+                             "y": [esc(f) for f in feats], "name": f"{esc(itype)} · {esc(short(job.name, 24))}",
+                             "visible": itype == types[0], "marker": {"color": job_colour(job.index)},
+                             "meta": {"job": job.index, "type": itype},
+                             "hovertemplate": "%{y}: %{x:.4g}<extra>" + esc(short(job.name, 24)) + "</extra>"})
+            options.append((itype, first, len(data), max(rounds) if rounds else None))
+        blocks.append(figure_block(
+            "xgb-fi", fig(data, "Feature importance at each job's last saved round",
+                          xaxis={"title": {"text": f"feature importance: {esc(options[0][0])}"}},
+                          yaxis={"title": {"text": "feature"}, "automargin": True}, barmode="group"),
+            max(280, 20 * n_feats * min(len(jobs), 4) + 120),
+            switch={"label": "importance type", "options": [
+                {"label": t, "visible": [a <= k < b for k in range(len(data))],
+                 "layout": {"xaxis.title.text": f"feature importance: {esc(t)}"}} for t, a, b, _ in options]}))
+    if any(j.kinds.xgboost["average_shap"] for j in jobs):
+        per = []
+        for job in ordered:
+            got = {}
+            with job.lock:
+                for n in job.kinds.xgboost["average_shap"]:
+                    _, v = _last_value(job, n)
+                    if v is not None:
+                        got[n.split("/", 1)[1]] = float(np.abs(v).mean())
+            per.append((job, got))
+        feats = sorted({f for _, g in per for f in g}, key=lambda f: max(g.get(f, 0.0) for _, g in per))[-30:]
+        blocks.append(figure_block("xgb-shap", fig(
+            [{"type": "bar", "orientation": "h", "x": [g.get(f) for f in feats], "y": [esc(f) for f in feats],
+              "name": f"mean |SHAP| · {esc(short(job.name, 24))}", "marker": {"color": job_colour(job.index)},
+              "meta": {"job": job.index}} for job, g in per],
+            "SHAP summary: mean |SHAP value| per feature",
+            xaxis={"title": {"text": "mean |SHAP value| (average over the training rows)"}},
+            yaxis={"automargin": True, "title": {"text": "feature"}}, barmode="group"),
+            max(260, 22 * len(feats) * min(len(jobs), 4) + 100)))
+    for job in ordered:  # labels and confusion: one job's at a time
+        own = [b for b in xgboost_view(job, metrics=False) if b.get("id") in ("xgb-labels", "xgb-confusion")]
+        if own:
+            blocks.append({"type": "heading", "text": job.name})
+            blocks += [{**b, "id": f"{b['id']}@{job.index}"} for b in own]
+    return blocks or [note("No XGBoost report data yet.")]
+
+
+#: marker symbols of a job's metrics when jobs are compared (colour is the job's: the metric is told by dash and
+#: symbol, never by colour alone)
+_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "cross", "x")
+
+
 #: XGBoost's evaluation metrics, `<eval set>-<metric>` (train-rmse, validation-auc, eval-error@0.5)
 _XGB_METRIC = re.compile(r"^(scalar/)?[A-Za-z0-9_]+-[A-Za-z0-9@:._]+$")
 
@@ -972,7 +1088,7 @@ def render_view(jobs: JobSet, view: str, params: dict[str, Any]) -> list[dict[st
     if view == "workers":
         return workers_view(sel, params.get("tensor"))
     if view == "xgboost":
-        return per_job(xgboost_view, [j for j in sel if j.kinds.xgboost] or sel)
+        return xgboost_blocks(sel)
     raise KeyError(f"view {view!r}: allowed are overview, scalars, rules, layers, heatmap, distribution, "
                    "workers, xgboost")
 

@@ -77,6 +77,29 @@ def test_read_jobs_on_the_cluster_equals_the_trials(tmp_path, client, s3_url):
     assert last["multi"] == 11 and last["single"] == 9 and last["ons3"] == 4
 
 
+def test_a_long_chunk_is_read_as_ranges_of_blocks_equal_to_the_trial(tmp_path, monkeypatch):
+    """A chunk larger than a partition's share is read as byte ranges of whole index blocks, each by the columnar
+    reader (statistics and scalars) or through a trial of its range (raw values): together, the trial's rows."""
+    from ..trials.test_native_columns import _stats_job
+
+    _stats_job(str(tmp_path / "stats"), workers=2)
+    hook = tt.Hook(str(tmp_path / "raw"), save_config=tt.SaveConfig(save_interval=1))
+    for s in range(30):
+        hook.next_step()
+        hook.save_tensor("w", np.full((8, 8), s, dtype=np.float32))  # statistics computed from the payload
+        hook.save_scalar("loss", 1.0 / (s + 1))
+        if s % 3 == 2:
+            hook.flush()
+    hook.close()
+    monkeypatch.setattr(ttd, "NATIVE_ENTRIES_PER_PARTITION", 20)
+    for job in ("stats", "raw"):
+        path = str(tmp_path / job)
+        parts = ttd.partitions([path])
+        assert any(p.hi for p in parts) and len(parts) >= 3  # ranges, not whole chunks
+        pdf = ttd.read_jobs([path]).compute(scheduler="sync")
+        assert_same_values(rows_of(pdf), expected_scalars(tt.create_trial(path)))
+
+
 def _statuses(path):
     out = {}
     rules = os.path.join(path, "rules")

@@ -285,6 +285,40 @@ def test_the_xgboost_page(page, xgboost_job, dead_layer_job, ui):
         page.close()
 
 
+def test_two_xgboost_jobs_share_the_axes_of_the_xgboost_page(page, tmp_path, ui):
+    """Two XGBoost jobs compared: metrics per round in one figure, feature importance and SHAP as grouped bars,
+    each job in its colour; labels and confusion one job after the other."""
+    a, b = str(tmp_path / "xgb_a"), str(tmp_path / "xgb_b")
+    ui.write_xgboost_job(a, rounds=12)
+    ui.write_xgboost_job(b, rounds=7)
+    server = Server([a, b], port=0).start()
+    try:
+        ui.open_page(page, server.url)
+        ui.show(page, "xgboost")
+        figs = page.js("[...document.querySelectorAll('div.figure')].map(d => d.dataset.fig)")
+        assert figs == ["xgb-metrics", "xgb-fi", "xgb-shap", "xgb-labels@0", "xgb-confusion@0", "xgb-labels@1",
+                        "xgb-confusion@1"]
+        metrics = ui.figure_data(page, "xgb-metrics")["data"]
+        assert {(t["meta"]["job"], t["line"]["color"]) for t in metrics} == {(0, PALETTE[0]), (1, PALETTE[1])}
+        assert max(max(t["x"]) for t in metrics if t["meta"]["job"] == 1) == 6  # one axis of rounds for both
+        fi = ui.figure_data(page, "xgb-fi")
+        shown = [t for t in fi["data"] if t["visible"] is True]
+        assert [t["meta"]["job"] for t in shown] == [0, 1] and fi["layout"]["barmode"] == "group"
+        for t, path in zip(shown, (a, b), strict=True):
+            trial = tt.create_trial(path)
+            last = trial.steps()[-1]
+            want = {f: float(trial.tensor(f"feature_importance/gain/{f}").value(last)) for f in t["y"]}
+            assert dict(zip(t["y"], t["x"], strict=True)) == pytest.approx(want)
+        shap = ui.figure_data(page, "xgb-shap")["data"]
+        assert [t["marker"]["color"] for t in shap] == [PALETTE[0], PALETTE[1]]
+        assert dict(zip(shap[0]["y"], shap[0]["x"], strict=True))["f0"] == pytest.approx(0.5 * 11)
+        assert dict(zip(shap[1]["y"], shap[1]["x"], strict=True))["f0"] == pytest.approx(0.5 * 6)
+        page.screenshot("xgboost-two-jobs.png")
+        assert page.errors == [] and page.outside == []
+    finally:
+        server.stop()
+
+
 def test_zoom_rereads_the_shown_steps_at_full_resolution(page, tmp_path, ui):
     """A 30,000-step curve is drawn as a min/max envelope; zooming to 600 steps re-reads them all, keeps an
     envelope outside, and a one-step spike is drawn at every zoom."""
@@ -317,6 +351,76 @@ def test_zoom_rereads_the_shown_steps_at_full_resolution(page, tmp_path, ui):
         assert page.errors == []
     finally:
         server.stop()
+
+
+def test_a_live_redraw_keeps_the_zoomed_window_at_full_resolution_and_wall_time_is_an_x_axis(page, tmp_path, ui):
+    """A zoomed curve of a live job stays zoomed, with every saved step of its window, when the page redraws it
+    for the job's new steps; the x axis by wall time puts each point at the flush time of its step."""
+    import time
+
+    out = str(tmp_path / "live")
+    hook = tt.Hook(out, save_config=tt.SaveConfig(save_interval=1))
+    rng = np.random.default_rng(2)
+    saved: list[float] = []
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            hook.set_mode(modes.TRAIN)
+            hook.next_step()
+            saved.append(float(1 + 0.1 * rng.standard_normal()))
+            hook.save_scalar("loss", saved[-1])
+        hook.next_step()  # the steps so far are complete once the job moved past them
+        hook.flush()
+
+    steps(2500)
+    server = Server([out], port=0).start()
+    try:
+        ui.open_page(page, server.url)
+        (c,) = _curve_traces(ui.figure_data(page, "scalars-TRAIN")["data"])
+        assert c["meta"]["downsampled"]
+        n = page.js("window.ttZooms || 0")
+        page.page.evaluate("Plotly.relayout(document.querySelector('div.figure[data-fig=scalars-TRAIN]'), "
+                           "{'xaxis.range': [1000, 1299]})")
+        page.wait(f"(window.ttZooms || 0) > {n}")
+
+        def window() -> list[tuple[int, float]]:
+            (z,) = _curve_traces(ui.figure_data(page, "scalars-TRAIN")["data"])
+            return [(x, y) for x, y in zip(z["x"], z["y"], strict=True) if 1000 <= x <= 1299], z
+
+        inside, _ = window()
+        assert [x for x, _ in inside] == list(range(1000, 1300))
+        time.sleep(1.0)  # the next flush is a second later: its steps get a later wall time
+        steps(40)
+        page.wait("Math.max(...document.querySelector('div.figure[data-fig=scalars-TRAIN]').data"
+                  ".find(t => t.meta && t.meta.curve).x) >= 2539")
+        page.wait("document.querySelector('div.figure[data-fig=scalars-TRAIN]').data.find(t => t.meta && "
+                  "t.meta.curve).meta.window")  # redrawn with the job's new steps, then its window read again
+        inside, z = window()
+        assert [x for x, _ in inside] == list(range(1000, 1300))  # no zoomed point lost
+        assert [y for _, y in inside] == pytest.approx(saved[1000:1300], rel=1e-6)
+        assert ui.figure_data(page, "scalars-TRAIN")["layout"]["xaxis"]["range"] == [1000, 1299]
+        last = max(z["x"])
+        assert last > 2499  # the new steps are there, outside the window (an envelope of them)
+        # wall time: the flush time of each step, seconds since the job's first step
+        table = ui.figure_data(page, "scalars-TRAIN")["layout"]["meta"]["wall"]["0"]
+        assert table["step"][0] == 0 and table["step"][-1] >= 2539 and table["s"][0] == 0
+        assert table["s"] == sorted(table["s"])
+        at = dict(zip(table["step"], table["s"], strict=True))
+        assert at[table["step"][-1]] - max(v for k, v in at.items() if k <= 2499) >= 0.9  # written a second later
+        page.page.dblclick("div.figure[data-fig=scalars-TRAIN] .nsewdrag")  # back to the whole curve
+        page.page.select_option("select[data-control=x]", "wall")
+        page.wait("document.querySelector('div.figure[data-fig=scalars-TRAIN]').layout.xaxis.title.text"
+                  " === \"wall time (s since the job's first step)\"")
+        drawn = page.js("document.querySelector('div.figure[data-fig=scalars-TRAIN]').data"
+                        ".find(t => t.meta && t.meta.curve)")
+        xs = [x for x in drawn["x"] if x is not None]
+        assert len(xs) == len(drawn["x"]) and xs == sorted(xs)  # every point placed, in step order
+        assert xs[0] == 0 and 0.9 <= xs[-1] <= table["s"][-1]  # seconds since the first step, not steps
+        page.screenshot("curves-wall-time.png")
+        assert page.errors == []
+    finally:
+        server.stop()
+        hook.close()
 
 
 def test_a_long_tensor_list_is_searchable(page, tmp_path, ui):

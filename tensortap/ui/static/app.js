@@ -19,8 +19,34 @@
   var PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000"];
   function jobColour(i) { return PALETTE[i % PALETTE.length]; }
 
-  // How curves are drawn (the toolbar above them): EMA smoothing weight, log y axis, x by global or mode step.
+  // How curves are drawn (the toolbar above them): EMA smoothing weight, log y axis, x by global step, by step
+  // within the mode, or by wall time (seconds since the job's first step, where the job records it).
   var curveState = { smooth: 0, ylog: false, x: "step" };
+  // the trace meta key that holds the points' x of each x axis but the global step (wall time: computed from
+  // the job's table of {step, s}, by linear interpolation between its steps)
+  var X_KEYS = { mode: "x_mode", wall: "x_wall" };
+  function wallX(table, steps) {
+    var st = table.step, s = table.s, n = st.length;
+    return steps.map(function (x) {
+      if (x === null || x < st[0] || x > st[n - 1]) return null;
+      var lo = 0, hi = n - 1;
+      while (hi - lo > 1) { var mid = (lo + hi) >> 1; if (st[mid] <= x) lo = mid; else hi = mid; }
+      if (st[lo] === x || hi === lo) return s[lo];
+      if (st[hi] === x) return s[hi];
+      return s[lo] + (s[hi] - s[lo]) * (x - st[lo]) / (st[hi] - st[lo]);
+    });
+  }
+  // the points' x under x axis `xKey` (null: the global steps themselves); `f`: the trace's figure, whose
+  // layout.meta.wall holds each job's table of wall times
+  function xOf(t, xKey, f) {
+    var m = t.meta || {};
+    if (xKey === "x_wall") {
+      var walls = f.layout.meta && f.layout.meta.wall, table = walls && walls[String(m.job)];
+      return table ? wallX(table, t.x) : null;
+    }
+    return xKey && m[xKey] ? m[xKey] : null;
+  }
+  var X_TITLES = { mode: "step within its mode", wall: "wall time (s since the job's first step)" };
   var curveListeners = [];  // called when the toolbar changes (the live page keeps it in the URL)
 
   // --- curves: smoothing, zero-safe log axis, x by mode step -------------------------------------
@@ -74,11 +100,11 @@
   // The figure to draw for a block of curves under curveState.
   function curveFigure(f, cs) {
     var layout = JSON.parse(JSON.stringify(f.layout));
-    var byMode = cs.x === "mode";
+    var xKey = X_KEYS[cs.x];
     var lines = [], others = [], rowMarks = [];
     f.data.forEach(function (t) {
       var m = t.meta || {};
-      var x = byMode && m.x_mode ? m.x_mode : t.x;
+      var x = xOf(t, xKey, f) || t.x;
       if (m.curve) {
         var key = "c" + m.job + ":" + m.tensor + ":" + m.mode;
         if (cs.smooth > 0) {
@@ -96,7 +122,8 @@
         others.push(Object.assign({}, t, { x: x }));
       }
     });
-    if (byMode) layout.xaxis = Object.assign({}, layout.xaxis, { title: { text: "step within its mode" } });
+    if (xKey) layout.xaxis = Object.assign({}, layout.xaxis, { title: { text: X_TITLES[cs.x] } });
+    if (cs.x === "wall") delete layout.xaxis.dtick;
     var finite = [];
     lines.forEach(function (t) { t.y.forEach(function (v) { if (v !== null && isFinite(v)) finite.push(v); }); });
     if (cs.ylog) {
@@ -178,29 +205,33 @@
     if (ev["xaxis.range"]) { lo = ev["xaxis.range"][0]; hi = ev["xaxis.range"][1]; }
     if (ev["xaxis.autorange"]) {
       div._ttFig = div._tt.figure;
+      div._ttZoom = null;
       window.ttZooms = (window.ttZooms || 0) + 1;
-      return;
+      return Promise.resolve();
     }
-    if (lo === undefined || hi === undefined) return;
-    var f = div._ttFig, byMode = curveState.x === "mode";
+    if (lo === undefined || hi === undefined) return Promise.resolve();
+    // kept: a redraw of the live view (new steps) reads this window again at full resolution
+    div._ttZoom = { lo: lo, hi: hi, x: curveState.x };
+    var f = div._ttFig, xKey = X_KEYS[curveState.x];
     var data = f.data.slice();
     var jobs = [];
     data.forEach(function (t, i) {
       var m = t.meta || {};
       if (!m.curve) return;
       var glo = lo, ghi = hi;
-      if (byMode) {  // the axis shows mode steps: the global steps of the same points
-        var a = m.x_mode.findIndex(function (s) { return s >= lo; }), b = -1;
-        for (var k = m.x_mode.length - 1; k >= 0; k--) if (m.x_mode[k] <= hi) { b = k; break; }
+      var xs = xOf(t, xKey, f);
+      if (xs) {  // the axis shows mode steps or wall time: the global steps of the same points
+        var a = xs.findIndex(function (s) { return s !== null && s >= lo; }), b = -1;
+        for (var k = xs.length - 1; k >= 0; k--) if (xs[k] !== null && xs[k] <= hi) { b = k; break; }
         if (a < 0 || b < 0) return;
         glo = t.x[a]; ghi = t.x[b];
       }
       jobs.push(zoomSource(m, glo, ghi).then(function (s) {
-        data[i] = Object.assign({}, t, { x: s.x, y: s.y, meta: Object.assign({}, m, { x_mode: s.x_mode, window: [glo, ghi],
-                                                                                     n_inside: s.inside }) });
+        data[i] = Object.assign({}, t, { x: s.x, y: s.y, meta: Object.assign({}, m, { x_mode: s.x_mode,
+                                                                                     window: [glo, ghi], n_inside: s.inside }) });
       }));
     });
-    Promise.all(jobs).then(function () {
+    return Promise.all(jobs).then(function () {
       var layout = JSON.parse(JSON.stringify(f.layout));
       layout.xaxis = Object.assign({}, layout.xaxis, { range: [lo, hi], autorange: false });
       div._ttFig = { data: data, layout: layout };
@@ -209,7 +240,7 @@
             function (e) { showError("zoom: " + (e.message || e)); });
   }
 
-  function curveToolbar() {
+  function curveToolbar(hasWall) {
     var bar = el("div", "toolbar");
     bar.setAttribute("role", "group");
     bar.setAttribute("aria-label", "how curves are drawn");
@@ -233,12 +264,15 @@
     var xl = el("label", null, "x axis ");
     var xs = el("select");
     xs.dataset.control = "x";
-    [["step", "global step"], ["mode", "step within its mode"]].forEach(function (o) {
+    var xOptions = [["step", "global step"], ["mode", "step within its mode"]];
+    if (hasWall) xOptions.push(["wall", "wall time"]);
+    xOptions.forEach(function (o) {
       var opt = el("option", null, o[1]); opt.value = o[0]; if (o[0] === curveState.x) opt.selected = true; xs.appendChild(opt);
     });
     xs.addEventListener("change", function () { curveState.x = xs.value; changed(); });
     xl.appendChild(xs);
-    var hint = el("span", "meta", "wall time and epochs: not recorded by the hooks");
+    var hint = el("span", "meta", hasWall ? "wall time: when the step's data was flushed (within 0.5 s); epochs: not recorded by the hooks"
+                                          : "wall time (smdebug jobs) and epochs: not recorded");
     [sl, lg, xl, hint].forEach(function (n) { bar.appendChild(n); });
     var pending = null;
     function changed() {
@@ -303,7 +337,9 @@
     blocks.forEach(function (b, i) {
       // the curve toolbar goes above the first curves (or the note about them just before)
       if (!toolbar && (b.curves || (b.type === "note" && blocks[i + 1] && blocks[i + 1].curves))) {
-        nodes.push(curveToolbar());
+        nodes.push(curveToolbar(blocks.some(function (x) {
+          return x.curves && x.figure.layout.meta && x.figure.layout.meta.wall;
+        })));
         toolbar = true;
       }
       if (b.type === "heading") {
@@ -336,6 +372,7 @@
         div.setAttribute("aria-label", (b.figure.layout.title && b.figure.layout.title.text || "figure").replace(/<[^>]*>/g, ""));
         div._tt = b;
         div._ttFig = b.figure;
+        if (!old[b.id]) div._ttZoom = null;
         if (b.curves) div.dataset.curves = "1";
         delete old[b.id];
         if (b.switch) {
@@ -365,7 +402,12 @@
     return drawing.reduce(function (done, d, i) {
       return done.then(function () { return i ? nextTask() : null; }).then(function () {
         return draw(d);
-      }).then(function () { if (!window.ttFirstFigureAt) { window.ttFirstFigureAt = performance.now(); } });
+      }).then(function () {
+        if (!window.ttFirstFigureAt) { window.ttFirstFigureAt = performance.now(); }
+        // a zoomed curve redrawn with the job's new steps: its window read again at full resolution
+        var z = d._ttZoom;
+        if (z && d._tt.curves && zoomSource && z.x === curveState.x) return onZoom(d, { "xaxis.range": [z.lo, z.hi] });
+      });
     }, Promise.resolve());
   }
 
@@ -437,7 +479,7 @@
     if (q.getAll("job").length) params.job = q.getAll("job");
     if (q.get("smooth")) curveState.smooth = Math.min(0.99, Math.max(0, Number(q.get("smooth")) || 0));
     if (q.get("ylog")) curveState.ylog = q.get("ylog") === "1";
-    if (q.get("x") === "mode") curveState.x = "mode";
+    if (q.get("x") === "mode" || q.get("x") === "wall") curveState.x = q.get("x");
     return { view: q.get("view") || "overview", params: params };
   }
 
