@@ -217,7 +217,7 @@ def test_a_stop_request_writes_the_ring(tmp_path):
             step += 1
     (inc,) = create_trial(str(tmp_path)).incidents()
     assert inc["kind"] == "stop" and inc["detail"] == {"rule": "exploding_tensor", "reason": "NaN in gradients"}
-    assert inc["ring"]["last_step"] == inc["step"] - 1 or inc["ring"]["last_step"] == inc["step"]
+    assert inc["ring"]["last_step"] == inc["step"] >= 3
 
 
 def test_a_rule_that_found_an_issue(tmp_path):
