@@ -180,6 +180,7 @@ class StepEngine:
         # on a counted step, and the collections it can keep (a predicate; None: no light window)
         self.next_full: float = -1
         self.light: Callable[[Any], bool] | None = None
+        self._heavy: dict[int, bool] = {}  # id(collection): not light (until the collections change)
         self.plans = PlanCache()
         self._armed: Any = None  # the tally counting quiet steps (see arm)
         #: collections or their membership changed since the writer last got them
@@ -251,6 +252,7 @@ class StepEngine:
         """Collections, their configs or the included set changed: plans and the quiet window are recomputed."""
         self.disarm()
         self.plans.clear()
+        self._heavy.clear()
         self.schedule.invalidate()
         self.next_save = self.next_full = -1
 
@@ -291,9 +293,13 @@ class StepEngine:
         else:
             schedule = self.schedule
             light = self.light
+            heavy = self._heavy
 
             def needs_full(c: Any) -> bool:
-                return not light(c)
+                hit = heavy.get(id(c))
+                if hit is None:
+                    hit = heavy[id(c)] = not light(c)
+                return hit
 
             self.next_save = schedule.next_saving_step(mode, nxt)
             self.next_full = schedule.next_saving_step(mode, nxt, where=needs_full)
