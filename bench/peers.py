@@ -19,7 +19,12 @@ driver prints the median over rounds of (block time / the round's plain block ti
 Hooks and runs are built and closed outside the timed blocks; a block is charged until tensortap's writer has
 caught up (`hook.flush()`). wandb's own service process writes its offline run meanwhile, as it would.
 
+`--clock cpu` charges each block the training thread's CPU time (`time.thread_time`) instead of wall time: on a
+loaded machine it shows what each configuration costs the training thread itself, without the time the thread
+waits to be scheduled (nor the time it waits for tensortap's writer).
+
     .venv/bin/python bench/peers.py [--models mlp,transformer] [--intervals 1,10] [--rounds 7] [--steps 100]
+                                    [--clock wall|cpu]
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 WRITER = os.environ.get("TTBENCH_WRITER", "auto")  # tensortap's writer (--writer)
+CLOCK = time.perf_counter  # what a block is charged (--clock)
 CONFIGS = ("none", "tensortap-raw", "tensortap-stats", "foreach-floor", "tensorboard", "wandb")
 
 
@@ -78,8 +84,8 @@ class _Runner:
             os.environ.setdefault("WANDB_SILENT", "true")
             import wandb
 
-            self.wb = wandb.init(mode="offline", dir=self.dir, project="tensortap-peers", reinit="create_new")
-            self.wb.watch(self.model, log="all", log_freq=interval)
+            self.wb = wandb.init(mode="offline", dir=self.dir, project="tensortap-peers")  # (watch logs to wandb.run)
+            wandb.watch(self.model, log="all", log_freq=interval)
         self.params = [(n, p) for n, p in self.model.named_parameters()]
 
     def _log_floor(self) -> None:
@@ -99,7 +105,7 @@ class _Runner:
 
     def block(self, n: int) -> float:
         model, opt, loss_fn, x, y = self.model, self.opt, self.loss_fn, self.x, self.y
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         for _ in range(n):
             opt.zero_grad()
             loss = loss_fn(model(x), y)
@@ -117,7 +123,7 @@ class _Runner:
             self.hook.flush()
         elif self.tb is not None:
             self.tb.flush()
-        return time.perf_counter() - t0
+        return CLOCK() - t0
 
     def close(self) -> None:
         if self.hook is not None:
@@ -138,9 +144,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--writer", default="auto", help="tensortap's writer: auto (the default), thread or process")
+    ap.add_argument("--clock", default="wall", choices=("wall", "cpu"),
+                    help="charge blocks wall time (default) or the training thread's CPU time")
     args = ap.parse_args()
-    global WRITER
+    global WRITER, CLOCK
     WRITER = args.writer
+    CLOCK = time.thread_time if args.clock == "cpu" else time.perf_counter
     import torch
 
     torch.set_num_threads(1)
@@ -153,7 +162,7 @@ def main() -> None:
             configs.remove("wandb")
             print("(wandb is not installed: `pip install -r requirements/test.txt`; its column is left out)")
     print(f"load average {os.getloadavg()[0]:.1f}; {args.rounds} rounds of {args.steps}-step blocks, 1 thread, "
-          f"tensortap writer {args.writer}\n")
+          f"tensortap writer {args.writer}, {args.clock} clock\n")
     print("| model | every | " + " | ".join(configs) + " | A/A (none again) |")
     print("|---|---|" + "---|" * (len(configs) + 1))
     try:

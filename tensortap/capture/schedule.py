@@ -9,6 +9,7 @@ saving stays the same, so a caller may key its own plans on the list's identity.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from tensortap.collection import (
     SM_METRIC_COLLECTIONS,
@@ -131,9 +132,13 @@ class SaveSchedule:
         self._last, self._last_key = now, (mode, mode_step)
         return now
 
-    def next_saving_step(self, mode: ModeKeys, mode_step: int) -> float:
-        """The first step >= `mode_step` of `mode` at which an included collection saves (inf if none)."""
+    def next_saving_step(self, mode: ModeKeys, mode_step: int,
+                         where: Callable[[Collection], bool] | None = None) -> float:
+        """The first step >= `mode_step` of `mode` at which an included collection (one for which `where` is
+        true, when given) saves (inf if none)."""
         sched, shared = self._mode(mode)
+        if where is not None:
+            return min((cfg.next_save_step(mode_step) for c, cfg in sched if where(c)), default=math.inf)
         if shared is not None:
             return shared.next_save_step(mode_step)
         return min((cfg.next_save_step(mode_step) for _c, cfg in sched), default=math.inf)

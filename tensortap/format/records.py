@@ -111,7 +111,7 @@ class StatisticsLayout:
     """
 
     __slots__ = ("names", "keys", "dtypes", "vector_dtype", "order", "tensor", "slot", "codes", "kinds", "kind_of",
-                 "vector_size", "_meta")
+                 "vector_size", "_at")
 
     def __init__(self, names: tuple[str, ...], keys: tuple[tuple[tuple[str, bool], ...], ...],
                  dtypes: tuple[tuple[np.dtype, ...], ...], vector_dtype: Any = np.float64,
@@ -135,7 +135,7 @@ class StatisticsLayout:
         self.kinds = tuple(kinds)
         self.kind_of = np.asarray([kinds.index(codec.dtype_to_str(d)) for ds in self.dtypes for d in ds],
                                   dtype=np.intp)
-        self._meta: bytes | None = None
+        self._at = [(np.flatnonzero(self.kind_of == k), codec.dtype_from_str(s)) for k, s in enumerate(kinds)]
 
     def __len__(self) -> int:
         return len(self.codes)
@@ -143,11 +143,7 @@ class StatisticsLayout:
     def stored(self, values: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per distinct stored dtype: (the statistics of it, their values cast to it), from a step's vector."""
         ordered = values[self.order]
-        out = []
-        for k, s in enumerate(self.kinds):
-            at = np.flatnonzero(self.kind_of == k)
-            out.append((at, ordered[at].astype(codec.dtype_from_str(s))))
-        return out
+        return [(at, ordered[at].astype(dtype)) for at, dtype in self._at]
 
     def to_json(self) -> list:
         """The layout as JSON values (how it travels to a writer process)."""

@@ -1,179 +1,72 @@
-"""The framework-agnostic hook: steps, modes, collections, and hand-off to the background writer.
+"""The framework-agnostic hook: the public API every framework hook shares, on the step engine.
 
-Framework hooks (tensortap.pytorch, ...) subclass it and only adapt their framework's callbacks and
-tensors. Every callback they run goes through `guard()`, so an error inside tensortap is logged once,
-counted, and turns the hook off while training goes on. `TENSORTAP_DISABLE=1` turns every hook off.
+Framework hooks (tensortap.pytorch, ...) subclass it and only adapt their framework's callbacks and tensors; the
+step policy (what saves, the quiet window, late identity, plans, hand-offs, held marks, the lifecycle) is the
+step engine's (`tensortap.capture.engine`, `hook.engine`). Every callback they run goes through `guard()`, so an
+error inside tensortap is logged once, counted, and turns the hook off while training goes on.
+`TENSORTAP_DISABLE=1` turns every hook off.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import contextvars
-import json
 import logging
-import math
-import os
-import platform
-import sys
-import threading
-import time
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from tensortap import modes as _modes
-from tensortap.capture.batch import BatchSpec, array_sources
+from tensortap.capture.batch import BatchSpec
 from tensortap.capture.clock import StepClock
+from tensortap.capture.engine import Listener, StepEngine, TensorSpec
+from tensortap.capture.handoff import HandOff
+from tensortap.capture.identity import IdentitySource, rank_in_env, resolve_identity
 from tensortap.capture.schedule import SaveSchedule
 from tensortap.capture.writer import Writer, open_writer
-from tensortap.collection import (
-    NON_REDUCTION_COLLECTIONS,
-    Collection,
-    CollectionKeys,
-    CollectionManager,
-)
+from tensortap.collection import Collection, CollectionKeys, CollectionManager
 from tensortap.config import ReductionConfig, SaveConfig
 from tensortap.exceptions import InvalidConfiguration, TensorTapError
-from tensortap.format import codec, layout
-from tensortap.format.records import Record, RecordBatch
+from tensortap.hooks.options import (
+    DISABLE_ENV,
+    FROM_JSON,
+    STOP_CHECK_INTERVAL,
+    check_arguments,
+    check_out_dir,
+    default_writer,
+    disabled_by_env,
+    included_collections,
+    runner_config,
+    tensorboard_dir_of,
+    with_runner_config,
+)
+from tensortap.hooks.stop import StopWatch
+from tensortap.hooks.values import ValueSaving
 from tensortap.modes import ModeKeys
-from tensortap.storage import check_access, is_remote, open_storage
+from tensortap.storage import check_access, open_storage
+
+__all__ = ["DISABLE_ENV", "STOP_CHECK_INTERVAL", "Hook", "check_out_dir", "default_writer", "disabled_by_env",
+           "rank_in_env"]
 
 logger = logging.getLogger("tensortap")
 
-DISABLE_ENV = "TENSORTAP_DISABLE"
-INCLUDE_WORKERS = ("one", "all")
-WRITERS = ("auto", "thread", "process")
-#: seconds between looks for a stop request at step boundaries (a stat of a local file, and a step that takes the
-#: hook's full path), and between polls of an object store's (one HEAD, on a background thread); they bound the
-#: stop's share of the latency from a rule's verdict to training stopped. `tensortap run` with live rules sets
-#: TENSORTAP_STOP_CHECK_INTERVAL=0.05.
-def _stop_check_interval() -> float:
-    try:
-        value = float(os.environ.get("TENSORTAP_STOP_CHECK_INTERVAL", "") or 1.0)
-    except ValueError:
-        value = 1.0  # (a bad value must not stop tensortap from importing: the default)
-    return value if 0 < value <= 60 else 1.0
+
+class _IdentityField:
+    """A hook's attribute that is a field of its engine's `WorkerIdentity`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, hook: Any, owner: Any = None) -> Any:
+        return self if hook is None else getattr(hook.engine.identity, self.name)
+
+    def __set__(self, hook: Any, value: Any) -> None:
+        setattr(hook.engine.identity, self.name, value)
 
 
-STOP_CHECK_INTERVAL = _stop_check_interval()
-STOP_POLL_INTERVAL = min(0.5, STOP_CHECK_INTERVAL * 10)
-
-
-def default_writer(out_dir: str) -> str:
-    """What writer="auto" means for `out_dir`: TENSORTAP_WRITER if set, else "process" for a local out_dir
-    on Linux where the ring's counters are ordered (C release/acquire atomics built, or x86-64; see
-    docs/transport.md), else "thread" (other platforms, object stores)."""
-    env = os.environ.get("TENSORTAP_WRITER", "").strip().lower()
-    if env in ("thread", "process"):
-        return env
-    if env not in ("", "auto"):
-        raise InvalidConfiguration(f"TENSORTAP_WRITER={env!r}: allowed are 'auto', 'thread' and 'process'")
-    if sys.platform.startswith("linux") and not is_remote(out_dir) and _ring_is_ordered():
-        return "process"
-    return "thread"
-
-
-def _ring_is_ordered() -> bool:
-    from tensortap.transport.copy import ORDERED
-
-    return ORDERED
-
-
-_SYSTEM_DIRS = ("/proc", "/sys", "/dev")
-
-
-def check_out_dir(out_dir: Any) -> str:
-    """`out_dir` as a string, or InvalidConfiguration naming what is wrong with it: not a path, a NUL in it, a
-    system folder, an existing file, or a path under a file. (Whether it can be written is found when the hook
-    claims it.)"""
-    if isinstance(out_dir, os.PathLike):
-        out_dir = os.fspath(out_dir)
-    if not isinstance(out_dir, str) or not out_dir.strip():
-        raise InvalidConfiguration(f"out_dir={out_dir!r}: give a local directory or an s3://bucket/prefix")
-    if "\0" in out_dir:
-        raise InvalidConfiguration(f"out_dir={out_dir!r} contains a NUL character")
-    if is_remote(out_dir):
-        return out_dir
-    path = os.path.abspath(os.path.expanduser(out_dir))
-    if any(path == d or path.startswith(d + "/") for d in _SYSTEM_DIRS):
-        raise InvalidConfiguration(f"out_dir={out_dir!r} is inside a system folder ({path}): give a directory "
-                                   "for the job's data")
-    probe = path
-    while probe and not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    if os.path.exists(probe) and not os.path.isdir(probe):
-        where = "is a file" if probe == path else f"is under a file ({probe})"
-        raise InvalidConfiguration(f"out_dir={out_dir!r} {where}: give a directory for the job's data")
-    return out_dir
-
-
-def _tensorboard_dir(out_dir: str, export: bool, tensorboard_dir: Any) -> str | None:
-    """The local folder of a hook's TensorBoard export: `tensorboard_dir`, else `<out_dir>/tensorboard` when
-    `export` (event files are written locally; an s3:// job exports to a local folder or is converted later)."""
-    if tensorboard_dir is None or tensorboard_dir == "":
-        if not export:
-            return None
-        if is_remote(out_dir):
-            raise InvalidConfiguration(f"export_tensorboard=True with out_dir={out_dir!r}: TensorBoard files are "
-                                       "written locally; give tensorboard_dir= a local folder, or convert the job "
-                                       "later with `tensortap tensorboard`")
-        return os.path.abspath(os.path.join(os.path.expanduser(out_dir), "tensorboard"))
-    if not isinstance(tensorboard_dir, str | os.PathLike):
-        raise InvalidConfiguration(f"tensorboard_dir={tensorboard_dir!r} must be a local folder")
-    tensorboard_dir = os.fspath(tensorboard_dir)
-    if is_remote(tensorboard_dir):
-        raise InvalidConfiguration(f"tensorboard_dir={tensorboard_dir!r}: TensorBoard files are written locally; "
-                                   "give a local folder (convert an s3:// job with `tensortap tensorboard`)")
-    return os.path.abspath(os.path.expanduser(tensorboard_dir))
-
-
-def _flush_interval_from_env() -> float:
-    """Seconds between the writer's index blocks: TENSORTAP_FLUSH_INTERVAL (`tensortap run` sets 0.1 when rules
-    watch the job live), else 0.5."""
-    raw = os.environ.get("TENSORTAP_FLUSH_INTERVAL", "").strip()
-    if not raw:
-        return 0.5
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise InvalidConfiguration(f"TENSORTAP_FLUSH_INTERVAL={raw!r} must be a positive number of seconds")
-    return value
-
-
-def disabled_by_env() -> bool:
-    return os.environ.get(DISABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-_RANK_VARS = (("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"))
-
-
-def _rank_from_env() -> tuple[int, int]:
-    """(rank, world size) from the launcher's environment (torchrun, MPI, SLURM), else (0, 1)."""
-    found = rank_in_env()
-    return found if found is not None else (0, 1)
-
-
-def rank_in_env() -> tuple[int, int] | None:
-    """(rank, world size) if the launcher's environment (torchrun, MPI, SLURM) gives them, else None."""
-    for r, w in _RANK_VARS:
-        if r in os.environ and w in os.environ:
-            try:
-                return int(os.environ[r]), int(os.environ[w])
-            except ValueError:
-                pass
-    return None
-
-
-class Hook:
+class Hook(ValueSaving):
     """Captures tensors of a training job into `out_dir` (a local path or, with tensortap[s3], s3://...).
 
     Steps: `next_step()` starts the next step (the first is 0); `set_mode(mode)` switches between
@@ -188,6 +81,10 @@ class Hook:
     #: MXNet losses, XGBoost metrics, Keras losses, metrics and sm_metrics); one is turned off by giving it a save
     #: config that saves no step, e.g. `hook.get_collection("losses").save_config = SaveConfig(end_step=0)`
     always_include_collections: tuple[str, ...] = ()
+    #: the framework's own source of (rank, world size) (a torch process group, Horovod, XGBoost's collective),
+    #: asked when the caller gives no rank; when neither it nor the launcher's environment knows them yet, it is
+    #: asked once more at the first step and the worker's folder is claimed then (`StepEngine.settle_identity`)
+    identity_source: IdentitySource | None = None
 
     def __init__(
         self,
@@ -211,63 +108,19 @@ class Hook:
         backpressure: str = "block",
         writer: str = "auto",
     ):
-        runner_cfg = _runner_config()
+        runner_cfg = runner_config()
         if runner_cfg is not None:
-            # Under `tensortap run` a script's own hook writes where the runner says, with the runner's
-            # collections added to its own, instead of writing a second copy somewhere else.
-            if out_dir != runner_cfg.out_dir:
-                logger.warning("tensortap run: this script's hook writes to %s (the runner's out_dir), not %s",
-                               runner_cfg.out_dir, out_dir)
-            out_dir = runner_cfg.out_dir
-            include_workers = runner_cfg.include_workers
-            base = list(include_collections) if include_collections is not None else list(
-                self.default_include_collections)
-            include_collections = list(dict.fromkeys([*base, *(runner_cfg.include_collections or [])]))
-            if save_config is None:
-                save_config = runner_cfg.save_config
-            runner_kw = runner_cfg.hook_kwargs()
-            if runner_kw.get("tensorboard_dir") and not tensorboard_dir:
-                tensorboard_dir = runner_kw["tensorboard_dir"]
-            export_tensorboard = bool(export_tensorboard or runner_kw.get("export_tensorboard", False))
+            out_dir, include_workers, include_collections, save_config, tensorboard_dir, export_tensorboard = \
+                with_runner_config(runner_cfg, out_dir, include_workers, include_collections,
+                                   self.default_include_collections, save_config, tensorboard_dir,
+                                   export_tensorboard)
         self.out_dir = check_out_dir(out_dir)
-        for flag_name, flag in (("dry_run", dry_run), ("save_all", save_all),
-                                ("export_tensorboard", export_tensorboard)):
-            if not isinstance(flag, bool):
-                raise InvalidConfiguration(f"{flag_name}={flag!r} must be True or False")
-        if include_workers not in INCLUDE_WORKERS:
-            raise InvalidConfiguration(f"include_workers={include_workers!r}: allowed are 'one' and 'all'")
-        if reduction_config is not None and not isinstance(reduction_config, ReductionConfig):
-            raise InvalidConfiguration(
-                f"reduction_config={reduction_config!r} must be a tensortap.ReductionConfig or None"
-            )
-        if include_regex is not None and not isinstance(include_regex, str) and not (
-                isinstance(include_regex, Iterable) and all(isinstance(r, str) for r in include_regex)):
-            raise InvalidConfiguration(f"include_regex={include_regex!r} must be a regex or a list of regexes")
-        if include_collections is not None and (isinstance(include_collections, str | bytes)
-                                                or not isinstance(include_collections, Iterable)):
-            raise InvalidConfiguration(f"include_collections={include_collections!r} must be a list of collection "
-                                       "names or Collections")
-        if worker is not None and (not isinstance(worker, str) or not worker.strip() or "\0" in worker):
-            raise InvalidConfiguration(f"worker={worker!r} must be a non-empty name (a string)")
-        for int_name, int_value in (("rank", rank), ("world_size", world_size)):
-            if int_value is not None and (isinstance(int_value, bool) or not isinstance(int_value, int)):
-                raise InvalidConfiguration(f"{int_name}={int_value!r} must be a whole number")
-        if world_size is not None and world_size < 1:
-            raise InvalidConfiguration(f"world_size={world_size!r} must be at least 1")
-        if tensorboard_dir is not None and not isinstance(tensorboard_dir, str | os.PathLike):
-            raise InvalidConfiguration(f"tensorboard_dir={tensorboard_dir!r} must be a local folder")
-        if flush_interval is None:
-            flush_interval = _flush_interval_from_env()
-        if not (isinstance(flush_interval, int | float) and not isinstance(flush_interval, bool)
-                and flush_interval > 0):
-            raise InvalidConfiguration(f"flush_interval={flush_interval!r} must be a positive number of seconds")
-        for size_name, size in (("chunk_bytes", chunk_bytes), ("max_pending_bytes", max_pending_bytes)):
-            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-                raise InvalidConfiguration(f"{size_name}={size!r} must be a positive whole number of bytes")
-        if backpressure not in ("block", "drop"):
-            raise InvalidConfiguration(f"backpressure={backpressure!r}: allowed are 'block' and 'drop'")
-        if writer not in WRITERS:
-            raise InvalidConfiguration(f"writer={writer!r}: allowed are 'auto' (the default), 'thread' and 'process'")
+        flush_interval = check_arguments(
+            dry_run=dry_run, save_all=save_all, export_tensorboard=export_tensorboard,
+            include_workers=include_workers, reduction_config=reduction_config, include_regex=include_regex,
+            include_collections=include_collections, worker=worker, rank=rank, world_size=world_size,
+            tensorboard_dir=tensorboard_dir, flush_interval=flush_interval, chunk_bytes=chunk_bytes,
+            max_pending_bytes=max_pending_bytes, backpressure=backpressure, writer=writer)
         #: "thread": a writer thread in this process; "process": a writer process fed through shared memory
         self.writer_kind = default_writer(self.out_dir) if writer == "auto" else writer
         self._save_config = SaveConfig.coerce(save_config)
@@ -278,7 +131,7 @@ class Hook:
         self.export_tensorboard = export_tensorboard
         self.tensorboard_dir = tensorboard_dir
         #: where the writer exports TensorBoard event files (docs/tensorboard.md); None: no export
-        self._tb_dir = _tensorboard_dir(self.out_dir, export_tensorboard, tensorboard_dir)
+        self._tb_dir = tensorboard_dir_of(self.out_dir, export_tensorboard, tensorboard_dir)
         if self._tb_dir:  # (the export starts with the writer, at the first hand-off: a bad budget is refused now)
             from tensortap.tensorboard.export import histogram_budget_from_env
 
@@ -288,40 +141,26 @@ class Hook:
         for name in self.builtin_collections:
             self.collection_manager.get(name)
         self._init_builtin_collections()
-        if include_regex:
-            regexes = [include_regex] if isinstance(include_regex, str) else list(include_regex)
-            self.collection_manager.get(CollectionKeys.DEFAULT).include(regexes)
-        included: list[str] = []
-        for c in include_collections if include_collections is not None else self.default_include_collections:
-            if isinstance(c, Collection):
-                self.collection_manager.add(c)
-                c = c.name
-            elif not isinstance(c, str):
-                raise InvalidConfiguration(f"include_collections entry {c!r} must be a collection name or Collection")
-            included.append(c)
-        included.extend(self.always_include_collections)
-        if include_regex and CollectionKeys.DEFAULT not in included:
-            included.append(CollectionKeys.DEFAULT)
-        if save_all:
-            self.collection_manager.get(CollectionKeys.ALL).include(".*")
-            included.append(CollectionKeys.ALL)
-        #: the step clock and what saves at each step (tensortap.capture)
+        included = included_collections(self.collection_manager, include_collections,
+                                        self.default_include_collections, self.always_include_collections,
+                                        include_regex, save_all)
+
+        # Who this process writes as. The framework may start its collective after this hook
+        # (torch.multiprocessing.spawn calling init_process_group itself, hvd.init(), xgboost.dask): its rank is
+        # then taken at the first step and the worker's folder claimed then, before anything is written.
+        source = type(self).identity_source
+        identity, later = resolve_identity(rank, world_size, worker, include_workers, source)
+        later = later or self._claim_later
+
+        #: the step clock, what saves at each step (tensortap.capture) and the step engine on them
         self.clock = StepClock()
-        self.schedule = SaveSchedule(self.collection_manager, list(dict.fromkeys(included)), self._save_config,
-                                     save_all)
-
-        # Workers.
-        env_rank, env_world = _rank_from_env()
-        self.rank = env_rank if rank is None else int(rank)
-        self.world_size = env_world if world_size is None else int(world_size)
-        if not 0 <= self.rank < max(self.world_size, 1):
-            raise InvalidConfiguration(f"rank={self.rank} is not in [0, world_size={self.world_size})")
-        self.worker = worker or f"worker_{self.rank}"
-        self.num_workers = self.world_size if include_workers == "all" else 1
+        self.schedule = SaveSchedule(self.collection_manager, included, self._save_config, save_all)
+        self.engine = StepEngine(self, self.clock, self.schedule, identity)
+        self.handoff = self.engine.handoff = HandOff(self, self.engine)
+        self.engine.claim_pending = later
+        if later:
+            self.engine.identity_source = source
         self.collection_manager.set_num_workers(self.num_workers)
-        #: whether this process writes anything (include_workers="one": rank 0 only)
-        self.writes = include_workers == "all" or self.rank == 0
-
 
         # Error isolation.
         self.disabled = disabled_by_env()
@@ -334,29 +173,18 @@ class Hook:
             max_pending_bytes=max_pending_bytes, backpressure=backpressure,
         )
         self._writer: Writer | None = None
-        self._storage = None
-        self._first_seq: int | None = None  # the writer's first chunk number, when the claim found it
         self._prepared = False
         self._closed = False
-        self._collections_dirty = True
-        # step marks held back until a framework hook has handed over the tensors of their steps
-        # (hold_step_marks / release_step_marks): (global step, mode steps) in order; None: not holding
-        self._held_marks: list[tuple[int, dict[str, int]]] | None = None
         # Stop requests (tensortap.format.control): every rank watches, writing or not.
-        self._stop_watch = not disabled_by_env()
-        self._stop_request: dict | None = None
-        # (the first look one interval in: a rule asks only after it has read data the job wrote)
-        self._next_stop_check = time.monotonic() + STOP_CHECK_INTERVAL
-        self._remote = is_remote(self.out_dir)
-        self._stop_thread: threading.Thread | None = None
+        self._stop = StopWatch(self.out_dir, not disabled_by_env())
         self._dropped_here = 0  # values refused before they reached the writer (too large)
-        if not self.disabled and self.writes and not self.dry_run and self._remote:
+        if not self.disabled and self.writes and not self.dry_run and self._stop.remote:
             # an object store that cannot be written is a bad out_dir: said now, in one line, not at the first step
             check_access(self.out_dir)
         #: save_scalar calls kept for the next step: (name, value, sm_metric, timestamp)
         self._outside_scalars: list[tuple[str, np.ndarray, bool, float | None]] = []
-        if not self.disabled and self.writes and not self.dry_run and not self._claim_later:
-            self._check_out_dir()
+        if not self.disabled and self.writes and not self.dry_run and not later:
+            self.engine.claim_now()
         # applied at the first step, once a framework subclass has finished its own set-up
         self._pending_collection_configs = runner_cfg.collection_configs if runner_cfg is not None else None
         # Nothing lost: a job that forgets close() still gets its data flushed and its end marked.
@@ -376,45 +204,86 @@ class Hook:
     #: the framework begins and ends the steps (Keras batches, boosting rounds): a scalar saved between two of them
     #: is kept and saved at the next one (at close(): at a GLOBAL step of its own)
     _scalars_wait_for_step = False
-    #: a framework hook that learns its worker's name only at the first step claims the out_dir then
-    _claim_later = False
     #: a thread writer starts its thread only at the first hand-off a flush interval after it was made; a job
     #: closed sooner is written by close() (ChunkWriter's `start_after`)
     _late_writer_thread = False
 
+    # --- identity (the engine's WorkerIdentity) ---------------------------------------------
+
+    rank = _IdentityField("rank")
+    world_size = _IdentityField("world_size")
+    worker = _IdentityField("worker")
+    num_workers = _IdentityField("num_workers")
+    #: whether this process writes anything (include_workers="one": rank 0 only)
+    writes = _IdentityField("writes")
+
+    @property
+    def _claim_later(self) -> bool:
+        """The worker's folder is claimed later (`StepEngine.claim`); a framework hook that learns its worker's
+        name only later may set it before this constructor runs."""
+        engine = self.__dict__.get("engine")
+        return engine.claim_pending if engine is not None else self.__dict__.get("_claim_first", False)
+
+    @_claim_later.setter
+    def _claim_later(self, value: bool) -> None:
+        engine = self.__dict__.get("engine")
+        if engine is None:
+            self.__dict__["_claim_first"] = value
+        else:
+            engine.claim_pending = value
+
+    def _identity_changed(self) -> None:
+        self.collection_manager.set_num_workers(self.num_workers)
+        self.engine.collections_dirty = True
+
+    def _check_out_dir(self) -> None:
+        """Claim this worker's folder in out_dir for this job, atomically (docs/format.md §1)."""
+        self.engine.claim_now()
+
+    @property
+    def _collections_dirty(self) -> bool:
+        return self.engine.collections_dirty
+
+    @_collections_dirty.setter
+    def _collections_dirty(self, value: bool) -> None:
+        self.engine.collections_dirty = value
+
+    @property
+    def _storage(self) -> Any:
+        """The job's storage, once the claim or the writer opened it."""
+        return self.engine.storage
+
+    @property
+    def _stop_request(self) -> dict | None:
+        """The stop request found (docs/format.md §8), if any."""
+        return self._stop.request
+
     def _claim_late(self) -> None:
-        """Claim the out_dir once the worker is known (a hook with `_claim_later`, at its first step); another job's
-        data there turns this hook off (training goes on)."""
+        """Claim the out_dir now that the worker is known (`StepEngine.claim` does it for a hook whose identity
+        the engine settles); another job's data there turns this hook off (training goes on)."""
         if self.writes and not self.disabled and not self.dry_run:
             try:
-                self._check_out_dir()
+                self.engine.claim_now()
             except InvalidConfiguration as e:
                 self._fail("first step", e)
 
-    def _check_out_dir(self) -> None:
-        """Claim this worker's folder in out_dir for this job, atomically (docs/format.md §1): a second job
-        given the same out_dir and worker gets a clear error here instead of interleaving its data."""
-        storage = open_storage(self.out_dir)
-        keys = storage.list(layout.worker_dir(self.worker) + "/")
-        for key in keys:
-            if key.endswith(layout.INDEX_SUFFIX):
-                raise InvalidConfiguration(
-                    f"out_dir {self.out_dir!r} already holds data of {self.worker}: "
-                    "use a new out_dir for every training job"
-                )
-        claim = json.dumps({"pid": os.getpid(), "host": platform.node(), "time": time.time()}).encode()
-        try:
-            claimed = storage.create_exclusive(layout.claim_key(self.worker), claim)
-        except OSError as e:
-            raise InvalidConfiguration(f"out_dir {self.out_dir!r} cannot be written: {e}") from None
-        if not claimed:
-            raise InvalidConfiguration(
-                f"out_dir {self.out_dir!r} is already used by another job writing {self.worker} "
-                f"({storage.describe(layout.claim_key(self.worker))}): use a new out_dir for every training job"
-            )
-        self._storage = storage
-        # the writer's first chunk number, from this listing (the claim keeps every other writer out of the folder)
-        self._first_seq = max((p[1] for k in keys if (p := layout.parse_chunk_key(k))), default=-1) + 1
+    @property
+    def _stop_watch(self) -> bool:
+        return self._stop.watching
+
+    @_stop_watch.setter
+    def _stop_watch(self, value: bool) -> None:
+        self._stop.watching = value
+
+    def tensor_specs(self) -> list[TensorSpec]:
+        """The tensors this hook can read now, as `TensorSpec`s (name, dtype, shape, source); framework hooks
+        override."""
+        return []
+
+    def add_listener(self, event: str, listener: Listener) -> Callable[[], None]:
+        """Call `listener(StepEvent)` at every `event` of the step lifecycle (`tensortap.capture.engine.EVENTS`:
+        step_begin, forward_end, backward_end, optimizer_step, step_end); returns what removes it."""
+        return self.engine.add_listener(event, listener)
 
     @classmethod
     def create_from_json_file(cls, json_file_path: str | None = None, **overrides: Any) -> Hook:
@@ -425,13 +294,14 @@ class Hook:
         cfg = load_hook_config(json_file_path)
         kwargs = cfg.hook_kwargs()
         kwargs.update(overrides)
-        token = _FROM_JSON.set(True)
+        token = FROM_JSON.set(True)
         try:
             hook = cls(**kwargs)
         finally:
-            _FROM_JSON.reset(token)
+            FROM_JSON.reset(token)
         hook.apply_collection_configs(cfg.collection_configs)
         return hook
+
 
     def apply_collection_configs(self, configs: dict[str, Collection]) -> None:
         """Merge per-collection settings (regexes, save and reduction configs) into this hook's collections."""
@@ -485,9 +355,9 @@ class Hook:
         self.schedule.invalidate()
 
     def _collections_changed(self) -> None:
-        """The caller may change collections or their configs (framework hooks extend this to drop their own
-        plans)."""
-        self._invalidate_caches()
+        """The caller may change collections or their configs: the engine's plans and quiet window are recomputed
+        (framework hooks extend this to drop plans of another kind)."""
+        self.engine.invalidate()
 
     def get_collection(self, name: str, create: bool = True) -> Collection:
         self._collections_changed()
@@ -648,13 +518,16 @@ class Hook:
         At this boundary a stop request (a rule's StopTraining action) ends training: the hook closes
         (everything flushed, the job marked ended) and TrainingStopped (a SystemExit) is raised.
         """
-        if self._stop_watch and (self._stop_request is not None or time.monotonic() >= self._next_stop_check):
-            self._check_stop_request()
+        stop = self._stop
+        if stop.watching and stop.due():
+            stop.check(self)
         self.end_step()
+        if not self._prepared:
+            self.engine.settle_identity()  # (before the first step: a rank the framework learned late)
         step = self.clock.advance()
         if not self._prepared:
             self._prepare()
-        self.on_step_begin()
+        self.engine.begin_step()  # (the adapter's on_step_begin, then the listeners)
         if self._outside_scalars:
             self._save_outside_scalars()
         return step
@@ -662,61 +535,33 @@ class Hook:
     def counting_deadline(self) -> float:
         """Until when (`time.monotonic()`) a framework hook may only count steps that save nothing instead of
         calling `next_step()`: the next stop-request check, or infinity when none is watched."""
-        return self._next_stop_check if self._stop_watch else math.inf
-
-    def _check_stop_request(self) -> None:
-        """One stat per STOP_CHECK_INTERVAL at most (local); object stores are polled by a background thread."""
-        now = time.monotonic()
-        if self._stop_request is None and now < self._next_stop_check:
-            return
-        self._next_stop_check = now + STOP_CHECK_INTERVAL
-        from tensortap.format.control import StopSignal, stop_requested
-
-        if self._stop_request is None and not self._remote:
-            try:
-                self._stop_request = stop_requested(self.out_dir, min_interval=0)
-            except Exception as e:  # noqa: BLE001 - an unreadable control file must not break training
-                self._warn_once("stop-check", f"tensortap: cannot check for stop requests: {e}")
-                self._stop_watch = False
-        elif self._remote and self._stop_thread is None:
-            self._stop_thread = threading.Thread(target=self._poll_stop, name="tensortap-stop-watch", daemon=True)
-            self._stop_thread.start()
-        req = self._stop_request
-        if req is not None and not self._closed:
-            self._stop_watch = False
-            StopSignal(self.out_dir).stop(self, req)  # closes the hook, raises TrainingStopped
-
-    def _poll_stop(self) -> None:
-        from tensortap.format.control import stop_requested
-
-        while not self._closed and self._stop_request is None:
-            try:
-                self._stop_request = stop_requested(self.out_dir, min_interval=0)
-            except Exception:  # noqa: BLE001 - the store may be unreachable for a while
-                pass
-            time.sleep(STOP_POLL_INTERVAL)
+        return self._stop.deadline()
 
     def end_step(self) -> None:
         """Finish the current step: readers learn that no more data comes for it."""
-        clock = self.clock
-        if not clock.in_step:
+        engine = self.engine
+        engine.disarm()
+        engine.end_step()
+
+    def _send_step_mark(self, step: int | None = None, passed: dict[str, int] | None = None) -> None:
+        """Tell the writer that `step` passed (by default the clock's current one)."""
+        w = self._writer
+        if w is None or self.disabled or not self.writes or self._closed:  # (not active)
             return
-        clock.in_step = False
-        self.on_step_end()
-        if self._held_marks is not None:  # (sent by release_step_marks, after this step's tensors)
-            passed = clock.passed()  # (adds steps counted elsewhere: before the global step is read)
-            self._held_marks.append((clock.step, passed))
-        elif self._writer is not None and not self.disabled and self.writes and not self._closed:  # (active)
-            try:  # (what guard() does, without a generator per step)
-                if self._collections_dirty:
-                    self._writer.set_collections(self.collection_manager.to_json_dict())
-                    self._collections_dirty = False
+        try:  # (what guard() does, without a generator per step)
+            engine = self.engine
+            if engine.collections_dirty:
+                w.set_collections(self.collection_manager.to_json_dict())
+                engine.collections_dirty = False
+            if step is None:
+                clock = self.clock
                 passed = clock.passed()  # (adds steps counted elsewhere: before the global step is read)
-                self._writer.mark_step_passed(clock.step, passed)
-            except InvalidConfiguration:
-                raise
-            except Exception as e:  # noqa: BLE001 - never break the training job
-                self._fail("end_step", e)
+                step = clock.step
+            w.mark_step_passed(step, passed)
+        except InvalidConfiguration:
+            raise
+        except Exception as e:  # noqa: BLE001 - never break the training job
+            self._fail("end_step", e)
 
     def _ensure_step(self) -> None:
         if not self.clock.in_step:
@@ -725,29 +570,19 @@ class Hook:
     def step_id(self) -> tuple[int, int, int]:
         """(global step, mode value, mode step) of the current step: where `write_tensors(..., at=)` saves
         later."""
-        clock = self.clock
-        clock.sync()
-        mode = clock.mode
-        return clock.step, mode.value, clock.mode_steps[mode]
+        return self.engine.step_id()
 
     def hold_step_marks(self) -> None:
         """The current step's tensors are handed over after it ends (`write_tensors(..., at=step_id())`): its
         step mark, and those of the steps after it, wait until `release_step_marks()` (close() releases them)."""
-        if self._held_marks is None:
-            self._held_marks = []
+        self.engine.hold_marks()
 
     def release_step_marks(self) -> None:
         """Send the step marks held since `hold_step_marks()` (their steps' tensors are handed over)."""
-        held, self._held_marks = self._held_marks, None
-        if held and self._writer is not None and self.active:
-            if self._collections_dirty:
-                self._writer.set_collections(self.collection_manager.to_json_dict())
-                self._collections_dirty = False
-            step, passed = held[-1]  # (a mark covers every step up to it, in every mode)
-            self._writer.mark_step_passed(step, passed)
+        self.engine.release_marks()
 
     def on_step_begin(self) -> None:
-        """Called when a step begins (framework hooks override)."""
+        """Called when a step begins, once the engine knows what it saves (framework hooks override)."""
 
     def on_step_end(self) -> None:
         """Called when a step ends, before readers are told (framework hooks override)."""
@@ -756,11 +591,12 @@ class Hook:
 
     def _get_writer(self) -> Writer:
         if self._writer is None:
-            if self._storage is None:
-                self._storage = open_storage(self.out_dir)
+            engine = self.engine
+            if engine.storage is None:
+                engine.storage = open_storage(self.out_dir)
             start_after = self._writer_opts["flush_interval"] if self._late_writer_thread else 0.0
-            self._writer = open_writer(self.writer_kind, self._storage, self.worker, tensorboard_dir=self._tb_dir,
-                                       first_seq=self._first_seq, start_after=start_after,
+            self._writer = open_writer(self.writer_kind, engine.storage, self.worker, tensorboard_dir=self._tb_dir,
+                                       first_seq=engine.first_seq, start_after=start_after,
                                        num_workers=self.num_workers, metadata=self._writer_metadata(),
                                        **self._writer_opts)
             self.writer_kind = self._writer.kind
@@ -772,68 +608,31 @@ class Hook:
     def _end_writer(self) -> Writer:
         """The writer of a hook that handed nothing over: the end of the job written on the closing thread (a
         writer thread that is never started), not a writer process started only to be stopped."""
-        if self._storage is None:
-            self._storage = open_storage(self.out_dir)
-        self._writer = open_writer("thread", self._storage, self.worker, first_seq=self._first_seq,
+        engine = self.engine
+        if engine.storage is None:
+            engine.storage = open_storage(self.out_dir)
+        self._writer = open_writer("thread", engine.storage, self.worker, first_seq=engine.first_seq,
                                    start_after=self._writer_opts["flush_interval"], num_workers=self.num_workers,
                                    metadata=self._writer_metadata(), **self._writer_opts)
         return self._writer
 
+    # (the hand-off, tensortap.capture.handoff)
+
     def _plan(self, name: str, colls: list[Collection]) -> tuple[bool, tuple[tuple[str, bool], ...], bool]:
         """(save_raw, reductions, save_shape) for a tensor saved in `colls` now."""
-        save_raw = False
-        save_shape = False
-        reds: list[tuple[str, bool]] = []
-        for c in colls:
-            rc = c.reduction_config or self.reduction_config
-            if c.name in NON_REDUCTION_COLLECTIONS:
-                save_raw = True
-                continue
-            save_raw = save_raw or rc.save_raw_tensor
-            save_shape = save_shape or rc.save_shape
-            for r in rc.requested():
-                if r not in reds:
-                    reds.append(r)
-        return save_raw, tuple(reds), save_shape
+        return self.handoff.plan(name, colls)
 
     def _note_membership(self, name: str, colls: Iterable[Collection]) -> None:
-        for c in colls:
-            if not c.has_tensor_name(name):
-                c.add_tensor_name(name)
-                self._collections_dirty = True
+        self.handoff.note_membership(name, colls)
 
-    def write_tensor(
-        self,
-        name: str,
-        value: Any,
-        colls: list[Collection],
-        reduction_values: dict[tuple[str, bool], Any] | None = None,
-        shape: tuple[int, ...] | None = None,
-        copy: bool = True,
-    ) -> None:
+    def write_tensor(self, name: str, value: Any, colls: list[Collection],
+                     reduction_values: dict[tuple[str, bool], Any] | None = None,
+                     shape: tuple[int, ...] | None = None, copy: bool = True) -> None:
         """Hand one host-side tensor to the writer with the plan of `colls` (framework hooks call this).
 
         With `copy=False` the caller hands `value` over: it must not change it afterwards.
         """
-        save_raw, reds, save_shape = self._plan(name, colls)
-        if reduction_values is not None:
-            reds = tuple(r for r in reds if r not in reduction_values)
-        arr = None
-        if value is not None:
-            arr = codec.as_storable(value)
-            if copy and (arr is value or (isinstance(value, np.ndarray) and np.shares_memory(arr, value))):
-                arr = arr.copy()  # the caller may mutate its array after we return
-        self._note_membership(name, colls)
-        if self.dry_run:
-            return
-        self._get_writer().submit(
-            Record(
-                name=name, step=self.step, mode=self.mode.value, mode_step=self.mode_steps[self.mode],
-                value=arr, save_raw=save_raw and arr is not None, reductions=reds if arr is not None else (),
-                reduction_values=dict(reduction_values or {}), save_shape=save_shape,
-                shape=tuple(shape) if shape is not None else None,
-            )
-        )
+        self.handoff.write_tensor(name, value, colls, reduction_values, shape, copy)
 
     def write_tensors(self, items: Iterable[tuple[str, Any, list[Collection]]], copy: bool = True,
                       at: tuple[int, int, int] | None = None) -> None:
@@ -841,212 +640,23 @@ class Hook:
         of one dtype, go as one batch copied straight into the writer's room (tensortap.capture.batch); the
         others as records. `at`: the `step_id()` of an earlier step to save them at (its mark held until
         then, see `hold_step_marks`); by default the current step."""
-        plans: dict[tuple[int, ...], tuple[bool, tuple[tuple[str, bool], ...], bool]] = {}
-        step, mode, mode_step = at if at is not None else self.step_id()
-        records = []
-        batch: list[tuple[str, np.ndarray, tuple]] = []
-        for name, value, colls in items:
-            key = tuple(map(id, colls))
-            plan = plans.get(key)
-            if plan is None:
-                plan = plans[key] = self._plan(name, colls)
-            save_raw, reds, save_shape = plan
-            arr = codec.as_storable(value)
-            self._note_membership(name, colls)
-            if save_raw and not save_shape and (not batch or arr.dtype == batch[0][1].dtype):
-                batch.append((name, arr, reds))
-                continue
-            if copy and (arr is value or (isinstance(value, np.ndarray) and np.shares_memory(arr, value))):
-                arr = arr.copy()
-            records.append(Record(name=name, step=step, mode=mode, mode_step=mode_step, value=arr,
-                                  save_raw=save_raw, reductions=reds, save_shape=save_shape))
-        if self.dry_run:
-            return
-        writer = self._get_writer()
-        if batch and sum(a.nbytes for _n, a, _r in batch) < writer.reserve_min_bytes:
-            # (a thread writer takes small host values as they are, in one hand-off: no reservation to copy into)
-            reds = tuple(r for _n, _a, r in batch)
-            writer.submit_batch(RecordBatch(tuple(n for n, _a, _r in batch),
-                                            [a.copy() if copy else a for _n, a, _r in batch], None,
-                                            step, mode, mode_step, reds if any(reds) else None))
-        elif batch and not self._send_batch(writer, batch, step, mode, mode_step):
-            for name, arr, reds in batch:
-                records.append(Record(name=name, step=step, mode=mode, mode_step=mode_step,
-                                      value=arr.copy() if copy else arr, save_raw=True, reductions=reds))
-        if records:
-            writer.submit_many(records)
+        self.handoff.write_tensors(items, copy, at)
 
-    def _send_batch(self, writer: Any, batch: list[tuple[str, np.ndarray, tuple]], step: int, mode: int,
-                    mode_step: int) -> bool:
-        """Copy raw values of one dtype into one reservation of `writer` at that step; False if they cannot go
-        that way (then they go as records)."""
-        found = array_sources([arr for _n, arr, _r in batch])
-        if found is None:
-            return False
-        sources, shapes = found
-        reds = tuple(r for _n, _a, r in batch)
-        spec = BatchSpec(tuple(n for n, _a, _r in batch), True, reds if any(reds) else None, shapes,
-                         np_dtype=batch[0][1].dtype)
-        return self._reserve_and_copy(writer, spec, sources, (step, mode, mode_step))
-
-    def _batch_spec(self, items: list[tuple[str, list[Collection]]]) -> BatchSpec:
+    def batch_spec(self, items: list[tuple[str, list[Collection]]]) -> BatchSpec:
         """The plan of tensors saved together at every saving step with these collections (membership in them
         noted here, once per plan). Shapes and dtype are the caller's to set."""
-        raw_only = True
-        reductions = []
-        for name, colls in items:
-            save_raw, reds, save_shape = self._plan(name, colls)
-            raw_only = raw_only and save_raw and not save_shape
-            reductions.append(reds)
-            self._note_membership(name, colls)
-        return BatchSpec(tuple(name for name, _c in items), raw_only,
-                         tuple(reductions) if any(reductions) else None)
+        return self.handoff.batch_spec(items)
 
-    def _write_planned(self, spec: BatchSpec, sources: Sequence[tuple[int, int]],
-                       at: tuple[int, int, int] | None = None) -> bool:
+    def write_planned(self, spec: BatchSpec, sources: Sequence[tuple[int, int]],
+                      at: tuple[int, int, int] | None = None) -> bool:
         """Hand off a planned batch at the current step (`spec` raw only, with its shapes and numpy dtype;
         `sources` the (address, byte count) of its tensors' bytes, in order, readable now): False if it cannot go
         that way (then hand its tensors to `write_tensors`). `at`: as for `write_tensors`."""
-        if self.dry_run or not spec.raw_only:
-            return False
-        writer = self._writer if self._writer is not None else self._get_writer()
-        if sum(n for _a, n in sources) < writer.reserve_min_bytes:
-            return False
-        self.clock.sync()
-        return self._reserve_and_copy(writer, spec, sources, at)
+        return self.handoff.write_planned(spec, sources, at)
 
-    def _reserve_and_copy(self, writer: Any, spec: BatchSpec, sources: Sequence[tuple[int, int]],
-                          at: tuple[int, int, int] | None = None) -> bool:
-        if at is None:
-            res = spec.reserve(writer, self.clock)
-        else:
-            step, mode, mode_step = at
-            res = writer.reserve_batch(spec.names, spec.np_dtype, spec.shapes, step, mode, mode_step,
-                                       reductions=spec.reductions)
-        if res is None:
-            return False
-        if res:  # (False: dropped under backpressure, counted by the writer)
-            res.copy_in(sources)
-            res.commit()
-        return True
+    _batch_spec = batch_spec  # (the names the Keras hook uses)
+    _write_planned = write_planned
 
-    def save_tensor(
-        self, tensor_name: str, tensor_value: Any, collections_to_write: str | Iterable[str] = CollectionKeys.DEFAULT
-    ) -> None:
-        """Save `tensor_value` at the current step in the named collections (created if missing),
-        when their save config saves this step. A name, collection or value that cannot be saved is skipped,
-        counted (dropped_records) and logged once; it never raises into the training loop."""
-        if not self.active:
-            return
-        if not isinstance(tensor_name, str) or not tensor_name:
-            self._skip_value(tensor_name, tensor_value, "the tensor name must be a non-empty string")
-            return
-        names = [collections_to_write] if isinstance(collections_to_write, str) else collections_to_write
-        try:
-            names = list(names)
-        except TypeError:
-            names = [names]
-        if not names or not all(isinstance(n, str) and n for n in names):
-            self._skip_value(tensor_name, tensor_value, f"collections_to_write={collections_to_write!r} must be a "
-                                                        "collection name or a list of them")
-            return
-        if self._too_large(tensor_name, tensor_value):
-            return
-        with self.guard("save_tensor"):
-            self._ensure_step()
-            colls = []
-            for n in names:
-                c = self.collection_manager.get(n)
-                if c.name not in self.include_collections and n != CollectionKeys.DEFAULT:
-                    self.include_collections.append(c.name)  # naming a collection asks for it
-                    self._invalidate_caches()
-                colls.append(c)
-            now = self.collections_to_save()
-            colls = [c for c in colls if c in now or self._collection_saves_now(c)]
-            if colls:
-                try:
-                    value = codec.as_storable(tensor_value)
-                except Exception as e:  # noqa: BLE001 - any object may be handed over: none breaks training
-                    self._skip_value(tensor_name, tensor_value, str(e) or type(e).__name__)
-                    return
-                self.write_tensor(tensor_name, value, colls)
-
-    def _skip_value(self, name: Any, value: Any, why: str) -> None:
-        """A value handed over during training that cannot be saved: skipped, counted in dropped_records, and
-        logged once per tensor (naming it and the value's type); the hook and training go on."""
-        self._dropped_here += 1
-        self._warn_once(f"bad-value:{name!r}", f"tensortap: {name!r} not saved: {why} (got a "
-                                               f"{type(value).__module__}.{type(value).__qualname__}); such values "
-                                               "are skipped and counted (dropped_records), training goes on")
-
-    def _too_large(self, name: str, value: Any) -> bool:
-        """A value larger than the writer may hold (max_pending_bytes) is dropped before anything copies it
-        (a broadcast view's copy could take all the memory): counted in dropped_records, warned once."""
-        nbytes = getattr(value, "nbytes", None)
-        limit = self._writer_opts["max_pending_bytes"]
-        if isinstance(nbytes, int) and nbytes > limit:
-            self._dropped_here += 1
-            self._warn_once("too-large", f"tensortap: {name!r} not saved: {nbytes} bytes is more than "
-                                         f"max_pending_bytes={limit}; such values are dropped and counted "
-                                         "(dropped_records)")
-            return True
-        return False
-
-    def save_scalar(self, name: str, value: Any, sm_metric: bool = False, timestamp: float | None = None) -> None:
-        """Save a scalar as `scalar/<name>` at the current step, whatever the save config (smdebug's signature).
-
-        `sm_metric=True` also puts it in the `sm_metrics` collection (smdebug sends such scalars to SageMaker
-        Metrics; here they are the job's metrics, shown with its losses). `timestamp` (UNIX seconds) is accepted
-        for smdebug's scripts; tensortap's store keeps no wall time per value (docs/migration.md). A name or value
-        that cannot be saved (None, text, several numbers) is skipped, counted in dropped_records and logged once;
-        it never raises into the training loop."""
-        if not isinstance(sm_metric, bool):
-            raise InvalidConfiguration(f"save_scalar({name!r}, ..., sm_metric={sm_metric!r}): sm_metric must be True "
-                                       "or False (the third parameter is sm_metric, as in smdebug; pass timestamp=)")
-        if timestamp is not None and (isinstance(timestamp, bool) or not isinstance(timestamp, int | float)):
-            raise InvalidConfiguration(f"save_scalar({name!r}, ..., timestamp={timestamp!r}): timestamp must be None "
-                                       "or a number of seconds")
-        if not self.active:
-            return
-        if not isinstance(name, str) or not name:
-            self._skip_value(name, value, "the scalar name must be a non-empty string")
-            return
-        try:
-            size = np.size(value)
-            kind = np.asarray(value).dtype.kind if size == 1 and value is not None else ""
-        except Exception:  # noqa: BLE001 - any object may be handed over: none breaks training
-            size, kind = -1, ""
-        if size != 1 or kind not in tuple("biufc"):
-            self._skip_value(f"scalar/{name}", value, "save_scalar needs a single number")
-            return
-        if self._scalars_wait_for_step and not self.clock.in_step:
-            # Between the framework's own steps (before training, between fit and evaluate, after it): saved at
-            # the next step, as smdebug saves them at its next write; steps stay the framework's.
-            self._outside_scalars.append((name, np.asarray(value).reshape(()).copy(), sm_metric, timestamp))
-            return
-        with self.guard("save_scalar"):
-            self._ensure_step()
-            colls = [self.collection_manager.get(CollectionKeys.SCALARS)]
-            if sm_metric:
-                colls.append(self.collection_manager.get(CollectionKeys.SM_METRICS))
-            full = f"scalar/{name}"
-            self._note_membership(full, colls)
-            if not self.dry_run:
-                arr = np.asarray(value).reshape(())
-                self._get_writer().submit(
-                    Record(name=full, step=self.step, mode=self.mode.value,
-                           mode_step=self.mode_steps[self.mode], value=codec.as_storable(arr))
-                )
-
-    def _save_outside_scalars(self) -> None:
-        """Save the scalars kept since the last step (see save_scalar) at the current one."""
-        kept, self._outside_scalars = self._outside_scalars, []
-        wait, self._scalars_wait_for_step = self._scalars_wait_for_step, False
-        try:
-            for name, value, sm_metric, timestamp in kept:
-                self.save_scalar(name, value, sm_metric, timestamp)
-        finally:
-            self._scalars_wait_for_step = wait
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -1090,6 +700,7 @@ class Hook:
                 self._save_outside_scalars()
                 self.end_step()
             self.release_step_marks()
+            self._stop.close()
             if self.writes and not self.disabled and not self.dry_run:
                 w = self._writer if self._writer is not None else self._end_writer()
                 w.set_collections(self.collection_manager.to_json_dict())
@@ -1125,18 +736,6 @@ class Hook:
             f"<{type(self).__name__} out_dir={self.out_dir!r} worker={self.worker} step={self.step} "
             f"mode={self.mode.name} collections={self.include_collections}>"
         )
-
-
-_FROM_JSON: contextvars.ContextVar[bool] = contextvars.ContextVar("tensortap_from_json", default=False)
-
-
-def _runner_config() -> Any:
-    """The hook config of `tensortap run` (TENSORTAP_AUTO=1) for a hook the script builds itself, else None."""
-    if os.environ.get("TENSORTAP_AUTO") != "1" or _FROM_JSON.get() or not os.environ.get("TENSORTAP_CONFIG"):
-        return None
-    from tensortap.hook_config import load_hook_config
-
-    return load_hook_config(os.environ["TENSORTAP_CONFIG"])
 
 
 def _close_at_exit(ref: weakref.ref) -> None:

@@ -20,7 +20,7 @@ A saving step's tensors go to the writer when the step after it ends (or at clos
 done by then; readers learn that the step passed only after that (`hold_step_marks`). Weights and gradients
 (dense CPU arrays of one dtype, saved raw) are copied into a fixed host buffer per list (a second one when
 a saving step comes before the last one's hand-over) by one operation (`amp_multicast` for float32) called
-straight through MXNet's C API, and go from there into the writer's room as one batch (`_write_planned`);
+straight through MXNet's C API, and go from there into the writer's room as one batch (`write_planned`);
 anything else is copied into new arrays and handed over with `write_tensors`. Steps that save nothing cost a
 few microseconds.
 A hybridized block runs as one graph: its inner blocks' hooks do not fire, so only its own inputs and
@@ -38,7 +38,6 @@ import logging
 import os
 import re
 import sys
-import time
 from typing import Any
 
 import mxnet as mx
@@ -50,7 +49,6 @@ from tensortap.capture.batch import BatchSpec
 from tensortap.collection import ACTIVATION_COLLECTIONS, Collection, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.hooks.base import Hook as BaseHook
-from tensortap.hooks.base import rank_in_env
 from tensortap.mxnet import singleton
 
 logger = logging.getLogger("tensortap")
@@ -267,12 +265,12 @@ class _Layout:
         for r in reads:
             if r.key is None or not r.cpu or r.dtype != dtype or not r.size or not r.shape:
                 return None
-            save_raw, r_reds, save_shape = hook._plan(r.name, r.colls)
+            save_raw, r_reds, save_shape = hook.handoff.plan(r.name, r.colls)
             if not save_raw or save_shape:
                 return None
             reds.append(r_reds)
         for r in reads:
-            hook._note_membership(r.name, r.colls)  # (once per layout: _write_planned leaves it to the caller)
+            hook.handoff.note_membership(r.name, r.colls)  # (once per layout: write_planned leaves it to the caller)
         return cls(reads, tuple(reds), *args)
 
 
@@ -384,29 +382,22 @@ class Hook(BaseHook):
     always_include_collections = (K.LOSSES,)
     _scalars_wait_for_step = True  # (steps begin at the model's forward)
 
-    def __init__(self, out_dir: str, *args: Any, rank: int | None = None, world_size: int | None = None,
-                 **kwargs: Any):
-        given = rank is not None or world_size is not None
-        if not given:
-            found = horovod_rank()
-            if found is not None:
-                rank, world_size = found
-        # Made before hvd.init() in a process the launcher gave no rank variables: Horovod's rank is taken at
-        # the first step, and the worker's folder in out_dir claimed then (the base hook's _claim_later), before
-        # anything is written.
-        self._mx_rank_later = self._claim_later = not given and rank is None and rank_in_env() is None
-        super().__init__(out_dir, *args, rank=rank, world_size=world_size, **kwargs)
+    # (a hook made before hvd.init(), in a process the launcher gave no rank variables, takes Horovod's rank at
+    # the first step and claims its worker's folder then: the engine's late identity)
+    identity_source = staticmethod(horovod_rank)
+
+    def __init__(self, out_dir: str, *args: Any, **kwargs: Any):
+        super().__init__(out_dir, *args, **kwargs)
         self._mx_roots: list[_Root] = []
         self._mx_losses: list[tuple[mx.gluon.Block, Any]] = []  # (loss block, its forward hook's handle)
         self._mx_registered: set[int] = set()  # ids of every block inside a registered model or loss
         self._mx_activation_blocks: set[int] = set()
         self._mx_started = False  # a registered model's forward has started a step
-        self._mx_saving = False  # the current step saves something
-        self._mx_io = False  # ... and some collection that saving may hold block inputs/outputs
+        self._mx_io = False  # the current step saves some collection that may hold block inputs/outputs
         # this step's (name, parameter, collections) to save: weights per model (by id), gradients
         self._mx_weights: dict[int, list[_Read]] = {}
         self._mx_grads: list[_Read] = _NONE
-        self._mx_plan: tuple | None = None  # see _mx_make_plan
+        self._mx_plan: tuple | None = None  # the plan of the current saving step (see _mx_make_plan)
         # (read, copy) of this step's weights and block inputs and outputs: copies made by MXNet's engine (in
         # order with the job's own operations, without waiting for them), read when the step ends
         self._mx_copied: list[tuple[_Read, Any]] = []
@@ -422,8 +413,6 @@ class Hook(BaseHook):
         self._mx_pending: tuple | None = None
         self._mx_io_counts: dict[str, int] = {}
         self._mx_closed = False
-        # (mode, mode step, time.monotonic() deadline): until then a registered model's forward only counts a step
-        self._mx_quiet: tuple | None = None
         self._mx_warned_hybrid = False
         singleton.set_hook(self)
 
@@ -463,7 +452,7 @@ class Hook(BaseHook):
         self._mx_roots.append(root)
         self._mx_registered.update(inside)
         self._mx_note_activations(root.blocks)
-        self._mx_config_changed()
+        self.engine.invalidate()
 
     register_hook = register_block
 
@@ -491,26 +480,21 @@ class Hook(BaseHook):
     # --- steps -------------------------------------------------------------------------------
 
     def on_step_begin(self) -> None:
-        if self._mx_rank_later:
-            self._mx_rank_later = False
-            self._mx_adopt_horovod_rank()
-            self._claim_late()
         if self._mx_io_counts:
             self._mx_io_counts.clear()
-        now = self.collections_to_save() if self.active else _NONE
-        if not now:
-            self._mx_saving = self._mx_io = False
+        engine = self.engine
+        if not engine.saving:
+            self._mx_io = False
             if self._mx_weights:
                 self._mx_weights = {}
             self._mx_grads = _NONE
             return
-        self._mx_saving = True
         pending = self._mx_pending
         # (the stages' buffer: the other one while the last saving step's copies wait for their hand-over)
         self._mx_parity = 1 - pending[1] if pending is not None else 0
-        plan = self._mx_plan
-        if plan is None or plan[0] is not now:
-            plan = self._mx_plan = self._mx_make_plan(now)
+        plan = engine.plans.get(engine.now, None, self._mx_make_plan)
+        if plan is not self._mx_plan:
+            self._mx_plan = plan
             self._mx_stages = {}
             self._mx_specs = {}
         _now, self._mx_io, weights, self._mx_grads = plan
@@ -520,7 +504,7 @@ class Hook(BaseHook):
                 if not root.io_handles:
                     root.io_handles = [b.register_forward_hook(self._mx_io_hook) for b in root.blocks[1:]]
 
-    def _mx_make_plan(self, now: list[Collection]) -> tuple:
+    def _mx_make_plan(self, now: list[Collection], _key: Any = None) -> tuple:
         """(now, whether block I/O may be saved, {id(model): weights' reads}, gradients' reads) for steps
         saving the collections `now` (the base hook hands the same list while the set stays the same)."""
         io = any(c.name not in _NOT_IO for c in now)
@@ -545,14 +529,6 @@ class Hook(BaseHook):
                     if colls:
                         grads.append(_Read(gname, p, colls, True))
         return now, io, weights, grads
-
-    def _mx_config_changed(self) -> None:
-        self._mx_plan = None
-        self._mx_quiet = None
-
-    def _collections_changed(self) -> None:
-        self._mx_config_changed()
-        super()._collections_changed()
 
     def _mx_stage(self, key: tuple, reads: list[_Read], arrays: list[Any]) -> _Stage | None:
         """The plan's stage for `arrays` (learned by `reads`), made when they are new."""
@@ -643,7 +619,7 @@ class Hook(BaseHook):
                 tuple(n for lay in plans for n in lay.names), True, reds if any(reds) else None,
                 tuple(sh for lay in plans for sh in lay.shapes), np_dtype=dtype)
         sources = [(x.addr(parity), x.plan.nbytes) for x in staged]
-        if not self._write_planned(spec, sources, at):
+        if not self.write_planned(spec, sources, at):
             # (too large for the writer's room: as records)
             items = []
             for x, (addr, nbytes) in zip(staged, sources, strict=True):
@@ -672,63 +648,31 @@ class Hook(BaseHook):
         if self._mx_pending is not None:
             self._mx_hand_over()
         self._mx_closed = True
-        self._mx_quiet = None
-        self._mx_saving = self._mx_io = False
+        self._mx_io = False
         for root in self._mx_roots:
             root.unhook()
         for _b, h in self._mx_losses:
             h.detach()
-
-    def _mx_adopt_horovod_rank(self) -> None:
-        """Take Horovod's rank and size (hvd.init() ran after this hook was made)."""
-        found = horovod_rank()
-        if found is None:
-            return
-        rank, world_size = found
-        if not 0 <= rank < max(world_size, 1):
-            self._warn_once("hvd-rank", f"tensortap: Horovod's rank {rank} is not in [0, {world_size}); ignored")
-            return
-        named = self.worker == f"worker_{self.rank}"  # (else a name the caller chose)
-        self.rank, self.world_size = rank, world_size
-        if named:
-            self.worker = f"worker_{rank}"
-        self.num_workers = world_size if self.include_workers == "all" else 1
-        self.collection_manager.set_num_workers(self.num_workers)
-        self.writes = self.include_workers == "all" or rank == 0
 
     # --- callbacks ---------------------------------------------------------------------------
 
     def _mx_root_pre_hook(self, block: mx.gluon.Block, inputs: Any) -> None:
         if self.disabled or self._mx_closed:
             return
-        quiet = self._mx_quiet
-        if quiet is not None:
-            clock = self.clock
-            mode, last, deadline = quiet
-            if clock.mode is mode and clock.mode_steps[mode] < last and time.monotonic() < deadline:
+        try:
+            if self.engine.count_quiet():
                 # A step that saves nothing, after one that saved nothing: only counted (readers learn that it
                 # passed when a later step ends).
                 if self._mx_pending is not None:
                     self._mx_hand_over()  # (the last saving step's, at the end of the step after it)
-                clock.advance()
                 return
-            self._mx_quiet = None
-        try:
             self._mx_started = True
             self.next_step()
-            if not self._mx_saving and self.active:
-                # The steps before the next saving one (and before the next look for a stop request) save
-                # nothing either.
-                clock = self.clock
-                mode = clock.mode
-                last = self.schedule.next_saving_step(mode, clock.mode_steps[mode] + 1) - 1
-                if last > clock.mode_steps[mode]:
-                    self._mx_quiet = (mode, last, self.counting_deadline())
         except Exception as e:  # noqa: BLE001 - never break the training job
             self._fail("forward pre-hook", e)
 
     def _mx_root_hook(self, block: mx.gluon.Block, inputs: Any, outputs: Any) -> None:
-        if not self._mx_saving or self.disabled:
+        if not self.engine.saving or self.disabled:
             return
         try:
             weights = self._mx_weights.pop(id(block), None)  # (once per step)
@@ -759,7 +703,7 @@ class Hook(BaseHook):
             if not self._mx_started:
                 # No model registered (or none ran yet): each call of the loss is a step.
                 self.next_step()
-            if self._mx_saving and not (type(outputs) is _NDArray and not self._mx_io
+            if self.engine.saving and not (type(outputs) is _NDArray and not self._mx_io
                                         and self._mx_copy_loss(block, inputs, outputs)):
                 self._mx_write_io(block.name, inputs, outputs)
         except Exception as e:  # noqa: BLE001

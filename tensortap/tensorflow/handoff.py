@@ -2,7 +2,8 @@
 
 Variables are read in one call of a compiled function; the logs' scalars and each concatenation a capturing
 step function returned whose tensors are all saved raw go as one planned batch each (their bytes as they are);
-everything else through `write_tensors`. Plans are kept while the collections saving stay the same object.
+everything else through `write_tensors`. What is derived from the collections saving now (which variables,
+log keys and outputs are saved, and how) is kept in the step engine's plan cache (`engine.plans`).
 """
 
 from __future__ import annotations
@@ -20,20 +21,8 @@ _LOG_SKIP = frozenset({"outputs", "batch", "size"})
 
 class Handoff:
     def __init__(self, hook: Any) -> None:
-        self.hook = hook  # (for its collections, its backend and its writer)
+        self.hook = hook  # (for its collections, its backend, its engine and its writer)
         self._var_readers: dict[tuple[int, ...], tuple[list[Any], Any]] = {}  # (variables, compiled read)
-        self.reset()
-
-    def reset(self) -> None:
-        """The collections changed: plan again."""
-        # mode -> (output layout, collections saving, [(output, batch plan)]) of the concatenations sent whole
-        self._output_plans: dict[Any, tuple[Any, Any, list[tuple[int, Any]]]] = {}
-        # (collections saving, ids of the optimizers' variables, [(name, variable, collections)] saved of them)
-        self._optimizer_chosen: tuple[Any, tuple[int, ...], list[tuple[str, Any, list[Collection]]]] | None = None
-        # (collections saving, {log key: the collections of them that take it}) (see classify_log)
-        self._logs_classified: tuple[Any, dict[str, list[Collection]]] = (None, {})
-        # (collections saving, the logs' keys, (keys saved, batch plan or None, buffer)) (see send_logs)
-        self._logs_plan: tuple[Any, tuple[Any, ...], tuple[tuple[str, ...], Any, Any]] | None = None
 
     # --- variables ------------------------------------------------------------------------------
 
@@ -60,19 +49,18 @@ class Handoff:
         """(name, value, collections) of the optimizers' variables saved now, read before the step."""
         hook = self.hook
         variables = [v for opt in optimizers for v in getattr(opt, "variables", [])]
-        now = hook.collections_to_save()
-        key = tuple(map(id, variables))
-        cached = self._optimizer_chosen
-        if cached is not None and cached[0] is now and cached[1] == key:
-            chosen = cached[2]
-        else:
+
+        def choose(_now: Any, _key: Any) -> list[tuple[str, Any, list[Collection]]]:
             chosen = []
             for v in variables:
                 name = f"{OPTIMIZER_PREFIX}{getattr(v, 'path', None) or v.name}"
                 colls = hook.collections_for(name)
                 if colls:
                     chosen.append((name, v, colls))
-            self._optimizer_chosen = (now, key, chosen)
+            return chosen
+
+        # (keyed by the variables' ids: their list grows when an optimizer builds its slots)
+        chosen = hook.engine.plans.get(hook.collections_to_save(), ("optimizer", *map(id, variables)), choose)
         if not chosen:
             return []
         values = self.read_variables([v for _n, v, _c in chosen])
@@ -86,19 +74,20 @@ class Handoff:
         (and none of them in `read_before`, read before the step) as one batch, its payload the
         concatenation's bytes as they are: (the outputs sent, their tensors' names)."""
         hook = self.hook
-        now = hook.collections_to_save()
-        plans = self._output_plans.get(mode)
-        if plans is None or plans[0] is not layout or plans[1] is not now:
-            plans = self._output_plans[mode] = (layout, now, self._plan_outputs(layout))
+        # [layout, its plans]: a step function traced again returns another layout, planned in place
+        plans = hook.engine.plans.get(hook.collections_to_save(), ("outputs", mode), lambda _n, _k: [None, []])
+        if plans[0] is not layout:
+            plans[1] = self._plan_outputs(layout)
+            plans[0] = layout
         sent: set[int] = set()
         names: list[str] = []
-        for slot, spec in plans[2]:
+        for slot, spec in plans[1]:
             if read_before and not read_before.isdisjoint(spec.names):
                 continue
             arr = np.asarray(outputs[slot])
             if arr.dtype != spec.np_dtype or not arr.flags.c_contiguous:
                 continue
-            if hook._write_planned(spec, [(arr.ctypes.data, arr.nbytes)]):
+            if hook.write_planned(spec, [(arr.ctypes.data, arr.nbytes)]):
                 sent.add(slot)
                 names.extend(spec.names)
         return sent, names
@@ -122,7 +111,7 @@ class Handoff:
             items = [(key[0], hook.collections_for(key[0])) for key, _s in entries]
             if not all(colls for _n, colls in items):
                 continue
-            spec = hook._batch_spec(items)
+            spec = hook.batch_spec(items)
             if spec.raw_only:
                 spec.shapes = tuple(tuple(shape) for _k, shape in entries)
                 spec.np_dtype = np_dtype
@@ -134,14 +123,11 @@ class Handoff:
     def send_logs(self, logs: Any) -> bool:
         """Send the logs' scalars saved now (Python floats, as Keras hands them to callbacks) as one planned
         float64 batch; False when they take the general path (`log_items`) instead."""
-        if not isinstance(logs, dict) or self.hook.dry_run:
+        hook = self.hook
+        if not isinstance(logs, dict) or hook.dry_run:
             return False
-        now = self.hook.collections_to_save()
-        keys = tuple(logs)
-        plan = self._logs_plan
-        if plan is None or plan[0] is not now or plan[1] != keys:
-            plan = self._logs_plan = (now, keys, self._plan_logs(logs))
-        chosen, spec, buf = plan[2]
+        chosen, spec, buf = hook.engine.plans.get(hook.collections_to_save(), ("logs", *logs),
+                                                  lambda _n, _k: self._plan_logs(logs))
         if spec is None:
             return False
         for i, key in enumerate(chosen):
@@ -149,7 +135,7 @@ class Handoff:
             if type(value) is not float:
                 return False
             buf[i] = value
-        return self.hook._write_planned(spec, ((buf.ctypes.data, buf.nbytes),))
+        return hook.write_planned(spec, ((buf.ctypes.data, buf.nbytes),))
 
     def _plan_logs(self, logs: dict[Any, Any]) -> tuple[tuple[str, ...], Any, Any]:
         """(keys saved now, their batch plan, a float64 buffer for their values) of logs like these; the plan
@@ -157,7 +143,7 @@ class Handoff:
         items = self.log_items(logs)
         if not items or any(type(logs[name]) is not float for name, _v, _c in items):
             return (), None, None
-        spec = self.hook._batch_spec([(name, colls) for name, _v, colls in items])
+        spec = self.hook.batch_spec([(name, colls) for name, _v, colls in items])
         if not spec.raw_only:
             return (), None, None
         spec.shapes = ((),) * len(items)
@@ -169,10 +155,9 @@ class Handoff:
         if not isinstance(logs, dict):
             return []
         hook = self.hook
-        now = hook.collections_to_save()
-        classified = self._logs_classified
-        if classified[0] is not now:
-            classified = self._logs_classified = (now, {})
+        # {log key: the collections saving now that take it} (see _classify_log)
+        classified: dict[str, list[Collection]] = hook.engine.plans.get(hook.collections_to_save(), "log keys",
+                                                                        lambda _n, _k: {})
         items = []
         for key, value in logs.items():
             if key in _LOG_SKIP or not isinstance(key, str):
@@ -183,10 +168,10 @@ class Handoff:
                 continue
             if arr.dtype.kind not in "biuf" or arr.size != 1:
                 continue
-            colls = classified[1].get(key)
+            colls = classified.get(key)
             if colls is None:
                 self._classify_log(key)
-                colls = classified[1][key] = hook.collections_for(key)
+                colls = classified[key] = hook.collections_for(key)
             if colls:
                 items.append((key, arr.reshape(()), colls))
         return items

@@ -10,7 +10,9 @@ How values leave a step (see docs/tensorflow.md for the names and what each back
   a second, capturing one on saving steps (step_functions.py), whose captures leave through the graph store
   (graph_store.py). With steps_per_execution > 1 only the first step of an execution is captured.
 * `tf.GradientTape` loops: tape.py. What goes to the writer, and how: handoff.py.
-* steps known to save nothing are only counted by the batch callbacks (`_arm_quiet`).
+* the step policy (what saves, the quiet window, the worker's identity, plans) is the step engine's
+  (`tensortap.capture.engine`, `self.engine`); steps known to save nothing are only counted by the batch
+  callbacks (`_arm_quiet`).
 
 Modules: common (names), model (layers and weights), graph_store, step_functions, step_capture, handoff, tape;
 this one ties them to the steps; keras.py is the callback.
@@ -28,8 +30,9 @@ from typing import Any
 import numpy as np
 
 from tensortap import modes as _modes
+from tensortap.capture.engine import Tally
 from tensortap.collection import ACTIVATION_COLLECTIONS, Collection
-from tensortap.hooks.base import Hook, rank_in_env
+from tensortap.hooks.base import Hook
 from tensortap.tensorflow.common import IN_STEP, K, flat, indexed, steps_per_execution
 from tensortap.tensorflow.graph_store import local_devices
 from tensortap.tensorflow.handoff import Handoff
@@ -61,15 +64,6 @@ def _rank_from_tf_config() -> tuple[int, int] | None:
     return rank, chiefs + workers
 
 
-class _Tally:
-    """Steps a hook counted without the step clock (the clock adds `skipped` to its counters when read)."""
-
-    __slots__ = ("skipped",)
-
-    def __init__(self) -> None:
-        self.skipped = 0
-
-
 class KerasHookBase(Hook):
     """The capture logic of KerasHook (see tensortap.tensorflow.KerasHook for the user-facing class)."""
 
@@ -81,16 +75,12 @@ class KerasHookBase(Hook):
     default_include_collections = (K.DEFAULT, K.SCALARS, K.LOSSES, K.METRICS, K.SM_METRICS)
     always_include_collections = (K.METRICS, K.LOSSES, K.SM_METRICS)
     _scalars_wait_for_step = True  # (steps are Keras's batches)
+    # A multi-worker job's rank comes from $TF_CONFIG. Without one (nor the caller's, nor the launcher's), the
+    # model's MirroredStrategy, known when the model is registered, may still make this process several workers:
+    # the engine claims the out_dir then (or at the first step).
+    identity_source = staticmethod(_rank_from_tf_config)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        if kwargs.get("rank") is None and kwargs.get("world_size") is None:
-            found = _rank_from_tf_config()
-            if found is not None:
-                kwargs["rank"], kwargs["world_size"] = found
-        # Without a rank from the launcher, the model's MirroredStrategy (known when the model is registered)
-        # may still make this process several workers: claim the out_dir then (or at the first step).
-        self._claim_later = kwargs.get("rank") is None and rank_in_env() is None
-        self._handoff = Handoff(self)  # (before the base constructor, which may change collections)
         super().__init__(*args, **kwargs)
         self._registered: Any = None  # the model registered
         self._backend: str | None = None  # Keras's backend ("tensorflow", "torch")
@@ -98,8 +88,8 @@ class KerasHookBase(Hook):
         self._patches = Patches()
         self._functions = StepFunctions()
         self._capture = StepCapture(self, self._functions)
+        self._handoff = Handoff(self)
         self._tape_loop = TapeLoop(self)
-        self._saving = False  # the current step saves
         self._batch_begin = 0
         self._unobserved = 0  # saving steps inside an execution (steps_per_execution > 1): nothing to read
         self._replica_hooks: list[Hook] = []  # MirroredStrategy in one process, include_workers="all"
@@ -107,13 +97,10 @@ class KerasHookBase(Hook):
         self._wrapped_inner: list[Any] = []  # the innermost optimizers wrapped (whose method was replaced)
         self._wanted_cache: dict[str, bool] = {}
         self._host_weights: set[str] = set()  # weights read between steps at the current step
-        # The next `_quiet_left` batches of mode `_quiet_mode` are known to save nothing: the batch callbacks
-        # only count them (until `_quiet_deadline`, the next stop-request check); see `_arm_quiet`.
-        self._quiet_left = 0
-        self._quiet_mode: Any = None
-        self._quiet_deadline = 0.0
-        self._quiet_tally = _Tally()  # the steps only counted, added to the step clock before it is read
-        self.clock.tally = self._quiet_tally
+        # batches known to save nothing, which the batch callbacks only count (armed by the engine, `_arm_quiet`;
+        # the clock adds them to its counters before anything reads them)
+        self._quiet = Tally()
+        self.clock.tally = self._quiet
         from tensortap.tensorflow import singleton
 
         singleton.set_hook(self)
@@ -146,8 +133,6 @@ class KerasHookBase(Hook):
 
     def _collections_changed(self) -> None:
         self._wanted_cache = {}
-        self._handoff.reset()
-        self._quiet_left = 0
         super()._collections_changed()
 
     # --- model registration -------------------------------------------------------------------
@@ -165,7 +150,7 @@ class KerasHookBase(Hook):
             self._wanted_cache = {}
             self._layout = ModelLayout(model)
             self._setup_replicas(model)
-            self._claim()
+            self.engine.claim()  # (if it waited for the workers to be known)
             if self._needs_step_capture():
                 self._capture.instrument(model, self._layout, self._patches)
                 self._functions.start(swap=self._backend == "tensorflow" and not getattr(model, "run_eagerly", False))
@@ -174,17 +159,6 @@ class KerasHookBase(Hook):
                     if getattr(model, attr, None) is not None:
                         setattr(model, attr, None)
 
-    def _claim(self) -> None:
-        """Claim this worker's folder in out_dir once the workers are known (what the base constructor does
-        when it knows them); another job's folder: this hook writes nothing, training goes on."""
-        if self._claim_later:
-            self._claim_later = False
-            self._claim_late()
-
-    def on_step_begin(self) -> None:
-        if self._claim_later:
-            self._claim()
-
     def _setup_replicas(self, model: Any) -> None:
         """MirroredStrategy over several devices of this process: one worker per device (smdebug's naming:
         worker_<i> for the i-th device; only worker_0 writes with include_workers="one")."""
@@ -192,14 +166,11 @@ class KerasHookBase(Hook):
         n = local_devices(strategy) if strategy is not None else 1
         if n <= 1 or self.world_size > 1 or self._replica_hooks:
             return
-        if not self._claim_later:
+        if not self.engine.claim_pending or not self.engine.adopt_identity(0, n):
             self._warn_once("late-strategy", "tensortap: the hook began before the model's MirroredStrategy was "
                                              "known; it writes as one worker")
             return
-        self.world_size = n
         if self.include_workers == "all":
-            self.num_workers = n
-            self.collection_manager.set_num_workers(n)
             for i in range(1, n):
                 h = Hook(self.out_dir, reduction_config=self.reduction_config, save_config=self.save_config,
                          include_collections=list(self.include_collections), include_workers="all",
@@ -255,8 +226,7 @@ class KerasHookBase(Hook):
         else:
             self.next_step()
         self._batch_begin = batch
-        saving = bool(self.collections_to_save())
-        self._saving = saving
+        saving = self.engine.saving
         functions, capture = self._functions, self._capture
         if functions.swap:
             functions.select(self._registered, mode, saving)
@@ -268,7 +238,7 @@ class KerasHookBase(Hook):
             store.start(saving)
         capture.host_on = saving
         if not saving:
-            self._arm_quiet(mode)
+            self._arm_quiet()
             return
         capture.host = []
         functions.outputs = None
@@ -305,26 +275,19 @@ class KerasHookBase(Hook):
             opts.append(model_opt)
         return opts
 
-    def _arm_quiet(self, mode: Any) -> None:
+    def _arm_quiet(self) -> None:
         """After a step that saves nothing and has switched back to Keras's plain step function: let the batch
-        callbacks only count the following steps up to the next one that may save (what `next_step` would do
-        for them, less telling readers that each passed: the next step that goes through `next_step` does).
-        Only with one step per execution and one worker per process; never past the next stop-request check."""
-        self._quiet_left = 0
+        callbacks only count the steps of the engine's quiet window (what `next_step` would do for them, less
+        telling readers that each passed: the next step that goes through `next_step` does). Only with one step
+        per execution and one worker per process. The window closes when a step ends or the mode changes."""
         if self._replica_hooks or self._registered is None or self.disabled:
             return
-        if steps_per_execution(self._registered) != 1:
-            return
-        left = self.next_saving_step() - self.mode_step - 1
-        if left > 0:
-            self._quiet_left = int(min(left, 1 << 30))
-            self._quiet_mode = mode
-            self._quiet_deadline = self.counting_deadline()
+        if steps_per_execution(self._registered) == 1:
+            self.engine.arm(self._quiet)
 
     def _end_batch(self, mode: Any, batch: int, logs: Any) -> None:
-        if self._saving:
+        if self.engine.saving:
             self._write_step(mode, logs)
-        self._saving = False
         self._capture.host_on = False
         if batch == self._batch_begin:
             return

@@ -5,7 +5,6 @@ This module imports Keras; `tensortap.tensorflow` imports it only when `KerasHoo
 
 from __future__ import annotations
 
-from time import monotonic
 from typing import Any
 
 import keras
@@ -51,11 +50,9 @@ class KerasHook(KerasHookBase, keras.callbacks.Callback):
 
     # The batch callbacks run at every step: try/except instead of guard() (no generator per step).
     def _on_batch_begin(self, mode: Any, batch: int, where: str) -> None:
-        left = self._quiet_left
-        if left and self._quiet_mode is mode and self.mode is mode and monotonic() < self._quiet_deadline:
-            self._quiet_left = left - 1  # a step known to save nothing: count it (see _arm_quiet)
-            self._quiet_tally.skipped += 1
-            self._batch_begin = batch
+        quiet = self._quiet
+        if quiet.left and self.clock.mode is mode and quiet.take():
+            self._batch_begin = batch  # a step known to save nothing: counted (see _arm_quiet)
             return
         if not self.disabled and self.writes and not self._closed:
             try:
@@ -64,7 +61,7 @@ class KerasHook(KerasHookBase, keras.callbacks.Callback):
                 self._fail(where, e)
 
     def _on_batch_end(self, mode: Any, batch: int, logs: Any, where: str) -> None:
-        if not self._saving and batch == self._batch_begin:
+        if not self.engine.saving and batch == self._batch_begin:
             return  # a step that saved nothing (what _end_batch would find)
         if not self.disabled and self.writes and not self._closed:
             try:

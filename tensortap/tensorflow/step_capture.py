@@ -56,7 +56,7 @@ class StepCapture:
                 self.store = GraphStore(xla=False, saving=False)
             else:
                 self.store = GraphStore(xla=bool(getattr(self.hook._registered, "jit_compile", False)),
-                                        saving=self.hook._saving)
+                                        saving=self.hook.engine.saving)
         return self.store
 
     # --- capture ------------------------------------------------------------------------------

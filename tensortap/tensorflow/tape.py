@@ -72,7 +72,7 @@ class TapeLoop:
             if hook.mode is _modes.GLOBAL:
                 hook.set_mode(_modes.TRAIN)
             hook.next_step()
-            hook._saving = saving = bool(hook.collections_to_save())
+            saving = hook.engine.saving
             hook._capture.host_on = saving
             store = hook._capture.store
             if saving and store is not None:
@@ -110,7 +110,7 @@ class TapeLoop:
             graph = hook._capture.graph_mode()
             if graph and gate is None:
                 return
-            if not graph and not hook._saving:
+            if not graph and not hook.engine.saving:
                 return
             named: list[tuple[str, Any]] = list(indexed("loss", flat(target)))
             for v, g in zip(flat(sources), flat(grads), strict=False):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import subprocess
 import sys
@@ -136,9 +135,8 @@ class TrainerCapture:
         self._rule_procs: list[tuple[str, subprocess.Popen]] = []
         self._rules_tmp: str | None = None
         self._failed = False
-        #: whether anything saves at the open step (found when it begins: every later check is this flag)
+        #: the step engine's saving flag of the open step, read when it began (callbacks test this attribute)
         self.saving = False
-        self._next_save = 0.0  # the next step of the open step's mode that saves anything
 
     # --- life ---------------------------------------------------------------------------------
 
@@ -211,16 +209,10 @@ class TrainerCapture:
             self.saving = False
             return
         h = self.hook
-        clock = h.clock
-        if not self.saving and clock.in_step and mode is clock.mode:
-            target = clock.mode_steps[mode] + 1 if mode_step is None else int(mode_step)
-            if clock.mode_steps[mode] < target < self._next_save and time.monotonic() < h.counting_deadline():
-                clock.mode_steps[mode] = target - 1
-                clock.advance()
-                return
+        if h.engine.count_quiet(mode, None if mode_step is None else int(mode_step)):
+            return  # (the step engine's quiet window)
         h.begin(mode, mode_step)
-        self.saving = bool(h.collections_to_save())
-        self._next_save = math.inf if self.saving else h.next_saving_step()
+        self.saving = h.engine.saving
 
     def current(self) -> tuple[_modes.ModeKeys, int] | None:
         """(mode, mode step) of the open step, or None."""

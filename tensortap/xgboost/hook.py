@@ -27,7 +27,6 @@ Errors inside the hook turn it off (logged once); boosting goes on.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from collections.abc import Iterable
@@ -44,7 +43,6 @@ from tensortap.format import codec
 from tensortap.format.writer import Record, ScalarRows
 from tensortap.hooks import base as _base
 from tensortap.hooks.base import Hook as BaseHook
-from tensortap.hooks.base import rank_in_env
 from tensortap.xgboost.data import as_dmatrix
 from tensortap.xgboost.shap import ShapValues
 
@@ -142,6 +140,8 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
     _late_writer_thread = True
     _scalars_wait_for_step = True  # (steps are boosting rounds)
 
+    identity_source = staticmethod(_collective_identity)  # (the collective may start after the hook)
+
     def __init__(
         self,
         out_dir: str | None = None,
@@ -175,21 +175,14 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             # A boosting round hands over little data, and starting a writer process costs more than a short
             # boosting job: the writer is a thread unless asked otherwise.
             kwargs["writer"] = "thread"
-        identity = _collective_identity() if kwargs.get("rank") is None else None
-        if identity is not None:
-            kwargs["rank"], kwargs["world_size"] = identity
         self._init_args = dict(
             out_dir=out_dir, export_tensorboard=export_tensorboard, tensorboard_dir=tensorboard_dir,
             dry_run=dry_run, save_config=save_config, include_regex=include_regex,
             include_collections=include_collections, save_all=save_all, include_workers=include_workers,
             hyperparameters=hyperparameters, **{k: v for k, v in kwargs.items() if k not in ("rank", "world_size")},
         )
-        self._explicit_rank = kwargs.get("rank") is not None and identity is None
         #: rounds whose metrics are kept for the next hand-off: (step, TRAIN step, [(eval, metric, last value)])
         self._kept: list[tuple[int, int, list[tuple[str, str, Any]]]] = []
-        # Without a rank from the caller, the collective or the launcher, the collective may still start before
-        # training (xgboost.dask, the tracker): the worker's folder is claimed when training starts.
-        self._claim_later = kwargs.get("rank") is None and rank_in_env() is None
         super().__init__(
             out_dir, export_tensorboard=export_tensorboard, tensorboard_dir=tensorboard_dir, dry_run=dry_run,
             reduction_config=None, save_config=save_config, include_regex=include_regex,
@@ -207,6 +200,8 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
         self.validation_data = as_dmatrix(validation_data, "validation_data")
         self._labels: np.ndarray | None = None
         self._shap = ShapValues()
+        # a round that saves only collections of these groups keeps their values (the engine's light window)
+        self.engine.light = self._keeps
         self._reset_rounds()
         from tensortap.xgboost.singleton import set_hook
 
@@ -231,17 +226,6 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             self.collection_manager.get(name).include(regex)
 
     # --- distributed ------------------------------------------------------------------------
-
-    def _adopt_identity(self, rank: int, world_size: int) -> None:
-        """Take the rank XGBoost's collective gives (it may start after the hook was made)."""
-        if (rank, world_size) == (self.rank, self.world_size) or self._explicit_rank or self.step >= 0:
-            return
-        self.rank, self.world_size = rank, world_size
-        if self._init_args.get("worker") is None:
-            self.worker = f"worker_{rank}"
-        self.num_workers = world_size if self.include_workers == "all" else 1
-        self.collection_manager.set_num_workers(self.num_workers)
-        self.writes = self.include_workers == "all" or rank == 0
 
     def __copy__(self) -> Hook:
         return self  # a hook is a handle on its job's output: copies (sklearn's clone) share it
@@ -297,21 +281,17 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             with self.guard("before_training"):
                 identity = _collective_identity()
                 if identity is not None:
-                    self._adopt_identity(*identity)
+                    self.engine.adopt_identity(*identity)  # (the collective may start after the hook)
                 self._claim()
         return model
 
     def _claim(self) -> None:
         """Claim this worker's folder in out_dir once its name is known (what the base constructor does when it
         knows the worker); another job's folder: this hook writes nothing, training goes on."""
-        if self._claim_later:
-            self._claim_later = False
+        engine = self.engine
+        if engine.claim_pending:
+            engine.claim()
             if self.writes and not self.disabled and not self.dry_run:
-                try:
-                    self._check_out_dir()
-                except InvalidConfiguration as e:
-                    self._fail("start of training", e)
-                    return
                 self._get_writer()  # (it opens its chunk beside the first rounds)
 
     def after_training(self, model: Any) -> Any:
@@ -333,27 +313,20 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
                 rnd = model.num_boosted_rounds() - 1 if isinstance(model, xgb.Booster) else epoch
                 self._round_offset = rnd - epoch
             self._last_epoch = epoch
-            clock = self.clock
-            if rnd == self._quiet_next and rnd < self._full_until and clock.mode is _TRAIN \
-                    and time.monotonic() < self._full_round_by:
+            counted = self.engine.count_light(rnd) if self.clock.mode is _TRAIN else 0
+            if counted:
                 # A round in the run of them after a full round that saves nothing, or only metrics (kept, and
-                # handed off with the other kept rounds at the next full round): only counted. Readers learn that
-                # it passed when the next full round begins (or training ends).
-                if rnd >= self._quiet_until:
+                # handed off with the other kept rounds at the next full round): only counted (the step engine's
+                # light window). Readers learn that it passed when the next full round begins (or training ends).
+                if counted == 2:
                     values = []
                     for d, ms in evals_log.items():
                         for m, log in ms.items():
                             if log:
                                 values.append((d, m, log[-1]))
                     self._kept.append((rnd, rnd, values))
-                    every = self._every
-                    self._quiet_until = rnd + every if every else self._next_saving_round(rnd + 1)[0]
-                clock.step = rnd  # (the hook has no tally: its clock needs no sync)
-                steps = clock.mode_steps
-                steps[_TRAIN] = steps[_GLOBAL] = rnd
-                self._quiet_next = rnd + 1
                 return False
-            if self._claim_later:  # (no before_training: the callback driven by hand)
+            if self.engine.claim_pending:  # (no before_training: the callback driven by hand)
                 self._claim()
                 if self.disabled:
                     return False
@@ -362,9 +335,7 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
                 now = self.collections_to_save()
                 if now:
                     self._save_round(model, evals_log, now)
-            self._quiet_next = rnd + 1
-            self._quiet_until, self._full_until = self._next_saving_round(rnd + 1)
-            self._full_round_by = time.monotonic() + _FULL_ROUND_EVERY
+            self.engine.open_light_window(time.monotonic() + _FULL_ROUND_EVERY)
         except Exception as e:  # noqa: BLE001 - never break training (what guard() does, without a generator)
             if isinstance(e, InvalidConfiguration):
                 raise
@@ -375,54 +346,16 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
         """Forget what the last rounds told (a new training begins, or collections changed)."""
         self._last_epoch = -2  # the epoch of the last round seen (-2: none)
         self._round_offset = 0  # round - epoch in this training
-        self._quiet_next = -1  # the round that may be only counted next
-        self._quiet_until = -1  # the next round at which something saves
-        self._full_until = -1  # the next round at which something other than metrics saves
-        self._full_round_by = 0.0  # time.monotonic() by which a round takes the full path again
-        self._train_cfgs: tuple[Any, list[Any]] | None = None  # (key, [(TRAIN save config, kept)] of the included)
-        self._every = 0  # k when every included collection saves every k rounds from a start, with no end (else 0)
-        self._wanted_for: list[Collection] | None = None  # the collections_to_save() list `_wanted_now` is for
-        self._wanted_now: set[str] = set()
-        #: per scalar tensor name, its `_resolve` plan with the collections `_wanted_for` (None: not saved)
-        self._scalar_plans: dict[str, tuple | None] = {}
+        self.engine.close_light_window()
 
     def _collections_changed(self) -> None:
         self._hand_off_kept()  # (saved as the collections were when those rounds ended)
         super()._collections_changed()
-        self._quiet_until = self._full_until = -1
-        self._train_cfgs = None
-        self._every = 0
-        self._wanted_for = None
 
-    def _next_saving_round(self, rnd: int) -> tuple[float, float]:
-        """(the first round >= `rnd` at which an included collection saves, the first at which one saves that
-        needs the model: not only metrics, losses or hyperparameters); inf: none."""
-        if not self.writes:
-            return math.inf, math.inf
-        if self.save_all:
-            return rnd, rnd  # (every collection is included: no shortcut)
-        key = (len(self.include_collections), self.save_config)
-        cfgs = self._train_cfgs
-        if cfgs is None or cfgs[0] != key:
-            modes_ = []
-            for name in self.include_collections:
-                coll = self.collection_manager.get(name)
-                own = coll.save_config
-                cfg = own.merge_default(self.save_config) if own is not None else self.save_config
-                modes_.append((cfg.get_save_config(modes.TRAIN), self._wanted([coll]) <= _KEPT_GROUPS))
-            cfgs = self._train_cfgs = (key, modes_)
-            plain = {cfg for cfg, _kept in modes_}
-            cfg = plain.pop() if len(plain) == 1 else None
-            self._every = cfg.save_interval if cfg is not None and not cfg.save_steps and cfg.end_step is None else 0
-        best: float = math.inf
-        full: float = math.inf
-        for cfg, kept in cfgs[1]:
-            nxt = cfg.next_save_step(rnd)
-            if nxt < best:
-                best = nxt
-            if not kept and nxt < full:
-                full = nxt
-        return best, full
+    def _keeps(self, c: Collection) -> bool:
+        """Whether a round that saves `c` may keep its values for a later hand-off (only metrics and losses from
+        XGBoost's evaluation log, or hyperparameters)."""
+        return self._wanted([c]) <= _KEPT_GROUPS
 
     def _begin_round(self, rnd: int) -> None:
         if self.mode is not modes.TRAIN:
@@ -447,12 +380,13 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             return set(_GROUPS)
         return names
 
+    def _round_plan(self, now: list[Collection], _key: Any) -> tuple[set[str], dict[str, tuple | None]]:
+        """(the groups a round saving `now` computes, per scalar tensor name its `_resolve` plan (None: not saved),
+        filled as the rounds go)."""
+        return self._wanted(now), {}
+
     def _save_round(self, model: Any, evals_log: dict[str, Any], now: list[Collection]) -> None:
-        if now is not self._wanted_for:  # (the same list object while the set stays the same)
-            self._wanted_now = self._wanted(now)
-            self._wanted_for = now
-            self._scalar_plans = {}
-        wanted = self._wanted_now
+        wanted, plans = self.engine.plans.get(now, None, self._round_plan)  # (the engine's plan cache)
         if wanted & _KEPT_GROUPS:  # (handed off with the kept rounds' at the next full round)
             self._kept.append((self.step, self.mode_step, [(d, m, log[-1]) for d, ms in evals_log.items()
                                                            for m, log in ms.items() if log]))
@@ -463,7 +397,6 @@ class Hook(BaseHook, xgb.callback.TrainingCallback):
             items: list[tuple[str, Any, list[Collection]]] = []
             scalars = _Scalars()  # (float scalars saved raw: one hand-off)
             collections_for = self.collections_for
-            plans = self._scalar_plans
             step, mode_step = self.step, self.mode_step
 
             def add(name: str, value: Any) -> None:

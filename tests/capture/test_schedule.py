@@ -130,7 +130,7 @@ def test_write_tensors_sends_raw_values_as_one_batch_bit_for_bit(tmp_path, write
 @pytest.mark.parametrize("writer", ["thread", "process"])
 def test_a_step_handed_over_after_it_ended_is_complete_only_once_its_mark_is_released(tmp_path, writer):
     """A hook may hand a step's tensors over after the step ended (`write_tensors(..., at=step_id())`, or from
-    (address, bytes) sources with `_write_planned`): readers see that step, and the ones after it, only once
+    (address, bytes) sources with `write_planned`): readers see that step, and the ones after it, only once
     the hook releases the marks it held; the values land at their own step, bit for bit."""
     import numpy as np
 
@@ -152,9 +152,9 @@ def test_a_step_handed_over_after_it_ended_is_complete_only_once_its_mark_is_rel
     v2 = np.float32(7.5).reshape(())
     hook.write_tensors([("w", v2, a)])  # the current step (2), handed over first
     hook.write_tensors([("w", v0, a)], at=at0)
-    hook._note_membership("w", a)
+    hook.handoff.note_membership("w", a)
     spec = BatchSpec(("w",), True, None, (v1.shape,), np_dtype=v1.dtype)
-    assert hook._write_planned(spec, [(v1.ctypes.data, v1.nbytes)], at=at1)
+    assert hook.write_planned(spec, [(v1.ctypes.data, v1.nbytes)], at=at1)
     hook.release_step_marks()
     hook.flush()
     assert tt.create_trial(str(tmp_path)).steps() == [0, 1]  # (step 2 has not ended)

@@ -217,7 +217,7 @@ def test_a_stop_request_writes_the_ring(tmp_path):
             step += 1
     (inc,) = create_trial(str(tmp_path)).incidents()
     assert inc["kind"] == "stop" and inc["detail"] == {"rule": "exploding_tensor", "reason": "NaN in gradients"}
-    assert inc["ring"]["last_step"] == inc["step"] - 1 or inc["ring"]["last_step"] == inc["step"]
+    assert inc["ring"]["last_step"] == inc["step"] >= 3
 
 
 def test_a_rule_that_found_an_issue(tmp_path):
@@ -452,3 +452,28 @@ def test_outputs_of_fewer_modules(tmp_path, outputs):
     assert ("0_output_0" in names) == (outputs == "parameterized")
     with pytest.raises(InvalidConfiguration, match="outputs='some': allowed are all, parameterized, none"):
         FlightConfig(outputs="some")
+
+
+def test_a_step_the_grad_scaler_skips_is_its_own_step_without_gradients(tmp_path):
+    """GradScaler skips the optimizer's step whose scaled gradients overflow (AMP's normal work, not an incident):
+    the step keeps its own outputs, records no gradients, and the next step is recorded apart."""
+    model = _mlp()
+    hook = _hook(str(tmp_path), steps=16)
+    hook.register_module(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu")
+    hook.register_scaler(scaler)
+    with pytest.raises(KeyError):
+        with hook:
+            for step in range(6):
+                x, _y = _batch(step)
+                opt.zero_grad()
+                loss = model(x).square().mean() * (1e36 if step == 3 else 1.0)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            raise KeyError("end")
+    trial = create_trial(str(tmp_path))
+    assert [i["kind"] for i in trial.incidents()] == ["exception"]
+    assert trial.tensor("Sequential_output_0").steps() == [0, 1, 2, 3, 4, 5]
+    assert trial.tensor("gradient/Sequential_0.weight").steps() == [0, 1, 2, 4, 5]

@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 import tensortap.pytorch as tp  # noqa: E402
-from tensortap.pytorch import hook as hook_module  # noqa: E402
+from tensortap.pytorch import _capture as hook_capture  # noqa: E402
+from tensortap.pytorch import _grads as hook_grads  # noqa: E402
 
 TRAIN, EVAL, PREDICT = tp.modes.TRAIN, tp.modes.EVAL, tp.modes.PREDICT
 
@@ -574,7 +575,8 @@ def test_failure_inside_backward_does_not_break_backward(tmp_path, monkeypatch):
         raise ValueError("injected in the autograd callback")
 
 
-    monkeypatch.setattr(hook_module, "ring_sources", boom)  # runs in the end-of-backward callback
+    for module in (hook_capture, hook_grads):  # (runs in the end-of-backward callback)
+        monkeypatch.setattr(module, "ring_sources", boom)
     rec: list = []
     _train(model, hook, 3, record=rec)
     assert hook.disabled

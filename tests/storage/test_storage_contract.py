@@ -79,3 +79,31 @@ def test_many_scattered_ranges_across_blocks(storage):
     # and again, now from the block cache
     assert storage.read_ranges("scattered.bin", ranges[::-1]) == [data[o : o + n] for o, n in ranges[::-1]]
     assert storage.read_range("scattered.bin", 1500, 700) == data[1500:2200]
+
+
+def test_direct_writes_and_truncation_where_the_store_appends(storage):
+    """A store that appends can cut an object short and, where its file system takes them, write page-aligned
+    buffers past the page cache (`open_direct`); one that cannot says so (None, NotImplementedError)."""
+    if not storage.supports_append:
+        assert not storage.supports_direct and storage.open_direct("d.bin") is None
+        with pytest.raises(NotImplementedError):
+            storage.truncate("d.bin", 0)
+        return
+    with storage.open_append("d.bin") as f:
+        f.write(b"x" * 100)
+    storage.truncate("d.bin", 10)
+    assert storage.read("d.bin") == b"x" * 10
+    d = storage.open_direct("d.bin")
+    if d is None:
+        pytest.skip("this file system takes no direct writes (e.g. tmpfs)")
+    import mmap
+
+    page = d.alignment
+    bufs = [mmap.mmap(-1, page), mmap.mmap(-1, 2 * page)]  # (page-aligned memory)
+    bufs[0][:] = b"a" * page
+    bufs[1][:] = b"b" * (2 * page)
+    try:
+        d.write_at([memoryview(b) for b in bufs], page)
+    finally:
+        d.close()
+    assert storage.read("d.bin") == b"x" * 10 + b"\0" * (page - 10) + b"a" * page + b"b" * (2 * page)

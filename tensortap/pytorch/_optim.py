@@ -1,0 +1,234 @@
+"""The optimizer's step as the training step (docs/pytorch.md): optimizers found or registered, gradients
+captured when the optimizer consumes them, GradScaler's skipped steps, the optimizer's state."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from tensortap import modes as _modes
+from tensortap.capture.engine import OPTIMIZER_STEP
+from tensortap.collection import Collection
+from tensortap.exceptions import InvalidConfiguration
+from tensortap.pytorch import _dtensor
+from tensortap.pytorch._plan import (
+    _NO_GRAD_MODES,
+    _NO_STATE_KEYS,
+    _PARAM_COLLECTIONS,
+    OPTIMIZER_PREFIX,
+    _closure_of,
+    _is_compiling,
+)
+from tensortap.pytorch._tensors import (
+    capturable,
+)
+
+logger = logging.getLogger("tensortap")
+
+
+class OptimizerSteps:
+    """The PyTorch hook's part that follows optimizers (mixed into `tensortap.pytorch.hook.Hook`)."""
+
+    def register_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """The optimizer's step is the training step (docs/pytorch.md): gradients are captured when it
+        consumes them (`optimizer.step()`, after accumulation, unscaling and clipping), and its hyperparameters
+        (learning rate, ...) and state (momentum buffers, ...) after it, on TRAIN steps that save the
+        `optimizer_variables` collection. An optimizer of a registered module's parameters is found at its
+        first step without this call; with it, the steps are the optimizer's from the first."""
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise InvalidConfiguration(f"register_optimizer takes a torch.optim.Optimizer, not {optimizer!r}")
+        if self.disabled or self._closed:
+            return
+        if not self._registered_opts:
+            self._opts.clear()  # (the one registered defines the step, not others found)
+        self._registered_opts.add(id(optimizer))
+        self._adopt_optimizer(optimizer)
+        self._watch_optimizers()
+
+    def register_scaler(self, scaler: Any) -> None:
+        """A `torch.amp.GradScaler`: a step it skips (non-finite gradients) is recorded as skipped, with the
+        scale (`grad_scaler/skipped`, `grad_scaler/scale`), instead of being merged into the next step; the
+        scale is saved with the gradients. (Gradients are captured unscaled either way: at the optimizer's step.)"""
+        step = getattr(scaler, "step", None)
+        if not callable(step) or not callable(getattr(scaler, "get_scale", None)):
+            raise InvalidConfiguration(f"register_scaler takes a torch.amp.GradScaler, not {scaler!r}")
+        if self.disabled or self._closed or any(sc is scaler for sc in self._scalers):
+            return
+        self._scalers.append(scaler)
+        hook = self
+
+        @functools.wraps(step)
+        def scaler_step(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            hook._opt_consumed = False
+            out = step(optimizer, *args, **kwargs)
+            if not hook._opt_consumed and id(optimizer) in hook._opts:
+                hook._skipped_step(scaler)
+            return out
+
+        scaler.step = scaler_step  # (an attribute of this scaler: the class is left alone)
+
+    def _adopt_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        self._opts.add(id(optimizer))
+        self.engine.disarm()
+        self._remove_plan_handles()  # (gradients now come at the optimizer's step, not from backward hooks)
+
+    def _watch_optimizers(self) -> None:
+        """Global optimizer step hooks (public torch API) that find the optimizers of the registered modules'
+        parameters and capture at their steps."""
+        if self._opt_handles:
+            return
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self._opt_handles.append(register_optimizer_step_pre_hook(self._optimizer_pre_hook))
+        self._opt_handles.append(register_optimizer_step_post_hook(self._optimizer_hook))
+
+    def _ours(self, optimizer: torch.optim.Optimizer) -> bool:
+        key = id(optimizer)
+        if key in self._opts:
+            return True
+        if key in self._not_ours or self._registered_opts:
+            return False
+        names = self._param_names
+        if any(id(p) in names for g in optimizer.param_groups for p in g["params"]):
+            self._adopt_optimizer(optimizer)
+            return True
+        self._not_ours.add(key)
+        return False
+
+    def _optimizer_pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """The optimizer is about to consume the gradients: capture them (the step's gradients)."""
+        if self.disabled or self._closed or not self._ours(optimizer):
+            return
+        self._opt_consumed = True
+        if self.clock.mode in _NO_GRAD_MODES:
+            return
+        closure = _closure_of(optimizer, args, kwargs)
+        if closure is not None:
+            # `step(closure)` (LBFGS, Lightning): the forward and backward run inside the step, after this hook;
+            # the gradients are read after it (_optimizer_hook: torch's optimizers never change `.grad`). The
+            # closure's forward begins the step, unless the model runs compiled (its forward is never seen)
+            self._closure_opt = optimizer
+            if self._forward_unseen:
+                self._consume_gradients(begin_only=True)
+            return
+        self._consume_gradients()
+
+    def _consume_gradients(self, begin_only: bool = False) -> None:
+        """Begin the TRAIN step if no forward of a registered module began it, and save the gradients the
+        optimizer is about to consume (or has just consumed, after a closure)."""
+        try:
+            if not self.clock.in_step or self._opt_stepped:
+                # no forward of a registered module began this step: it runs compiled (or is not called)
+                if self._roots and not self._forward_unseen:
+                    self._roots_unseen()
+                self._begin_train_step()
+            if not begin_only and self.engine.saving and self._grad_targets:
+                self._collect_grads()
+                if self._scalers:
+                    self._save_scale(self._scalers[0], False)
+        except Exception as e:  # noqa: BLE001
+            self._fail("optimizer step", e)
+
+    def _loss_step_hook(self, module: nn.Module, args: Any) -> None:
+        """With the model's forward unseen (compiled), a registered loss's forward begins the step."""
+        if _is_compiling() or self.disabled or self._closed:
+            return
+        clock = self.clock
+        if clock.in_step and not self._opt_stepped and clock.mode not in _NO_GRAD_MODES:
+            return  # another forward of this optimizer step
+        try:
+            self._begin_train_step()
+        except Exception as e:  # noqa: BLE001
+            self._fail("loss pre-hook", e)
+
+    def _begin_train_step(self) -> None:
+        self.next_step()
+        self._opt_stepped = False
+
+    def _roots_unseen(self) -> None:
+        """The registered modules' forwards are not seen (compiled after register_module): steps begin at the
+        registered losses' forwards, else at the optimizer's step."""
+        self._forward_unseen = True
+        for m, _fn, _key in self._losses:
+            self._step_handles_kept.append(m.register_forward_pre_hook(self._loss_step_hook))
+        names = ", ".join(r.name for r in self._roots)
+        self._warn_io_missing(f"the forward of {names} runs in compiled code (torch.compile after "
+                              "register_module); steps begin at the loss or the optimizer's step")
+        self._remove_plan_handles()
+
+    def _skipped_step(self, scaler: Any) -> None:
+        """The GradScaler skipped the optimizer's step (non-finite gradients): recorded, and the step ends."""
+        if self.disabled or self._closed or self.clock.mode in _NO_GRAD_MODES:
+            return
+        with self.guard("grad scaler"):
+            if not self.clock.in_step or self._opt_stepped:
+                self._begin_train_step()
+            self._save_scale(scaler, True)
+            self._opt_stepped = True
+
+    def _save_scale(self, scaler: Any, skipped: bool) -> None:
+        if not self.engine.saving and not skipped:
+            return
+        if not self.active:
+            return
+        coll = self.collection_manager.get("grad_scaler")
+        scale = float(scaler.get_scale())
+        items = [("grad_scaler/scale", np.asarray(scale, dtype=np.float32), [coll])]
+        if skipped:
+            items.append(("grad_scaler/skipped", np.asarray(1.0, dtype=np.float32), [coll]))
+        self.write_tensors(items)
+
+    def _optimizer_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.disabled or self._closed or id(optimizer) not in self._opts:
+            return
+        if self._closure_opt is optimizer:
+            self._closure_opt = None
+            if self.clock.mode not in _NO_GRAD_MODES:
+                self._consume_gradients()
+        self._opt_stepped = True  # the next forward (or loss, or optimizer step) begins the next step
+        if self.engine.listening(OPTIMIZER_STEP):
+            self.engine.fire(OPTIMIZER_STEP, {"optimizer": optimizer})
+        if not self.engine.saving or self.mode in (_modes.EVAL, _modes.PREDICT):
+            return
+        try:
+            self._save_optimizer(optimizer)
+        except Exception as e:  # noqa: BLE001
+            self._fail("optimizer hook", e)
+
+    def _save_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        tensors: list[torch.Tensor] = []
+        items: list[tuple[str, list[Collection]]] = []
+
+        def add(name: str, value: Any) -> None:
+            colls = [c for c in self.collections_for(name) if c.name not in _PARAM_COLLECTIONS]
+            if not colls:
+                return
+            if isinstance(value, torch.Tensor):
+                if _dtensor.is_dtensor(value):
+                    value = self._local(name, value)
+                if capturable(value):
+                    tensors.append(value)
+                    items.append((name, colls))
+            else:
+                self.write_tensor(name, value, colls)
+
+        for g, group in enumerate(optimizer.param_groups):
+            for k, v in group.items():
+                if k in _NO_STATE_KEYS or isinstance(v, bool) or v is None:
+                    continue
+                if isinstance(v, (int, float, torch.Tensor)) or (
+                    isinstance(v, tuple) and v and all(isinstance(x, (int, float)) for x in v)
+                ):
+                    add(f"{OPTIMIZER_PREFIX}param_group_{g}/{k}", v)
+        for i, (p, state) in enumerate(optimizer.state.items()):
+            pname = self._param_names.get(id(p), f"param_{i}")
+            for k, v in state.items():
+                if isinstance(v, torch.Tensor) or (isinstance(v, (int, float)) and not isinstance(v, bool)):
+                    add(f"{OPTIMIZER_PREFIX}{pname}/{k}", v)
+        self._stage_or_write(tensors, items)
+
