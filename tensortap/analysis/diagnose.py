@@ -122,6 +122,16 @@ class Diagnosis:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, allow_nan=False)
 
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Diagnosis:
+        """The Diagnosis whose `to_dict` is `doc` (as `tensortap diagnose --json` writes it)."""
+        return cls(path=doc["path"], workers=list(doc.get("workers") or []), steps=dict(doc.get("steps") or {}),
+                   rules=list(doc.get("rules") or []), nonfinite=doc.get("first_nonfinite"),
+                   incidents=dict(doc.get("incidents") or {}), incident_lines=list(doc.get("incident_lines") or []),
+                   spikes=list(doc.get("spikes") or []), plateaus=list(doc.get("plateaus") or []),
+                   ranks=list(doc.get("diverging_ranks") or []), amp=doc.get("amp"),
+                   suggestions=list(doc.get("suggestions") or []), notes=list(doc.get("notes") or []))
+
     def headline(self) -> str:
         if not self.findings:
             judged = sum(r["status"] == "NoIssuesFound" for r in self.rules)

@@ -1,35 +1,129 @@
 """The diagnosis on top of the dashboard's overview and of the report (tensortap.analysis.diagnose): per job, what
-went wrong in one line, a table of the findings (kind, step, what), and what to try."""
+went wrong in one line, a table of the findings (kind, step, what), and what to try. The dashboard has it made
+in a process of its own and shows it when it is ready (a large job's takes minutes); the report waits for it."""
 
 from __future__ import annotations
 
+import atexit
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
 import time
 import weakref
 from typing import Any
 
-from tensortap.analysis.diagnose import Diagnosis, diagnose
+from tensortap.analysis.diagnose import Diagnosis
 
-__all__ = ["diagnosis_view", "job_diagnosis", "findings_rows", "RECOMPUTE_S"]
+__all__ = ["diagnosis_view", "job_diagnosis", "findings_rows", "RECOMPUTE_S", "WAIT_S"]
 
-#: a running job's diagnosis is recomputed at most this often (seconds); a finished job's when its data changes
+#: a running job's diagnosis is made again at most this often (seconds); a finished job's when its data changes
 RECOMPUTE_S = 30.0
+#: how long a dashboard view waits for a diagnosis being made before it answers without it (seconds); the block
+#: that says so is marked `pending: "diagnosis"`: the page asks for that view (the diagnosis alone) until it is ready
+#: and draws it in the block's place, leaving the rest of the view as it is
+WAIT_S = 0.5
 
-_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: the diagnosis is made in a process of its own, so that a large job's (rules over every step: minutes) neither
+#: holds the job's lock nor competes with the server for the GIL
+_CHILD = ("import sys\n"
+          "from tensortap.analysis.diagnose import diagnose\n"
+          "sys.stdout.write(diagnose(sys.argv[1]).to_json())\n")
 
 
-def job_diagnosis(job: Any) -> Diagnosis:
-    """The diagnosis of a dashboard Job (cached: see RECOMPUTE_S)."""
+class _Making:
+    """One job's diagnosis: the last one made (and the job's state it was made at), the process making the next."""
+
+    def __init__(self) -> None:
+        self.key: Any = None
+        self.made_at = 0.0
+        self.result: Diagnosis | Exception | None = None
+        self.proc: subprocess.Popen | None = None
+        self.proc_key: Any = None
+        self.out: Any = None
+
+    def poll(self) -> bool:
+        """Collect the process's answer if it has ended; whether one is still being made."""
+        proc = self.proc
+        if proc is None:
+            return False
+        if proc.poll() is None:
+            return True
+        self.out.seek(0)
+        text = self.out.read()
+        self.out.close()
+        self.proc, self.out = None, None
+        try:
+            if proc.returncode != 0:
+                raise RuntimeError(f"the diagnosis process exited with {proc.returncode}")
+            self.result = Diagnosis.from_dict(json.loads(text))
+        except Exception as e:  # noqa: BLE001 - shown in place of the diagnosis
+            self.result = e
+        self.key, self.made_at = self.proc_key, time.monotonic()
+        return False
+
+    def start(self, path: str, key: Any) -> None:
+        import tensortap
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(tensortap.__file__)))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+        self.out = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, "-c", _CHILD, path], stdout=self.out,
+                                     stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
+        self.proc_key = key
+        _RUNNING.add(self)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_MAKING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_RUNNING: weakref.WeakSet = weakref.WeakSet()
+_LOCK = threading.Lock()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for m in list(_RUNNING):
+        m.stop()
+
+
+def _job_key(job: Any) -> tuple:
     with job.lock:
         trial = job.trial
         rules = tuple((r["name"], r.get("run"), r["status"], r.get("updated_at")) for r in job.rules())
-        key = (trial.generation, rules, bool(trial.loaded_all_steps))
-        hit = _CACHE.get(job)
-        if hit is not None and (hit[0] == key or (not trial.loaded_all_steps
-                                                  and time.monotonic() - hit[1] < RECOMPUTE_S)):
-            return hit[2]
-        d = diagnose(trial, refresh=False)
-        _CACHE[job] = (key, time.monotonic(), d)
-        return d
+        return trial.generation, rules, bool(trial.loaded_all_steps)
+
+
+def job_diagnosis(job: Any, wait: float | None = None) -> Diagnosis | None:
+    """The diagnosis of a dashboard Job: the last one made, made again (in a process of its own) when the job
+    has changed (a running job's at most every RECOMPUTE_S); waits `wait` seconds (WAIT_S) for one being made.
+    None while the first is being made. Raises what making it raised."""
+    wait = WAIT_S if wait is None else wait
+    key = _job_key(job)
+    with _LOCK:
+        m = _MAKING.get(job)
+        if m is None:
+            m = _MAKING[job] = _Making()
+        busy = m.poll()
+        stale = m.result is None or (m.key != key and (key[2] or time.monotonic() - m.made_at >= RECOMPUTE_S))
+        if stale and not busy:
+            m.start(job.path, key)
+    deadline = time.monotonic() + wait
+    while True:
+        with _LOCK:
+            busy = m.poll()
+            result = m.result
+        if not busy or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 def findings_rows(d: Diagnosis) -> list[dict[str, str]]:
@@ -58,18 +152,23 @@ def findings_rows(d: Diagnosis) -> list[dict[str, str]]:
     return rows
 
 
-def diagnosis_view(jobs: list[Any]) -> list[dict[str, Any]]:
-    """Per job: its headline as a note, the findings as a table, then what to try (one note each)."""
+def diagnosis_view(jobs: list[Any], wait: float | None = None) -> list[dict[str, Any]]:
+    """Per job: its headline as a note, the findings as a table, then what to try (one note each). `wait`: how
+    long to wait for a diagnosis being made (WAIT_S; the report waits for it: `math.inf`)."""
     blocks: list[dict[str, Any]] = []
     multi = len(jobs) > 1
     for job in jobs:
-        try:
-            d = job_diagnosis(job)
-        except Exception as e:  # noqa: BLE001 - the views below still show the data
-            blocks.append({"type": "note", "text": f"Diagnosis{' of ' + job.name if multi else ''}: could not be "
-                                                   f"made ({type(e).__name__}: {e})"})
-            continue
         who = f" of {job.name}" if multi else ""
+        try:
+            d = job_diagnosis(job, wait)
+        except Exception as e:  # noqa: BLE001 - the views below still show the data
+            blocks.append({"type": "note", "text": f"Diagnosis{who}: could not be made ({type(e).__name__}: {e})"})
+            continue
+        if d is None:
+            blocks.append({"type": "note", "pending": "diagnosis",
+                           "text": f"Diagnosis{who}: being made (the built-in rules are run over the job's steps); "
+                                   f"it appears here when it is ready."})
+            continue
         blocks.append({"type": "note", "text": f"Diagnosis{who}: {d.headline()}."})
         rows = findings_rows(d)
         if rows:

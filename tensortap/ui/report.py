@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import math
 import os
 import re
 import time
@@ -106,7 +107,7 @@ def _sections(jobs: JobSet, distributions: list[str] | None = None) -> list[dict
     xgb = [j for j in sel if j.kinds.xgboost]
     from tensortap.ui.diagnosis import diagnosis_view
 
-    sections = [{"name": "diagnosis", "title": "Diagnosis", "blocks": diagnosis_view(sel)},
+    sections = [{"name": "diagnosis", "title": "Diagnosis", "blocks": diagnosis_view(sel, wait=math.inf)},
                 {"name": "rules", "title": "Rule summary", "blocks": rules_view(sel)}]
     curves = scalars_view(sel, xgboost=False if xgb else None)
     if any(b["type"] == "figure" for b in curves) or not xgb:

@@ -1074,6 +1074,10 @@ def render_view(jobs: JobSet, view: str, params: dict[str, Any]) -> list[dict[st
         from tensortap.ui.diagnosis import diagnosis_view
 
         return [*diagnosis_view(sel), *rules_view(sel), *scalars_view(sel)]
+    if view == "diagnosis":  # (no tab: the overview's diagnosis, asked for again while it is being made)
+        from tensortap.ui.diagnosis import diagnosis_view
+
+        return diagnosis_view(sel)
     if view == "scalars":
         return scalars_view(sel)
     if view == "rules":
@@ -1089,8 +1093,8 @@ def render_view(jobs: JobSet, view: str, params: dict[str, Any]) -> list[dict[st
         return workers_view(sel, params.get("tensor"))
     if view == "xgboost":
         return xgboost_blocks(sel)
-    raise KeyError(f"view {view!r}: allowed are overview, scalars, rules, layers, heatmap, distribution, "
-                   "workers, xgboost")
+    raise KeyError(f"view {view!r}: allowed are overview, diagnosis, scalars, rules, layers, heatmap, "
+                   "distribution, workers, xgboost")
 
 
 __all__ = ["render_view", "available_views", "envelope", "series_window"]

@@ -23,6 +23,14 @@ from tensortap.ui.jobs import JobSet  # noqa: E402
 from tensortap.ui.views import render_view  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _wait_for_the_diagnosis(monkeypatch):
+    """These tests read the diagnosis in the first answer: the view waits for the process making it."""
+    import tensortap.ui.diagnosis as diagnosis
+
+    monkeypatch.setattr(diagnosis, "WAIT_S", 600.0)
+
+
 @pytest.fixture(scope="module")
 def spiky(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("ui") / "spiky")
@@ -80,3 +88,49 @@ def test_distributions_count_the_non_finite_values_they_leave_out(tmp_path):
             (nan, pos, neg), s
     note = next(b["text"] for b in blocks if b["type"] == "note" and "held NaN or infinite" in b["text"])
     assert note.startswith(f"gradient/Sequential_2.weight: {len(expect)} of the ")
+
+
+def test_the_dashboard_answers_before_the_diagnosis_is_made_and_shows_it_when_it_is(spiky, monkeypatch):
+    """A view does not wait for a diagnosis being made (a large job's takes minutes): it says it is being made in
+    a block marked pending (the page asks for the view again), and the overview shows it once it is ready."""
+    import time
+
+    import tensortap.ui.diagnosis as diagnosis
+
+    monkeypatch.setattr(diagnosis, "WAIT_S", 0.0)
+    jobs_ = JobSet([spiky])
+    blocks = render_view(jobs_, "overview", {})
+    assert blocks[0]["text"].startswith("Diagnosis: being made") and blocks[0]["pending"] == "diagnosis"
+    assert any(b["type"] == "figure" for b in blocks)  # the curves are not held back
+    deadline = time.monotonic() + 600
+    while blocks[0].get("pending") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        blocks = render_view(jobs_, "diagnosis", {})  # (what the page asks for in the pending block's place)
+    assert blocks[0] == {"type": "note", "text": "Diagnosis: 2 findings: 2 spikes."}
+    assert render_view(jobs_, "overview", {})[0] == blocks[0]
+
+
+def test_the_page_draws_the_diagnosis_in_place_when_it_is_ready(page, tmp_path, ui, monkeypatch):
+    """In the browser: the overview is drawn at once with the diagnosis being made; when it is ready it takes
+    that block's place, and the figures drawn meanwhile are left as they are (not drawn again)."""
+    import tensortap.ui.diagnosis as diagnosis
+    from tensortap.ui.server import Server
+
+    monkeypatch.setattr(diagnosis, "WAIT_S", 0.0)
+    out = str(tmp_path / "job")
+    ui.write_scalar_job(out, hostile=False)
+    server = Server([out], port=0).start()
+    try:
+        ui.open_page(page, server.url)
+        assert page.js("document.querySelector('#view div.pending p.note').textContent").startswith(
+            "Diagnosis: being made")
+        page.js("document.querySelectorAll('#view div.figure').forEach(d => { d.dataset.mark = 'kept'; })")
+        marked = page.js("document.querySelectorAll('#view div.figure[data-mark=kept]').length")
+        assert marked > 0
+        page.wait("!document.querySelector('#view div.pending') && Array.from(document.querySelectorAll("
+                  "'#view p.note')).some(p => p.textContent.startsWith('Diagnosis: ') && "
+                  "!p.textContent.startsWith('Diagnosis: being made'))", timeout=300)
+        assert page.js("document.querySelectorAll('#view div.figure[data-mark=kept]').length") == marked
+        assert not page.errors
+    finally:
+        server.stop()

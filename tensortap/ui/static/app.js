@@ -344,6 +344,11 @@
       }
       if (b.type === "heading") {
         nodes.push(el("h3", null, b.text));
+      } else if (b.type === "note" && b.pending) {
+        var box = el("div", "pending");
+        box.dataset.pending = b.pending;
+        box.appendChild(el("p", "note", b.text));
+        nodes.push(box);
       } else if (b.type === "note") {
         nodes.push(el("p", "note", b.text));
       } else if (b.type === "table") {
@@ -582,11 +587,29 @@
           Object.keys(resets || {}).forEach(function (k) { delete state.params[k]; });
           toHash(state.view, state.params);
           load();
-        }).then(function () { showError(""); markPainted(); });
+        }).then(function () {
+          showError(""); markPainted();
+          main.querySelectorAll("div.pending").forEach(function (box) { fillPending(box, view); });
+        });
       }).catch(function (e) { showError(String(e.message || e)); }).then(function () {
         state.loading = false;
         if (state.again) { state.again = false; load(); }
       });
+    }
+
+    // a block still being made (a large job's diagnosis): its view (box.dataset.pending) is asked for until it is
+    // ready, then drawn in the block's place; the rest of the view is left as it is
+    function fillPending(box, view) {
+      setTimeout(function () {
+        if (view !== state.view || !box.isConnected) return;
+        getJSON(viewPath(box.dataset.pending, state.params.job ? { job: state.params.job } : {}))
+          .then(function (body) {
+            if (!box.isConnected) return null;
+            if (body.blocks.some(function (b) { return b.pending; })) { fillPending(box, view); return null; }
+            box.classList.remove("pending");
+            return renderBlocks(box, body.blocks, null);
+          }).catch(function () { fillPending(box, view); });
+      }, pollMs);
     }
 
     function tabs() {
