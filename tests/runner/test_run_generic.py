@@ -164,8 +164,8 @@ def test_job_file_and_offline_rules_run(tmp_path, train_py):
                                                                "exploding_tensor": "NoIssuesFound"}
     r3 = tensortap("rules", "list", "--json")
     names = {x["snake_name"] for x in json.loads(r3.stdout)}
-    assert {"vanishing_gradient", "dead_relu", "loss_not_decreasing", "loss_spike", "grad_norm_spike", "rank_divergence",
-            "amp_scale_collapse"} <= names and len(names) == 24
+    assert {"vanishing_gradient", "dead_relu", "loss_not_decreasing", "loss_spike", "grad_norm_spike",
+            "rank_divergence", "amp_scale_collapse"} <= names and len(names) == 24
     reads = {x["snake_name"]: x["collections"] for x in json.loads(r3.stdout)}
     assert reads["dead_relu"] == ["relu_output"] and reads["saturated_activation"] == ["tanh_input", "sigmoid_input"]
     assert reads["all_zero"] == []
