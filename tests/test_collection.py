@@ -48,7 +48,8 @@ SMDEBUG_COLLECTIONS_JSON = json.dumps(
 def test_collection_keys_and_classes():
     assert CollectionKeys.ALL == "all" and CollectionKeys.SM_METRICS == "sm_metrics"
     assert CollectionKeys.FEATURE_IMPORTANCE == "feature_importance" and CollectionKeys.TREES == "trees"
-    assert SCALAR_COLLECTIONS == {"losses", "metrics", "feature_importance", "average_shap", "sm_metrics", "scalars"}
+    assert SCALAR_COLLECTIONS == {"losses", "metrics", "feature_importance", "average_shap", "sm_metrics", "scalars",
+                                  "grad_scaler"}
     assert NON_REDUCTION_COLLECTIONS == NON_HISTOGRAM_COLLECTIONS == SCALAR_COLLECTIONS
     assert TRAIN_ONLY_COLLECTIONS == {"gradients", "optimizer_variables"}
     assert isinstance(SCALAR_COLLECTIONS, frozenset)
