@@ -507,6 +507,11 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
         )
         sharded = any(_dtensor.is_dtensor(p) for _n, p, _c in weights) or any(
             _dtensor.is_dtensor(p) for p, _n, _c in grads.values())
+        if sharded and self.engine.identity.include_workers == "one" and self.world_size > 1:
+            self._warn_once("one-worker-shards", "tensortap: include_workers='one' with sharded parameters "
+                            "(FSDP2/DTensor): only worker_0 saves, and it holds only its own shards, so the sharded "
+                            "weights and gradients cannot be read whole; use include_workers='all' (each worker "
+                            "saves its shards and the trial assembles the full tensors)")
         return _Plan(
             weights, grads, io and bool(self._roots), [(n, c) for n, _p, c in weights],
             sharded or any(not capturable(p) for _n, p, _c in weights),

@@ -19,6 +19,7 @@ if not torch.distributed.is_available():
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
 import tensortap.pytorch as tp  # noqa: E402
+from tensortap.exceptions import TensorUnavailableForStep  # noqa: E402
 
 WORKER = Path(__file__).with_name("_sharded_worker.py")
 
@@ -40,8 +41,9 @@ def _run(tmp_path: Path, world: int, writer: str, kind: str, include_workers: st
         procs.append(subprocess.Popen([sys.executable, str(WORKER), out, writer, kind, include_workers, rec],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     reports = []
-    for p in procs:
+    for rank, p in enumerate(procs):
         stdout, stderr = p.communicate(timeout=600)
+        (tmp_path / f"stderr_{rank}.txt").write_text(stderr)
         assert p.returncode == 0, f"worker died ({p.returncode}): {stderr[-3000:]}"
         reports.append(json.loads(stdout.strip().splitlines()[-1]))
     assert all(r["errors"] == 0 for r in reports), reports
@@ -79,3 +81,17 @@ def test_two_processes_assemble_the_full_tensors(tmp_path, kind, writer):
     w1 = t.tensor("Sequential_0.weight").value(0, worker="worker_1")
     assert w0.shape == (5, 6) and w1.shape == (5, 6)
     assert t.tensor("Sequential_0.weight").shape(0) == (10, 6)
+
+
+def test_one_worker_with_shards_says_the_tensors_cannot_be_read_whole(tmp_path):
+    """include_workers="one" under FSDP2: worker_0 alone saves, holding only its shards. Training goes on, the
+    unsharded loss is saved whole, worker_0 says once why the sharded tensors cannot be read whole, and the trial
+    refuses to pass a shard off as the tensor."""
+    out, rec = _run(tmp_path, 2, "thread", "fsdp", "one")
+    t = tp.create_trial(out)
+    assert t.workers() == ["worker_0"]
+    assert t.tensor("CrossEntropyLoss_output_0").value(0).tobytes() == rec["loss0"].tobytes()
+    with pytest.raises(TensorUnavailableForStep):
+        t.tensor("Sequential_0.weight").value(0)
+    logs = (tmp_path / "stderr_0.txt").read_text()
+    assert logs.count("include_workers='one' with sharded parameters") == 1, logs[-3000:]
