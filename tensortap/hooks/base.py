@@ -150,7 +150,6 @@ class Hook(ValueSaving):
         # then taken at the first step and the worker's folder claimed then, before anything is written.
         source = type(self).identity_source
         identity, later = resolve_identity(rank, world_size, worker, include_workers, source)
-        later = later or self._claim_later
 
         #: the step clock, what saves at each step (tensortap.capture) and the step engine on them
         self.clock = StepClock()
@@ -217,21 +216,6 @@ class Hook(ValueSaving):
     #: whether this process writes anything (include_workers="one": rank 0 only)
     writes = _IdentityField("writes")
 
-    @property
-    def _claim_later(self) -> bool:
-        """The worker's folder is claimed later (`StepEngine.claim`); a framework hook that learns its worker's
-        name only later may set it before this constructor runs."""
-        engine = self.__dict__.get("engine")
-        return engine.claim_pending if engine is not None else self.__dict__.get("_claim_first", False)
-
-    @_claim_later.setter
-    def _claim_later(self, value: bool) -> None:
-        engine = self.__dict__.get("engine")
-        if engine is None:
-            self.__dict__["_claim_first"] = value
-        else:
-            engine.claim_pending = value
-
     def _identity_changed(self) -> None:
         self.collection_manager.set_num_workers(self.num_workers)
         self.engine.collections_dirty = True
@@ -257,15 +241,6 @@ class Hook(ValueSaving):
     def _stop_request(self) -> dict | None:
         """The stop request found (docs/format.md §8), if any."""
         return self._stop.request
-
-    def _claim_late(self) -> None:
-        """Claim the out_dir now that the worker is known (`StepEngine.claim` does it for a hook whose identity
-        the engine settles); another job's data there turns this hook off (training goes on)."""
-        if self.writes and not self.disabled and not self.dry_run:
-            try:
-                self.engine.claim_now()
-            except InvalidConfiguration as e:
-                self._fail("first step", e)
 
     @property
     def _stop_watch(self) -> bool:
@@ -653,10 +628,6 @@ class Hook(ValueSaving):
         `sources` the (address, byte count) of its tensors' bytes, in order, readable now): False if it cannot go
         that way (then hand its tensors to `write_tensors`). `at`: as for `write_tensors`."""
         return self.handoff.write_planned(spec, sources, at)
-
-    _batch_spec = batch_spec  # (the names the Keras hook uses)
-    _write_planned = write_planned
-
 
     # --- lifecycle --------------------------------------------------------------------------
 
