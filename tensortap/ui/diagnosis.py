@@ -28,7 +28,8 @@ WAIT_S = 0.5
 
 #: the diagnosis is made in a process of its own, so that a large job's (rules over every step: minutes) neither
 #: holds the job's lock nor competes with the server for the GIL
-_CHILD = ("import sys\n"
+_CHILD = ("import os, sys\n"
+          "os.nice(10)  # (below the server and a training running beside it)\n"
           "from tensortap.analysis.diagnose import diagnose\n"
           "sys.stdout.write(diagnose(sys.argv[1]).to_json())\n")
 
@@ -43,6 +44,7 @@ class _Making:
         self.proc: subprocess.Popen | None = None
         self.proc_key: Any = None
         self.out: Any = None
+        self.err: Any = None
 
     def poll(self) -> bool:
         """Collect the process's answer if it has ended; whether one is still being made."""
@@ -53,11 +55,15 @@ class _Making:
             return True
         self.out.seek(0)
         text = self.out.read()
+        self.err.seek(0)
+        lines = [ln for ln in self.err.read().splitlines() if ln.strip()]
         self.out.close()
-        self.proc, self.out = None, None
+        self.err.close()
+        self.proc, self.out, self.err = None, None, None
         try:
             if proc.returncode != 0:
-                raise RuntimeError(f"the diagnosis process exited with {proc.returncode}")
+                raise RuntimeError(f"the diagnosis process exited with {proc.returncode}"
+                                   + (f": {lines[-1][:300]}" if lines else ""))
             self.result = Diagnosis.from_dict(json.loads(text))
         except Exception as e:  # noqa: BLE001 - shown in place of the diagnosis
             self.result = e
@@ -70,8 +76,9 @@ class _Making:
         root = os.path.dirname(os.path.dirname(os.path.abspath(tensortap.__file__)))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
         self.out = tempfile.TemporaryFile(mode="w+")
+        self.err = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([sys.executable, "-c", _CHILD, path], stdout=self.out,
-                                     stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
+                                     stderr=self.err, stdin=subprocess.DEVNULL, env=env)
         self.proc_key = key
         _RUNNING.add(self)
 

@@ -134,3 +134,18 @@ def test_the_page_draws_the_diagnosis_in_place_when_it_is_ready(page, tmp_path, 
         assert not page.errors
     finally:
         server.stop()
+
+
+def test_a_diagnosis_that_cannot_be_made_says_why(tmp_path):
+    """The process making the diagnosis fails (the job's folder went away): the panel says so, with its reason."""
+    import shutil
+
+    out = str(tmp_path / "gone")
+    jobs.spike_job(out, steps=30, corrupt_step=None)
+    jobs_ = JobSet([out])
+    shutil.rmtree(out)
+    (block,) = render_view(jobs_, "diagnosis", {})
+    assert block["text"].startswith("Diagnosis: could not be made (RuntimeError: the diagnosis process exited "
+                                    "with 1: "), block
+    assert len(block["text"]) > len("Diagnosis: could not be made (RuntimeError: the diagnosis process exited "
+                                    "with 1: ") + 5
