@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from tensortap.exceptions import CorruptData
-from tensortap.format import codec, layout
-from tensortap.format.entries import ENTRY_DTYPE, INLINE_CHUNK, SHAPE
+from tensortap.format import codec, layout, packed
+from tensortap.format.entries import ENTRY_DTYPE, INLINE_BYTES, INLINE_CHUNK, PACKED, REDUCTION, SHAPE
 from tensortap.format.entries import concat as entries_concat
 from tensortap.format.source import CollectionInfo, Damage, LostSteps, Source
 from tensortap.storage.base import Storage
@@ -78,6 +78,8 @@ class NativeSource(Source):
         self._last_key: dict[str, str] = {}
         #: (worker id, largest global step, header `time`) of each ingested block with entries: wall times
         self.block_times: list[tuple[int, int, float]] = []
+        #: (chunk id, offset) -> packed statistics layout read from the chunk's data file, its name and dtype ids
+        self._layouts: dict[tuple[int, int], tuple[packed.Layout, np.ndarray, np.ndarray]] = {}
 
     @property
     def location(self) -> str:
@@ -258,6 +260,75 @@ class NativeSource(Source):
         c.read_upto += dec.used
         return dec.used
 
+    def _packed_entries(self, cid: int, c: _Chunk, header: dict, disk: np.ndarray, wid: int) -> np.ndarray:
+        """The block's packed statistics (docs/format.md §3.3) as one inline REDUCTION entry per value, read from
+        the data file now: the entries their values would have had written one by one. A damaged payload or layout
+        costs its values only, reported once with what they were."""
+        def fetch(offset: int, length: int) -> bytes:
+            mm = self.storage.mapped(c.dat_key)
+            if mm is not None:
+                return mm[offset:offset + length]
+            return self.storage.read_range(c.dat_key, offset, length)
+
+        path = self.storage.describe(c.dat_key)
+        refs = packed.refs(header)
+        assert not isinstance(refs, str)
+        lay_of = disk["name"].astype(np.int64)
+        parts = []
+        scalar = self._intern(self._shape_ids, self.shapes, ())
+        for lid in np.unique(lay_of).tolist():
+            sub = disk[lay_of == lid]
+            ref = refs[lid]
+            got = self._layouts.get((cid, ref[0]))
+            if got is None:
+                try:
+                    lay = packed.read_layout(ref, fetch)
+                except packed.LayoutError as e:
+                    self._payload_damage(path, ref[0], str(e), c.worker, sub, None)
+                    continue
+                names = np.array([self._intern(self._name_ids, self.names, n) for n in lay.names], dtype="<u4")
+                dts = np.array([self._intern(self._dtype_ids, self.dtypes, d, _safe_dtype(d)) for d in lay.dtype_strs],
+                               dtype="<u2")[lay.dtypes]
+                got = self._layouts[(cid, ref[0])] = (lay, names, dts)
+            lay, names, dts = got
+            rows, bad = packed.payloads(sub, lay.length, fetch)
+            if bad:
+                for i, offset, reason in bad:
+                    self._payload_damage(path, offset, reason, c.worker, sub[i:i + 1], lay)
+                ok = np.ones(len(sub), dtype=bool)
+                ok[[i for i, _, _ in bad]] = False
+                sub, rows = sub[ok], rows[ok]
+            k, n = len(sub), len(lay.names)
+            if not k:
+                continue
+            e = np.zeros(k * n, dtype=ENTRY_DTYPE)
+            e["name"] = np.tile(names, k)
+            e["worker"] = wid
+            for f in ("mode", "step", "mode_step"):
+                e[f] = np.repeat(sub[f], n)
+            e["kind"] = REDUCTION
+            e["reduction"] = np.tile(lay.codes, k)
+            e["dtype"] = np.tile(dts, k)
+            e["shape"] = scalar
+            e["chunk"] = INLINE_CHUNK
+            e["length"] = np.tile(lay.widths, k)
+            e["inline"] = lay.inline_bytes(rows).reshape(k * n, INLINE_BYTES).view(e.dtype["inline"]).reshape(-1)
+            parts.append(e)
+        return entries_concat(parts) if parts else self.empty()
+
+    def _payload_damage(self, path: str, offset: int, reason: str, worker: str, sub: np.ndarray,
+                        lay: packed.Layout | None) -> None:
+        if (path, offset) in self._damage_seen:
+            return
+        self._damage_seen.add((path, offset))
+        steps = sorted(set(sub["step"].tolist()))
+        what = f"{lay.tensors} tensors" if lay is not None else "the tensors of a packed layout"
+        at = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}–{steps[-1]}"
+        words = f"the statistics of {what} at {at} of worker {worker} lost"
+        self.damage.append(Damage(path, offset, reason, words))
+        logger.warning("tensortap: packed statistics damaged in %s at offset %d (%s): %s; the rest stays readable",
+                       path, offset, reason, words)
+
     def _ended_at(self, c: _Chunk) -> bool:
         """The worker wrote its end mark in this chunk or a later one: nothing more comes to c's index."""
         return self._end_seq.get(c.worker, -1) >= c.seq
@@ -342,6 +413,12 @@ class NativeSource(Source):
         shape_map = np.array(
             [self._intern(self._shape_ids, self.shapes, tuple(s)) for s in header["shapes"]], dtype="<u4"
         )
+        pk = disk["kind"] == PACKED
+        extra = None
+        if pk.any():
+            extra = self._packed_entries(cid, c, header, disk[pk], wid)
+            disk = disk[~pk]
+            n = len(disk)
         e = np.empty(n, dtype=ENTRY_DTYPE)
         e["name"] = name_map[disk["name"]]
         e["worker"] = wid
@@ -350,7 +427,7 @@ class NativeSource(Source):
         e["dtype"] = dtype_map[disk["dtype"]]
         e["shape"] = shape_map[disk["shape"]]
         e["chunk"] = np.where(disk["flags"] & codec.FLAG_INLINE, INLINE_CHUNK, cid)
-        return e
+        return e if extra is None else entries_concat([e, extra])
 
     def _merge_collections(self, cj: dict) -> None:
         for name, d in (cj.get("collections") or {}).items():
@@ -513,11 +590,15 @@ def _malformed(header: dict, disk: np.ndarray) -> str | None:
     if not all(isinstance(sh, list) and all(isinstance(d, int) and d >= 0 for d in sh) for sh in tables["shapes"]):
         return "a shape is not a list of non-negative ints"
     if len(disk):
+        unpacked = disk[disk["kind"] != PACKED] if int(disk["kind"].max()) >= PACKED else disk
         for field, k in (("name", "names"), ("dtype", "dtypes"), ("shape", "shapes")):
-            if int(disk[field].max()) >= len(tables[k]):
+            if len(unpacked) and int(unpacked[field].max()) >= len(tables[k]):
                 return f"an entry's {field} id is outside the block's {k} table"
-        if int(disk["mode"].min()) < 1 or int(disk["mode"].max()) > 4 or int(disk["kind"].max()) > 2:
+        if int(disk["mode"].min()) < 1 or int(disk["mode"].max()) > 4 or int(disk["kind"].max()) > PACKED:
             return "an entry has an unknown mode or kind"
+        bad = packed.malformed(header, disk)
+        if bad:
+            return bad
     checks = {
         "worker": lambda v: isinstance(v, str),
         "num_workers": lambda v: isinstance(v, int) and v >= 1,
