@@ -49,6 +49,8 @@ class NativeSource(Source):
 
     #: seconds an index tail may stay incomplete or damaged before it counts as final (its writer is gone)
     settle_s: float = 2.0
+    #: bytes of a local index read and decoded at a time
+    read_piece: int = 64 << 20
 
     def __init__(self, storage: Storage, range_steps: tuple[int | None, int | None] | None = None,
                  settle_s: float | None = None):
@@ -80,6 +82,12 @@ class NativeSource(Source):
         self.block_times: list[tuple[int, int, float]] = []
         #: (chunk id, offset) -> packed statistics layout read from the chunk's data file, its name and dtype ids
         self._layouts: dict[tuple[int, int], tuple[packed.Layout, np.ndarray, np.ndarray]] = {}
+
+    @property
+    def last_step_written(self) -> int:
+        """The newest global step any intact block read so far holds records of or has passed (-1: none), whatever
+        `range_steps` keeps."""
+        return max(self._after.values(), default=-1)
 
     @property
     def location(self) -> str:
@@ -166,7 +174,7 @@ class NativeSource(Source):
                 size = len(buf)
             else:
                 size = self.storage.size(c.idx_key) or 0
-                buf = self.storage.read_range(c.idx_key, c.read_upto, size - c.read_upto) if size > c.read_upto else b""
+                buf = b""
             newest = self._last_seq.get(c.worker, c.seq) <= c.seq
             # A tail that cannot change any more is decoded to the end: damage there is final.
             final = immutable or not newest or self._ended_at(c) or (
@@ -176,6 +184,19 @@ class NativeSource(Source):
                 if used < len(buf) and not final and self._ended_at(c):
                     # the end mark was in this read: what follows it is final now
                     used += self._decode_index(cid, c, path, buf[used:], True, out)
+            else:  # a local index is read in pieces: the bytes in memory stay bounded however long the index
+                piece = self.read_piece
+                while c.read_upto < size:
+                    n = min(piece, size - c.read_upto)
+                    buf = self.storage.read_range(c.idx_key, c.read_upto, n)
+                    whole = c.read_upto + len(buf) >= size
+                    used = self._decode_index(cid, c, path, buf, final and whole, out)
+                    if used < len(buf) and whole and not final and self._ended_at(c):
+                        used += self._decode_index(cid, c, path, buf[used:], True, out)
+                    if whole or not buf:
+                        break
+                    if not used:
+                        piece *= 2  # (a block larger than the piece)
             if c.read_upto < size:
                 if c.pending_size != size:
                     c.pending_since, c.pending_size = now, size
@@ -200,16 +221,7 @@ class NativeSource(Source):
                 c.sealed = True
         if not out:
             return self.empty()
-        entries = entries_concat(out)
-        if self.range_steps is not None:
-            lo, hi = self.range_steps
-            keep = np.ones(len(entries), dtype=bool)
-            if lo is not None:
-                keep &= entries["step"] >= lo
-            if hi is not None:
-                keep &= entries["step"] < hi
-            entries = entries[keep]
-        return entries
+        return entries_concat(out)
 
     def _end_if_writer_gone(self, c: _Chunk, path: str, size: int, now: float) -> None:
         """A worker's newest index read to its end, without its end mark, that has not grown for the settle time,
@@ -244,7 +256,16 @@ class NativeSource(Source):
                     self._report(c, path, c.read_upto + at, f"malformed block: {bad}")
                     continue
                 self._intact(c.worker, header, disk)
-                out.append(self._ingest(cid, c, header, disk))
+                e = self._ingest(cid, c, header, disk)
+                if self.range_steps is not None and len(e):  # (per block: memory stays that of the range)
+                    lo, hi = self.range_steps
+                    keep = np.ones(len(e), dtype=bool)
+                    if lo is not None:
+                        keep &= e["step"] >= lo
+                    if hi is not None:
+                        keep &= e["step"] < hi
+                    e = e[keep] if not keep.all() else e
+                out.append(e)
                 if header.get("end"):
                     self._end_seq[c.worker] = max(self._end_seq.get(c.worker, -1), c.seq)
             else:

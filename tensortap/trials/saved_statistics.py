@@ -34,36 +34,49 @@ def _stat_name(code: int) -> str:
 class _Group:
     """The packed entries of one layout (same tensors, statistics and dtypes) over blocks and chunks."""
 
-    __slots__ = ("layout", "names", "where", "worker", "mode", "step", "mode_step")
-
     def __init__(self, lay: packed.Layout, names: np.ndarray):
         self.layout, self.names = lay, names  # names: job-wide tensor ids of the layout's statistics
-        self.where: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []  # (dat key, offsets, lengths, crcs)
+        self.key_names: list[str] = []  # data files
+        self._key_ids: dict[str, int] = {}
+        self.where: list[tuple[int, np.ndarray, np.ndarray]] = []  # (data file id, offsets, crcs) per block
         self.worker: list[np.ndarray] = []
         self.mode: list[np.ndarray] = []
         self.step: list[np.ndarray] = []
         self.mode_step: list[np.ndarray] = []
 
+    def add(self, dat_key: str, sub: np.ndarray, wid: int) -> None:
+        k = self._key_ids.setdefault(dat_key, len(self.key_names))
+        if k == len(self.key_names):
+            self.key_names.append(dat_key)
+        self.where.append((k, sub["offset"].astype(np.int64), sub["crc"].astype(np.int64)))
+        self.worker.append(np.full(len(sub), wid, dtype=np.int64))
+        for f, lst in (("mode", self.mode), ("step", self.step), ("mode_step", self.mode_step)):
+            lst.append(sub[f].astype(np.int64))
 
-def _read_rows(storage: Any, g: _Group) -> np.ndarray:
-    """The group's payloads as rows of one byte matrix, each CRC-checked (CorruptData naming file and offset)."""
+    def finish(self) -> None:
+        """Per entry: its data file id, payload offset and CRC as arrays."""
+        self.keys = np.concatenate([np.full(len(o), k, dtype=np.int64) for k, o, _ in self.where])
+        self.offsets = np.concatenate([o for _, o, _ in self.where])
+        self.crcs = np.concatenate([c for _, _, c in self.where])
+
+
+#: payload bytes read and turned into columns at a time (memory: the result and this)
+SLICE_BYTES = 256 << 20
+
+
+def _read_rows(storage: Any, g: _Group, rows_at: np.ndarray) -> np.ndarray:
+    """Payloads `rows_at` of the group (positions over its entries) as the rows of one byte matrix, each
+    CRC-checked (CorruptData naming the file and offset); read by threads (pread and the checksum release the
+    GIL)."""
     length = g.layout.length
-    n = sum(len(o) for _, o, _, _ in g.where)
-    rows = np.empty((n, length), dtype=np.uint8)
-    jobs = []
-    at = 0
-    for key, offs, lens, crcs in g.where:
-        jobs.append((key, at, offs, lens, crcs))
-        at += len(offs)
+    rows = np.empty((len(rows_at), length), dtype=np.uint8)
+    keys, offs, crcs = g.keys[rows_at], g.offsets[rows_at], g.crcs[rows_at]
     crc_at = codec.crc32c_at
     base = rows.ctypes.data
 
-    def work(job: tuple, lo: int, hi: int) -> None:
-        key, first, offs, lens, crcs = job
-        path = None
-        for i in range(lo, hi):
-            r = first + i
-            off, want = int(offs[i]), int(crcs[i])
+    def work(lo: int, hi: int) -> None:
+        for r in range(lo, hi):
+            key, off, want = g.key_names[keys[r]], int(offs[r]), int(crcs[r])
             try:
                 got = storage.readinto(key, off, rows[r])
             except FileNotFoundError:
@@ -72,17 +85,15 @@ def _read_rows(storage: Any, g: _Group) -> np.ndarray:
                 raise CorruptData(storage.describe(key), off, f"payload truncated ({got} of {length} bytes)")
             crc = crc_at(base + r * length, length) if crc_at is not None else codec.crc32c(rows[r].tobytes())
             if crc != want:
-                path = path or storage.describe(key)
-                raise CorruptData(path, off, "payload checksum mismatch")
+                raise CorruptData(storage.describe(key), off, "payload checksum mismatch")
 
-    tasks = []
-    for job in jobs:
-        k = len(job[2])
-        step = max(256, k // (4 * _THREADS) + 1)
-        tasks += [(job, lo, min(k, lo + step)) for lo in range(0, k, step)]
-    if len(tasks) == 1:
-        work(*tasks[0])
-    elif tasks:
+    n = len(rows_at)
+    step = max(64, n // (4 * _THREADS) + 1)
+    tasks = [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+    if len(tasks) <= 1:
+        for t in tasks:
+            work(*t)
+    else:
         with ThreadPoolExecutor(_THREADS) as pool:
             for f in [pool.submit(work, *t) for t in tasks]:
                 f.result()
@@ -187,10 +198,7 @@ def read_statistics(path: str, stats: Iterable[str] | None = None, *, mode: Any 
                     sub = disk[pk[lay_of == lid]]
                     if np.any(sub["flags"] & codec.FLAG_INLINE):
                         return by_trial()  # (a layout of ≤ 16 bytes, its payload in the index: the trial reads it)
-                    g.where.append((dat_key, sub["offset"], sub["length"], sub["crc"]))
-                    g.worker.append(np.full(len(sub), wid, dtype=np.int64))
-                    for f, lst in (("mode", g.mode), ("step", g.step), ("mode_step", g.mode_step)):
-                        lst.append(sub[f].astype(np.int64))
+                    g.add(dat_key, sub, wid)
             red = np.flatnonzero(kind == REDUCTION)
             if len(red):
                 sub = disk[red]
@@ -238,21 +246,28 @@ def read_statistics(path: str, stats: Iterable[str] | None = None, *, mode: Any 
         cols = np.arange(len(lay.names)) if codes is None else np.flatnonzero(np.isin(lay.codes, list(codes)))
         if not len(cols) or (keep is not None and not keep.any()):
             continue
-        try:
-            rows = _read_rows(storage, g)
-        except CorruptData:
-            return by_trial()  # (damage: the trial reports it, once, and reads the rest)
-        if keep is not None:
-            rows, w, st, ms = rows[keep], w[keep], st[keep], ms[keep]
+        g.finish()
+        at_rows = np.arange(len(w)) if keep is None else np.flatnonzero(keep)
+        w, st, ms = w[at_rows], st[at_rows], ms[at_rows]
         steps = st if mode == _modes.GLOBAL else ms
         wr = rank[w]
         want = set(cols.tolist())
-        for at, vals in lay.columns(rows):
+        sel_of = []  # per dtype: the selected positions among its statistics, and their result matrix
+        for _dt, at, _ in lay.groups:
             sel = [j for j, a in enumerate(at.tolist()) if a in want]
-            if not sel:
-                continue
-            mat = _transpose(vals[:, sel] if len(sel) < len(at) else vals)
-            for j, row in zip(at[sel].tolist(), mat, strict=True):
+            sel_of.append((sel, np.empty((len(sel), len(at_rows)), dtype=np.float64) if sel else None))
+        per = max(1, SLICE_BYTES // max(1, lay.length))
+        for lo in range(0, len(at_rows), per):  # a slice of steps at a time: memory is the result's and a slice's
+            try:
+                rows = _read_rows(storage, g, at_rows[lo:lo + per])
+            except CorruptData:
+                return by_trial()  # (damage: the trial reports it, once, and reads the rest)
+            for (at, vals), (sel, res) in zip(lay.columns(rows), sel_of, strict=True):
+                if sel:
+                    _transpose(vals[:, sel] if len(sel) < len(at) else vals, res[:, lo:lo + len(rows)])
+            del rows
+        for (_dt, at, _), (sel, res) in zip(lay.groups, sel_of, strict=True):
+            for j, row in zip(at[sel].tolist(), res if sel else (), strict=True):
                 pieces.setdefault((int(g.names[j]), int(lay.codes[j])), []).append((st, steps, wr, row))
     for name, code, w, m, st, ms, vals in loose:
         keep = keep_mask(w, m, st)
@@ -285,11 +300,10 @@ def read_statistics(path: str, stats: Iterable[str] | None = None, *, mode: Any 
     return out
 
 
-def _transpose(vals: np.ndarray) -> np.ndarray:
-    """float64 copy of a (steps × statistics) matrix, statistic by statistic (rows contiguous): in tiles that stay
-    in cache, by threads (numpy's copy releases the GIL)."""
+def _transpose(vals: np.ndarray, out: np.ndarray) -> None:
+    """`out` (statistics × steps, float64) = `vals` (steps × statistics) transposed: in tiles that stay in cache,
+    by threads (numpy's copy releases the GIL)."""
     n_steps, n = vals.shape
-    out = np.empty((n, n_steps), dtype=np.float64)
     tile = 256
 
     def work(lo: int) -> None:
@@ -303,7 +317,6 @@ def _transpose(vals: np.ndarray) -> np.ndarray:
     else:
         with ThreadPoolExecutor(_THREADS) as pool:
             list(pool.map(work, starts))
-    return out
 
 
 def _saved_names(trial: Any) -> list[str]:

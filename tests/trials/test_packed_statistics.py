@@ -27,7 +27,8 @@ KEYS = (("l2", False), ("nonfinite", False), ("max", True), ("mean", False))
 STATS = ["l2", "nonfinite", "abs_max", "mean"]
 
 
-def _layout(names: tuple[str, ...], dtype: np.dtype = np.dtype(np.float32)) -> StatisticsLayout:
+def _layout(names: tuple[str, ...], dtype: np.dtype | None = None) -> StatisticsLayout:
+    dtype = np.dtype(np.float32) if dtype is None else dtype
     dts = tuple(tuple(np.dtype(np.int64) if r == "nonfinite" else dtype for r, _ in KEYS) for _ in names)
     return StatisticsLayout(names, (KEYS,) * len(names), dts)
 
@@ -146,7 +147,7 @@ def test_both_writers_write_packed_statistics_that_read_back_bit_for_bit(tmp_pat
     got = read_statistics(out)
     trial = tt.create_trial(out)
     _same({n: d for n, d in trial.statistics(stats=STATS).items() if d}, got)
-    stored = dict(zip(*zip(*[(j, v) for at, v in lay.stored(vecs[7]) for j, v in zip(at.tolist(), v)]), strict=True))
+    stored = {j: v for at, vals in lay.stored(vecs[7]) for j, v in zip(at.tolist(), vals, strict=True)}
     for j in range(len(lay)):
         name, (red, absolute) = lay.names[lay.tensor[j]], lay.keys[lay.tensor[j]][lay.slot[j]]
         v = trial.tensor(name).reduction_value(7, red, abs=absolute)
@@ -238,3 +239,26 @@ def test_on_a_full_disk_readable_plus_dropped_is_what_was_handed_over(small_disk
             readable += 1
     assert readable > 0 and readable + enc.dropped_records == 500 * 150
     assert read_statistics(out, ["l2"])["t0"]["l2"][0].tolist() == trial.tensor("t0").steps()
+
+
+def test_the_columns_read_of_an_index_range_reads_packed_statistics_as_the_trial(jobs):
+    from tensortap.format import layout
+    from tensortap.storage import open_storage
+    from tensortap.trials import native_columns as nc
+    from tensortap.trials.columns import Extract
+
+    from .test_native_columns import _same as same_rows
+
+    for job in ("packed", "chunks"):
+        trial = tt.create_trial(jobs[job])
+        storage = open_storage(jobs[job])
+        for w in trial.workers():
+            keys = sorted(k for k in storage.list(f"tensortap/{w}/") if k.endswith(layout.INDEX_SUFFIX))
+            parts = [nc.read_scalars(storage, k) for k in keys]
+            assert all(p is not None for p in parts)
+            if len(parts) == 1:
+                same_rows(parts[0], Extract(trial, workers=[w]).scalars())
+                same_rows(nc.read_scalars(storage, keys[0], mode=2, names=["a/w"]),
+                          Extract(trial, ["a/w"], 2, workers=[w]).scalars())
+            else:  # (one chunk a block: together the trial's rows)
+                assert sum(len(p) for p in parts) == len(Extract(trial, workers=[w]).scalars())
