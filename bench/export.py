@@ -331,6 +331,42 @@ def bench_wide_packed(tmp: str, repeat: int, steps: int, tensors: int, path: str
     return out
 
 
+EXPORT_PEAK = """
+import resource, sys, time
+sys.path.insert(0, sys.argv[1])
+from tensortap.export import export
+c0, t0 = time.process_time(), time.perf_counter()
+export(sys.argv[2], sys.argv[3], tables=["scalars"])
+print(time.perf_counter() - t0, time.process_time() - c0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def bench_export_memory(tmp: str, repeat: int, tensors: int, steps: int, old: str | None) -> dict:
+    """Peak RSS of `tensortap export` of one job of `tensors` scalars x `steps` steps (one index entry a value), in
+    a fresh process each, this checkout and `old` alternately."""
+    path = os.path.join(tmp, "export_memory")
+    n = synth_job(path, tensors=tensors, steps=steps)
+    idx = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    res: dict = {}
+    for i in range(repeat):
+        for label, root in (("this", here), ("old", old)):
+            if root is None:
+                continue
+            dest = os.path.join(tmp, f"export_memory_out_{label}_{i}")
+            r = subprocess.run([sys.executable, "-c", EXPORT_PEAK, root, path, dest], capture_output=True, text=True,
+                               check=True, env={**os.environ, "PYTHONPATH": root})
+            wall, cpu, rss = r.stdout.split()
+            res.setdefault(label, []).append((float(wall), float(cpu), int(rss)))
+            shutil.rmtree(dest, ignore_errors=True)
+    out = {"values": n, "index_bytes": idx}
+    for label, runs in res.items():
+        out[label] = {"peak_rss_mb": round(med([r[2] for r in runs]) / 1024), **summary(n, [r[0] for r in runs],
+                                                                                      [r[1] for r in runs])}
+    shutil.rmtree(path, ignore_errors=True)
+    return out
+
+
 def bench_duckdb(tmp: str, repeat: int) -> dict:
     import duckdb
 
@@ -400,6 +436,8 @@ def main() -> None:
     ap.add_argument("--packed-steps", type=int, default=10_000, help="wide_packed: steps of the job")
     ap.add_argument("--packed-tensors", type=int, default=10_000, help="wide_packed: tensors of the job")
     ap.add_argument("--packed-path", default=None, help="wide_packed: where the job is (kept if it exists)")
+    ap.add_argument("--memory-tensors", type=int, default=200, help="export_memory: scalars of the job")
+    ap.add_argument("--memory-steps", type=int, default=25_000, help="export_memory: steps of the job")
     ap.add_argument("--wide-path", default=None, help="wide_stream: an existing job of 10,000 tensors (reused)")
     ap.add_argument("--dask-workers", type=int, default=2)
     ap.add_argument("--only-columns", action="store_true", help="wide_stream: the columnar read alone")
@@ -426,6 +464,8 @@ def main() -> None:
             elif name == "wide_packed":
                 out[name] = bench_wide_packed(tmp, args.repeat, args.packed_steps, args.packed_tensors,
                                               args.packed_path)
+            elif name == "export_memory":
+                out[name] = bench_export_memory(tmp, args.repeat, args.memory_tensors, args.memory_steps, args.old)
             elif name == "duckdb":
                 out[name] = bench_duckdb(tmp, args.repeat)
             elif name == "read_jobs":

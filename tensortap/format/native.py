@@ -256,16 +256,7 @@ class NativeSource(Source):
                     self._report(c, path, c.read_upto + at, f"malformed block: {bad}")
                     continue
                 self._intact(c.worker, header, disk)
-                e = self._ingest(cid, c, header, disk)
-                if self.range_steps is not None and len(e):  # (per block: memory stays that of the range)
-                    lo, hi = self.range_steps
-                    keep = np.ones(len(e), dtype=bool)
-                    if lo is not None:
-                        keep &= e["step"] >= lo
-                    if hi is not None:
-                        keep &= e["step"] < hi
-                    e = e[keep] if not keep.all() else e
-                out.append(e)
+                out.append(self._ingest(cid, c, header, disk))
                 if header.get("end"):
                     self._end_seq[c.worker] = max(self._end_seq.get(c.worker, -1), c.seq)
             else:
@@ -426,6 +417,18 @@ class NativeSource(Source):
             return self.empty()
         if isinstance(header.get("time"), int | float):
             self.block_times.append((wid, int(disk["step"].max()), float(header["time"])))
+        if self.range_steps is not None:  # (per block, before its entries are made: memory is the range's)
+            lo, hi = self.range_steps
+            keep = np.ones(n, dtype=bool)
+            if lo is not None:
+                keep &= disk["step"] >= lo
+            if hi is not None:
+                keep &= disk["step"] < hi
+            if not keep.all():
+                disk = disk[keep]
+                n = len(disk)
+                if not n:
+                    return self.empty()
         name_map = np.array([self._intern(self._name_ids, self.names, s) for s in header["names"]], dtype="<u4")
         dtype_map = np.array(
             [self._intern(self._dtype_ids, self.dtypes, s, _safe_dtype(s)) for s in header["dtypes"]],
