@@ -99,7 +99,7 @@ def export(
     and exports it again; `assume_ended=True` exports steps not every worker finished (a job whose process died).
     Returns a summary: per job the rows written per table and the steps exported."""
     from tensortap.storage import open_storage
-    from tensortap.trials import create_trial
+    from tensortap.trials import _check_out_dir, create_trial
     from tensortap.trials.arrow import SCHEMA_VERSION
 
     tables = list(tables)
@@ -136,23 +136,27 @@ def export(
         m = _PART.search(k)
         if m and int(m.group(2)) >= gen:
             store.delete(k)
-    probes = []
     for path, name in zip(paths, names, strict=True):
         prev = state["jobs"].get(name)
         if prev is not None and prev.get("source") != path:
             raise InvalidConfiguration(f"{dest} already holds a job {name!r} exported from {prev.get('source')}, "
                                        f"not {path}: give this one another name (--job-name)")
-        # what the job holds, without its entries (they are read step block by step block: memory stays bounded)
-        probes.append(create_trial(path, name=name, range_steps=(0, 1)))
+        try:  # (a path that is no job: refused before anything is written)
+            _check_out_dir(open_storage(path), path)
+        except ValueError as e:
+            raise InvalidConfiguration(f"{path!r}: {e}") from None
     summary: dict[str, Any] = {"dest": dest, "generation": gen, "jobs": {}}
     obsolete: list[str] = []
-    for probe, path, name in zip(probes, paths, names, strict=True):
+    for path, name in zip(paths, names, strict=True):
         js = state["jobs"].get(name)
         if js is None or full:
             if js is not None:
                 obsolete += [k for k in existing if _job_of(k) == partition_value(name)]
             js = {"source": path, "exported_upto": -1, "first_nonfinite": {}}
-        rows, trial = _export_job(store, probe, path, name, js, gen, block, tables, max_elements, compression,
+        # the first step block to export, read through a trial of its steps alone: it also tells what the job holds
+        lo = int(js["exported_upto"]) + 1
+        probe = create_trial(path, name=name, range_steps=(lo, (lo // block + 1) * block))
+        rows, probe = _export_job(store, probe, path, name, js, gen, block, tables, max_elements, compression,
                                   assume_ended)
         if "events" in tables:
             obsolete += [k for k in existing if k.startswith(f"events/job={partition_value(name)}/")]
@@ -205,7 +209,7 @@ def _export_job(store: Any, probe: Any, path: str, name: str, js: dict[str, Any]
         nf_stat = STATISTICS.index("nonfinite")
         for b in range(first_block, last_block + 1):
             a, z = max(lo + 1, b * block), min(upto, (b + 1) * block - 1)
-            if native:
+            if native and b != first_block:
                 trial = create_trial(path, name=name, range_steps=(a, z + 1))
                 if assume_ended:
                     trial.assume_ended()
