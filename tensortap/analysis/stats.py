@@ -38,3 +38,16 @@ def rms(count: Any, l2: Any) -> Any:
     with np.errstate(all="ignore"):
         r = np.divide(np.asarray(l2, dtype=np.float64), np.sqrt(np.asarray(count, dtype=np.float64)))
     return float(r) if r.ndim == 0 else r
+
+
+def kurtosis_series(l2: tuple[np.ndarray, np.ndarray], l4: tuple[np.ndarray, np.ndarray],
+                    numel: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, kurtosis) of a tensor from its (steps, l2) and (steps, l4) series and {step: element count}: the
+    steps that have all three, with l2 > 0 and a finite kurtosis (an all-zero or non-finite tensor has none)."""
+    s2, v2 = (np.asarray(x) for x in l2)
+    s4, v4 = (np.asarray(x) for x in l4)
+    steps, i2, i4 = np.intersect1d(s2, s4, assume_unique=True, return_indices=True)
+    n = np.array([numel.get(int(s), 0) for s in steps.tolist()], dtype=np.float64)
+    k = np.asarray(kurtosis(n, v2[i2], v4[i4]), dtype=np.float64).reshape(-1)
+    ok = np.isfinite(k) & (n > 1)
+    return steps[ok].astype(np.int64), k[ok]
