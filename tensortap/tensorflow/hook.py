@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tensortap import modes as _modes
-from tensortap.capture.engine import Tally
+from tensortap.capture.engine import OPTIMIZER_STEP, Tally
 from tensortap.collection import ACTIVATION_COLLECTIONS, Collection
 from tensortap.hooks.base import Hook
 from tensortap.tensorflow.common import IN_STEP, K, flat, indexed, steps_per_execution
@@ -341,6 +341,17 @@ class KerasHookBase(Hook):
                 items = [it for it in items if it[2]]
             if items:
                 hook.write_tensors(items, copy=hook is not self)
+
+    def _optimizer_stepped(self) -> None:
+        """The lifecycle's optimizer_step, at a TRAIN batch's end: Keras's train step ends with the optimizer's
+        apply, inside the step function (compiled: no Python of the step runs per batch), so its end is the first
+        moment the callback can know it ran (docs/capture.md)."""
+        if self.disabled or self._closed:
+            return
+        try:
+            self.engine.fire(OPTIMIZER_STEP, {"optimizer": getattr(self._registered, "optimizer", None)})
+        except Exception as e:  # noqa: BLE001 - never break training
+            self._fail("optimizer_step", e)
 
     def _next_step_all(self) -> None:
         self.next_step()

@@ -10,6 +10,7 @@ from typing import Any
 import keras
 
 from tensortap import modes as _modes
+from tensortap.capture.engine import OPTIMIZER_STEP
 from tensortap.tensorflow.hook import KerasHookBase
 
 _TRAIN, _EVAL, _PREDICT = _modes.TRAIN, _modes.EVAL, _modes.PREDICT
@@ -61,6 +62,8 @@ class KerasHook(KerasHookBase, keras.callbacks.Callback):
                 self._fail(where, e)
 
     def _on_batch_end(self, mode: Any, batch: int, logs: Any, where: str) -> None:
+        if mode is _TRAIN and self.engine.listening(OPTIMIZER_STEP):
+            self._optimizer_stepped()
         if not self.engine.saving and batch == self._batch_begin:
             return  # a step that saved nothing (what _end_batch would find)
         if not self.disabled and self.writes and not self._closed:
