@@ -272,10 +272,12 @@ class NativeSource(Source):
         c.read_upto += dec.used
         return dec.used
 
-    def _packed_entries(self, cid: int, c: _Chunk, header: dict, disk: np.ndarray, wid: int) -> np.ndarray:
+    def _packed_entries(self, cid: int, c: _Chunk, header: dict, disk: np.ndarray, wid: int) -> tuple[
+            np.ndarray, np.ndarray]:
         """The block's packed statistics (docs/format.md §3.3) as one inline REDUCTION entry per value, read from
         the data file now: the entries their values would have had written one by one. A damaged payload or layout
-        costs its values only, reported once with what they were."""
+        costs its values only, reported once with what they were. Also: per entry made, its packed entry's position
+        in `disk`."""
         def fetch(offset: int, length: int) -> bytes:
             mm = self.storage.mapped(c.dat_key)
             if mm is not None:
@@ -286,10 +288,11 @@ class NativeSource(Source):
         refs = packed.refs(header)
         assert not isinstance(refs, str)
         lay_of = disk["name"].astype(np.int64)
-        parts = []
+        parts, where = [], []
         scalar = self._intern(self._shape_ids, self.shapes, ())
         for lid in np.unique(lay_of).tolist():
-            sub = disk[lay_of == lid]
+            at = np.flatnonzero(lay_of == lid)
+            sub = disk[at]
             ref = refs[lid]
             got = self._layouts.get((cid, ref[0]))
             if got is None:
@@ -309,7 +312,7 @@ class NativeSource(Source):
                     self._payload_damage(path, offset, reason, c.worker, sub[i:i + 1], lay)
                 ok = np.ones(len(sub), dtype=bool)
                 ok[[i for i, _, _ in bad]] = False
-                sub, rows = sub[ok], rows[ok]
+                sub, rows, at = sub[ok], rows[ok], at[ok]
             k, n = len(sub), len(lay.names)
             if not k:
                 continue
@@ -326,7 +329,10 @@ class NativeSource(Source):
             e["length"] = np.tile(lay.widths, k)
             e["inline"] = lay.inline_bytes(rows).reshape(k * n, INLINE_BYTES).view(e.dtype["inline"]).reshape(-1)
             parts.append(e)
-        return entries_concat(parts) if parts else self.empty()
+            where.append(np.repeat(at, n))
+        if not parts:
+            return self.empty(), np.empty(0, dtype=np.int64)
+        return entries_concat(parts), np.concatenate(where)
 
     def _payload_damage(self, path: str, offset: int, reason: str, worker: str, sub: np.ndarray,
                         lay: packed.Layout | None) -> None:
@@ -440,7 +446,9 @@ class NativeSource(Source):
         pk = disk["kind"] == PACKED
         extra = None
         if pk.any():
-            extra = self._packed_entries(cid, c, header, disk[pk], wid)
+            extra, extra_at = self._packed_entries(cid, c, header, disk[pk], wid)
+            extra_at = np.flatnonzero(pk)[extra_at]  # (each value's packed entry's position in the block)
+            own_at = np.flatnonzero(~pk)
             disk = disk[~pk]
             n = len(disk)
         e = np.empty(n, dtype=ENTRY_DTYPE)
@@ -451,7 +459,14 @@ class NativeSource(Source):
         e["dtype"] = dtype_map[disk["dtype"]]
         e["shape"] = shape_map[disk["shape"]]
         e["chunk"] = np.where(disk["flags"] & codec.FLAG_INLINE, INLINE_CHUNK, cid)
-        return e if extra is None else entries_concat([e, extra])
+        if extra is None or not len(extra):
+            return e
+        if not len(e):
+            return extra
+        # in the order written: where a step has the same reduction of a tensor twice, readers keep the first
+        order = np.argsort(np.concatenate([own_at, extra_at]), kind="stable")
+        both = entries_concat([e, extra])
+        return np.take(both.view(np.uint8).reshape(len(both), -1), order, axis=0).view(ENTRY_DTYPE).reshape(-1)
 
     def _merge_collections(self, cj: dict) -> None:
         for name, d in (cj.get("collections") or {}).items():

@@ -43,8 +43,11 @@ class _Group:
         self.mode: list[np.ndarray] = []
         self.step: list[np.ndarray] = []
         self.mode_step: list[np.ndarray] = []
+        self.seq: list[np.ndarray] = []
 
-    def add(self, dat_key: str, sub: np.ndarray, wid: int) -> None:
+    def add(self, dat_key: str, sub: np.ndarray, wid: int, seq: np.ndarray) -> None:
+        """Packed entries `sub` of worker `wid`; `seq`: their order of writing (within a worker)."""
+        self.seq.append(seq.astype(np.int64))
         k = self._key_ids.setdefault(dat_key, len(self.key_names))
         if k == len(self.key_names):
             self.key_names.append(dat_key)
@@ -147,6 +150,7 @@ def read_statistics(path: str, stats: Iterable[str] | None = None, *, mode: Any 
     loose: list[tuple[np.ndarray, ...]] = []  # inline reductions: (name, code, worker, mode, step, mode_step, value)
     passed: dict[str, int] = {}
     ended: set[str] = set()
+    block_no = 0
     num_workers = 1
     for (_, _seq), key in chunks:
         buf = storage.read(key)
@@ -157,6 +161,7 @@ def read_statistics(path: str, stats: Iterable[str] | None = None, *, mode: Any 
         for header, disk, _ in dec.blocks:
             from tensortap.format.native import _malformed
 
+            block_no += 1
             if _malformed(header, disk) or (header.get("collections") or {}).get("_meta", {}).get("shards"):
                 return by_trial()
             w = header.get("worker")
@@ -198,7 +203,7 @@ def read_statistics(path: str, stats: Iterable[str] | None = None, *, mode: Any 
                     sub = disk[pk[lay_of == lid]]
                     if np.any(sub["flags"] & codec.FLAG_INLINE):
                         return by_trial()  # (a layout of ≤ 16 bytes, its payload in the index: the trial reads it)
-                    g.add(dat_key, sub, wid)
+                    g.add(dat_key, sub, wid, (block_no << 32) + pk[lay_of == lid])
             red = np.flatnonzero(kind == REDUCTION)
             if len(red):
                 sub = disk[red]
@@ -214,7 +219,8 @@ def read_statistics(path: str, stats: Iterable[str] | None = None, *, mode: Any 
                     raw = np.frombuffer(sub["inline"][at].tobytes(), dtype=np.uint8).reshape(-1, INLINE_BYTES)
                     vals = np.ascontiguousarray(raw[:, :dt.itemsize]).view(dt).reshape(-1).astype(np.float64)
                     s = sub[at]
-                    loose.append((local[s["name"]], s["reduction"].astype(np.int64), np.full(len(s), wid),
+                    loose.append(((block_no << 32) + red[at], local[s["name"]], s["reduction"].astype(np.int64),
+                                  np.full(len(s), wid),
                                   s["mode"].astype(np.int64), s["step"].astype(np.int64),
                                   s["mode_step"].astype(np.int64), vals))
     if worker is not None and worker not in workers:
@@ -240,7 +246,7 @@ def read_statistics(path: str, stats: Iterable[str] | None = None, *, mode: Any 
         return None if keep.all() else keep
 
     for g in groups.values():
-        w, m, st, ms = (np.concatenate(x) for x in (g.worker, g.mode, g.step, g.mode_step))
+        w, m, st, ms, sq = (np.concatenate(x) for x in (g.worker, g.mode, g.step, g.mode_step, g.seq))
         keep = keep_mask(w, m, st)
         lay = g.layout
         cols = np.arange(len(lay.names)) if codes is None else np.flatnonzero(np.isin(lay.codes, list(codes)))
@@ -248,7 +254,7 @@ def read_statistics(path: str, stats: Iterable[str] | None = None, *, mode: Any 
             continue
         g.finish()
         at_rows = np.arange(len(w)) if keep is None else np.flatnonzero(keep)
-        w, st, ms = w[at_rows], st[at_rows], ms[at_rows]
+        w, st, ms, sq = w[at_rows], st[at_rows], ms[at_rows], sq[at_rows]
         steps = st if mode == _modes.GLOBAL else ms
         wr = rank[w]
         want = set(cols.tolist())
@@ -268,14 +274,14 @@ def read_statistics(path: str, stats: Iterable[str] | None = None, *, mode: Any 
             del rows
         for (_dt, at, _), (sel, res) in zip(lay.groups, sel_of, strict=True):
             for j, row in zip(at[sel].tolist(), res if sel else (), strict=True):
-                pieces.setdefault((int(g.names[j]), int(lay.codes[j])), []).append((st, steps, wr, row))
-    for name, code, w, m, st, ms, vals in loose:
+                pieces.setdefault((int(g.names[j]), int(lay.codes[j])), []).append((st, steps, wr, row, sq))
+    for sq, name, code, w, m, st, ms, vals in loose:
         keep = keep_mask(w, m, st)
         if keep is not None:
-            name, code, w, st, ms, vals = name[keep], code[keep], w[keep], st[keep], ms[keep], vals[keep]
+            sq, name, code, w, st, ms, vals = sq[keep], name[keep], code[keep], w[keep], st[keep], ms[keep], vals[keep]
         if codes is not None:
             c = np.isin(code, list(codes))
-            name, code, w, st, ms, vals = name[c], code[c], w[c], st[c], ms[c], vals[c]
+            sq, name, code, w, st, ms, vals = sq[c], name[c], code[c], w[c], st[c], ms[c], vals[c]
         if not len(name):
             continue
         steps = st if mode == _modes.GLOBAL else ms
@@ -284,14 +290,15 @@ def read_statistics(path: str, stats: Iterable[str] | None = None, *, mode: Any 
         bounds = np.flatnonzero(np.diff(key)) + 1
         for a, b in zip([0, *bounds.tolist()], [*bounds.tolist(), len(key)], strict=True):
             o = order[a:b]
-            pieces.setdefault((int(name[o[0]]), int(code[o[0]])), []).append((st[o], steps[o], rank[w[o]], vals[o]))
+            pieces.setdefault((int(name[o[0]]), int(code[o[0]])), []).append(
+                (st[o], steps[o], rank[w[o]], vals[o], sq[o]))
     out: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
     for (nid, code), parts in pieces.items():
         if len(parts) == 1 and (len(parts[0][0]) < 2 or np.all(np.diff(parts[0][0]) > 0)):
-            _, steps, _, vals = parts[0]
+            _, steps, _, vals, _ = parts[0]
         else:  # first worker (natural order) per step, first written per worker
-            gs, steps, wr, vals = (np.concatenate(x) for x in zip(*parts, strict=True))
-            order = np.lexsort((wr, gs))
+            gs, steps, wr, vals, sq = (np.concatenate(x) for x in zip(*parts, strict=True))
+            order = np.lexsort((sq, wr, gs))
             first = np.ones(len(order), dtype=bool)
             first[1:] = gs[order][1:] != gs[order][:-1]
             o = order[first]

@@ -262,3 +262,25 @@ def test_the_columns_read_of_an_index_range_reads_packed_statistics_as_the_trial
                           Extract(trial, ["a/w"], 2, workers=[w]).scalars())
             else:  # (one chunk a block: together the trial's rows)
                 assert sum(len(p) for p in parts) == len(Extract(trial, workers=[w]).scalars())
+
+
+@pytest.mark.parametrize("packed_first", [True, False])
+def test_the_first_written_of_two_values_of_a_statistic_at_a_step_is_kept(tmp_path, packed_first):
+    """(the flight recorder writes its ring's statistics after a step's regular save: the regular save is kept)"""
+    from tensortap.format.records import Record
+
+    out = str(tmp_path / "job")
+    lay = _layout(("a", "b"))
+    packed_rows = StatisticsRows(lay, np.arange(8, dtype=np.float64), 0, 1, 0)
+    other = Record("b", 0, 1, 0, value=None, save_raw=False, reduction_values={("l2", False): np.float32(99.0)})
+    enc = ChunkEncoder(LocalStorage(out), "worker_0")
+    for write in ((lambda: enc.encode_statistics(packed_rows)), (lambda: enc.encode(other)))[::1 if packed_first
+                                                                                              else -1]:
+        write()
+    enc.write_block(end=True)
+    enc.close()
+    want = np.float32(packed_rows.values[lay.order[4]]) if packed_first else np.float32(99.0)
+    trial = tt.create_trial(out)
+    assert trial.tensor("b").reduction_value(0, "l2").tobytes() == want.tobytes()
+    assert trial.statistics(["b"], ["l2"])["b"]["l2"][1].tolist() == [float(want)]
+    assert read_statistics(out, ["l2"])["b"]["l2"][1].tolist() == [float(want)]
