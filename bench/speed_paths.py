@@ -6,32 +6,32 @@ order, between the path on (`on`, `on2`) and its fallback (`off`), switched at r
 noise floor); the table gives the medians over rounds (the first round, a warm-up, is not counted) of the
 training thread's CPU time (`time.thread_time`: other jobs on the machine, MXNet's and TensorFlow's own
 threads and tensortap's writer process are not in it) and of the wall time, and the difference per saving
-step in microseconds.
+step in microseconds; and in how many rounds the fallback's block took longer than the path's (a sign test: a
+path that buys nothing is slower in about half the rounds, as the A/A control is).
 
-    .venv/bin/python bench/speed_paths.py --path ring      # the writer ring's streaming stores (PyTorch MLP)
-    .venv/bin/python bench/speed_paths.py --path keras     # Keras's IteratorStep (an MLP's fit)
+    .venv/bin/python bench/speed_paths.py --path ring        # the ring copy in training (PyTorch MLP)
+    .venv/bin/python bench/speed_paths.py --path gather      # the ring copy alone (100 tensors)
     .venv-mxnet/bin/python bench/speed_paths.py --path mxnet  # MXNet's C-API staging (a Gluon MLP)
 
 Paths and their fallbacks:
-* ring: `tensortap.transport.copy.gather_into` (C, streaming stores) against `ctypes.memmove` per tensor, as the
-  writer process's reservations copy a saving step's weights and gradients into the ring;
-* keras: a capturing step function called through `IteratorStep` against Keras's own wrapper of it;
+* ring, gather: `tensortap.transport.copy.gather_into` (one C call for all of a saving step's tensors) against
+  one `ctypes.memmove` per tensor, as the writer process's reservations copy weights and gradients into the ring;
 * mxnet: weights and gradients copied by one engine operation into a fixed host buffer through MXNet's C API
   (`_Stage`) against new `mx.nd` copies (`_copy_all`).
+* keras (Keras's `IteratorStep`, removed: measured at commit 27349d2, where `--path keras` runs it).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import tempfile
 import time
 
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MXNET_CPU_WORKER_NTHREADS", "MXNET_OMP_MAX_THREADS"):
     os.environ.setdefault(_var, "1")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import numpy as np  # noqa: E402
 
@@ -70,43 +70,39 @@ def ring(interval: int, out: str):
     return hook, switch, steps
 
 
-def keras_fit(interval: int, out: str):
-    """A Keras MLP 64-256-256-10 (batch 64, SGD, tf.data) saving weights, biases, gradients, losses and the layers'
-    outputs (which a capturing step function returns); `switch(on)` picks IteratorStep or Keras's wrapper."""
-    import keras
-    import tensorflow as tf
+def gather(interval: int, out: str):
+    """The copy alone: a saving step's weights and gradients of a 4-layer transformer encoder (d_model 64: 100
+    tensors, 420 KB) copied back to back into a buffer, `interval` times per step (no training, no hook);
+    `switch(on)` picks the C gather (one call) or one ctypes.memmove per tensor."""
+    import torch
+    from torch import nn
 
-    import tensortap.tensorflow as ttf
-    from tensortap.tensorflow import step_functions
+    from tensortap.transport import copy
 
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"),
-                              keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])
-    hook = ttf.KerasHook(out_dir=out, save_config=ttf.SaveConfig(save_interval=interval),
-                         include_collections=["weights", "biases", "gradients", "losses", "outputs"])
-    model.compile(optimizer=hook.wrap_optimizer(keras.optimizers.SGD(0.01)),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    rng = np.random.default_rng(0)
-    data = tf.data.Dataset.from_tensor_slices((rng.normal(size=(1024, 64)).astype("float32"),
-                                               rng.integers(0, 10, 1024))).batch(64, drop_remainder=True)
-    data = data.repeat().prefetch(2)
-    original = step_functions.IteratorStep.__call__
-    state = {"on": True}
+    if copy._c_gather is None:
+        raise SystemExit("the C helper _streamcopy is not built (python setup.py build_ext --inplace)")
+    layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, batch_first=True)
+    model = nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False)
+    tensors = [t.detach() for p in model.parameters() for t in (p, torch.randn_like(p))]
+    sources = [(t.data_ptr(), t.numel() * t.element_size()) for t in tensors]
+    dst = np.empty(sum(n for _a, n in sources), dtype=np.uint8)
+    state = {"fn": copy._c_gather}
 
-    def call(self, *args, **kwargs):
-        return original(self, *args, **kwargs) if state["on"] else self.fn(*args, **kwargs)
+    class NoHook:
+        _writer = None
 
-    step_functions.IteratorStep.__call__ = call
+        def close(self) -> None:
+            pass
 
     def switch(on: bool) -> None:
-        state["on"] = on
+        state["fn"] = copy._c_gather if on else copy._memmove_gather
 
     def steps(n: int) -> None:
-        model.fit(data, steps_per_epoch=n, epochs=1, verbose=0, callbacks=[hook])
+        fn, address = state["fn"], dst.ctypes.data
+        for _ in range(n * interval):
+            fn(address, sources)
 
-    return hook, switch, steps
+    return NoHook(), switch, steps
 
 
 def mxnet_loop(interval: int, out: str):
@@ -150,18 +146,24 @@ def mxnet_loop(interval: int, out: str):
     return hook, switch, steps
 
 
-PATHS = {"ring": ring, "keras": keras_fit, "mxnet": mxnet_loop}
+PATHS = {"ring": ring, "gather": gather, "mxnet": mxnet_loop}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--path", choices=sorted(PATHS), required=True)
-    ap.add_argument("--interval", type=int, default=10, help="save interval (steps)")
+    ap.add_argument("--interval", type=int, default=5, help="save interval (steps)")
     ap.add_argument("--steps", type=int, default=100, help="steps per block")
-    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=30)
     args = ap.parse_args()
-    out = os.path.join(tempfile.mkdtemp(prefix=f"ttbench_paths_{args.path}_", dir=os.environ.get("TTBENCH_OUT_ROOT")),
-                       "run")
+    tmp = tempfile.mkdtemp(prefix=f"ttbench_paths_{args.path}_", dir=os.environ.get("TTBENCH_OUT_ROOT"))
+    try:
+        run(args, os.path.join(tmp, "run"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # (every saving step's weights and gradients: gigabytes)
+
+
+def run(args: argparse.Namespace, out: str) -> None:
     hook, switch, steps = PATHS[args.path](args.interval, out)
 
     def block(on: bool) -> tuple[float, float]:
@@ -191,10 +193,13 @@ def main() -> None:
     med = statistics.median
     print(f"path={args.path} interval={args.interval} steps/block={args.steps} rounds={args.rounds} "
           f"load={os.getloadavg()[0]:.1f}")
-    print("clock        fallback/path (gain)   path/path (A/A)   A/A spread (min-max)")
+    print("clock        fallback/path (gain)   path/path (A/A)   A/A quartiles    rounds fallback slower than path")
     for name, d in (("thread CPU", cpu), ("wall", wall)):
+        q = statistics.quantiles(d["aa"], n=4)
+        slower = sum(g > 1 for g in d["gain"])
+        slower_aa = sum(a > 1 for a in d["aa"])
         print(f"{name:<12} x{med(d['gain']):.3f}                 x{med(d['aa']):.3f}            "
-              f"x{min(d['aa']):.3f}-x{max(d['aa']):.3f}")
+              f"x{q[0]:.3f}-x{q[2]:.3f}    {slower}/{len(d['gain'])} (A/A: {slower_aa}/{len(d['aa'])})")
     print(f"fallback - path, thread CPU per saving step: {med(diff_us):+.1f} us (median)")
 
 
