@@ -48,8 +48,11 @@ HEATMAP_MIN_ROW_PX = 4
 MINMAX_JOBS = 8
 #: points of all the curves of one figure together: with many curves (50 jobs), each is a min/max envelope of
 #: CURVE_BUDGET / curves points (at least MIN_CURVE_POINTS); a zoom re-reads the shown steps at full resolution
-CURVE_BUDGET = 24_000
+CURVE_BUDGET = 12_000
 MIN_CURVE_POINTS = 200
+#: curves beyond which a figure has no legend (its plotly legend of 50 entries costs as much to draw as the
+#: curves): the header's job swatches, in each job's colour and dash, are the legend, and the hover names a curve
+LEGEND_CURVES = 16
 #: a mode with at most this many points per curve gets a hint to save it more often
 SPARSE_POINTS = 2
 #: options from which a choice gets a search box
@@ -108,9 +111,16 @@ def fig(data: list[dict], title: str = "", **layout: Any) -> dict[str, Any]:
 def step_axis(traces: list[dict], title: str = "global step") -> dict[str, Any]:
     """An x axis of steps (or rounds): no zero line (step 0 is not a value to compare with), and whole-step
     ticks when only a few steps show (plotly would tick 9, 9.5, 10 around a single point)."""
-    xs = [x for t in traces for x in (t.get("x") or []) if isinstance(x, int | float)]
+    ends = []
+    for t in traces:
+        x = t.get("x") or []
+        try:
+            ends += [min(x), max(x)] if x else []
+        except TypeError:  # a None (a gap) among them
+            xs = [v for v in x if isinstance(v, int | float)]
+            ends += [min(xs), max(xs)] if xs else []
     axis: dict[str, Any] = {"title": {"text": title}, "zeroline": False}
-    if xs and max(xs) - min(xs) < 8:
+    if ends and max(ends) - min(ends) < 8:
         axis["dtick"] = 1
     return axis
 
@@ -233,7 +243,10 @@ def _curve(job: Job, name: str, mode: Any, k: int, multi: bool, max_points: int 
     tr = {"type": "scatter", "mode": "lines" if len(x) >= 60 else "lines+markers", "x": x,
           "y": to_json_values(v[idx]),
           "name": esc(short(name)) + (f" · {esc(short(job.name, 24))}" if multi else ""),
-          "line": {"color": colour, "width": 1.5, "dash": DASHES[k % len(DASHES)]},  # a job's scalars by dash
+          # a job's scalars by dash; several jobs: the first scalar in the job's own dash (job_dash, as in the
+          # header's swatch), the next ones in the dashes after it
+          "line": {"color": colour, "width": 1.5,
+                   "dash": DASHES[((job.index // len(PALETTE) if multi else 0) + k) % len(DASHES)]},
           "marker": {"color": colour, "size": 5},
           "meta": {"job": job.index, "tensor": name, "mode": mode.name, "n": int(len(v)),
                    "downsampled": bool(len(idx) < len(v)), "curve": True,
@@ -309,7 +322,10 @@ def _curve_figures(jobs: list[Job], names: list[str] | None, multi: bool, prefix
                 f"too few for a trend. Save {mode_name} steps more often: SaveConfig(mode_save_configs="
                 f"{{modes.{mode_name}: SaveConfigMode(save_interval=1)}}), or a smaller --save-interval."))
         mode_colour = MODE_COLOURS.get(mode_name, "#444444")
-        f = fig(traces, f"{title} ({mode_name})", xaxis=step_axis(traces, xtitle), showlegend=True,
+        legend = len(curves) <= LEGEND_CURVES
+        f = fig(traces, f"{title} ({mode_name})" + ("" if legend else f" · {len(curves)} curves: each job in the "
+                                                    "colour and dash of its swatch above"),
+                xaxis=step_axis(traces, xtitle), showlegend=legend,
                 yaxis={"title": {"text": "value"}, "zeroline": False})
         f["layout"]["title"]["font"]["color"] = mode_colour
         # when each job's steps were written (an x axis of wall time), once per job: {job index: table}

@@ -100,7 +100,8 @@ def test_the_dashboard_answers_before_the_diagnosis_is_made_and_shows_it_when_it
     monkeypatch.setattr(diagnosis, "WAIT_S", 0.0)
     jobs_ = JobSet([spiky])
     blocks = render_view(jobs_, "overview", {})
-    assert blocks[0]["text"].startswith("Diagnosis: being made") and blocks[0]["pending"] == "diagnosis"
+    assert blocks[0]["type"] == "group" and blocks[0]["pending"] == "diagnosis"
+    assert blocks[0]["blocks"][0]["text"].startswith("Diagnosis: being made")
     assert any(b["type"] == "figure" for b in blocks)  # the curves are not held back
     deadline = time.monotonic() + 600
     while blocks[0].get("pending") and time.monotonic() < deadline:
@@ -149,3 +150,80 @@ def test_a_diagnosis_that_cannot_be_made_says_why(tmp_path):
                                     "with 1: "), block
     assert len(block["text"]) > len("Diagnosis: could not be made (RuntimeError: the diagnosis process exited "
                                     "with 1: ") + 5
+
+
+def _diagnosing_children() -> int:
+    """Processes of this one that make a diagnosis, read from /proc."""
+    n = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        n += ppid == os.getpid() and b"diagnose" in cmd
+    return n
+
+
+def test_several_jobs_diagnoses_come_as_they_are_made_a_few_at_a_time(tmp_path, monkeypatch):
+    """Several jobs: one table of each job's headline (pending ones say they are being made) and the findings of
+    those that have any, as one group the page asks for again; at most MAX_MAKING diagnoses are made at once
+    (fifty jobs would take every core from the server and the browser), and none waits for another's turn."""
+    import time
+
+    import tensortap.ui.diagnosis as diagnosis
+
+    monkeypatch.setattr(diagnosis, "WAIT_S", 0.0)
+    paths = []
+    for i in range(4):
+        paths.append(str(tmp_path / f"job{i}"))
+        jobs.spike_job(paths[-1], steps=30, corrupt_step=20 if i == 2 else None)
+    jobs_ = JobSet(paths)
+    (group, *rest) = render_view(jobs_, "overview", {})
+    assert group["type"] == "group" and group["pending"] == "diagnosis"
+    (table,) = group["blocks"]
+    assert table["id"] == "diagnosis-jobs" and [r["job"] for r in table["rows"]] == ["job0", "job1", "job2", "job3"]
+    assert all(r["diagnosis"].startswith("being made") for r in table["rows"])
+    assert any(b["type"] == "figure" for b in rest)
+    most = 0
+    deadline = time.monotonic() + 600
+    blocks = [group]
+    while blocks[0].get("type") == "group" and time.monotonic() < deadline:
+        most = max(most, _diagnosing_children())
+        time.sleep(0.1)
+        blocks = render_view(jobs_, "diagnosis", {})
+    assert 1 <= most <= diagnosis.MAX_MAKING
+    table = blocks[0]
+    assert table["id"] == "diagnosis-jobs"
+    by = {r["job"]: r["diagnosis"] for r in table["rows"]}
+    assert all(by[f"job{i}"].startswith("nothing wrong found") for i in (0, 1, 3))
+    assert re.match(r"\d+ findings?: ", by["job2"]), by["job2"]
+    # the findings of the job that has some, once; none of the healthy ones'
+    assert [b["id"] for b in blocks if b["type"] == "table"] == ["diagnosis-jobs", "diagnosis-2"]
+    assert blocks[1] == {"type": "heading", "text": f"Diagnosis of job2: {by['job2']}"}
+
+
+def test_the_page_fills_several_jobs_diagnoses_in_one_place(page, tmp_path, ui, monkeypatch):
+    """In the browser, two jobs: their diagnoses fill one table in place as they are made, drawn once."""
+    import tensortap.ui.diagnosis as diagnosis
+    from tensortap.ui.server import Server
+
+    monkeypatch.setattr(diagnosis, "WAIT_S", 0.0)
+    paths = [str(tmp_path / "a"), str(tmp_path / "b")]
+    for p in paths:
+        ui.write_scalar_job(p, hostile=False)
+    server = Server(paths, port=0).start()
+    try:
+        ui.open_page(page, server.url)
+        assert page.js("document.querySelectorAll('#view div.pending table[data-table=diagnosis-jobs]').length") == 1
+        page.wait("!document.querySelector('#view div.pending')", timeout=300)
+        rows = page.js("[...document.querySelectorAll('#view table[data-table=diagnosis-jobs] tr')].map(r => "
+                       "[...r.children].map(c => c.textContent))")
+        assert rows[0] == ["job", "diagnosis"] and [r[0] for r in rows[1:]] == ["a", "b"]
+        assert all(r[1].startswith("nothing wrong found") for r in rows[1:]), rows
+        assert page.js("document.querySelectorAll('#view table[data-table=diagnosis-jobs]').length") == 1
+        assert not page.errors
+    finally:
+        server.stop()

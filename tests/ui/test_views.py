@@ -416,3 +416,40 @@ def test_statistics_asked_later_are_read_then(tmp_path):
     assert sorted(both) == sorted(fresh)
     for k in fresh:
         np.testing.assert_array_equal(both[k][1], fresh[k][1], err_msg=k)
+
+
+def test_many_jobs_curves_share_a_budget_and_the_header_swatches_are_their_legend(tmp_path):
+    """Twenty jobs overlaid: each curve a min/max envelope within the figure's budget (a spike kept), no plotly
+    legend (the title says the swatches are it), and each job in its colour and dash, as its header swatch draws
+    them (jobs 0 and 7 share a colour, never a dash)."""
+    from importlib import resources
+
+    from tensortap import modes
+    from tensortap.ui import views
+    from tensortap.ui.views import render_view
+
+    paths = []
+    for j in range(20):
+        paths.append(str(tmp_path / f"run{j:02d}"))
+        hook = tt.Hook(paths[-1], save_config=tt.SaveConfig(save_interval=1))
+        for step in range(1000):
+            hook.set_mode(modes.TRAIN)
+            hook.next_step()
+            hook.save_scalar("loss", 50.0 if step == 500 + j else 1.0 / (step + 1))
+        hook.close()
+    blocks = render_view(JobSet(paths), "overview", {})
+    (f,) = [b["figure"] for b in blocks if b["type"] == "figure"]
+    curves = [t for t in f["data"] if (t.get("meta") or {}).get("curve")]
+    assert len(curves) == 20 and sum(len(t["x"]) for t in curves) <= views.CURVE_BUDGET
+    assert all(len(t["x"]) < 1000 and t["meta"]["downsampled"] for t in curves)
+    assert all(dict(zip(t["x"], t["y"], strict=True))[500 + t["meta"]["job"]] == 50.0 for t in curves)
+    assert f["layout"]["showlegend"] is False and "20 curves: each job in the colour and dash of its swatch" in \
+        f["layout"]["title"]["text"]
+    style = {t["meta"]["job"]: (t["line"]["color"], t["line"]["dash"]) for t in curves}
+    assert style == {j: (views.job_colour(j), views.job_dash(j)) for j in range(20)}
+    assert style[0][0] == style[7][0] and style[0][1] != style[7][1]
+    js = resources.files("tensortap.ui").joinpath("static", "app.js").read_text(encoding="utf-8")
+    got = re.search(r"var DASHES = \[([^\]]*)\]", js).group(1)
+    plotly = {"solid": "null", "dash": '"9,9"', "dot": '"3,3"', "dashdot": '"9,3,3,3"', "longdash": '"15,15"',
+              "longdashdot": '"15,6,3,6"'}  # plotly's dash patterns at a line width of 3
+    assert re.findall(r'null|"[0-9,]+"', got) == [plotly[d] for d in views.DASHES]

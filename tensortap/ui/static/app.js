@@ -18,6 +18,27 @@
   // A run's colour in every view: tensortap.ui.views.PALETTE (Okabe and Ito's colour-blind-safe palette).
   var PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000"];
   function jobColour(i) { return PALETTE[i % PALETTE.length]; }
+  // and its dash beyond seven jobs (views.DASHES, views.job_dash), as plotly draws them at a width of 2
+  var DASHES = [null, "9,9", "3,3", "9,3,3,3", "15,15", "15,6,3,6"];
+  function jobDash(i) { return DASHES[Math.floor(i / PALETTE.length) % DASHES.length]; }
+  var SVG = "http://www.w3.org/2000/svg";
+  // a job's swatch in the header: a short line in its colour and dash (the legend of figures that have none)
+  function swatch(i) {
+    var s = document.createElementNS(SVG, "svg");
+    s.setAttribute("class", "swatch");
+    s.setAttribute("width", "30"); s.setAttribute("height", "12"); s.setAttribute("aria-hidden", "true");
+    var bg = document.createElementNS(SVG, "rect");
+    bg.setAttribute("width", "30"); bg.setAttribute("height", "12"); bg.setAttribute("rx", "2");
+    bg.setAttribute("fill", "#ffffff");
+    var line = document.createElementNS(SVG, "line");
+    line.setAttribute("x1", "2"); line.setAttribute("x2", "28"); line.setAttribute("y1", "6"); line.setAttribute("y2", "6");
+    line.setAttribute("stroke", jobColour(i)); line.setAttribute("stroke-width", "3");
+    if (jobDash(i)) line.setAttribute("stroke-dasharray", jobDash(i));
+    s.appendChild(bg); s.appendChild(line);
+    s.dataset.colour = jobColour(i);
+    s.dataset.dash = jobDash(i) || "solid";
+    return s;
+  }
 
   // How curves are drawn (the toolbar above them): EMA smoothing weight, log y axis, x by global step, by step
   // within the mode, or by wall time (seconds since the job's first step, where the job records it).
@@ -344,10 +365,11 @@
       }
       if (b.type === "heading") {
         nodes.push(el("h3", null, b.text));
-      } else if (b.type === "note" && b.pending) {
-        var box = el("div", "pending");
-        box.dataset.pending = b.pending;
-        box.appendChild(el("p", "note", b.text));
+      } else if (b.type === "group") {
+        // blocks without figures (the diagnosis); `pending`: the view to ask for until nothing in it is pending
+        var box = el("div", b.pending ? "group pending" : "group");
+        if (b.pending) box.dataset.pending = b.pending;
+        renderBlocks(box, b.blocks, onChoice);
         nodes.push(box);
       } else if (b.type === "note") {
         nodes.push(el("p", "note", b.text));
@@ -540,9 +562,7 @@
     var jobs = document.getElementById("jobs");
     doc.jobs.forEach(function (j) {
       var chip = el("span", "job");
-      var sw = el("span", "swatch");
-      sw.style.background = jobColour(j.index);
-      chip.appendChild(sw);
+      chip.appendChild(swatch(j.index));
       chip.appendChild(document.createTextNode(j.name));
       jobs.appendChild(chip);
     });
@@ -605,9 +625,12 @@
         getJSON(viewPath(box.dataset.pending, state.params.job ? { job: state.params.job } : {}))
           .then(function (body) {
             if (!box.isConnected) return null;
-            if (body.blocks.some(function (b) { return b.pending; })) { fillPending(box, view); return null; }
+            // what is ready so far drawn in the box; asked again while some of it is being made
+            var group = body.blocks.length === 1 && body.blocks[0].type === "group" ? body.blocks[0] : null;
+            if (group && group.pending) { renderBlocks(box, group.blocks, null); fillPending(box, view); return null; }
             box.classList.remove("pending");
-            return renderBlocks(box, body.blocks, null);
+            delete box.dataset.pending;
+            return renderBlocks(box, group ? group.blocks : body.blocks, null);
           }).catch(function () { fillPending(box, view); });
       }, pollMs);
     }
@@ -674,10 +697,8 @@
           toHash(state.view, state.params);
           load();
         });
-        var sw = el("span", "swatch");
-        sw.style.background = jobColour(j.index);
         lab.appendChild(box);
-        lab.appendChild(sw);
+        lab.appendChild(swatch(j.index));
         lab.appendChild(document.createTextNode(j.name));
         jobs.appendChild(lab);
       });
