@@ -231,13 +231,15 @@ def rule_markers(rules: list[dict[str, Any]], xs: list[int], ys: list[float | No
     return out
 
 
-def _curve(job: Job, name: str, mode: Any, k: int, multi: bool, max_points: int = MAX_POINTS
-           ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def _curve(job: Job, name: str, mode: Any, k: int, multi: bool, max_points: int = MAX_POINTS,
+           by_scalar: bool = False) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """One scalar's curve in `mode` (its points a min/max envelope beyond `max_points`; `meta.x_mode` the mode
-    steps of its points, for an x axis of mode steps), and a marker trace of its NaN/inf steps (or None)."""
+    steps of its points, for an x axis of mode steps), and a marker trace of its NaN/inf steps (or None). Its
+    colour is its job's (`multi`), else its mode's, or (`by_scalar`: XGBoost's metrics, all TRAIN) its own."""
     g, v, m = job.scalar(name, mode)
     idx = envelope_index(v, max_points)
-    colour = job_colour(job.index) if multi else MODE_COLOURS.get(mode.name, PALETTE[0])
+    colour = job_colour(job.index) if multi else (PALETTE[k % len(PALETTE)] if by_scalar
+                                                  else MODE_COLOURS.get(mode.name, PALETTE[0]))
     label = esc(name) + (f" · {esc(job.name)}" if multi else "")
     x = [int(s) for s in g[idx].tolist()]
     tr = {"type": "scatter", "mode": "lines" if len(x) >= 60 else "lines+markers", "x": x,
@@ -290,7 +292,7 @@ def _curve_figures(jobs: list[Job], names: list[str] | None, multi: bool, prefix
         with job.lock:
             for mode in job.trial.modes() or [_modes.GLOBAL]:
                 for k, name in enumerate(chosen[job.index]):
-                    tr, nf = _curve(job, name, mode, k, multi, max_points)
+                    tr, nf = _curve(job, name, mode, k, multi, max_points, by_scalar=prefix == "rounds")
                     if not tr["x"]:
                         continue
                     per_mode.setdefault(mode.name, []).append(tr)
@@ -330,8 +332,10 @@ def _curve_figures(jobs: list[Job], names: list[str] | None, multi: bool, prefix
         f["layout"]["title"]["font"]["color"] = mode_colour
         # when each job's steps were written (an x axis of wall time), once per job: {job index: table}
         walls = {str(j.index): w for j in jobs if (w := j.wall_table()) is not None}
-        if walls:
-            f["layout"]["meta"] = {"wall": walls}
+        # the epoch of each job's steps, where it saved one (an x axis of epochs)
+        epochs = {str(j.index): e for j in jobs if (e := j.epoch_table()) is not None}
+        if walls or epochs:
+            f["layout"]["meta"] = {"wall": walls, **({"epoch": epochs} if epochs else {})}
         blocks.append(figure_block(f"{prefix}-{mode_name}", f, curves=True, mode=mode_name))
     return blocks
 
@@ -702,6 +706,7 @@ def distribution_view(jobs: Job | list[Job], tensor: str | None = None) -> list[
     blocks: list[dict[str, Any]] = [choice("tensor", "tensor", choices, tensor)]
     multi = len(jobs) > 1
     traces: list[dict] = []
+    medians: list[dict] = []  # drawn over every job's bands (a band drawn later would hide an earlier median)
     nonfinite: list[dict[str, Any]] = []  # NaN/inf counts per step, beside the bands of the finite values
     for job in jobs:
         with job.lock:
@@ -723,12 +728,13 @@ def distribution_view(jobs: Job | list[Job], tensor: str | None = None) -> list[
             traces.append({"type": "scatter", "mode": "lines", "x": x, "y": qs[hi], "line": {"width": 0},
                            "fill": "tonexty", "fillcolor": rgba(colour, alpha), "name": label + who,
                            "legendgroup": f"{job.index}{label}", "meta": {"job": job.index}})
-        traces.append({"type": "scatter", "mode": "lines", "x": x, "y": qs["0.5"], "name": "median" + who,
-                       "line": {"color": colour, "dash": job_dash(job.index)}, "meta": {"job": job.index}})
+        medians.append({"type": "scatter", "mode": "lines", "x": x, "y": qs["0.5"], "name": "median" + who,
+                        "line": {"color": colour, "dash": job_dash(job.index)}, "meta": {"job": job.index}})
         from tensortap.ui.diagnosis import nonfinite_blocks
 
         with job.lock:
             nonfinite.extend(nonfinite_blocks(job, tensor, x, multi))
+    traces += medians
     if traces:
         blocks.append(figure_block("distribution", fig(traces, f"Distribution of {esc(tensor)} over steps",
                                                        xaxis=step_axis(traces),
@@ -866,12 +872,12 @@ def xgboost_view(job: Job, metrics: bool = True) -> list[dict[str, Any]]:
             vals, counts = np.unique(labels.reshape(-1), return_counts=True)
             if len(vals) <= 50:
                 bar = {"type": "bar", "x": [esc(_fmt(v)) for v in vals.tolist()], "y": counts.tolist(),
-                       "name": "labels", "marker": {"color": PALETTE[0]}, "text": counts.tolist(),
+                       "name": "labels", "marker": {"color": job_colour(job.index)}, "text": counts.tolist(),
                        "textposition": "outside", "cliponaxis": False}
                 xa = {"type": "category", "title": {"text": "label"}}
             else:
                 bar = {"type": "histogram", "x": labels.reshape(-1)[:100000].tolist(), "name": "labels",
-                       "marker": {"color": PALETTE[0]}}
+                       "marker": {"color": job_colour(job.index)}}
                 xa = {"title": {"text": "label"}}
             blocks.append(figure_block("xgb-labels", fig([bar], f"Label distribution (round {labels_step})",
                                                          xaxis=xa, yaxis={"title": {"text": "rows"}}), 300))
@@ -972,7 +978,8 @@ def xgboost_compare(jobs: list[Job]) -> list[dict[str, Any]]:
         blocks.append(figure_block(
             "xgb-fi", fig(data, "Feature importance at each job's last saved round",
                           xaxis={"title": {"text": f"feature importance: {esc(options[0][0])}"}},
-                          yaxis={"title": {"text": "feature"}, "automargin": True}, barmode="group"),
+                          yaxis={"title": {"text": "feature"}, "automargin": True}, barmode="group",
+                          legend={"traceorder": "reversed"}),  # horizontal groups: the last job on top
             max(280, 20 * n_feats * min(len(jobs), 4) + 120),
             switch={"label": "importance type", "options": [
                 {"label": t, "visible": [a <= k < b for k in range(len(data))],
@@ -994,7 +1001,8 @@ def xgboost_compare(jobs: list[Job]) -> list[dict[str, Any]]:
               "meta": {"job": job.index}} for job, g in per],
             "SHAP summary: mean |SHAP value| per feature",
             xaxis={"title": {"text": "mean |SHAP value| (average over the training rows)"}},
-            yaxis={"automargin": True, "title": {"text": "feature"}}, barmode="group"),
+            yaxis={"automargin": True, "title": {"text": "feature"}}, barmode="group",
+            legend={"traceorder": "reversed"}),
             max(260, 22 * len(feats) * min(len(jobs), 4) + 100)))
     for job in ordered:  # labels and confusion: one job's at a time
         own = [b for b in xgboost_view(job, metrics=False) if b.get("id") in ("xgb-labels", "xgb-confusion")]

@@ -453,3 +453,22 @@ def test_many_jobs_curves_share_a_budget_and_the_header_swatches_are_their_legen
     plotly = {"solid": "null", "dash": '"9,9"', "dot": '"3,3"', "dashdot": '"9,3,3,3"', "longdash": '"15,15"',
               "longdashdot": '"15,6,3,6"'}  # plotly's dash patterns at a line width of 3
     assert re.findall(r'null|"[0-9,]+"', got) == [plotly[d] for d in views.DASHES]
+
+
+def test_every_median_is_drawn_over_every_band(tmp_path):
+    """Two jobs' distributions: the bands first, then each job's median line, so that no job's bands hide
+    another's median."""
+    from tensortap.ui.views import render_view
+
+    paths = [str(tmp_path / "a"), str(tmp_path / "b")]
+    for p in paths:
+        hook = tt.Hook(p, save_config=tt.SaveConfig(save_interval=1),
+                       reduction_config=tt.ReductionConfig(save_raw_tensor=True))
+        for step in range(5):
+            hook.next_step()
+            hook.save_tensor("gradients/fc", np.arange(8, dtype=np.float32) * step, "gradients")
+        hook.close()
+    (f,) = [b["figure"] for b in render_view(JobSet(paths), "distribution", {}) if b["type"] == "figure"]
+    kinds = ["median" if t["name"].startswith("median") else "band" for t in f["data"]]
+    assert kinds == ["band"] * 12 + ["median"] * 2
+    assert [t["meta"]["job"] for t in f["data"][-2:]] == [0, 1]
