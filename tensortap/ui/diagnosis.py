@@ -34,7 +34,7 @@ MAX_MAKING = 2
 #: the diagnosis is made in a process of its own, so that a large job's (rules over every step: minutes) neither
 #: holds the job's lock nor competes with the server for the GIL
 _CHILD = ("import os, sys\n"
-          "os.nice(10)  # (below the server and a training running beside it)\n"
+          "os.nice(19)  # (the lowest priority: below the server, the browser and a training beside it)\n"
           "from tensortap.analysis.diagnose import diagnose\n"
           "sys.stdout.write(diagnose(sys.argv[1]).to_json())\n")
 
