@@ -35,19 +35,27 @@ def _field(disk: np.ndarray, name: str, dt: Any = None, extra: int = 0) -> np.nd
 
 def block_ranges(storage: Any, key: str, entries_per_range: int) -> list[tuple[int, int]]:
     """(start, end) byte ranges of the index file `key`, each of whole blocks holding about `entries_per_range`
-    entries, found by reading the 16-byte head of each block (local files only: one small read per block).
-    Where a head is damaged the rest of the file is one range (its reader meets the damage)."""
+    values, found by reading the 16-byte head of each block (local files only: one small read per block); a block
+    of few entries (≤ 4,096: packed statistics, docs/format.md §3.3) also has its entries read, each packed entry
+    counted as the values of its payload (a value per 4 bytes at most). Where a head is damaged the rest of the
+    file is one range (its reader meets the damage)."""
     size = storage.size(key) or 0
     out: list[tuple[int, int]] = []
     start = pos = 0
     count = 0
     head = codec.BLOCK_HEAD
+    rec = codec.DISK_ENTRY_DTYPE.itemsize
     while pos + head.size <= size:
         magic, hlen, n, _ = head.unpack(storage.read_range(key, pos, head.size))
-        end = pos + head.size + hlen + n * codec.DISK_ENTRY_DTYPE.itemsize
+        end = pos + head.size + hlen + n * rec
         if magic != codec.BLOCK_MAGIC or hlen > codec.MAX_HEADER or n > codec.MAX_ENTRIES or end > size:
             break
         count += n
+        if 0 < n <= 4096:
+            disk = np.frombuffer(storage.read_range(key, pos + head.size + hlen, n * rec), dtype=codec.DISK_ENTRY_DTYPE)
+            if len(disk) == n:
+                pk = disk["kind"] == PACKED
+                count += int(disk["length"][pk].astype(np.int64).sum()) // 4
         pos = end
         if count >= entries_per_range:
             out.append((start, pos))
