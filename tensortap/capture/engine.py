@@ -81,7 +81,7 @@ Listener = Callable[[StepEvent], None]
 class Tally:
     """Steps counted outside the engine's own code: `skipped` counted so far (the clock adds them before anything
     reads it), and while `left` > 0 and the clock is before `deadline` the counter may count that many more
-    quiet steps. PyTorch's `CountingHooks` (in C) has the same three fields; this is the Python one."""
+    quiet steps. PyTorch's `CountingHooks` (a dict whose truth test counts) has the same three fields."""
 
     __slots__ = ("skipped", "left", "deadline")
 
@@ -332,7 +332,7 @@ class StepEngine:
         return int(min(left, _MAX_LEFT)) if left > 0 else 0
 
     def arm(self, tally: Any) -> None:
-        """Let `tally` (a `Tally`, or a counter in C with its fields) count the quiet steps after the open one,
+        """Let `tally` (a `Tally`, or a counter with its fields) count the quiet steps after the open one,
         until the window's deadline; the clock adds what it counted before anything reads the steps."""
         left = self.quiet_left()
         if left > 0:
