@@ -7,7 +7,7 @@ The engine owns, for every framework:
 * the **saving flag** of the current step (`saving`) and what saves (`now`, the schedule's answer);
 * the **quiet window**: after a step that saves nothing, the steps before the next saving step (and before the
   next look for a stop request, `deadline`) save nothing either, so an adapter may only count them
-  (`count_quiet()`), or let a counter it runs elsewhere count them (`arm(tally)`, e.g. PyTorch's C counter);
+  (`count_quiet()`), or let a counter it runs elsewhere count them (`arm(tally)`, e.g. PyTorch's counting dict);
 * **late identity**: a rank and world size the framework learns after the hook was made (a process group,
   Horovod, XGBoost's collective), adopted once before the first step, then the claim of the worker's folder
   (`settle_identity()`, `tensortap.capture.identity`);

@@ -2,7 +2,7 @@
 
 Any hook on a module sends torch's `Module.__call__` down its slow path (a closure, a set, lists, a try
 block and the hooks' dispatch): for the root of the MLP of bench/pytorch_overhead.py a forward pre-hook
-costs 3-4.5 us more per forward than this counter (bench/RESULTS.md, "Speed paths kept"), 0.3-0.5% of a
+costs 3-4 us more per forward than this counter (bench/RESULTS.md, "Speed paths kept"), 0.3-0.4% of a
 step that saves nothing, where the step counter is the hook's only work. Instead, the root's
 `_backward_hooks` dict, which `Module._call_impl` tests first on every call, is replaced by a
 `CountingHooks` dict whose truth test counts the call when it comes from `_call_impl` itself and is
