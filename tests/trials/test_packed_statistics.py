@@ -304,3 +304,15 @@ def test_packed_statistics_on_an_object_store_read_back_bit_for_bit(tmp_path, s3
     got, want = read_statistics(s3_url), read_statistics(local)
     _same(got, want)
     _same({n: d for n, d in tt.create_trial(s3_url).statistics(stats=STATS).items() if d}, want)
+
+
+def test_a_layout_made_anew_at_every_step_is_described_once_a_chunk(tmp_path):
+    out = str(tmp_path / "job")
+    enc = ChunkEncoder(LocalStorage(out), "worker_0")
+    for step in range(10):
+        lay = _layout(("a", "b"))  # (a caller that does not keep its layout)
+        enc.encode_statistics(StatisticsRows(lay, _vector(lay, step, 0), step, 1, step))
+        enc.write_block(passed={"step": step, "mode_steps": {}}, end=step == 9)
+    enc.close()
+    assert len({p[1] for p in _payload_offsets(out) if p[2] == -1}) == 1  # one description, at one offset
+    assert read_statistics(out, ["l2"])["a"]["l2"][0].tolist() == list(range(10))
