@@ -201,8 +201,9 @@ class ChunkEncoder:
         self._rows: list[tuple] = []  # entries of single records, not yet in _row_parts
         self._row_parts: list[np.ndarray] = []  # entries of the block so far, in order
         self._templates: dict[Any, Any] = {}  # batch layouts against the block's tables
-        #: statistics layouts whose description the chunk's data file holds: id -> (layout, [offset, length, crc])
-        self._layouts: dict[int, tuple[StatisticsLayout, list[int]]] = {}
+        #: statistics layouts whose description the chunk's data file holds: by id and by content ->
+        #: (layout, [offset, length, crc])
+        self._layouts: dict[Any, tuple[StatisticsLayout, list[int]]] = {}
         self._passed: dict[str, Any] | None = None
         self._collections: dict[str, Any] | None = None
         self._first_block = True
@@ -468,6 +469,13 @@ class ChunkEncoder:
         """The block's id of a statistics layout. Its description is a payload of the chunk's data file, written
         the first time the chunk's entries use it (docs/format.md §3.3); the block header refers to it."""
         ref = self._layouts.get(id(lay))
+        if ref is None or ref[0] is not lay:  # (a layout made anew for a step: found by its content)
+            key = (lay.names, lay.keys, lay.kinds, lay.kind_of.tobytes(), lay.order.tobytes())
+            same = self._layouts.get(key)
+            if same is not None:
+                ref = (lay, same[1])
+                if len(self._layouts) < 256:  # (layouts made anew at every step: their content finds them)
+                    self._layouts[id(lay)] = ref
         if ref is None or ref[0] is not lay:
             order = np.concatenate([at for at, _dt in lay._at])
             body = json.dumps({"names": [lay.names[i] for i in lay.tensor[order].tolist()],
@@ -475,6 +483,7 @@ class ChunkEncoder:
                                "dtypes": [lay.kinds[k] for k in lay.kind_of[order].tolist()]},
                               separators=(",", ":")).encode()
             ref = self._layouts[id(lay)] = (lay, [self._append_data(body), len(body), codec.crc32c(body)])
+            self._layouts[key] = ref
         t = self._tables
         hit = t.statistics.get(ref[1][0])
         if hit is None:

@@ -284,3 +284,35 @@ def test_the_first_written_of_two_values_of_a_statistic_at_a_step_is_kept(tmp_pa
     assert trial.tensor("b").reduction_value(0, "l2").tobytes() == want.tobytes()
     assert trial.statistics(["b"], ["l2"])["b"]["l2"][1].tolist() == [float(want)]
     assert read_statistics(out, ["l2"])["b"]["l2"][1].tolist() == [float(want)]
+
+
+def test_packed_statistics_on_an_object_store_read_back_bit_for_bit(tmp_path, s3_url):
+    """On S3 chunks are built in memory and published whole: each chunk describes its layouts again."""
+    from tensortap.storage import open_storage
+
+    lay = _layout(tuple(f"t{i}" for i in range(40)))
+    enc = ChunkEncoder(open_storage(s3_url), "worker_0", sealed_chunk_bytes=3000)  # a few steps a chunk
+    local = str(tmp_path / "local")
+    ref = ChunkEncoder(LocalStorage(local), "worker_0")
+    for step in range(12):
+        for e in (enc, ref):
+            e.encode_statistics(StatisticsRows(lay, _vector(lay, step, 0), step, 1, step))
+            e.write_block(passed={"step": step, "mode_steps": {}}, flushing=True, end=step == 11)
+    enc.close()
+    ref.close()
+    assert len([k for k in open_storage(s3_url).list("tensortap/") if k.endswith(".dat")]) >= 3
+    got, want = read_statistics(s3_url), read_statistics(local)
+    _same(got, want)
+    _same({n: d for n, d in tt.create_trial(s3_url).statistics(stats=STATS).items() if d}, want)
+
+
+def test_a_layout_made_anew_at_every_step_is_described_once_a_chunk(tmp_path):
+    out = str(tmp_path / "job")
+    enc = ChunkEncoder(LocalStorage(out), "worker_0")
+    for step in range(10):
+        lay = _layout(("a", "b"))  # (a caller that does not keep its layout)
+        enc.encode_statistics(StatisticsRows(lay, _vector(lay, step, 0), step, 1, step))
+        enc.write_block(passed={"step": step, "mode_steps": {}}, end=step == 9)
+    enc.close()
+    assert len({p[1] for p in _payload_offsets(out) if p[2] == -1}) == 1  # one description, at one offset
+    assert read_statistics(out, ["l2"])["a"]["l2"][0].tolist() == list(range(10))
