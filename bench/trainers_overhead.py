@@ -1,13 +1,16 @@
 """What the trainer callbacks cost a Lightning and a Hugging Face Trainer job (docs/trainers.md).
 
-Each round trains the same small job twice in this process, once without a tensortap callback and once with
-`TensortapCallback(save_config=10, include_collections=["weights", "gradients", "losses"])`, in alternating
-order (which goes first alternates too), then once more without, as the A/A control. Training time is taken
-from step WARMUP (20) to the trainer's train-end callback: the steady cost per step, without the writer's start
-at the first saving step (a fixed cost, `bench/fixed_cost.py`), which the whole `fit`/`train` column includes.
-A round's ratio is callback / plain; the table gives the medians over rounds.
+Each round trains the same small job, in this process, without a tensortap callback, with
+`TensortapCallback(save_config=10, include_collections=["weights", "gradients", "losses"])`, and once more without
+(the A/A control), and with `--floor` with a callback that does nothing (what the trainer's calling one costs);
+which arm goes first rotates from round to round. Training time is taken from step WARMUP (20) to the trainer's
+train-end callback: the steady cost per step, without the writer's start at the first saving step (a fixed cost,
+`bench/fixed_cost.py`), which the whole `fit`/`train` column includes. Two clocks: the training thread's own CPU
+time (`time.thread_time()`: both trainers run their loop on the calling thread; the writer process's work is not
+counted, but on a shared machine it competes for the same cores), and the wall clock. A round's ratio is
+arm / plain; the table gives the medians over rounds and their spread.
 
-    .venv/bin/python bench/trainers_overhead.py --rounds 7 --steps 1000
+    .venv/bin/python bench/trainers_overhead.py --rounds 30 --steps 220
 """
 
 from __future__ import annotations
