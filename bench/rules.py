@@ -6,7 +6,7 @@ and an EVAL phase of 5 steps after every 45 TRAIN steps. A second identical job 
 SimilarAcrossRuns. Then each rule runs with invoke_rule(..., stop_at_job_end=True) on a freshly opened trial
 (so the first rule pays for reading the data; the others share the per-trial cache).
 
-Usage: .venv/bin/python bench/rules.py [--steps N] [--out DIR] [--md bench/results_rules.md]
+Usage: .venv/bin/python bench/rules.py [--steps N] [--out DIR] [--md FILE]
 """
 
 from __future__ import annotations

@@ -322,8 +322,11 @@ def measure_scale(paths: list[str], rounds: int, zoom: bool) -> dict:
             floor_stop()
             ctx = b.new_context(viewport={"width": 1280, "height": 900})
             page = ctx.new_page()
-            page.goto(url)
-            wait(page, "window.ttPaintedAt", timeout=300)
+            res["warm_ms"] = []
+            for _ in range(rounds + 1):  # warm: the same profile reloads (plotly.js cached and compiled)
+                page.goto(url)
+                res["warm_ms"].append(wait(page, "window.ttPaintedAt", timeout=300))
+            res["warm_ms"] = res["warm_ms"][1:]  # the first load of this profile is a cold one
             if zoom:
                 res["zoom_ms"] = []
                 for k in range(rounds):
@@ -372,6 +375,15 @@ def measure_scale(paths: list[str], rounds: int, zoom: bool) -> dict:
     return res
 
 
+TIMELINE = ["plotly-fetched", "tt-plotly-ready", "dom-content-loaded", "view-fetched", "tt-view-data", "tt-painted"]
+
+
+def timeline(marks: list[dict]) -> str:
+    """Median of each performance mark of the cold loads (MARKS_JS)."""
+    return ", ".join(f"{k} {statistics.median([m[k] for m in marks if k in m]):.0f}" for k in TIMELINE
+                     if any(k in m for m in marks))
+
+
 def load_text() -> str:
     return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -379,10 +391,15 @@ def load_text() -> str:
 def report_scale(name: str, res: dict) -> None:
     pm = res["paint_ms"]
     m = res["marks"][-1]
+    wm = res["warm_ms"]
     print(f"{name}: server start {res['server_start_s']:.1f} s; first complete paint, cold, {len(pm)} loads: median "
           f"{statistics.median(pm):.0f} ms (min {min(pm):.0f}, max {max(pm):.0f})  {[round(x) for x in pm]}; "
           f"{m['figures']} figures, {m['points']} points, view JSON {m.get('view-kb', 0):.0f} KB; plotly.js alone "
-          f"(alternated) median {statistics.median(res['floor_ms']):.0f} ms")
+          f"(alternated) median {statistics.median(res['floor_ms']):.0f} ms (dashboard - plotly.js alone, median of "
+          f"pairs {statistics.median([a - b for a, b in zip(pm, res['floor_ms'], strict=True)]):+.0f} ms); "
+          "warm reloads median "
+          f"{statistics.median(wm):.0f} ms (max {max(wm):.0f})  {[round(x) for x in wm]}")
+    print("  cold load timeline, median ms since navigation start: " + timeline(res["marks"]))
     if "zoom_ms" in res:
         z = res["zoom_ms"]
         print(f"  zoom to 10,000 steps: re-read and drawn in median {statistics.median(z):.0f} ms (max {max(z):.0f}); "
@@ -431,6 +448,8 @@ def main() -> None:
     ap.add_argument("--big-tensors", type=int, default=1000)
     ap.add_argument("--big-every", type=int, default=1000)
     ap.add_argument("--jobs", type=int, default=50)
+    ap.add_argument("--case", choices=("big", "many", "both"), default="both",
+                    help="--scale: the large job (A), the many jobs (B), or both")
     ap.add_argument("--steps", type=int, default=10000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--report-steps", type=int, default=1000)
@@ -442,25 +461,30 @@ def main() -> None:
     if args.scale and args.server_only:
         big = os.path.join(OUT, f"big_{args.big_steps}x{args.big_tensors}")
         many = os.path.join(OUT, f"many_{args.jobs}")
-        print(f"A ({load_text()}):")
-        server_views([big], args.old)
-        print(f"B ({load_text()}):")
-        server_views(sorted(os.path.join(many, d) for d in os.listdir(many)), args.old)
+        if args.case != "many":
+            print(f"A ({load_text()}):")
+            server_views([big], args.old)
+        if args.case != "big":
+            print(f"B ({load_text()}):")
+            server_views(sorted(os.path.join(many, d) for d in os.listdir(many)), args.old)
         return
     if args.scale:
         big = os.path.join(OUT, f"big_{args.big_steps}x{args.big_tensors}")
-        if not (args.reuse and os.path.isdir(big)):
-            print(f"writing {args.big_steps} steps x {args.big_tensors} tensors ...", flush=True)
-            print(f"  written in {write_big_job(big, args.big_steps, args.big_tensors, args.big_every):.0f} s",
-                  flush=True)
-        report_scale(f"{args.big_steps:,} steps x {args.big_tensors:,} tensors",
-                     measure_scale([big], args.rounds, zoom=True))
+        if args.case != "many":
+            if not (args.reuse and os.path.isdir(big)):
+                print(f"writing {args.big_steps} steps x {args.big_tensors} tensors ...", flush=True)
+                print(f"  written in {write_big_job(big, args.big_steps, args.big_tensors, args.big_every):.0f} s",
+                      flush=True)
+            report_scale(f"{args.big_steps:,} steps x {args.big_tensors:,} tensors ({load_text()})",
+                         measure_scale([big], args.rounds, zoom=True))
+        if args.case == "big":
+            return
         many = os.path.join(OUT, f"many_{args.jobs}")
         if not (args.reuse and os.path.isdir(many)):
             print(f"writing {args.jobs} jobs ...", flush=True)
             print(f"  written in {write_many_jobs(many, args.jobs):.0f} s", flush=True)
         paths = sorted(os.path.join(many, d) for d in os.listdir(many))
-        report_scale(f"{len(paths)} jobs side by side", measure_scale(paths, args.rounds, zoom=False))
+        report_scale(f"{len(paths)} jobs side by side ({load_text()})", measure_scale(paths, args.rounds, zoom=False))
         return
     job = os.path.join(OUT, f"job_{args.steps}")
     print(f"writing {args.steps} steps x 100 tensors ...", flush=True)
@@ -478,10 +502,8 @@ def main() -> None:
     fl = res["full_ms"]
     print(f"  the plotly package's full plotly.js alone (alternated too): median {statistics.median(fl):.0f} ms  "
           f"{[round(x) for x in fl]}")
-    keys = ["plotly-fetched", "tt-plotly-ready", "dom-content-loaded", "view-fetched", "tt-view-data", "tt-painted"]
-    print("  cold load timeline, median ms since navigation start: " + ", ".join(
-        f"{k} {statistics.median([m[k] for m in res['marks'] if k in m]):.0f}" for k in keys
-        if any(k in m for m in res["marks"])) + f"; {res['marks'][-1]['figures']} figures, "
+    print("  cold load timeline, median ms since navigation start: " + timeline(res["marks"]) +
+          f"; {res['marks'][-1]['figures']} figures, "
         f"{res['marks'][-1]['points']} points drawn, view JSON {res['marks'][-1].get('view-kb', 0):.0f} KB")
     print(f"  warm reloads (same profile): median {statistics.median(wm):.0f} ms, max {max(wm):.0f} ms; "
           f"overview JSON {res['json_kb'][-1]:.0f} KB")

@@ -9,7 +9,8 @@ It gathers, without running the job again:
 - the first non-finite value: the flight recorder's incident when the job has one (`Trial.first_nonfinite()`,
   which names the producing module or parameter), else the earliest saved step where a tensor held NaN or inf;
 - loss and total-gradient-norm spikes (tensortap.analysis.spikes, the method and defaults of the LossSpike and
-  GradNormSpike rules), each with the layers whose gradient norm moved first;
+  GradNormSpike rules), each with the layers whose gradient norm, or whose output's kurtosis (the flight
+  recorder's full statistics), moved first;
 - plateaus: a training loss (TRAIN steps, and steps saved without a mode) of at least PLATEAU_MIN_VALUES saved
   values that never fell, or that levels off (the latter is said, not counted as a finding);
 - workers whose loss or gradient norm diverge from the others' (tensortap.analysis.ranks, RankDivergence's);
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,10 +34,13 @@ import numpy as np
 
 from tensortap import modes as _modes
 from tensortap.analysis.ranks import DivergenceTracker
-from tensortap.analysis.spikes import attribute, find_spikes, spike_events
+from tensortap.analysis.spikes import ACTIVATION_KURTOSIS, attribute_all, find_spikes, spike_events
+from tensortap.analysis.stats import kurtosis_series
 
 __all__ = ["Diagnosis", "diagnose", "DIAGNOSIS_KEY", "PLATEAU_SEGMENTS", "PLATEAU_TOLERANCE"]
 
+#: the name of a module output (tensortap's names: `<module>_output_<i>`)
+_OUTPUT = re.compile(r"_output_\d+$")
 #: where `tensortap diagnose` writes the account, in the job's out_dir
 DIAGNOSIS_KEY = "diagnosis.md"
 #: a TRAIN loss is cut into this many runs of saved values; their medians say whether it fell or levels off
@@ -193,7 +198,8 @@ class Diagnosis:
                 out.append(f"- {sp['text']}")
                 for m in sp["movers"]:
                     how = "non-finite" if m["ratio"] == "inf" else f"x{m['ratio']:.3g} its median before"
-                    out.append(f"  moved first: {m['tensor']} at step {m['step']} ({how})")
+                    what = m.get("statistic") or "gradient norm"
+                    out.append(f"  moved first: the {what} of {m['tensor']} at step {m['step']} ({how})")
             if len(self.spikes) > LIST_LIMIT * 2:
                 out.append(f"- ... and {len(self.spikes) - LIST_LIMIT * 2} more (--json lists them all)")
             out.append("")
@@ -333,20 +339,22 @@ def diagnose(trial: Any, *, window: int = 50, z_threshold: float = 6.0, min_rati
     losses = _names(trial, "losses")
     grads = _names(trial, "gradients", ("gradient/", "gradients/"))
     scaler = [n for n in ("grad_scaler/scale", "grad_scaler/skipped") if n in set(trial.tensor_names())]
-    data = _Series(trial, sorted(set(losses) | set(grads) | set(scaler)))
+    acts = [n for n in _names(trial, "flight") if _OUTPUT.search(n)]
+    data = _Series(trial, sorted(set(losses) | set(grads) | set(scaler) | set(acts)))
     layers = {g: data.series(g, ("l2", "abs_l2")) for g in grads}
     layers = {g: v for g, v in layers.items() if len(v[0])}
+    kurt = _kurtosis(trial, data, acts)
     _nonfinite(d, trial)
     spike = {"window": window, "z_threshold": z_threshold, "min_ratio": min_ratio, "max_factor": max_factor,
              "min_history": min_history}
     for name in losses:
         # a scalar loss's own value; at steps only the flight recorder's ring has, its l2 (|loss|)
         st, vals = data.series(name, ("value", "mean", "l2"))
-        _spikes(d, "loss", name, st, vals, layers, spike)
+        _spikes(d, "loss", name, st, vals, layers, kurt, spike)
         _plateau(d, name, st, vals)
     total = _total_norm(layers)
     if total is not None:
-        _spikes(d, "gradient norm", "total gradient norm", total[0], total[1], layers, spike)
+        _spikes(d, "gradient norm", "total gradient norm", total[0], total[1], layers, kurt, spike)
     if len(d.workers) > 1:
         _ranks(d, data, losses, grads, ratio_threshold, rank_window)
     if scaler:
@@ -513,13 +521,29 @@ def _scan_nonfinite(trial: Any) -> dict[str, Any] | None:
             "tensor": tensors[0], "text": text + "."}
 
 
+def _kurtosis(trial: Any, data: _Series, outputs: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{module output: (steps, kurtosis)} where the job saved its l2 and l4 (the flight recorder's full
+    statistics)."""
+    out = {}
+    for name in outputs:
+        l4 = data.series(name, ("l4",))
+        if not len(l4[0]):
+            continue
+        numel = {s: int(np.prod(sh)) for s, sh in trial.tensor(name).shapes().items()}
+        series = kurtosis_series(data.series(name, ("l2",)), l4, numel)
+        if len(series[0]):
+            out[name] = series
+    return out
+
+
 def _spikes(d: Diagnosis, kind: str, name: str, steps: np.ndarray, vals: np.ndarray,
-            layers: dict[str, tuple[np.ndarray, np.ndarray]], params: dict[str, Any]) -> None:
+            layers: dict[str, tuple[np.ndarray, np.ndarray]], kurt: dict[str, tuple[np.ndarray, np.ndarray]],
+            params: dict[str, Any]) -> None:
     if len(steps) <= params["min_history"]:
         return
     events = spike_events(find_spikes(steps, vals, **params), steps)
     for ev in events:
-        ev.movers = attribute(ev.step, layers, since=ev.previous_step, window=params["window"])
+        ev.movers = attribute_all(ev.step, layers, kurt, since=ev.previous_step, window=params["window"])
         what = "loss " + name if kind == "loss" else name
         text = f"{kind} spike: " + ev.describe(what)
         if ev.end_step is not None and ev.end_step != ev.step:
@@ -680,11 +704,17 @@ def _suggest(d: Diagnosis) -> None:
         else:
             s.append("Consider clipping gradients (torch.nn.utils.clip_grad_norm_)")
         s.append("Check the data of the batches at those steps (outliers, mislabelled or corrupt samples)")
-        movers = [m["tensor"] for x in d.spikes for m in x["movers"]]
-        if movers:
-            top = max(set(movers), key=movers.count)
-            s.append(f"Look at {top} first: its gradient norm moved before the others at a spike (its "
-                     f"initialisation, normalisation, or a learning rate of its own)")
+        firsts = [x["movers"][0] for x in d.spikes if x["movers"]]  # (what moved first at each spike)
+        if firsts:
+            names = [m["tensor"] for m in firsts]
+            top = max(names, key=names.count)  # (ties: the earlier spike's)
+            if next(m for m in firsts if m["tensor"] == top).get("statistic") == ACTIVATION_KURTOSIS:
+                s.append(f"The outputs of {top.rsplit('_output_', 1)[0]} grew outliers (their kurtosis moved first) "
+                         f"before a spike: consider a normalisation layer before or after it, a longer warm-up or "
+                         f"a lower learning rate, weight decay, and checking the inputs of those steps for outliers")
+            else:
+                s.append(f"Look at {top} first: its gradient norm moved before the others at a spike (its "
+                         f"initialisation, normalisation, or a learning rate of its own)")
     if d.ranks:
         ws = sorted({w for r in d.ranks for w in r["workers"]})
         s.append(f"Check {', '.join(ws)}: its data shard, its hardware, and anything that changes its gradients "

@@ -11,10 +11,12 @@ Curves with values <= 0 are judged on the values themselves instead of their log
 compares the excess over the median with `min_ratio - 1` times the median's magnitude). Non-finite values are
 neither judged nor kept in the history: they are ExplodingTensor's and the non-finite report's business.
 
-Attribution: for a spike at step s, each layer's gradient norm series is judged the same way over the steps
-from the previous judged point of the spiking curve (minus `lookback` steps) up to s, against its own values
-before those steps; the layers whose norm moved (robust z above `ATTR_Z`, ratio above `ATTR_RATIO`, or a
-non-finite norm) are listed earliest move first, then by how far they moved.
+Attribution: for a spike at step s, each layer's gradient norm series, and each module output's kurtosis series
+(n·Σx⁴/(Σx²)², from the flight recorder's full statistics: activation outliers growing before a loss spike show
+there while norms barely move), is judged the same way over the steps from the previous judged point of the
+spiking curve (minus `lookback` steps) up to s, against its own values before those steps; the series that moved
+(robust z above `ATTR_Z`, ratio above `ATTR_RATIO` or below its inverse, or a non-finite value) are listed
+earliest move first, then by how far they moved.
 """
 
 from __future__ import annotations
@@ -27,8 +29,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Spike", "SpikeDetector", "find_spikes", "spike_events", "attribute", "Mover", "MIN_LOG_SIGMA",
-           "ATTR_Z", "ATTR_RATIO"]
+__all__ = ["Spike", "SpikeDetector", "find_spikes", "spike_events", "attribute", "attribute_all", "Mover",
+           "MIN_LOG_SIGMA", "ATTR_Z", "ATTR_RATIO", "GRADIENT_NORM", "ACTIVATION_KURTOSIS"]
+
+#: what a mover's series is (Mover.statistic)
+GRADIENT_NORM = "gradient norm"
+ACTIVATION_KURTOSIS = "activation kurtosis"
 
 #: the smallest spread of log values a window is taken to have (5%): a flat curve is not infinitely sure
 MIN_LOG_SIGMA = 0.05
@@ -41,7 +47,7 @@ _MAD_SIGMA = 1.4826
 
 @dataclass
 class Mover:
-    """A layer whose gradient norm moved before or at a spike."""
+    """A layer whose gradient norm (or whose output's kurtosis: `statistic`) moved before or at a spike."""
 
     tensor: str
     step: int  # the first step, in the examined span, where it moved
@@ -49,6 +55,7 @@ class Mover:
     baseline: float  # its median before the span
     ratio: float  # value / baseline (inf for a non-finite value)
     z: float
+    statistic: str = GRADIENT_NORM
 
     def to_dict(self) -> dict[str, Any]:
         return {k: _json_float(v) for k, v in asdict(self).items()}
@@ -188,13 +195,31 @@ def spike_events(spikes: list[Spike], steps: Sequence[int] | np.ndarray, gap: in
     return events
 
 
+def attribute_all(spike_step: int, layers: Mapping[str, tuple[Iterable[int], Iterable[float]]],
+                  kurtosis: Mapping[str, tuple[Iterable[int], Iterable[float]]] | None = None,
+                  since: int | None = None, lookback: int = 8, window: int = 50, top: int = 5) -> list[Mover]:
+    """The layers whose gradient norm (`layers`) or output kurtosis (`kurtosis`: {tensor: (steps, kurtosis)})
+    moved first at a spike at `spike_step`, earliest first (see `attribute`)."""
+    movers = attribute(spike_step, layers, since=since, lookback=lookback, window=window, top=top)
+    if kurtosis:
+        movers += attribute(spike_step, kurtosis, since=since, lookback=lookback, window=window, top=top,
+                            statistic=ACTIVATION_KURTOSIS)
+        movers.sort(key=_first_then_farthest)
+    return movers[:top]
+
+
+def _first_then_farthest(m: Mover) -> tuple[int, float]:
+    return m.step, (-abs(math.log(m.ratio)) if m.ratio > 0 and math.isfinite(m.ratio) else -math.inf)
+
+
 def attribute(spike_step: int, layers: Mapping[str, tuple[Iterable[int], Iterable[float]]],
               since: int | None = None, lookback: int = 8, window: int = 50, top: int = 5,
-              min_baseline: int = 3) -> list[Mover]:
-    """The layers whose norm moved first at a spike at `spike_step`. `layers`: {tensor: (steps, norms)},
-    steps increasing. The examined span is (since - lookback, spike_step] (`since`: the previous judged
-    step of the spiking curve; None: spike_step); each layer is judged there against its last `window`
-    values before the span (at least `min_baseline` of them)."""
+              min_baseline: int = 3, statistic: str = GRADIENT_NORM) -> list[Mover]:
+    """The layers whose series (gradient norms by default; `statistic` names what the values are) moved first at
+    a spike at `spike_step`. `layers`: {tensor: (steps, values)}, steps increasing. The examined span is
+    (since - lookback, spike_step] (`since`: the previous judged step of the spiking curve; None: spike_step);
+    each layer is judged there against its last `window` values before the span (at least `min_baseline` of
+    them)."""
     lo = (spike_step if since is None else min(int(since), spike_step)) - int(lookback)
     movers: list[Mover] = []
     for name, (st, vals) in layers.items():
@@ -207,7 +232,8 @@ def attribute(spike_step: int, layers: Mapping[str, tuple[Iterable[int], Iterabl
         if len(before) < min_baseline:
             bad = [i for i in span.tolist() if not math.isfinite(vals[i])]
             if bad:
-                movers.append(Mover(name, int(st[bad[0]]), float(vals[bad[0]]), math.nan, math.inf, math.inf))
+                movers.append(Mover(name, int(st[bad[0]]), float(vals[bad[0]]), math.nan, math.inf, math.inf,
+                                    statistic))
             continue
         lb = np.log(before)
         med = float(np.median(lb))
@@ -216,15 +242,14 @@ def attribute(spike_step: int, layers: Mapping[str, tuple[Iterable[int], Iterabl
         for i in span.tolist():
             v = float(vals[i])
             if not math.isfinite(v):
-                movers.append(Mover(name, int(st[i]), v, base, math.inf, math.inf))
+                movers.append(Mover(name, int(st[i]), v, base, math.inf, math.inf, statistic))
                 break
             if v <= 0:
                 continue
             z = (math.log(v) - med) / sigma
             ratio = v / base
             if abs(z) > ATTR_Z and (ratio > ATTR_RATIO or ratio < 1.0 / ATTR_RATIO):
-                movers.append(Mover(name, int(st[i]), v, base, ratio, z))
+                movers.append(Mover(name, int(st[i]), v, base, ratio, z, statistic))
                 break
-    movers.sort(key=lambda m: (m.step, -abs(math.log(m.ratio)) if m.ratio > 0 and math.isfinite(m.ratio)
-                               else -math.inf))
+    movers.sort(key=_first_then_farthest)
     return movers[:top]

@@ -37,8 +37,10 @@ logger = logging.getLogger("tensortap")
 #: the statistics of each tensor at each step, as (reduction, abs) keys of the format (docs/format.md §3.2)
 STATISTICS: dict[str, tuple[tuple[str, bool], ...]] = {
     "norms": (("l2", False), ("nonfinite", False)),
-    "full": (("l2", False), ("nonfinite", False), ("l1", False), ("max", True)),
+    "full": (("l2", False), ("nonfinite", False), ("l1", False), ("max", True), ("zeros", False), ("l4", False)),
 }
+#: statistics stored as counts (int64)
+_COUNTS = ("nonfinite", "zeros")
 #: whose outputs are recorded: every module's, those of modules with parameters of their own (and the models' and
 #: losses' own outputs), or none (weights, gradients and losses only)
 OUTPUTS = ("all", "parameterized", "none")
@@ -58,11 +60,12 @@ _F64 = np.dtype(np.float64)
 @dataclass(frozen=True)
 class FlightConfig:
     """How the flight recorder works: `steps` kept in the ring; `statistics` "norms" (l2 and the non-finite
-    count) or "full" (also l1 and max|x|); spikes of the loss and the gradient norm judged on their log against the
-    median and MAD of the last `spike_window` values (once `spike_min_history` are known): z-score above `spike_z`,
-    or above `spike_ratio` times the largest value seen before; the raw tensors of at most `max_raw_dumps` failing
-    steps are written; `outputs`: whose outputs are recorded ("all" modules', "parameterized": those with parameters
-    of their own plus the models' and losses' outputs, "none": the models' and losses' own outputs only)."""
+    count) or "full" (also Σ|x| (l1), max|x|, the count of zeros and (Σx⁴)^¼ (l4): mean|x|, RMS and kurtosis);
+    spikes of the loss and the gradient norm judged on their log against the median and MAD of the last
+    `spike_window` values (once `spike_min_history` are known): z-score above `spike_z`, or above `spike_ratio`
+    times the largest value seen before; the raw tensors of at most `max_raw_dumps` failing steps are written;
+    `outputs`: whose outputs are recorded ("all" modules', "parameterized": those with parameters of their own plus
+    the models' and losses' outputs, "none": the models' and losses' own outputs only)."""
 
     steps: int = 256
     statistics: str = "norms"
@@ -128,10 +131,11 @@ class Layout:
     """The tensors of a step's statistics, in order: names, shapes and the dtype their statistics are stored in.
     Steps that capture the same tensors share one Layout."""
 
-    __slots__ = ("names", "shapes", "dtypes")
+    __slots__ = ("names", "shapes", "dtypes", "numels")
 
     def __init__(self, names: tuple[str, ...], shapes: tuple[tuple[int, ...], ...], dtypes: tuple[np.dtype, ...]):
         self.names, self.shapes, self.dtypes = names, shapes, dtypes
+        self.numels = np.array([math.prod(s) for s in shapes], dtype=np.float64)  # elements of each tensor
 
 
 class SpikeDetector:
@@ -361,7 +365,7 @@ class FlightRecorder:
             for i, name in enumerate(layout.names):
                 row = values[i]
                 dt = layout.dtypes[i]
-                rv = {k: (np.asarray(int(row[j]), dtype=np.int64) if k[0] == "nonfinite"
+                rv = {k: (np.asarray(int(row[j]), dtype=np.int64) if k[0] in _COUNTS
                           else np.asarray(row[j], dt if abs(row[j]) < _F32_MAX or not math.isfinite(row[j]) else _F64))
                       for j, k in enumerate(keys)}
                 records.append(Record(name=name, step=step, mode=mode, mode_step=mode_step, value=None, save_raw=False,

@@ -13,10 +13,14 @@ import numpy as np
 RAW = 0
 REDUCTION = 1
 SHAPE = 2
+#: (index files only, docs/format.md §3.3) the statistics of several tensors at one step, packed in one payload;
+#: readers expand it into one REDUCTION entry per value
+PACKED = 3
 
 # Reduction codes; ABS_FLAG is or-ed in for abs_ reductions (abs_mean = MEAN | ABS_FLAG).
-REDUCTIONS = ("min", "max", "mean", "std", "variance", "sum", "prod", "median", "l1", "l2", "nonfinite")
-NORMS = ("l1", "l2")
+# (append only: a reduction's code is its position; docs/format.md §3.2)
+REDUCTIONS = ("min", "max", "mean", "std", "variance", "sum", "prod", "median", "l1", "l2", "nonfinite", "zeros", "l4")
+NORMS = ("l1", "l2", "l4")
 REDUCTION_CODE = {name: i for i, name in enumerate(REDUCTIONS)}
 ABS_FLAG = 0x80
 NO_REDUCTION = 0xFF

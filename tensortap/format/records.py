@@ -199,6 +199,8 @@ def compute_reduction(arr: np.ndarray, name: str, abs_: bool) -> np.ndarray:
             x = arr.astype(np.float32) if arr.dtype.kind == "V" else arr
             return np.asarray(np.int64(arr.size - np.count_nonzero(np.isfinite(x))))
         return np.asarray(np.int64(0))
+    if name == "zeros":  # elements equal to zero
+        return np.asarray(np.int64(arr.size - np.count_nonzero(arr)))
     x = np.abs(arr) if abs_ else arr
     if x.dtype.kind == "b" or x.dtype.kind in "iu" and name in ("mean", "std", "variance", "median", "l2"):
         x = x.astype(np.float64)
@@ -225,6 +227,8 @@ def compute_reduction(arr: np.ndarray, name: str, abs_: bool) -> np.ndarray:
         r = np.linalg.norm(flat, ord=1)
     elif name == "l2":
         r = np.linalg.norm(flat, ord=2)
+    elif name == "l4":  # (sum |x|^4)^(1/4); sum x^4 = l4**4
+        r = np.linalg.norm(flat, ord=4)
     else:
         raise ValueError(f"unknown reduction {name!r}")
     return np.asarray(r)

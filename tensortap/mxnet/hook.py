@@ -46,6 +46,7 @@ from mxnet.base import _LIB, NDArrayHandle, c_str, c_str_array
 from mxnet.base import check_call as _check_call
 
 from tensortap.capture.batch import BatchSpec
+from tensortap.capture.engine import FORWARD_END
 from tensortap.collection import ACTIVATION_COLLECTIONS, Collection, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.hooks.base import Hook as BaseHook
@@ -672,7 +673,12 @@ class Hook(BaseHook):
             self._fail("forward pre-hook", e)
 
     def _mx_root_hook(self, block: mx.gluon.Block, inputs: Any, outputs: Any) -> None:
-        if not self.engine.saving or self.disabled:
+        if self.disabled:
+            return
+        engine = self.engine
+        if engine.listening(FORWARD_END) and not self._mx_closed:
+            engine.fire(FORWARD_END, {"block": block, "output": outputs})  # (a listener that fails is removed)
+        if not engine.saving:
             return
         try:
             weights = self._mx_weights.pop(id(block), None)  # (once per step)

@@ -48,43 +48,59 @@ _graph_task_id = getattr(torch._C, "_current_graph_task_id", _no_graph_task)
 
 def _usable(t: Any) -> bool:
     return (isinstance(t, torch.Tensor) and t.layout is torch.strided and not t.is_meta
-            and (t.dtype.is_floating_point or t.dtype.is_complex) and not _dtensor.is_dtensor(t)
+            and t.dtype in _STORED and not _dtensor.is_dtensor(t)
             and not getattr(t, "is_nested", False))
+
+
+#: the floating dtypes whose statistics are recorded, and the numpy dtype each one's are stored as
+_STORED: dict[torch.dtype, np.dtype] = {torch.float32: _F32, torch.float64: _F64, torch.float16: _F64,
+                                         torch.bfloat16: _F64, torch.complex64: _F64, torch.complex128: _F64}
+#: a statistics row as computed, before the host finishes it: (l2,) or, with the full statistics,
+#: (l2, Σ|x|, max|x|, count of non-zero elements, sqrt(Σx⁴)); its columns in the recorder's values (column 1 is
+#: the non-finite count): (l2, nonfinite, l1, max|x|, zeros, l4)
+_RAW_COLUMNS = {False: [0], True: [0, 2, 3, 4, 5]}
+_SLOT0 = (0,)
+_NF0 = (0,)
+_vnorm = torch.linalg.vector_norm
+_count_nonzero = torch.count_nonzero
+
+
+def _stats_row(t: torch.Tensor, full: bool) -> torch.Tensor:
+    """A tensor's statistics row (see `_RAW_COLUMNS`), float64, where it lives; float16/bfloat16 in float32."""
+    x = t.float() if t.dtype in _LOW_PRECISION else t
+    if not full:
+        return _vnorm(x).to(torch.float64).reshape(1)
+    if x.numel() == 0:
+        return torch.zeros(5, dtype=torch.float64, device=x.device)
+    a = x.abs()
+    return torch.stack([_vnorm(a).double(), a.sum().double(), a.max().double(), _count_nonzero(x).double(),
+                        _vnorm(a * a).double()])
 
 
 class _StepPlan:
     """The names and roles of a step's tensors (outputs, then weights, then gradients), for steps alike."""
 
-    __slots__ = ("names", "dtypes", "n_out", "n_weights", "n_grads", "out_calls", "loss", "layouts", "low_precision")
+    __slots__ = ("names", "dtypes", "n_out", "n_weights", "n_grads", "out_calls", "loss", "layouts", "batched",
+                 "tensor_shapes")
 
     def __init__(self, names: tuple[str, ...], dtypes: tuple[np.dtype, ...], n_out: int, n_weights: int,
-                 n_grads: int, out_calls: list[int], loss: int | None):
+                 n_grads: int, out_calls: list[int], loss: int | None, batched: bool,
+                 tensor_shapes: tuple[tuple[int, ...], ...]):
         self.names, self.dtypes, self.n_out, self.n_weights, self.n_grads = names, dtypes, n_out, n_weights, n_grads
         self.out_calls, self.loss = out_calls, loss
-        self.layouts: dict[tuple, Layout] = {}  # by the tensors' shapes
-        self.low_precision = False  # some tensor is float16 / bfloat16
+        self.layouts: dict[tuple, Layout] = {}  # by the outputs' shapes
+        self.batched = batched  # the weights' and gradients' statistics in one foreach pass (one dtype, real, dense)
+        self.tensor_shapes = tensor_shapes
 
 
-class _Call:
-    """One call of a watched module in the pending step: which of its outputs are recorded (`slots`), their norms
-    (floats measured on the CPU; 0-d tensors on an accelerator, `held` with their outputs and `inputs`), the
-    non-finite counts of CPU outputs, and `bad`: the first non-finite CPU output's incident detail."""
-
-    __slots__ = ("idx", "n", "slots", "norms", "nonfinite", "held", "inputs", "bad", "shapes", "dtypes", "numels",
-                 "sig")
-
-    def __init__(self, idx: int, n: int):
-        self.idx, self.n = idx, n
-        self.slots: list[int] = []
-        self.norms: list[Any] = []  # per slot: (l2[, l1, max|x|]) floats, or a tensor of them (accelerator)
-        self.nonfinite: list[int] = []  # per slot; -1: not known yet (accelerator)
-        self.held: list[torch.Tensor] = []
-        self.inputs: Any = None
-        self.bad: dict[str, Any] | None = None
-        self.shapes: tuple = ()
-        self.dtypes: list[np.dtype] = []
-        self.numels: list[int] = []
-        self.sig: tuple = ()
+# One call of a watched module in the pending step, as a tuple:
+#   (sig, rows, nonfinite, shapes, held, inputs, bad)
+# sig: (module index, number of outputs, the recorded outputs' positions, their stored dtypes); rows: per recorded
+# output its statistics row (a float (l2) or a list (full statistics) measured on the CPU, or a float64 tensor
+# launched on an accelerator); nonfinite: per recorded output its non-finite count (-1: not known yet, accelerator);
+# shapes: theirs; held: the accelerator outputs (kept until the step's one transfer), in order; inputs: the call's
+# inputs (held with accelerator outputs); bad: the incident detail of its first non-finite CPU output, or None.
+_SIG, _ROWS, _NF, _SHAPES, _HELD, _INPUTS, _BAD = range(7)
 
 
 class TorchFlight:
@@ -103,8 +119,8 @@ class TorchFlight:
         self.plans: dict[tuple, _StepPlan] = {}
         self.own_params: dict[int, list[str]] = {}  # module index: the names of its own (direct) parameters
         self.handles: list[Any] = []
-        # the pending step: (module index, inputs, output) of each call, in the order they ended
-        self.calls: list[tuple[int, Any, Any]] = []
+        self.calls: list[tuple] = []  # the pending step's calls, in the order they ended
+        self.sig1: dict[tuple[int, torch.dtype], tuple] = {}  # (module index, dtype): sig of one tensor output
         self.step_id: tuple[int, int, int] | None = None
         self.wait_optimizer = False  # the pending step ends at the optimizer's step (TRAIN, optimizer known)
         self.finish_next = False  # the pending step ends when the next step's forward begins
@@ -160,7 +176,25 @@ class TorchFlight:
         try:
             if self.finish_next and idx not in self.losses:
                 self.finish(False)  # a new step's forward: the last one (EVAL, or no optimizer) is complete
-            self.calls.append(self._measure(idx, inputs, output))
+            call = None
+            if type(output) is _Tensor and output.is_cpu and output.layout is _STRIDED and not output.is_nested:
+                # (the common case, measured here without the general walk: one dense CPU tensor)
+                dt = output.dtype
+                stored = _STORED.get(dt)
+                if stored is not None:
+                    t = output.detach()
+                    if self.full:
+                        row = _stats_row(t, True).tolist()
+                        ok = math.isfinite(row[0]) and math.isfinite(row[4]) and math.isfinite(row[1])
+                    else:
+                        row = (_vnorm(t, dtype=torch.float32) if dt in _LOW_PRECISION else _vnorm(t)).item()
+                        ok = math.isfinite(row)
+                    if ok:
+                        sig = self.sig1.get((idx, dt))
+                        if sig is None:
+                            sig = self.sig1[(idx, dt)] = (idx, 1, _SLOT0, (stored,))
+                        call = (sig, (row,), _NF0, (output.shape,), (), None, None)
+            self.calls.append(call if call is not None else self._measure(idx, inputs, output))
             if idx in self.roots:
                 hook = self.hook
                 sid = hook.step_id()
@@ -180,48 +214,41 @@ class TorchFlight:
         except Exception as e:  # noqa: BLE001
             self.rec.fail("forward hook", e)
 
-    def _measure(self, idx: int, inputs: Any, output: Any) -> _Call:
+    def _measure(self, idx: int, inputs: Any, output: Any) -> tuple:
         """One call's outputs: on the CPU their statistics now, while they are in the cache (no reference is kept:
         the memory of an output autograd does not keep is freed as without the recorder), and where one is not
         finite what the incident needs (its counts, its module's inputs, its value); on an accelerator statistics
         launched now, the output kept until the step's one transfer."""
         outs = (output,) if type(output) is _Tensor else tuple(iter_tensors(output))
-        call = _Call(idx, len(outs))
         full = self.full
-        shapes = []
+        slots, rows, nfs, shapes, dtypes, held = [], [], [], [], [], []
+        keep_inputs = None
+        bad = None
         with torch.no_grad():
             for i, t in enumerate(outs):
-                if t.layout is not _STRIDED or not (t.dtype.is_floating_point or t.dtype.is_complex) or \
-                        not _usable(t):
+                stored = _STORED.get(t.dtype)
+                if stored is None or t.layout is not _STRIDED or not _usable(t):
                     continue
-                call.slots.append(i)
+                slots.append(i)
                 shapes.append(t.shape)
-                call.dtypes.append(_F32 if t.dtype is torch.float32 else _F64)
-                call.numels.append(t.numel())
-                v = torch.linalg.vector_norm(t, dtype=torch.float32) if t.dtype in _LOW_PRECISION else \
-                    torch.linalg.vector_norm(t)
-                if full:
-                    a = t.abs()
-                    stats = [v, a.sum(), a.max() if t.numel() else a.sum()]
+                dtypes.append(stored)
                 if not t.is_cpu:
-                    call.norms.append(torch.stack([x.to(torch.float64) for x in stats]) if full else v)
-                    call.nonfinite.append(-1)
-                    call.held.append(t)
-                    call.inputs = inputs
+                    rows.append(_stats_row(t, full))
+                    nfs.append(-1)
+                    held.append(t)
+                    keep_inputs = inputs
                     continue
-                x = v.item()
+                row = _stats_row(t, full).tolist()
                 nf = 0
-                if not math.isfinite(x):
+                if not all(math.isfinite(v) for v in row):
                     nf = int((~torch.isfinite(t)).sum())
-                    if nf == 0:  # (a sum of squares past the dtype's range)
-                        x = float(torch.linalg.vector_norm(t.double()))
-                    elif call.bad is None:
-                        call.bad = _bad_output(self.modules[idx], i, inputs, t)
-                call.norms.append((x, float(stats[1]), float(stats[2])) if full else (x,))
-                call.nonfinite.append(nf)
-        call.shapes = tuple(shapes)
-        call.sig = (idx, call.n, tuple(call.slots), tuple(call.dtypes))
-        return call
+                    if nf == 0:  # (a sum of powers past the dtype's range)
+                        row = _stats_row(t.double(), full).tolist()
+                    elif bad is None:
+                        bad = _bad_output(self.modules[idx], i, inputs, t)
+                rows.append(row if full else row[0])
+                nfs.append(nf)
+        return ((idx, len(outs), tuple(slots), tuple(dtypes)), rows, nfs, tuple(shapes), held, keep_inputs, bad)
 
     def _optimizer_pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         hook = self.hook
@@ -263,26 +290,26 @@ class TorchFlight:
             self.warned_unseen = True
             logger.warning("tensortap flight recorder: no module output was seen in step %d (the model runs "
                            "compiled?): weights and gradients are recorded, module outputs are not", step_id[0])
-        k = 4 if self.full else 2
-        sig: list[Any] = []
-        out_stats: list[Any] = []  # per recorded output: a tuple of floats (CPU) or a tensor (accelerator)
-        out_nf: list[int] = []  # its non-finite count (-1: not known yet)
+        full = self.full
+        sig: list[tuple] = []
+        rows: list[Any] = []  # per recorded output: its statistics row (see _RAW_COLUMNS)
+        nfs: list[int] = []  # its non-finite count (-1: not known yet)
+        shapes: list[Any] = []
         held: list[tuple[int, torch.Tensor]] = []  # (position, output) of the accelerator outputs
         for c in calls:
-            sig.append(c.sig)
-            if c.held:
-                j = 0
-                for v, nf in zip(c.norms, c.nonfinite, strict=True):
+            sig.append(c[_SIG])
+            if c[_HELD]:
+                it = iter(c[_HELD])
+                pos = len(rows)
+                for j, nf in enumerate(c[_NF]):
                     if nf < 0:
-                        held.append((len(out_stats), c.held[j]))
-                        j += 1
-                    out_stats.append(v)
-                    out_nf.append(nf)
-            else:
-                out_stats.extend(c.norms)
-                out_nf.extend(c.nonfinite)
-        n_out = len(out_stats)
-        tensors: list[torch.Tensor] = list(self.weights)  # (checked when registered)
+                        held.append((pos + j, next(it)))
+            rows.extend(c[_ROWS])
+            nfs.extend(c[_NF])
+            shapes.extend(c[_SHAPES])
+        n_out = len(rows)
+        # (detached: no autograd record of the statistics; checked when registered)
+        tensors: list[torch.Tensor] = [p.detach() for p in self.weights]
         gmask: Any = False
         gl: list[Any] = []
         if grads:
@@ -292,43 +319,43 @@ class TorchFlight:
                 if g is None or g.layout is not _STRIDED:  # (a sparse gradient is left out)
                     gmask = tuple(g is not None and g.layout is _STRIDED for g in gl)
                     break
-            tensors.extend(g for g in gl if g is not None and g.layout is _STRIDED)
+            if gmask is True:
+                tensors += [g.detach() for g in gl]  # (a gradient of create_graph=True requires grad)
+            else:
+                tensors.extend(g.detach() for g in gl if g is not None and g.layout is _STRIDED)
         key = (tuple(sig), gmask)
         plan = self.plans.get(key)
         if plan is None:
-            plan = self._plan(key, calls, tensors, n_out, gl if grads else None)
-        if n_out + len(tensors) == 0:
+            plan = self._plan(key, calls, tensors, n_out, shapes, gl if grads else None)
+        n_t = len(tensors)
+        if n_out + n_t == 0:
             return
-        values = np.zeros((n_out + len(tensors), k), dtype=np.float64)
-        dev = [out_stats[i] for i, _t in held]
-        host = self._statistics(tensors, plan, dev)
+        cols = _RAW_COLUMNS[full]
+        values = np.empty((n_out + n_t, 6 if full else 2), dtype=np.float64)
+        host, t_nf = self._statistics(tensors, plan, [rows[i] for i, _t in held])
         if n_out:
-            for (i, _t), row in zip(held, host[len(tensors):], strict=True):
-                out_stats[i] = (row[0],) if k == 2 else (row[0], row[2], row[3])
-            if k == 2:
-                values[:n_out, :1] = out_stats
+            for (i, t), row in zip(held, host[n_t:], strict=True):
+                nfs[i] = _nonfinite(t, row, full) if not np.isfinite(row).all() else 0
+                rows[i] = row if full else row[0]
+            if full:
+                values[:n_out, cols] = rows
             else:
-                values[:n_out, 0] = [st[0] for st in out_stats]
-                values[:n_out, 2] = [st[1] for st in out_stats]
-                values[:n_out, 3] = [st[2] for st in out_stats]
-            values[:n_out, 1] = out_nf
-            for i, t in held:
-                if not math.isfinite(values[i, 0]):
-                    values[i, 1] = nf = int((~torch.isfinite(t)).sum())
-                    if nf == 0:
-                        values[i, 0] = float(torch.linalg.vector_norm(t.double()))
-                else:
-                    values[i, 1] = 0
-        values[n_out:] = host[:len(tensors)]
-        shapes = tuple([c.shapes for c in calls])
-        layout = plan.layouts.get(shapes)
+                values[:n_out, 0] = rows
+            values[:n_out, 1] = nfs
+        if full:
+            values[n_out:, cols] = host[:n_t]
+        else:
+            values[n_out:, 0] = host[:n_t, 0]
+        values[n_out:, 1] = t_nf
+        shape_key = tuple(shapes)
+        layout = plan.layouts.get(shape_key)
         if layout is None:
             if len(plan.layouts) > 64:
                 plan.layouts.clear()
-            out_shapes = [sh for c in calls for sh in c.shapes]
-            layout = plan.layouts[shapes] = Layout(plan.names, tuple(out_shapes) + tuple(tuple(t.shape)
-                                                                                          for t in tensors),
-                                                   plan.dtypes)
+            layout = plan.layouts[shape_key] = Layout(plan.names, shape_key + plan.tensor_shapes, plan.dtypes)
+        if full:  # (count of non-zero elements -> of zeros; sqrt(Σx⁴) -> l4)
+            values[:, 4] = layout.numels - values[:, 4]
+            np.sqrt(values[:, 5], out=values[:, 5])
         rec = self.rec
         rec.record(step_id, layout, values)
         names = plan.names
@@ -355,21 +382,26 @@ class TorchFlight:
             rec.observe(step_id, loss, gnorm, raw, names[plan.loss] if plan.loss is not None else None)
         rec.poll(step_id)
 
-    def _plan(self, key: tuple, calls: list[_Call], tensors: list[torch.Tensor], n_out: int,
+    def _plan(self, key: tuple, calls: list[tuple], tensors: list[torch.Tensor], n_out: int, shapes: list[Any],
               grads: list | None) -> _StepPlan:
         """Names and roles of the tensors of steps whose calls and gradients look like this one's."""
         names: list[str] = []
         out_calls: list[int] = []  # per output: its call's position in `calls`
         counts: dict[int, int] = {}
         dtypes: list[np.dtype] = []
+        loss = None
         for c_pos, c in enumerate(calls):
-            k = counts.get(c.idx, 0)
-            counts[c.idx] = k + 1
-            base = self.modules[c.idx] + "_output_"
-            for i in c.slots:
-                names.append(f"{base}{k * c.n + i}")
+            idx, n, slots, c_dtypes = c[_SIG]
+            k = counts.get(idx, 0)
+            counts[idx] = k + 1
+            base = self.modules[idx] + "_output_"
+            is_loss = idx in self.losses or (not self.losses and idx in self.roots)
+            for i, shape in zip(slots, c[_SHAPES], strict=True):
+                if is_loss and math.prod(shape) == 1:
+                    loss = len(names)  # (the last loss of the step)
+                names.append(f"{base}{k * n + i}")
                 out_calls.append(c_pos)
-            dtypes.extend(c.dtypes)
+            dtypes.extend(c_dtypes)
         names.extend(self.weight_names)
         n_grads = 0
         if grads is not None:
@@ -377,74 +409,56 @@ class TorchFlight:
                 if g is not None and g.layout is _STRIDED:
                     names.append("gradient/" + name)
                     n_grads += 1
-        dtypes.extend(_F32 if t.dtype is torch.float32 else _F64 for t in tensors)
-        loss = None
-        i = 0
-        for c in calls:
-            for numel in c.numels:
-                if (c.idx in self.losses or (not self.losses and c.idx in self.roots)) and numel == 1:
-                    loss = i  # (the last loss of the step)
-                i += 1
-        plan = _StepPlan(tuple(names), tuple(dtypes), n_out, len(self.weight_names), n_grads, out_calls, loss)
-        plan.low_precision = any(t.dtype in _LOW_PRECISION for t in tensors)
+        dtypes.extend(_STORED[t.dtype] for t in tensors)
+        batched = (len({t.dtype for t in tensors}) <= 1 and len({t.device for t in tensors}) <= 1
+                   and all(t.dtype in (torch.float32, torch.float64) and t.numel() for t in tensors))
+        plan = _StepPlan(tuple(names), tuple(dtypes), n_out, len(self.weight_names), n_grads, out_calls, loss,
+                         batched, tuple(tuple(t.shape) for t in tensors))
         if len(self.plans) > 256:
             self.plans.clear()
         self.plans[key] = plan
         return plan
 
-    def _statistics(self, tensors: list[torch.Tensor], plan: _StepPlan, dev: list[torch.Tensor]) -> np.ndarray:
-        """Rows (l2, non-finite count[, l1, max|x|]) of each of `tensors` (the weights and gradients), computed where
-        they live in one pass per statistic over all of them, then one row per accelerator output's statistics
-        tensor in `dev`, all brought to the host in one transfer (the exact non-finite counts only where l2 is not
-        finite)."""
-        k = 4 if self.full else 2
+    def _statistics(self, tensors: list[torch.Tensor], plan: _StepPlan, dev: list[torch.Tensor]
+                    ) -> tuple[np.ndarray, Any]:
+        """The statistics rows (see `_RAW_COLUMNS`) of each of `tensors` (the weights and gradients), computed
+        where they live in one pass per statistic over all of them (`torch._foreach_*`), then the rows of the
+        accelerator outputs (`dev`, launched when they were made), all brought to the host in one transfer; and
+        the non-finite counts of `tensors` (computed exactly only where a statistic is not finite)."""
+        full = self.full
         n = len(tensors)
-        out = np.zeros((n + len(dev), k), dtype=np.float64)
-        if not n and not dev:
-            return out
-        with torch.no_grad():
-            parts = []
-            if n:
-                if plan.low_precision:  # (norms of float16/bfloat16 tensors in float32: no overflow at 65504)
-                    norms = [torch.linalg.vector_norm(t, dtype=torch.float32) if t.dtype in _LOW_PRECISION
-                             else torch.linalg.vector_norm(t) for t in tensors]
-                else:
-                    norms = torch._foreach_norm(tensors, 2)
-                d0 = norms[0].dtype
-                for v in norms:
-                    if v.dtype is not d0:
-                        norms = [v.double() for v in norms]
-                        break
-                cols = [torch.stack(norms)]
-                if self.full:
-                    a = torch._foreach_abs(tensors)
-                    mx = _FOREACH_MAX(a) if _FOREACH_MAX is not None else [x.max() if x.numel() else x.sum()
-                                                                             for x in a]
-                    cols.append(torch.stack([x.sum().to(cols[0].dtype) for x in a]))
-                    cols.append(torch.stack([x.to(cols[0].dtype) for x in mx]))
-                parts.append(torch.stack(cols, 1) if self.full else cols[0].reshape(-1, 1))
-            if dev:
-                parts.append(torch.stack([d.reshape(-1).to(torch.float64) for d in dev]))
-            if len(parts) > 1 and parts[0].device != parts[1].device:
+        parts = []
+        if n:
+            if not plan.batched:
+                parts.append(torch.stack([_stats_row(t, full) for t in tensors]))
+            elif not full:
+                parts.append(torch.stack(torch._foreach_norm(tensors)).unsqueeze(1))
+            else:
+                a = torch._foreach_abs(tensors)
+                mx = _FOREACH_MAX(a) if _FOREACH_MAX is not None else [x.max() for x in a]
+                sq = torch._foreach_norm(torch._foreach_mul(a, a))
+                columns = (torch._foreach_norm(a), [x.sum() for x in a], mx,
+                           [_count_nonzero(t) for t in tensors], sq)
+                parts.append(torch.stack([torch.stack(c).double() for c in columns], 1))
+        if dev:
+            parts.append(torch.stack(dev))
+        if len(parts) > 1:
+            if parts[0].device != parts[1].device:
                 parts = [p.cpu() for p in parts]
-            if len(parts) > 1:
-                parts = [p.to(torch.float64) for p in parts]
-            stacked = torch.cat(parts) if len(parts) > 1 else parts[0]
-            host = stacked.numpy() if stacked.is_cpu else stacked.cpu().numpy()  # (the one transfer)
-            out[:, 0] = host[:, 0]
-            if self.full:
-                out[:, 2:] = host[:, 1:]
-            if not np.isfinite(host[:n, 0]).all():
-                for i in np.flatnonzero(~np.isfinite(out[:n, 0])).tolist():
-                    # (rare: a non-finite value, or a sum of squares past the dtype's range)
-                    t = tensors[i]
-                    nf = int((~torch.isfinite(t)).sum())
-                    out[i, 1] = nf
-                    if nf == 0:
-                        out[i, 0] = float(torch.linalg.vector_norm(t.double()))
-        return out
+            stacked = torch.cat([p.to(torch.float64) for p in parts])
+        else:
+            stacked = parts[0]
+        host = stacked.numpy() if stacked.is_cpu else stacked.cpu().numpy()  # (the one transfer)
+        nf: Any = 0
+        if n and not np.isfinite(host[:n]).all():
+            # (rare: a non-finite value, or a sum of powers past the dtype's range)
+            host = host.astype(np.float64)
+            nf = np.zeros(n)
+            for i in np.flatnonzero(~np.isfinite(host[:n]).all(axis=1)).tolist():
+                nf[i] = _nonfinite(tensors[i], host[i], full)
+        return host, nf
 
-    def _provenance(self, calls: list[_Call], plan: _StepPlan, tensors: list[torch.Tensor], values: np.ndarray,
+    def _provenance(self, calls: list[tuple], plan: _StepPlan, tensors: list[torch.Tensor], values: np.ndarray,
                     held: list[tuple[int, torch.Tensor]]) -> tuple[dict[str, Any], tuple[str, np.ndarray] | None]:
         """Where the step's first non-finite value appeared (docs/format.md §11), and (name, value) of the first
         non-finite CPU output (not held, kept when it was made)."""
@@ -454,22 +468,23 @@ class TorchFlight:
         first = next((i for i in range(n_out) if bad[i]), None)
         if first is not None:
             call = calls[plan.out_calls[first]]
-            module = self.modules[call.idx]
-            if call.bad is not None:  # (a CPU output: described when it was made)
-                detail = {k: v for k, v in call.bad.items() if k != "value"}
+            idx = call[_SIG][0]
+            module = self.modules[idx]
+            if call[_BAD] is not None:  # (a CPU output: described when it was made)
+                detail = {k: v for k, v in call[_BAD].items() if k != "value"}
             else:
                 t = dict(held)[first]
                 detail = {"tensor": names[first], **_counts(t),
                           "inputs": [_input_stats(f"{module}_input_{j}", x)
-                                     for j, x in enumerate(x for x in iter_tensors(call.inputs) if _usable(x))]}
-            detail.update(phase="loss" if call.idx in self.losses else "forward", module=module, parameter=None,
+                                     for j, x in enumerate(x for x in iter_tensors(call[_INPUTS]) if _usable(x))]}
+            detail.update(phase="loss" if idx in self.losses else "forward", module=module, parameter=None,
                           tensor=names[first])
-            own = set(self.own_params.get(call.idx, ()))
+            own = set(self.own_params.get(idx, ()))
             bad_own = next((i for i in range(n_out, n_out + n_w) if bad[i] and names[i] in own), None)
             if bad_own is not None:  # the module computed with a non-finite parameter of its own
                 detail.update(phase="weights", parameter=names[bad_own], tensor=names[bad_own],
                               **_counts(tensors[bad_own - n_out]))
-            return _ordered(detail), ((names[first], call.bad["value"]) if call.bad is not None else None)
+            return _ordered(detail), ((names[first], call[_BAD]["value"]) if call[_BAD] is not None else None)
         n = len(names)
         first = next((i for i in range(n - 1, n_out + n_w - 1, -1) if bad[i]), None)  # backward order
         if first is not None:
@@ -494,11 +509,22 @@ class TorchFlight:
                     out.append(("gradient/" + name, host_numpy(p.grad.detach().cpu())))
         counts: dict[int, int] = {}
         for c in self.calls:
-            k = counts.get(c.idx, 0)
-            counts[c.idx] = k + 1
-            for i, t in zip([i for i, nf in zip(c.slots, c.nonfinite, strict=True) if nf < 0], c.held, strict=True):
-                out.append((f"{self.modules[c.idx]}_output_{k * c.n + i}", host_numpy(t.detach().cpu())))
+            idx, n, slots, _dt = c[_SIG]
+            k = counts.get(idx, 0)
+            counts[idx] = k + 1
+            kept = [i for i, nf in zip(slots, c[_NF], strict=True) if nf < 0]
+            for i, t in zip(kept, c[_HELD], strict=True):
+                out.append((f"{self.modules[idx]}_output_{k * n + i}", host_numpy(t.detach().cpu())))
         return out
+
+
+def _nonfinite(t: torch.Tensor, row: np.ndarray, full: bool) -> int:
+    """The non-finite count of `t`, whose statistics `row` has a non-finite value; where it has none (a sum of
+    powers past the dtype's range) `row` is recomputed in float64, in place."""
+    nf = int((~torch.isfinite(t)).sum())
+    if nf == 0:
+        row[:] = _stats_row(t.detach().double(), full).cpu().numpy()
+    return nf
 
 
 _KEYS = ("phase", "module", "parameter", "tensor", "nan", "posinf", "neginf", "inputs")

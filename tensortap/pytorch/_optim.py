@@ -3,7 +3,6 @@ captured when the optimizer consumes them, GradScaler's skipped steps, the optim
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
@@ -53,27 +52,18 @@ class OptimizerSteps:
     def register_scaler(self, scaler: Any) -> None:
         """A `torch.amp.GradScaler`: a step it skips (non-finite gradients) is recorded as skipped, with the
         scale (`grad_scaler/skipped`, `grad_scaler/scale`), instead of being merged into the next step; the
-        scale is saved with the gradients. (Gradients are captured unscaled either way: at the optimizer's step.)"""
-        step = getattr(scaler, "step", None)
-        if not callable(step) or not callable(getattr(scaler, "get_scale", None)):
+        scale is saved with the gradients. (Gradients are captured unscaled either way: at the optimizer's step.)
+        The scaler is only read (its public state, see `ScalerWatch`), never changed."""
+        if not callable(getattr(scaler, "state_dict", None)) or not callable(getattr(scaler, "get_scale", None)):
             raise InvalidConfiguration(f"register_scaler takes a torch.amp.GradScaler, not {scaler!r}")
-        if self.disabled or self._closed or any(sc is scaler for sc in self._scalers):
+        if self.disabled or self._closed or any(w.scaler is scaler for w in self._scalers):
             return
-        self._scalers.append(scaler)
-        hook = self
-
-        @functools.wraps(step)
-        def scaler_step(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-            hook._opt_consumed = False
-            out = step(optimizer, *args, **kwargs)
-            if not hook._opt_consumed and id(optimizer) in hook._opts:
-                hook._skipped_step(scaler)
-            return out
-
-        scaler.step = scaler_step  # (an attribute of this scaler: the class is left alone)
+        self._scalers.append(ScalerWatch(scaler))
 
     def _adopt_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         self._opts.add(id(optimizer))
+        for watch in self._scalers:
+            watch.look()  # (steps the scaler skipped before are not ours to count)
         self.engine.disarm()
         self._remove_plan_handles()  # (gradients now come at the optimizer's step, not from backward hooks)
 
@@ -104,7 +94,6 @@ class OptimizerSteps:
         """The optimizer is about to consume the gradients: capture them (the step's gradients)."""
         if self.disabled or self._closed or not self._ours(optimizer):
             return
-        self._opt_consumed = True
         if self.clock.mode in _NO_GRAD_MODES:
             return
         closure = _closure_of(optimizer, args, kwargs)
@@ -122,7 +111,7 @@ class OptimizerSteps:
         """Begin the TRAIN step if no forward of a registered module began it, and save the gradients the
         optimizer is about to consume (or has just consumed, after a closure)."""
         try:
-            if not self.clock.in_step or self._opt_stepped:
+            if not self.clock.in_step or self._opt_stepped or self._scaler_skipped():
                 # no forward of a registered module began this step: it runs compiled (or is not called)
                 if self._roots and not self._forward_unseen:
                     self._roots_unseen()
@@ -130,7 +119,7 @@ class OptimizerSteps:
             if not begin_only and self.engine.saving and self._grad_targets:
                 self._collect_grads()
                 if self._scalers:
-                    self._save_scale(self._scalers[0], False)
+                    self._save_scale(float(self._scalers[0].scaler.get_scale()), False)
         except Exception as e:  # noqa: BLE001
             self._fail("optimizer step", e)
 
@@ -139,7 +128,8 @@ class OptimizerSteps:
         if _is_compiling() or self.disabled or self._closed:
             return
         clock = self.clock
-        if clock.in_step and not self._opt_stepped and clock.mode not in _NO_GRAD_MODES:
+        if clock.in_step and not self._opt_stepped and clock.mode not in _NO_GRAD_MODES \
+                and not self._scaler_skipped():
             return  # another forward of this optimizer step
         try:
             self._begin_train_step()
@@ -161,23 +151,34 @@ class OptimizerSteps:
                               "register_module); steps begin at the loss or the optimizer's step")
         self._remove_plan_handles()
 
-    def _skipped_step(self, scaler: Any) -> None:
-        """The GradScaler skipped the optimizer's step (non-finite gradients): recorded, and the step ends."""
-        if self.disabled or self._closed or self.clock.mode in _NO_GRAD_MODES:
-            return
+    def _scaler_skipped(self, ending: bool = False) -> bool:
+        """At a forward with gradients on (or an optimizer step) that would continue a TRAIN step in which no
+        optimizer step ran, or at the end of such a step (`ending`): did a registered GradScaler skip the step
+        (then it is recorded as skipped, and it ends)? Reads the scaler's state: one device sync on an
+        accelerator, at such forwards only (micro-batches of gradient accumulation, a skipped step's next)."""
+        if not self._scalers or not self._opts or self.disabled or self._closed \
+                or self.clock.mode in _NO_GRAD_MODES or not (ending or torch.is_grad_enabled()):
+            return False
         with self.guard("grad scaler"):
-            if not self.clock.in_step or self._opt_stepped:
-                self._begin_train_step()
-            self._save_scale(scaler, True)
-            self._opt_stepped = True
+            for watch in self._scalers:
+                scale = watch.skipped()
+                if scale is not None:
+                    self._save_scale(scale, True)
+                    self._opt_stepped = True  # (the step is over: the next forward begins the next)
+                    return True
+        return False
 
-    def _save_scale(self, scaler: Any, skipped: bool) -> None:
+    def _scaler_step_end(self) -> None:
+        """A TRAIN step ends (set_mode, close) with no optimizer step: the scaler may have skipped it."""
+        if self._scalers and not self._opt_stepped:
+            self._scaler_skipped(ending=True)
+
+    def _save_scale(self, scale: float, skipped: bool) -> None:
         if not self.engine.saving and not skipped:
             return
         if not self.active:
             return
         coll = self.collection_manager.get("grad_scaler")
-        scale = float(scaler.get_scale())
         items = [("grad_scaler/scale", np.asarray(scale, dtype=np.float32), [coll])]
         if skipped:
             items.append(("grad_scaler/skipped", np.asarray(1.0, dtype=np.float32), [coll]))
@@ -190,6 +191,9 @@ class OptimizerSteps:
             self._closure_opt = None
             if self.clock.mode not in _NO_GRAD_MODES:
                 self._consume_gradients()
+        if not self._opt_stepped:
+            for watch in self._scalers:
+                watch.steps += 1  # (the scaler's update() after this step skips nothing)
         self._opt_stepped = True  # the next forward (or loss, or optimizer step) begins the next step
         if self.engine.listening(OPTIMIZER_STEP):
             self.engine.fire(OPTIMIZER_STEP, {"optimizer": optimizer})
@@ -201,11 +205,21 @@ class OptimizerSteps:
             self._fail("optimizer hook", e)
 
     def _save_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        groups, state = optimizer.param_groups, optimizer.state
+        # The names an optimizer's hyperparameters and state are saved under follow from its groups' keys and its
+        # state's keys: when none of them is in a collection saving now, the same shape of keys saves nothing.
+        shape = (type(optimizer), tuple(map(len, groups)), tuple(map(len, state.values())))
+        plan = self._step_plan
+        if plan is not None and plan.optimizers_quiet.get(id(optimizer)) == shape:
+            return
+        if plan is not None and not self._optimizer_names_saved(optimizer):
+            plan.optimizers_quiet[id(optimizer)] = shape
+            return
         tensors: list[torch.Tensor] = []
         items: list[tuple[str, list[Collection]]] = []
 
         def add(name: str, value: Any) -> None:
-            colls = [c for c in self.collections_for(name) if c.name not in _PARAM_COLLECTIONS]
+            colls = self._optimizer_colls(name)
             if not colls:
                 return
             if isinstance(value, torch.Tensor):
@@ -217,7 +231,7 @@ class OptimizerSteps:
             else:
                 self.write_tensor(name, value, colls)
 
-        for g, group in enumerate(optimizer.param_groups):
+        for g, group in enumerate(groups):
             for k, v in group.items():
                 if k in _NO_STATE_KEYS or isinstance(v, bool) or v is None:
                     continue
@@ -225,10 +239,74 @@ class OptimizerSteps:
                     isinstance(v, tuple) and v and all(isinstance(x, (int, float)) for x in v)
                 ):
                     add(f"{OPTIMIZER_PREFIX}param_group_{g}/{k}", v)
-        for i, (p, state) in enumerate(optimizer.state.items()):
+        for i, (p, st) in enumerate(state.items()):
             pname = self._param_names.get(id(p), f"param_{i}")
-            for k, v in state.items():
+            for k, v in st.items():
                 if isinstance(v, torch.Tensor) or (isinstance(v, (int, float)) and not isinstance(v, bool)):
                     add(f"{OPTIMIZER_PREFIX}{pname}/{k}", v)
         self._stage_or_write(tensors, items)
 
+    def _optimizer_names_saved(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether a collection saving now holds any name the optimizer's groups and state give (whatever their
+        values' types)."""
+        for g, group in enumerate(optimizer.param_groups):
+            for k in group:
+                if k not in _NO_STATE_KEYS and self._optimizer_colls(f"{OPTIMIZER_PREFIX}param_group_{g}/{k}"):
+                    return True
+        for i, (p, st) in enumerate(optimizer.state.items()):
+            pname = self._param_names.get(id(p), f"param_{i}")
+            for k in st:
+                if self._optimizer_colls(f"{OPTIMIZER_PREFIX}{pname}/{k}"):
+                    return True
+        return False
+
+    def _optimizer_colls(self, name: str) -> list[Collection]:
+        return [c for c in self.collections_for(name) if c.name not in _PARAM_COLLECTIONS]
+
+
+class ScalerWatch:
+    """A registered GradScaler, read through its public state only (`state_dict()`: scale, growth tracker,
+    factors, interval), never changed. `GradScaler.update()` after an iteration whose optimizer steps it ran adds
+    one to the growth tracker, and every `growth_interval` such iterations multiplies the scale by `growth_factor`
+    (the tracker back to 0); after an iteration it skipped (non-finite gradients: `optimizer.step()` not called),
+    it multiplies the scale by `backoff_factor` (< 1) and sets the tracker to 0. So from the state at the last
+    look and the optimizer steps seen since (`steps`), the state is known if the scaler skipped nothing; a tracker
+    of 0 with a scale below that prediction says it skipped a step."""
+
+    __slots__ = ("scaler", "state", "steps")
+
+    def __init__(self, scaler: Any) -> None:
+        self.scaler = scaler
+        self.state: tuple[float, int, float, float, int] | None = None
+        self.steps = 0
+        self.look()
+
+    def _read(self) -> tuple[float, int, float, float, int] | None:
+        s = self.scaler.state_dict()  # ({} when the scaler is disabled: it skips nothing)
+        if not s:
+            return None
+        return (float(s["scale"]), int(s["_growth_tracker"]), float(s["growth_factor"]),
+                float(s["backoff_factor"]), int(s["growth_interval"]))
+
+    def look(self) -> tuple[float, int, float, float, int] | None:
+        """Read the state now (what later looks compare with)."""
+        self.state, self.steps = self._read(), 0
+        return self.state
+
+    def skipped(self) -> float | None:
+        """The scale of a step the scaler skipped since the last look, or None if it skipped none."""
+        before, steps = self.state, self.steps
+        now = self.look()
+        if before is None or now is None:
+            return None
+        scale, tracker, growth, backoff, interval = before
+        if interval > 0:
+            tracker += steps
+            for _ in range(min(tracker // interval, 64)):  # (update() keeps the scale when it would overflow)
+                grown = np.float32(scale) * np.float32(growth)
+                if np.isfinite(grown):
+                    scale = float(grown)
+            tracker %= interval
+        if now[1] == 0 and now[0] < scale * (1.0 + backoff) / 2:
+            return scale
+        return None

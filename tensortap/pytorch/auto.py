@@ -166,8 +166,7 @@ class _Auto:
             logger.error("tensortap: automatic capture of the optimizer failed: %s", e)
 
     def _wrap_grad_scaler(self) -> None:
-        """Register each GradScaler with the hook at its first `step()`; `register_scaler` then wraps that
-        scaler's own `step`, so this class-level wrapper runs once per scaler."""
+        """Register each GradScaler with the hook at its first `step()` (`register_scaler` only reads it)."""
         scaler_cls = getattr(getattr(self.torch, "amp", None), "GradScaler", None)
         if scaler_cls is None or not callable(getattr(scaler_cls, "step", None)):
             return
@@ -183,9 +182,6 @@ class _Auto:
                     hook.register_scaler(scaler)
                 except Exception as e:  # noqa: BLE001 - never break training
                     logger.error("tensortap: could not register the GradScaler: %s", e)
-                own = vars(scaler).get("step")
-                if own is not None:
-                    return own(optimizer, *args, **kwargs)
             return original(scaler, optimizer, *args, **kwargs)
 
         step.__wrapped__ = original  # type: ignore[attr-defined]

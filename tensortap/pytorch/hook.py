@@ -30,7 +30,7 @@ from tensortap.hooks.base import Hook as BaseHook
 from tensortap.pytorch import _dtensor, _step_counter, singleton
 from tensortap.pytorch._capture import TensorCapture
 from tensortap.pytorch._grads import GradientCapture
-from tensortap.pytorch._optim import OptimizerSteps
+from tensortap.pytorch._optim import OptimizerSteps, ScalerWatch
 from tensortap.pytorch._plan import (
     _ACTIVATION_TYPES,
     _KEEP_HANDLES,
@@ -120,13 +120,13 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
         self._registered_opts: set[int] = set()  # given to register_optimizer (then no others are adopted)
         self._not_ours: set[int] = set()
         self._opt_stepped = True  # the optimizer stepped since the current TRAIN step began
-        self._opt_consumed = False  # the optimizer's pre-hook ran (during a GradScaler step)
         self._forward_seen = False  # a registered module's forward ran in the current saving step
         self._module_io_seen = False  # a module input/output hook ran in the current saving step
         self._forward_unseen = False  # registered modules run compiled: their forwards are never seen
         self._closure_opt: Any = None  # an optimizer inside `step(closure)`: gradients read after it
-        self._scalers: list[Any] = []
+        self._scalers: list[ScalerWatch] = []  # registered GradScalers (register_scaler)
         self._grad_reduced: Reduced | None = None  # the step's gradient statistics, computed at capture
+        self._weight_reduced: Reduced | None = None  # ... and its weights', computed when it began
         self._reduced_records: list[StatisticsRows] = []  # the step's statistics, handed over when it ends
         self._step_handles_kept: list[Any] = []  # hooks kept until close
         self._activation_keys: dict[str, str] = {}  # "<module>_output_": its activation collection
@@ -296,10 +296,10 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
         if self.disabled or self._closed:
             return
         clock = self.clock
-        if self._opts and clock.in_step and not self._opt_stepped and clock.mode not in _NO_GRAD_MODES:
+        if self._opts and clock.in_step and not self._opt_stepped and clock.mode not in _NO_GRAD_MODES \
+                and not self._scaler_skipped():
             self._forward_seen = True
             return  # another forward of this optimizer step (accumulation, a second call, an eval pass)
-        self._opt_stepped = False
         try:
             engine = self.engine
             if not engine.count_quiet():  # (a step known to save nothing, after one that saved nothing: counted)
@@ -309,6 +309,7 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
                 engine.arm(counter)  # the forwards before the next saving step only count (in C, see _step_counter)
         except Exception as e:  # noqa: BLE001 - never break training
             self._fail("forward pre-hook", e)
+        self._opt_stepped = False
         self._forward_seen = True
 
     def tensor_specs(self) -> list[TensorSpec]:
@@ -437,6 +438,8 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
         self._handles_plan = None
 
     def on_step_end(self) -> None:
+        if self._scalers:
+            self._scaler_step_end()
         if not self.engine.saving:
             return  # (everything below is set up by saving steps only)
         plan = self._step_plan

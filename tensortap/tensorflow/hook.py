@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tensortap import modes as _modes
-from tensortap.capture.engine import Tally
+from tensortap.capture.engine import OPTIMIZER_STEP, Tally
 from tensortap.collection import ACTIVATION_COLLECTIONS, Collection
 from tensortap.hooks.base import Hook
 from tensortap.tensorflow.common import IN_STEP, K, flat, indexed, steps_per_execution
@@ -85,7 +85,8 @@ class KerasHookBase(Hook):
         self._registered: Any = None  # the model registered
         self._backend: str | None = None  # Keras's backend ("tensorflow", "torch")
         self._layout: ModelLayout | None = None
-        self._patches = Patches()
+        self._patches = Patches()  # (the registered model's, undone when another is registered or at close)
+        self._optimizer_patches = Patches()  # (wrap_optimizer's, undone at close)
         self._functions = StepFunctions()
         self._capture = StepCapture(self, self._functions)
         self._handoff = Handoff(self)
@@ -211,7 +212,7 @@ class KerasHookBase(Hook):
                 hook._capture.gradients(list(grads), list(trainable_variables or []))
             return orig(grads, trainable_variables, *args, **kwargs)
 
-        object.__setattr__(inner, attr, apply)
+        self._optimizer_patches.set(inner, attr, apply)
         self._wrapped_inner.append(inner)
         self._wrapped_optimizers.append(optimizer)
         return optimizer
@@ -342,6 +343,17 @@ class KerasHookBase(Hook):
             if items:
                 hook.write_tensors(items, copy=hook is not self)
 
+    def _optimizer_stepped(self) -> None:
+        """The lifecycle's optimizer_step, at a TRAIN batch's end: Keras's train step ends with the optimizer's
+        apply, inside the step function (compiled: no Python of the step runs per batch), so its end is the first
+        moment the callback can know it ran (docs/capture.md)."""
+        if self.disabled or self._closed:
+            return
+        try:
+            self.engine.fire(OPTIMIZER_STEP, {"optimizer": getattr(self._registered, "optimizer", None)})
+        except Exception as e:  # noqa: BLE001 - never break training
+            self._fail("optimizer_step", e)
+
     def _next_step_all(self) -> None:
         self.next_step()
         for h in self._replica_hooks:
@@ -355,6 +367,7 @@ class KerasHookBase(Hook):
             logger.warning("tensortap: %d saving steps fell inside an execution of steps_per_execution > 1 "
                            "steps and were not captured", self._unobserved)
         self._unregister()
+        self._optimizer_patches.undo()
         for h in self._replica_hooks:
             h.close()
 

@@ -10,6 +10,7 @@ from typing import Any
 import keras
 
 from tensortap import modes as _modes
+from tensortap.capture.engine import OPTIMIZER_STEP
 from tensortap.tensorflow.hook import KerasHookBase
 
 _TRAIN, _EVAL, _PREDICT = _modes.TRAIN, _modes.EVAL, _modes.PREDICT
@@ -26,7 +27,6 @@ class KerasHook(KerasHookBase, keras.callbacks.Callback):
         keras.callbacks.Callback.__init__(self)
         KerasHookBase.__init__(self, *args, **kwargs)
 
-    # Keras keeps the model in `_model` (Callback.model reads it).
     def set_model(self, model: Any) -> None:
         keras.callbacks.Callback.set_model(self, model)
         self.register_model(model)
@@ -34,7 +34,7 @@ class KerasHook(KerasHookBase, keras.callbacks.Callback):
     def _mode_begin(self, mode: Any) -> None:
         if self.active:
             with self.guard("begin"):
-                self.register_model(self._model)
+                self.register_model(self.model)  # (Callback.model: the model set_model was given)
                 if self.mode is not mode:
                     self.set_mode(mode)
 
@@ -61,6 +61,8 @@ class KerasHook(KerasHookBase, keras.callbacks.Callback):
                 self._fail(where, e)
 
     def _on_batch_end(self, mode: Any, batch: int, logs: Any, where: str) -> None:
+        if mode is _TRAIN and self.engine.listening(OPTIMIZER_STEP):
+            self._optimizer_stepped()
         if not self.engine.saving and batch == self._batch_begin:
             return  # a step that saved nothing (what _end_batch would find)
         if not self.disabled and self.writes and not self._closed:

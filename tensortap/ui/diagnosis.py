@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import subprocess
 import sys
@@ -21,15 +22,19 @@ __all__ = ["diagnosis_view", "job_diagnosis", "findings_rows", "RECOMPUTE_S", "W
 
 #: a running job's diagnosis is made again at most this often (seconds); a finished job's when its data changes
 RECOMPUTE_S = 30.0
-#: how long a dashboard view waits for a diagnosis being made before it answers without it (seconds); the block
-#: that says so is marked `pending: "diagnosis"`: the page asks for that view (the diagnosis alone) until it is ready
-#: and draws it in the block's place, leaving the rest of the view as it is
+#: how long a dashboard view waits for the diagnoses being made before it answers without them (seconds, for all
+#: its jobs together); the diagnosis is then one block `{"type": "group", "pending": "diagnosis", "blocks"}`: the page
+#: asks for that view (the diagnosis alone) until nothing in it is pending, drawing each answer in the group's place
+#: and leaving the rest of the view as it is
 WAIT_S = 0.5
+#: diagnoses made at once (each a process of its own, about a CPU second per 10,000 steps): the others wait their
+#: turn, started as the page asks again (50 jobs at once would take every core from the server and the browser)
+MAX_MAKING = 2
 
 #: the diagnosis is made in a process of its own, so that a large job's (rules over every step: minutes) neither
 #: holds the job's lock nor competes with the server for the GIL
 _CHILD = ("import os, sys\n"
-          "os.nice(10)  # (below the server and a training running beside it)\n"
+          "os.nice(19)  # (the lowest priority: below the server, the browser and a training beside it)\n"
           "from tensortap.analysis.diagnose import diagnose\n"
           "sys.stdout.write(diagnose(sys.argv[1]).to_json())\n")
 
@@ -45,6 +50,7 @@ class _Making:
         self.proc_key: Any = None
         self.out: Any = None
         self.err: Any = None
+        self.started_at = 0.0  # time.monotonic() when the process making the next one started
 
     def poll(self) -> bool:
         """Collect the process's answer if it has ended; whether one is still being made."""
@@ -80,6 +86,7 @@ class _Making:
         self.proc = subprocess.Popen([sys.executable, "-c", _CHILD, path], stdout=self.out,
                                      stderr=self.err, stdin=subprocess.DEVNULL, env=env)
         self.proc_key = key
+        self.started_at = time.monotonic()
         _RUNNING.add(self)
 
     def stop(self) -> None:
@@ -106,11 +113,13 @@ def _job_key(job: Any) -> tuple:
         return trial.generation, rules, bool(trial.loaded_all_steps)
 
 
-def job_diagnosis(job: Any, wait: float | None = None) -> Diagnosis | None:
-    """The diagnosis of a dashboard Job: the last one made, made again (in a process of its own) when the job
-    has changed (a running job's at most every RECOMPUTE_S); waits `wait` seconds (WAIT_S) for one being made.
-    None while the first is being made. Raises what making it raised."""
-    wait = WAIT_S if wait is None else wait
+def _making_now() -> int:
+    return sum(1 for m in list(_RUNNING) if m.proc is not None)
+
+
+def _ask(job: Any) -> _Making:
+    """The job's _Making, its finished process collected, a new one started when the job changed and a turn is free
+    (at most MAX_MAKING at once)."""
     key = _job_key(job)
     with _LOCK:
         m = _MAKING.get(job)
@@ -119,18 +128,50 @@ def job_diagnosis(job: Any, wait: float | None = None) -> Diagnosis | None:
         busy = m.poll()
         stale = m.result is None or (m.key != key and (key[2] or time.monotonic() - m.made_at >= RECOMPUTE_S))
         if stale and not busy:
-            m.start(job.path, key)
-    deadline = time.monotonic() + wait
+            for other in list(_RUNNING):  # free the turns of those that ended
+                if other is not m:
+                    other.poll()
+            if _making_now() < MAX_MAKING:
+                m.start(job.path, key)
+    return m
+
+
+def _result(m: _Making, deadline: float) -> Diagnosis | Exception | None:
     while True:
         with _LOCK:
             busy = m.poll()
             result = m.result
         if not busy or time.monotonic() >= deadline:
-            break
+            return result
         time.sleep(0.05)
-    if isinstance(result, Exception):
-        raise result
-    return result
+
+
+def job_diagnosis(job: Any, wait: float | None = None) -> Diagnosis | None:
+    """The diagnosis of a dashboard Job: the last one made, made again (in a process of its own) when the job
+    has changed (a running job's at most every RECOMPUTE_S); waits `wait` seconds (WAIT_S) for one being made.
+    None while the first is being made (or waits its turn). Raises what making it raised."""
+    got = _diagnoses([job], WAIT_S if wait is None else wait)[0]
+    if isinstance(got, Exception):
+        raise got
+    return got
+
+
+def _diagnoses(jobs: list[Any], wait: float) -> list[Diagnosis | Exception | None]:
+    """Each job's diagnosis (job_diagnosis), waiting `wait` seconds for all of them together, and for each at most
+    until `wait` seconds after its process started (a large job's, minutes long, delays only the request that
+    started it); not at all when a job waits its turn, unless `wait` is infinite. A job whose turn comes while
+    others are waited for is started then."""
+    making = {id(j): _ask(j) for j in jobs}
+    if wait != math.inf and any(m.proc is None and m.result is None for m in making.values()):
+        wait = 0.0  # some wait their turn: not all can be ready soon, the page shows them as they come
+    deadline = time.monotonic() + wait
+    out: list[Diagnosis | Exception | None] = []
+    for j in jobs:
+        m = making[id(j)]
+        if m.proc is None and m.result is None:  # waited for a turn: the jobs before it may have ended
+            m = _ask(j)
+        out.append(_result(m, deadline if wait == math.inf else min(deadline, m.started_at + wait)))
+    return out
 
 
 def findings_rows(d: Diagnosis) -> list[dict[str, str]]:
@@ -159,31 +200,74 @@ def findings_rows(d: Diagnosis) -> list[dict[str, str]]:
     return rows
 
 
+BEING_MADE = "being made (the built-in rules are run over the job's steps); it appears here when it is ready"
+
+
 def diagnosis_view(jobs: list[Any], wait: float | None = None) -> list[dict[str, Any]]:
-    """Per job: its headline as a note, the findings as a table, then what to try (one note each). `wait`: how
-    long to wait for a diagnosis being made (WAIT_S; the report waits for it: `math.inf`)."""
-    blocks: list[dict[str, Any]] = []
-    multi = len(jobs) > 1
-    for job in jobs:
-        who = f" of {job.name}" if multi else ""
-        try:
-            d = job_diagnosis(job, wait)
-        except Exception as e:  # noqa: BLE001 - the views below still show the data
-            blocks.append({"type": "note", "text": f"Diagnosis{who}: could not be made ({type(e).__name__}: {e})"})
-            continue
-        if d is None:
-            blocks.append({"type": "note", "pending": "diagnosis",
-                           "text": f"Diagnosis{who}: being made (the built-in rules are run over the job's steps); "
-                                   f"it appears here when it is ready."})
-            continue
-        blocks.append({"type": "note", "text": f"Diagnosis{who}: {d.headline()}."})
-        rows = findings_rows(d)
+    """One job: its headline as a note, the findings as a table, then what to try (one note each). Several: a
+    note counting them, a table `diagnosis-jobs` of the headlines of those with findings (or whose diagnosis could
+    not be made), the names of those still being made and of those with nothing wrong, each in one note (fifty jobs
+    stay a few lines above their curves), then the findings and what to try of each job with findings. `wait`: how
+    long to wait for the diagnoses being made, all together (WAIT_S; the report waits for them: `math.inf`). While
+    one is being made, the blocks are one group marked `pending: "diagnosis"` (the page asks again until it is
+    not)."""
+    got = _diagnoses(list(jobs), WAIT_S if wait is None else wait)
+    if len(jobs) == 1:
+        blocks = [{"type": "note", "text": f"Diagnosis: {_headline(got[0])}"}]
+        if isinstance(got[0], Diagnosis):
+            blocks += _details(got[0], None)
+    else:
+        pending = [j.name for j, d in zip(jobs, got, strict=True) if d is None]
+        healthy = [j.name for j, d in zip(jobs, got, strict=True) if isinstance(d, Diagnosis) and not findings_rows(d)]
+        rows = [{"job": j.name, "diagnosis": _headline(d)} for j, d in zip(jobs, got, strict=True)
+                if isinstance(d, Exception) or (isinstance(d, Diagnosis) and findings_rows(d))]
+        counts = [f"{len(rows)} with findings" + (" or not made" if any(isinstance(d, Exception) for d in got) else ""),
+                  f"{len(healthy)} with nothing wrong found"] + ([f"{len(pending)} being made"] if pending else [])
+        blocks = [{"type": "note", "text": f"Diagnosis of {len(jobs)} jobs: {', '.join(counts)}."}]
         if rows:
-            blocks.append({"type": "table", "id": f"diagnosis-{job.index}" if multi else "diagnosis",
-                           "columns": ["finding", "step", "what"], "rows": rows})
-        for s in d.suggestions:
-            blocks.append({"type": "note", "text": f"To try: {s}."})
+            blocks.append({"type": "table", "id": "diagnosis-jobs", "columns": ["job", "diagnosis"], "rows": rows})
+        if pending:
+            blocks.append({"type": "note", "text": f"Being made (the built-in rules are run over each job's steps, "
+                                                   f"{MAX_MAKING} jobs at a time): {_names(pending)}; each appears "
+                                                   "here when it is ready."})
+        if healthy:
+            blocks.append({"type": "note", "text": f"Nothing wrong found: {_names(healthy)}."})
+        for job, d in zip(jobs, got, strict=True):
+            if isinstance(d, Diagnosis) and findings_rows(d):
+                blocks.append({"type": "heading", "text": f"Diagnosis of {job.name}: {d.headline()}."})
+                blocks += _details(d, job)
+    if any(d is None for d in got):
+        return [{"type": "group", "id": "diagnosis", "pending": "diagnosis", "blocks": blocks}]
     return blocks
+
+
+def _details(d: Diagnosis, job: Any) -> list[dict[str, Any]]:
+    """The findings table and what to try of one diagnosis (`job`: of several jobs', None: of the only one)."""
+    out: list[dict[str, Any]] = []
+    rows = findings_rows(d)
+    if rows:
+        out.append({"type": "table", "id": "diagnosis" if job is None else f"diagnosis-{job.index}",
+                    "columns": ["finding", "step", "what"], "rows": rows})
+    who = "" if job is None else f" ({job.name})"
+    out += [{"type": "note", "text": f"To try{who}: {s}."} for s in d.suggestions]
+    return out
+
+
+#: job names a note lists before "and N more"
+NAMES_SHOWN = 12
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:NAMES_SHOWN])
+    return shown + (f" and {len(names) - NAMES_SHOWN} more" if len(names) > NAMES_SHOWN else "")
+
+
+def _headline(d: Diagnosis | Exception | None) -> str:
+    if d is None:
+        return BEING_MADE + "."
+    if isinstance(d, Exception):
+        return f"could not be made ({type(d).__name__}: {d})"
+    return f"{d.headline()}."
 
 
 def nonfinite_blocks(job: Any, tensor: str, steps: list[int], multi: bool = False) -> list[dict[str, Any]]:

@@ -25,34 +25,29 @@ def envelope_index(values: np.ndarray, max_points: int = MAX_POINTS) -> np.ndarr
     """Indices of the points a min/max envelope of `values` keeps, at most `max_points` (all when fewer): in
     each of max_points/2 equal runs of points, the minimum and the maximum, in order. Every local extreme
     survives: a spike stays drawn. A run holding a NaN or inf keeps it (the interesting one) and its finite
-    extremes."""
+    extremes. (Each the first of its run where several points tie; vectorised over the runs.)"""
     values = np.asarray(values, dtype=np.float64)
     n = len(values)
     if n <= max_points:
         return np.arange(n, dtype=np.int64)
     buckets = max(1, max_points // 2)
-    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
+    starts = np.unique(np.linspace(0, n, buckets + 1).astype(np.int64))[:-1]
+    run = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
     finite = np.isfinite(values)
-    if finite.all() and n % buckets == 0:  # equal runs: one vectorised pass
-        m = values.reshape(buckets, -1)
-        base = np.arange(buckets, dtype=np.int64) * (n // buckets)
-        lo, hi = base + m.argmin(axis=1), base + m.argmax(axis=1)
-        return np.unique(np.concatenate([lo, hi]))
-    keep: list[int] = []
-    for a, b in zip(edges[:-1], edges[1:], strict=True):
-        if b <= a:
-            continue
-        seg = values[a:b]
-        fin = finite[a:b]
-        if not fin.all():
-            idx = [a + int(np.flatnonzero(~fin)[0])]
-            if fin.any():
-                fs = np.where(fin, seg, np.nan)
-                idx += [a + int(np.nanargmin(fs)), a + int(np.nanargmax(fs))]
-        else:
-            idx = [a + int(np.argmin(seg)), a + int(np.argmax(seg))]
-        keep.extend(sorted(set(idx)))
-    return np.asarray(keep, dtype=np.int64)
+    low = np.where(finite, values, np.inf)
+    high = np.where(finite, values, -np.inf)
+    mins = np.minimum.reduceat(low, starts)
+    maxs = np.maximum.reduceat(high, starts)
+
+    def first_of_each_run(mask: np.ndarray) -> np.ndarray:
+        idx = np.flatnonzero(mask)
+        _, at = np.unique(run[idx], return_index=True)
+        return idx[at]
+
+    keep = [first_of_each_run(finite & (low == mins[run])), first_of_each_run(finite & (high == maxs[run]))]
+    if not finite.all():
+        keep.append(first_of_each_run(~finite))
+    return np.unique(np.concatenate(keep)).astype(np.int64)
 
 
 def envelope(steps: np.ndarray, values: np.ndarray, max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:

@@ -37,6 +37,10 @@ from tensortap.ui.series import (
 LAYERS_PER_PAGE = 24
 #: points of one small multiple's series (a min/max envelope beyond)
 SMALL_POINTS = 400
+#: points of all the series of one small multiple together: with many jobs (50 jobs: 100 series a panel), each is
+#: a min/max envelope of PANEL_POINTS / series points (at least MIN_SMALL_POINTS)
+PANEL_POINTS = 4_000
+MIN_SMALL_POINTS = 40
 #: columns of the heatmap (step buckets); each shows the largest norm of its steps. With many layers, fewer
 #: columns: at most HEATMAP_CELLS cells per job (500 layers: 120 columns; a zoom of the Layers view shows more)
 HEATMAP_COLUMNS = 400
@@ -44,12 +48,17 @@ HEATMAP_CELLS = 60_000
 #: the heatmap's rows: 22 px each up to HEATMAP_ROWS_PX in all, then smaller (at least HEATMAP_MIN_ROW_PX)
 HEATMAP_ROWS_PX = 2200
 HEATMAP_MIN_ROW_PX = 4
+#: jobs side by side in one row of the heatmap (more: the next row)
+HEATMAP_JOBS_PER_ROW = 4
 #: jobs beyond which the layers view leaves out the min/max small multiples (a note says how to see them)
 MINMAX_JOBS = 8
 #: points of all the curves of one figure together: with many curves (50 jobs), each is a min/max envelope of
 #: CURVE_BUDGET / curves points (at least MIN_CURVE_POINTS); a zoom re-reads the shown steps at full resolution
-CURVE_BUDGET = 24_000
+CURVE_BUDGET = 12_000
 MIN_CURVE_POINTS = 200
+#: curves beyond which a figure has no legend (its plotly legend of 50 entries costs as much to draw as the
+#: curves): the header's job swatches, in each job's colour and dash, are the legend, and the hover names a curve
+LEGEND_CURVES = 16
 #: a mode with at most this many points per curve gets a hint to save it more often
 SPARSE_POINTS = 2
 #: options from which a choice gets a search box
@@ -108,9 +117,16 @@ def fig(data: list[dict], title: str = "", **layout: Any) -> dict[str, Any]:
 def step_axis(traces: list[dict], title: str = "global step") -> dict[str, Any]:
     """An x axis of steps (or rounds): no zero line (step 0 is not a value to compare with), and whole-step
     ticks when only a few steps show (plotly would tick 9, 9.5, 10 around a single point)."""
-    xs = [x for t in traces for x in (t.get("x") or []) if isinstance(x, int | float)]
+    ends = []
+    for t in traces:
+        x = t.get("x") or []
+        try:
+            ends += [min(x), max(x)] if x else []
+        except TypeError:  # a None (a gap) among them
+            xs = [v for v in x if isinstance(v, int | float)]
+            ends += [min(xs), max(xs)] if xs else []
     axis: dict[str, Any] = {"title": {"text": title}, "zeroline": False}
-    if xs and max(xs) - min(xs) < 8:
+    if ends and max(ends) - min(ends) < 8:
         axis["dtick"] = 1
     return axis
 
@@ -221,19 +237,24 @@ def rule_markers(rules: list[dict[str, Any]], xs: list[int], ys: list[float | No
     return out
 
 
-def _curve(job: Job, name: str, mode: Any, k: int, multi: bool, max_points: int = MAX_POINTS
-           ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def _curve(job: Job, name: str, mode: Any, k: int, multi: bool, max_points: int = MAX_POINTS,
+           by_scalar: bool = False) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """One scalar's curve in `mode` (its points a min/max envelope beyond `max_points`; `meta.x_mode` the mode
-    steps of its points, for an x axis of mode steps), and a marker trace of its NaN/inf steps (or None)."""
+    steps of its points, for an x axis of mode steps), and a marker trace of its NaN/inf steps (or None). Its
+    colour is its job's (`multi`), else its mode's, or (`by_scalar`: XGBoost's metrics, all TRAIN) its own."""
     g, v, m = job.scalar(name, mode)
     idx = envelope_index(v, max_points)
-    colour = job_colour(job.index) if multi else MODE_COLOURS.get(mode.name, PALETTE[0])
+    colour = job_colour(job.index) if multi else (PALETTE[k % len(PALETTE)] if by_scalar
+                                                  else MODE_COLOURS.get(mode.name, PALETTE[0]))
     label = esc(name) + (f" · {esc(job.name)}" if multi else "")
     x = [int(s) for s in g[idx].tolist()]
     tr = {"type": "scatter", "mode": "lines" if len(x) >= 60 else "lines+markers", "x": x,
           "y": to_json_values(v[idx]),
           "name": esc(short(name)) + (f" · {esc(short(job.name, 24))}" if multi else ""),
-          "line": {"color": colour, "width": 1.5, "dash": DASHES[k % len(DASHES)]},  # a job's scalars by dash
+          # a job's scalars by dash; several jobs: the first scalar in the job's own dash (job_dash, as in the
+          # header's swatch), the next ones in the dashes after it
+          "line": {"color": colour, "width": 1.5,
+                   "dash": DASHES[((job.index // len(PALETTE) if multi else 0) + k) % len(DASHES)]},
           "marker": {"color": colour, "size": 5},
           "meta": {"job": job.index, "tensor": name, "mode": mode.name, "n": int(len(v)),
                    "downsampled": bool(len(idx) < len(v)), "curve": True,
@@ -277,7 +298,7 @@ def _curve_figures(jobs: list[Job], names: list[str] | None, multi: bool, prefix
         with job.lock:
             for mode in job.trial.modes() or [_modes.GLOBAL]:
                 for k, name in enumerate(chosen[job.index]):
-                    tr, nf = _curve(job, name, mode, k, multi, max_points)
+                    tr, nf = _curve(job, name, mode, k, multi, max_points, by_scalar=prefix == "rounds")
                     if not tr["x"]:
                         continue
                     per_mode.setdefault(mode.name, []).append(tr)
@@ -309,13 +330,18 @@ def _curve_figures(jobs: list[Job], names: list[str] | None, multi: bool, prefix
                 f"too few for a trend. Save {mode_name} steps more often: SaveConfig(mode_save_configs="
                 f"{{modes.{mode_name}: SaveConfigMode(save_interval=1)}}), or a smaller --save-interval."))
         mode_colour = MODE_COLOURS.get(mode_name, "#444444")
-        f = fig(traces, f"{title} ({mode_name})", xaxis=step_axis(traces, xtitle), showlegend=True,
+        legend = len(curves) <= LEGEND_CURVES
+        f = fig(traces, f"{title} ({mode_name})" + ("" if legend else f" · {len(curves)} curves: each job in the "
+                                                    "colour and dash of its swatch above"),
+                xaxis=step_axis(traces, xtitle), showlegend=legend,
                 yaxis={"title": {"text": "value"}, "zeroline": False})
         f["layout"]["title"]["font"]["color"] = mode_colour
         # when each job's steps were written (an x axis of wall time), once per job: {job index: table}
         walls = {str(j.index): w for j in jobs if (w := j.wall_table()) is not None}
-        if walls:
-            f["layout"]["meta"] = {"wall": walls}
+        # the epoch of each job's steps, where it saved one (an x axis of epochs)
+        epochs = {str(j.index): e for j in jobs if (e := j.epoch_table()) is not None}
+        if walls or epochs:
+            f["layout"]["meta"] = {"wall": walls, **({"epoch": epochs} if epochs else {})}
         blocks.append(figure_block(f"{prefix}-{mode_name}", f, curves=True, mode=mode_name))
     return blocks
 
@@ -437,6 +463,8 @@ def layers_view(jobs: Job | list[Job], page: int = 0, per_page: int = LAYERS_PER
         panel: list[dict] = []
         zero_pts: list[tuple[dict, list[int]]] = []
         nf_pts: list[tuple[dict, list[int]]] = []
+        series = sum(t is not None for job in jobs for t in per[job.index].get(layer, (None, None)))
+        points = min(SMALL_POINTS, max(MIN_SMALL_POINTS, PANEL_POINTS // max(series, 1)))
         for job in jobs:
             w, g = per[job.index].get(layer, (None, None))
             for tname, kind in ((w, "weight"), (g, "gradient")):
@@ -451,7 +479,7 @@ def layers_view(jobs: Job | list[Job], page: int = 0, per_page: int = LAYERS_PER
                 meta = {"tensor": tname, "job": job.index}
                 if "l2" in st:
                     steps, vals = st["l2"]
-                    s = series_json(steps, vals, max_points=SMALL_POINTS)
+                    s = series_json(steps, vals, max_points=points)
                     y = [None if v is not None and v <= 0 else v for v in s["y"]]
                     tr = {"type": "scatter", "mode": "lines" if len(s["x"]) > 1 else "markers", "x": s["x"], "y": y,
                           "name": f"{who} L2 norm", "meta": meta, **common,
@@ -459,7 +487,7 @@ def layers_view(jobs: Job | list[Job], page: int = 0, per_page: int = LAYERS_PER
                           "hovertemplate": f"{esc(tname)}<br>step %{{x}}: %{{y:.3g}}<extra></extra>"}
                     norm_tr.append(tr)
                     panel.append(tr)
-                    zx = [x for x, v in zip(s["x"], s["y"], strict=True) if v is not None and v == 0]
+                    zx = [int(x) for x in steps[vals == 0][:SMALL_POINTS].tolist()]  # every zero, not the envelope's
                     if zx:
                         zero_pts.append((tr, zx))
                     bad = [int(x) for x in steps[~np.isfinite(vals)][:200].tolist()]
@@ -470,7 +498,7 @@ def layers_view(jobs: Job | list[Job], page: int = 0, per_page: int = LAYERS_PER
                         nf_pts.append((tr, bad))
                 for stat, dash in (("min", "dot"), ("max", KIND_DASH[kind])):
                     if stat in st:
-                        s = series_json(*st[stat], max_points=SMALL_POINTS)
+                        s = series_json(*st[stat], max_points=points)
                         mm_tr.append({"type": "scatter", "mode": "lines", "x": s["x"], "y": s["y"],
                                       "name": f"{who} {stat}", "meta": meta,
                                       **{**common, "line": {"color": colour, "width": 1.2, "dash": dash},
@@ -480,7 +508,7 @@ def layers_view(jobs: Job | list[Job], page: int = 0, per_page: int = LAYERS_PER
                 if "nonfinite" in st:
                     steps, counts = st["nonfinite"]
                     nonfinite_total[tname] = int(np.nansum(counts))
-                    s = series_json(steps, counts, max_points=SMALL_POINTS)
+                    s = series_json(steps, counts, max_points=points)
                     nf_tr.append({"type": "scatter", "mode": "lines", "x": s["x"], "y": s["y"],
                                   "name": f"{who} non-finite", "meta": meta, **common})
         axis, zero_y, nf_y = zero_safe_log_axis([t["y"] for t in panel], bool(zero_pts), bool(nf_pts))
@@ -521,9 +549,16 @@ def layers_view(jobs: Job | list[Job], page: int = 0, per_page: int = LAYERS_PER
                        "options": [{"value": str(p), "label": f"{p * per_page + 1}–"
                                     f"{min((p + 1) * per_page, len(names))} of {len(names)}"}
                                    for p in range(pages)], "value": str(page)})
+    # many jobs: no legend (one entry per job and kind), the header's swatches are it
+    entries = len({t["legendgroup"] for t in norm_tr})
+    shown = {"showlegend": entries <= LEGEND_CURVES}
+    if not shown["showlegend"]:
+        shown["margin"] = {"l": 60, "r": 20, "t": 64, "b": 40}
+    many = "" if shown["showlegend"] else ("<br><sup>each job in its swatch's colour, weight solid, gradient "
+                                           "dashed</sup>")
     blocks.append(figure_block("layers-norms", fig(
-        norm_tr, f"{what} L2 norm per layer (log scale; exact zeros on the row marked 0)",
-        grid=grid, annotations=annotations, shapes=shapes, legend=legend, **x_axes, **log_axes), height))
+        norm_tr, f"{what} L2 norm per layer (log scale; exact zeros on the row marked 0){many}",
+        grid=grid, annotations=annotations, shapes=shapes, legend=legend, **shown, **x_axes, **log_axes), height))
     if len(jobs) <= MINMAX_JOBS:
         blocks.append(figure_block("layers-minmax", fig(mm_tr, f"{what} min and max per layer", grid=grid,
                                                         annotations=annotations, legend=legend, **x_axes,
@@ -649,17 +684,23 @@ def heatmap_view(jobs: Job | list[Job], columns: int = HEATMAP_COLUMNS) -> list[
         xa: dict[str, Any] = step_axis([base], "step" + (f" · {esc(short(job.name, 30))}" if multi else ""))
         layout["xaxis" if i == 1 else f"xaxis{i}"] = xa
         layout["yaxis" if i == 1 else f"yaxis{i}"] = {"automargin": True, "autorange": "reversed",
-                                                      "showticklabels": i == 1}
+                                                      "showticklabels": (i - 1) % HEATMAP_JOBS_PER_ROW == 0}
     for label, colour, present in (("exactly 0", ZERO_COLOUR, any_zero), ("NaN or inf", NONFINITE_COLOUR, any_bad)):
         if present:  # a legend entry for the cells drawn over the colour scale
             data.append({"type": "scatter", "mode": "markers", "x": [None], "y": [None], "name": label,
                          "marker": {"symbol": "square", "size": 12, "color": colour}, "showlegend": True,
                          "hoverinfo": "skip"})
-    if multi:
-        layout["grid"] = {"rows": 1, "columns": len(got), "pattern": "independent", "xgap": 0.04}
-    title = "Gradient L2 norm per layer over steps (log10)" + (", side by side on one colour scale" if multi else "")
     # 22 px a layer, fewer beyond 100 layers (the figure stays under ~2,500 px; the hover names every row)
-    height = max(260, round(len(layers) * max(HEATMAP_MIN_ROW_PX, min(22.0, HEATMAP_ROWS_PX / len(layers)))) + 140)
+    rows_px = round(len(layers) * max(HEATMAP_MIN_ROW_PX, min(22.0, HEATMAP_ROWS_PX / len(layers))))
+    grid_rows = math.ceil(len(got) / HEATMAP_JOBS_PER_ROW)
+    if multi:  # side by side, at most HEATMAP_JOBS_PER_ROW jobs a row
+        panel = rows_px + 70  # a job's heatmap and its x axis title
+        layout["grid"] = {"rows": grid_rows, "columns": min(len(got), HEATMAP_JOBS_PER_ROW), "pattern": "independent",
+                          "xgap": 0.04, "ygap": 70 / panel, "roworder": "top to bottom"}
+    if grid_rows > 1:  # the colour bar beside the first row, not along the whole page
+        layout["coloraxis"]["colorbar"].update(lenmode="pixels", len=max(rows_px, 160), y=1, yanchor="top")
+    title = "Gradient L2 norm per layer over steps (log10)" + (", side by side on one colour scale" if multi else "")
+    height = max(260, grid_rows * (rows_px + 70) + 70)
     return [figure_block("heatmap", fig(data, title, **layout), height)]
 
 
@@ -686,6 +727,7 @@ def distribution_view(jobs: Job | list[Job], tensor: str | None = None) -> list[
     blocks: list[dict[str, Any]] = [choice("tensor", "tensor", choices, tensor)]
     multi = len(jobs) > 1
     traces: list[dict] = []
+    medians: list[dict] = []  # drawn over every job's bands (a band drawn later would hide an earlier median)
     nonfinite: list[dict[str, Any]] = []  # NaN/inf counts per step, beside the bands of the finite values
     for job in jobs:
         with job.lock:
@@ -698,7 +740,9 @@ def distribution_view(jobs: Job | list[Job], tensor: str | None = None) -> list[
             continue
         colour = job_colour(job.index)
         who = f" · {esc(short(job.name, 24))}" if multi else ""
-        x, qs = q["steps"], q["quantiles"]
+        x = q["steps"]
+        # to 7 significant digits, as every drawn value (None: a step without a finite value)
+        qs = {k: to_json_values(np.asarray(v, dtype=np.float64)) for k, v in q["quantiles"].items()}
         for lo, hi, alpha, label in (("0.0", "1.0", 0.12, "min–max"), ("0.05", "0.95", 0.25, "5–95 %"),
                                      ("0.25", "0.75", 0.45, "25–75 %")):
             traces.append({"type": "scatter", "mode": "lines", "x": x, "y": qs[lo], "line": {"width": 0},
@@ -707,15 +751,20 @@ def distribution_view(jobs: Job | list[Job], tensor: str | None = None) -> list[
             traces.append({"type": "scatter", "mode": "lines", "x": x, "y": qs[hi], "line": {"width": 0},
                            "fill": "tonexty", "fillcolor": rgba(colour, alpha), "name": label + who,
                            "legendgroup": f"{job.index}{label}", "meta": {"job": job.index}})
-        traces.append({"type": "scatter", "mode": "lines", "x": x, "y": qs["0.5"], "name": "median" + who,
-                       "line": {"color": colour, "dash": job_dash(job.index)}, "meta": {"job": job.index}})
+        medians.append({"type": "scatter", "mode": "lines", "x": x, "y": qs["0.5"], "name": "median" + who,
+                        "line": {"color": colour, "dash": job_dash(job.index)}, "meta": {"job": job.index}})
         from tensortap.ui.diagnosis import nonfinite_blocks
 
         with job.lock:
             nonfinite.extend(nonfinite_blocks(job, tensor, x, multi))
+    traces += medians
     if traces:
-        blocks.append(figure_block("distribution", fig(traces, f"Distribution of {esc(tensor)} over steps",
-                                                       xaxis=step_axis(traces),
+        shown = len(medians) * 4 <= LEGEND_CURVES  # four entries a job
+        many = "" if shown else ("<br><sup>bands min–max, 5–95 %, 25–75 % (light to dark) and the median, each job in "
+                                 "its swatch's colour</sup>")
+        blocks.append(figure_block("distribution", fig(traces, f"Distribution of {esc(tensor)} over steps{many}",
+                                                       xaxis=step_axis(traces), showlegend=shown,
+                                                       margin={"l": 60, "r": 20, "t": 40 if shown else 64, "b": 40},
                                                        yaxis={"title": {"text": "value"}})))
     return blocks + nonfinite
 
@@ -850,12 +899,12 @@ def xgboost_view(job: Job, metrics: bool = True) -> list[dict[str, Any]]:
             vals, counts = np.unique(labels.reshape(-1), return_counts=True)
             if len(vals) <= 50:
                 bar = {"type": "bar", "x": [esc(_fmt(v)) for v in vals.tolist()], "y": counts.tolist(),
-                       "name": "labels", "marker": {"color": PALETTE[0]}, "text": counts.tolist(),
+                       "name": "labels", "marker": {"color": job_colour(job.index)}, "text": counts.tolist(),
                        "textposition": "outside", "cliponaxis": False}
                 xa = {"type": "category", "title": {"text": "label"}}
             else:
                 bar = {"type": "histogram", "x": labels.reshape(-1)[:100000].tolist(), "name": "labels",
-                       "marker": {"color": PALETTE[0]}}
+                       "marker": {"color": job_colour(job.index)}}
                 xa = {"title": {"text": "label"}}
             blocks.append(figure_block("xgb-labels", fig([bar], f"Label distribution (round {labels_step})",
                                                          xaxis=xa, yaxis={"title": {"text": "rows"}}), 300))
@@ -956,7 +1005,8 @@ def xgboost_compare(jobs: list[Job]) -> list[dict[str, Any]]:
         blocks.append(figure_block(
             "xgb-fi", fig(data, "Feature importance at each job's last saved round",
                           xaxis={"title": {"text": f"feature importance: {esc(options[0][0])}"}},
-                          yaxis={"title": {"text": "feature"}, "automargin": True}, barmode="group"),
+                          yaxis={"title": {"text": "feature"}, "automargin": True}, barmode="group",
+                          legend={"traceorder": "reversed"}),  # horizontal groups: the last job on top
             max(280, 20 * n_feats * min(len(jobs), 4) + 120),
             switch={"label": "importance type", "options": [
                 {"label": t, "visible": [a <= k < b for k in range(len(data))],
@@ -978,7 +1028,8 @@ def xgboost_compare(jobs: list[Job]) -> list[dict[str, Any]]:
               "meta": {"job": job.index}} for job, g in per],
             "SHAP summary: mean |SHAP value| per feature",
             xaxis={"title": {"text": "mean |SHAP value| (average over the training rows)"}},
-            yaxis={"automargin": True, "title": {"text": "feature"}}, barmode="group"),
+            yaxis={"automargin": True, "title": {"text": "feature"}}, barmode="group",
+            legend={"traceorder": "reversed"}),
             max(260, 22 * len(feats) * min(len(jobs), 4) + 100)))
     for job in ordered:  # labels and confusion: one job's at a time
         own = [b for b in xgboost_view(job, metrics=False) if b.get("id") in ("xgb-labels", "xgb-confusion")]

@@ -65,6 +65,67 @@ def spike_job(out_dir: str, steps: int = 90, corrupt_step: int | None = 60, fact
     return {"losses": losses}
 
 
+class _Outliers:
+    """An identity module (built lazily: torch is imported in the job) that, from step `start`, multiplies one
+    channel of its input by `growth` ** (steps since `start` + 1): outliers growing in a layer's activations."""
+
+    def __new__(cls, start: int | None, growth: float = 10.0):
+        import torch
+        from torch import nn
+
+        class Outliers(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.step = -1
+
+            def forward(self, x):
+                if start is None or self.step < start:
+                    return x
+                scale = torch.ones(x.shape[1])
+                scale[0] = growth ** (self.step - start + 1)
+                return x * scale
+
+        return Outliers()
+
+
+def outlier_job(out_dir: str, start: int | None = 60, steps: int = 66) -> dict[str, Any]:
+    """An MLP trained with SGD, the flight recorder on with its full statistics, nothing else saved
+    (save_interval=500). From step `start` the outputs of its module `2` (after the first ReLU) grow an outlier
+    channel (x10, x100, ...): their kurtosis jumps at `start`, the gradients follow at the next step, then the
+    loss. The job ends with an exception (the flight recorder writes its whole ring). Returns {"losses": [...]}."""
+    import torch
+    from torch import nn
+
+    import tensortap.pytorch as tp
+    from tensortap.capture.flight import FlightConfig
+
+    torch.manual_seed(0)
+    planted = _Outliers(start)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), planted, nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    loss_fn = nn.CrossEntropyLoss()
+    hook = tp.Hook(out_dir=out_dir, save_config=tp.SaveConfig(save_interval=500), writer="thread",
+                   flight_recorder=FlightConfig(statistics="full"))
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    x, y = _data()
+    losses = []
+    try:
+        with hook:
+            for step in range(steps):
+                planted.step = step
+                idx = slice(step * 32 % 4000, step * 32 % 4000 + 32)
+                opt.zero_grad()
+                loss = loss_fn(model(x[idx]), y[idx])
+                loss.backward()
+                losses.append(loss.item())
+                opt.step()
+            raise RuntimeError("the job ends")
+    except RuntimeError:
+        pass
+    return {"losses": losses}
+
+
 def amp_job(out_dir: str, steps: int = 40, overflow_from: int | None = 20) -> list[float]:
     """An MLP trained with a real torch.amp.GradScaler on CPU (registered with the hook). From step
     `overflow_from` the loss is multiplied by inf (an overflow): every gradient is non-finite, the scaler skips

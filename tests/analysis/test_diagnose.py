@@ -208,3 +208,42 @@ def test_spikes_found_in_the_flight_recorder_s_ring(tmp_path):
     assert rep.status == "IssuesFound" and rep.fired_steps[0] == CORRUPT + 1
     rep = invoke_rule(GradNormSpike(create_trial(out)), stop_at_job_end=True)
     assert rep.status == "IssuesFound" and rep.fired_steps[0] == CORRUPT
+
+
+def test_outliers_growing_in_a_layer_s_outputs_are_named_before_the_gradients(tmp_path):
+    """Outliers planted in the outputs of module `2` from step 60 (the flight recorder on with its full
+    statistics, nothing else saved): the spikes that follow are attributed first to that module's activation
+    kurtosis at step 60, before any gradient norm moved; a gradient-norm-only attribution would name a gradient
+    at step 61. The LossSpike rule's message says the same."""
+    from tensortap.analysis.spikes import attribute
+    from tensortap.rules.builtin import LossSpike
+    from tensortap.rules.invoke import invoke_rule
+
+    out = str(tmp_path / "job")
+    rec = jobs.outlier_job(out, start=60)
+    d = diagnose(create_trial(out), rules=False)
+    loss = [s for s in d.spikes if s["kind"] == "loss"]
+    assert loss and 60 < loss[0]["step"] <= 63
+    for sp in d.spikes:
+        first = sp["movers"][0]
+        assert (first["tensor"], first["statistic"], first["step"]) == ("2_output_0", "activation kurtosis", 60)
+        assert first["ratio"] > 3
+        assert all(m["step"] > 60 for m in sp["movers"] if m["statistic"] == "gradient norm")
+    text = d.to_text()
+    assert "moved first: the activation kurtosis of 2_output_0 at step 60" in text
+    assert any("outputs of 2 grew outliers" in s for s in d.suggestions)
+    # the kurtosis the diagnosis used is the job's own: n·Σx⁴/(Σx²)² of the outputs it saved statistics of
+    t = create_trial(out)
+    o = t.tensor("2_output_0")
+    n = int(np.prod(o.shape(60)))
+    k60 = n * (float(o.reduction_value(60, "l4")) / float(o.reduction_value(60, "l2"))) ** 4
+    assert first["value"] == pytest.approx(k60, rel=1e-9)
+    # gradient norms alone: a later step
+    grads = {g: (np.asarray(sorted(t.tensor(g).steps())), np.asarray([float(t.tensor(g).reduction_value(s, "l2"))
+                                                                      for s in sorted(t.tensor(g).steps())]))
+             for g in t.tensor_names(regex="^gradient/")}
+    assert min(m.step for m in attribute(loss[0]["step"], grads, since=loss[0]["previous_step"])) > 60
+    rep = invoke_rule(LossSpike(create_trial(out)), stop_at_job_end=True)
+    assert rep.status == "IssuesFound"
+    assert "; moved first: the activation kurtosis of 2_output_0 (x" in rep.first_violations[0].condition
+    assert np.isfinite(rec["losses"][59])

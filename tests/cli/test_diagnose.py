@@ -38,7 +38,7 @@ def test_a_job_with_a_spike_exits_1_and_says_where(runs):
     assert lines[0] == f"# Diagnosis of {spiky}"
     assert lines[2].startswith("2 findings: 2 spikes")
     assert "loss spike: loss CrossEntropyLoss_output_0" in r.stdout and "at step 61" in r.stdout
-    assert "moved first: gradient/Sequential_2.weight at step 60" in r.stdout
+    assert "moved first: the gradient norm of gradient/Sequential_2.weight at step 60" in r.stdout
     assert "## What to try" in r.stdout and "Consider lowering the learning rate" in r.stdout
     assert len(lines) < 60  # one screen
     with open(os.path.join(spiky, "diagnosis.md"), encoding="utf-8") as f:

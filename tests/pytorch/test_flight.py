@@ -477,3 +477,92 @@ def test_a_step_the_grad_scaler_skips_is_its_own_step_without_gradients(tmp_path
     assert [i["kind"] for i in trial.incidents()] == ["exception"]
     assert trial.tensor("Sequential_output_0").steps() == [0, 1, 2, 3, 4, 5]
     assert trial.tensor("gradient/Sequential_0.weight").steps() == [0, 1, 2, 4, 5]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_full_statistics_equal_what_torch_computes_on_the_same_tensors(tmp_path, dtype):
+    """statistics="full": every weight's, gradient's and module output's l2, Σ|x|, max|x|, count of zeros, l4 and
+    non-finite count at every step of the ring equal those the script computes with torch on the tensors it reads
+    itself (outputs in a forward hook, weights and gradients in the optimizer's pre-hook); mean|x|, RMS and
+    kurtosis follow from them."""
+    from tensortap.analysis.stats import kurtosis, mean_abs, rms
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)).to(dtype)
+    with torch.no_grad():
+        model[0].weight[:3] = 0.0  # (zeros in a weight; the ReLUs' outputs have theirs)
+    loss_fn = nn.CrossEntropyLoss()
+    hook = _hook(str(tmp_path), steps=FlightConfig(steps=6, statistics="full"))
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    seen: dict[int, dict[str, torch.Tensor]] = {}
+    step = 0
+
+    def keep(name: str, t: torch.Tensor) -> None:
+        seen.setdefault(step, {})[name] = t.detach().clone().double()
+
+    for i, m in enumerate(model):
+        m.register_forward_hook(lambda m, a, o, i=i: keep(f"{i}_output_0", o))
+
+    def before_step(o, a, k) -> None:
+        for n, p in model.named_parameters():
+            keep(f"Sequential_{n}", p)
+            keep(f"gradient/Sequential_{n}", p.grad)
+
+    opt.register_step_pre_hook(before_step)
+    with pytest.raises(RuntimeError, match="stop here"):
+        with hook:
+            for step in range(8):
+                x, y = _batch(step)
+                opt.zero_grad()
+                out = model(x.to(dtype))
+                keep("Sequential_output_0", out)
+                loss_fn(out, y).backward()
+                opt.step()
+            raise RuntimeError("stop here")
+    trial = create_trial(str(tmp_path))
+    (inc,) = trial.incidents()
+    assert inc["ring"] == {"first_step": 2, "last_step": 7}
+    checked = 0
+    for s in range(2, 8):
+        for name, t in seen[s].items():
+            tensor = trial.tensor(name)
+            n = t.numel()
+            want = {"l2": t.norm().item(), "l1": t.abs().sum().item(), "zeros": int((t == 0).sum()),
+                    "l4": t.abs().pow(4).sum().pow(0.25).item(), "nonfinite": 0}
+            got = {r: float(tensor.reduction_value(s, r)) for r in ("l2", "l1", "zeros", "l4", "nonfinite")}
+            assert got == pytest.approx(want, rel=1e-5), (name, s)
+            assert float(tensor.reduction_value(s, "max", abs=True)) == pytest.approx(t.abs().max().item(), rel=1e-6)
+            assert kurtosis(n, got["l2"], got["l4"]) == pytest.approx(
+                n * t.pow(4).sum().item() / t.pow(2).sum().item() ** 2, rel=1e-4)
+            assert mean_abs(n, got["l1"]) == pytest.approx(t.abs().mean().item(), rel=1e-5)
+            assert rms(n, got["l2"]) == pytest.approx(t.pow(2).mean().sqrt().item(), rel=1e-5)
+            checked += 1
+    assert checked == 6 * (6 + 12)  # (5 module outputs and the model's; 6 weights and 6 gradients)
+    assert int(trial.tensor("1_output_0").reduction_value(7, "zeros")) > 0
+    assert int(trial.tensor("Sequential_0.weight").reduction_value(7, "zeros")) == 3 * 8
+
+
+def test_full_statistics_of_finite_values_past_float32s_range(tmp_path):
+    """A finite float32 weight whose squares and fourth powers overflow float32: its statistics are computed again
+    in float64, not reported as non-finite."""
+    model = nn.Linear(4, 2)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1e20, 0.0, 2.0, -3e19], [0.0, 0.0, 1.0, 1.0]]))
+    hook = _hook(str(tmp_path), steps=FlightConfig(steps=4, statistics="full"))
+    hook.register_module(model)
+    with pytest.raises(RuntimeError, match="stop here"):
+        with hook:
+            model(torch.zeros(3, 4))
+            model(torch.zeros(3, 4))
+            raise RuntimeError("stop here")
+    trial = create_trial(str(tmp_path))
+    w = trial.tensor("Linear_weight")
+    t = model.weight.detach().double()
+    step = w.steps()[0]
+    assert int(w.reduction_value(step, "nonfinite")) == 0
+    assert int(w.reduction_value(step, "zeros")) == 3
+    assert float(w.reduction_value(step, "l2")) == pytest.approx(t.norm().item(), rel=1e-6)
+    assert float(w.reduction_value(step, "l4")) == pytest.approx(t.pow(4).sum().pow(0.25).item(), rel=1e-6)
+    assert float(w.reduction_value(step, "l1")) == pytest.approx(t.abs().sum().item(), rel=1e-6)

@@ -117,6 +117,70 @@ def test_grad_scaler_unscaled_and_skipped_steps(tmp_path):
     assert t.tensor("grad_scaler/scale").value(3) == np.float32(scales[3]) < scales[2]
 
 
+@pytest.mark.parametrize("case", ["accumulation", "zero_grad_after_forward", "growth_then_skip",
+                                  "skips_in_a_row", "skip_before_eval_and_close", "found_at_first_step"])
+def test_grad_scaler_skips_found_from_its_public_state(tmp_path, case):
+    """The scaler is only read, never changed: each step it skips is its own step, recorded as skipped with the
+    scale it skipped with, whatever the loop does around it (gradient accumulation, zero_grad between forward and
+    backward, a skip right after the scale grew, skips in a row, a skip ending in set_mode or close, the
+    optimizer found at its first step); no other step is marked skipped and no step is split or merged."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    # growth_interval 2 with factors 2 and 0.5: a skip right after a growth leaves the scale where it was
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=2)
+    hook = tp.Hook(out_dir=str(tmp_path), writer="thread", save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["gradients", "grad_scaler"])
+    hook.register_module(model)
+    if case != "found_at_first_step":
+        hook.register_optimizer(opt)
+    hook.register_scaler(scaler)
+    hook.set_mode(tp.modes.TRAIN)
+    micro = 3 if case == "accumulation" else 1
+    skip = {"accumulation": {2, 5}, "zero_grad_after_forward": {1, 4}, "growth_then_skip": {2, 5},
+            "skips_in_a_row": {2, 3, 4}, "skip_before_eval_and_close": {3, 6},
+            "found_at_first_step": {0, 3}}[case]
+    steps = 7
+    scales, skipped, optimizer_steps = [], [], []
+    opt.register_step_post_hook(lambda *a: optimizer_steps.append(1))
+    for step in range(steps):
+        if case != "zero_grad_after_forward":
+            opt.zero_grad()
+        for m in range(micro):
+            x, y = _batch(step * micro + m)
+            loss = nn.functional.cross_entropy(model(x), y) / micro
+            if case == "zero_grad_after_forward" and m == 0:
+                opt.zero_grad()
+            if step in skip and m == micro - 1:
+                loss = loss * float("inf")
+            scaler.scale(loss).backward()
+        scales.append(scaler.get_scale())
+        before = len(optimizer_steps)
+        scaler.step(opt)
+        if len(optimizer_steps) == before:
+            skipped.append(step)
+        scaler.update()
+        if case == "skip_before_eval_and_close" and step == 3:
+            hook.set_mode(tp.modes.EVAL)
+            with torch.no_grad():
+                model(_batch(99)[0])
+            hook.set_mode(tp.modes.TRAIN)
+    assert "step" not in vars(scaler)  # (nothing of tensortap's on the user's scaler)
+    hook.close()
+    assert skipped == sorted(skip)
+    t = tp.create_trial(str(tmp_path))
+    assert t.steps(tp.modes.TRAIN) == list(range(steps))
+    g = [t.global_step(tp.modes.TRAIN, s) for s in range(steps)]
+    # (a step skipped before the hook knows the optimizer, found at its first step, is not known as skipped)
+    known = [s for s in skipped if not (case == "found_at_first_step" and s == 0)]
+    assert t.tensor("grad_scaler/skipped").steps() == [g[s] for s in known]
+    scale = t.tensor("grad_scaler/scale")
+    assert [scale.value(g[s]) for s in known] == [np.float32(scales[s]) for s in known]
+    assert t.tensor("gradient/Net_fc1.weight").steps() == [g[s] for s in range(steps) if s not in known]
+    if case == "growth_then_skip":
+        assert scales[5] == scales[4] * 2  # (the scale grew at the update before the skip)
+
+
 def test_two_calls_and_an_eval_pass_per_step(tmp_path):
     """A siamese step (the model called twice) with an eval pass inside the TRAIN step, no set_mode: one step
     per optimizer step, gradients at every step, each call's outputs under its own name."""

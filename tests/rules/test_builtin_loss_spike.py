@@ -43,8 +43,9 @@ def test_loss_spike_fires_at_the_spike_and_names_the_layer_that_moved_first(spik
     assert rep.fired_steps[0] == CORRUPT + 1
     v = rep.first_violations[0]
     assert v.tensor == "CrossEntropyLoss_output_0" and v.value == pytest.approx(rec["losses"][CORRUPT + 1])
-    first = v.condition.split("the gradient norms that moved first: ")[1].split("), ")[0]
-    assert first.startswith("gradient/Sequential_2.weight (x") and first.endswith(f"at step {CORRUPT}")
+    first = v.condition.split("; moved first: ")[1].split("), ")[0]
+    assert first.startswith("the gradient norm of gradient/Sequential_2.weight (x")
+    assert first.endswith(f"at step {CORRUPT}")
     assert rep.judged > 40
 
 

@@ -100,7 +100,8 @@ def test_the_dashboard_answers_before_the_diagnosis_is_made_and_shows_it_when_it
     monkeypatch.setattr(diagnosis, "WAIT_S", 0.0)
     jobs_ = JobSet([spiky])
     blocks = render_view(jobs_, "overview", {})
-    assert blocks[0]["text"].startswith("Diagnosis: being made") and blocks[0]["pending"] == "diagnosis"
+    assert blocks[0]["type"] == "group" and blocks[0]["pending"] == "diagnosis"
+    assert blocks[0]["blocks"][0]["text"].startswith("Diagnosis: being made")
     assert any(b["type"] == "figure" for b in blocks)  # the curves are not held back
     deadline = time.monotonic() + 600
     while blocks[0].get("pending") and time.monotonic() < deadline:
@@ -149,3 +150,82 @@ def test_a_diagnosis_that_cannot_be_made_says_why(tmp_path):
                                     "with 1: "), block
     assert len(block["text"]) > len("Diagnosis: could not be made (RuntimeError: the diagnosis process exited "
                                     "with 1: ") + 5
+
+
+def _diagnosing_children() -> int:
+    """Processes of this one that make a diagnosis, read from /proc."""
+    n = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        n += ppid == os.getpid() and b"diagnose" in cmd
+    return n
+
+
+def test_several_jobs_diagnoses_come_as_they_are_made_a_few_at_a_time(tmp_path, monkeypatch):
+    """Several jobs: a count, a table of the headlines of those with findings, the names of those being made and
+    of those with nothing wrong in a note each (fifty jobs stay a few lines), then the findings of each job that
+    has any, as one group the page asks for again while some are being made; at most MAX_MAKING diagnoses are made
+    at once (fifty jobs at once would take every core from the server and the browser)."""
+    import time
+
+    import tensortap.ui.diagnosis as diagnosis
+
+    monkeypatch.setattr(diagnosis, "WAIT_S", 0.0)
+    paths = []
+    for i in range(4):
+        paths.append(str(tmp_path / f"job{i}"))
+        jobs.spike_job(paths[-1], steps=30, corrupt_step=20 if i == 2 else None)
+    jobs_ = JobSet(paths)
+    (group, *rest) = render_view(jobs_, "overview", {})
+    assert group["type"] == "group" and group["pending"] == "diagnosis"
+    texts = [b["text"] for b in group["blocks"]]
+    assert texts[0] == "Diagnosis of 4 jobs: 0 with findings, 0 with nothing wrong found, 4 being made."
+    assert texts[1].startswith("Being made (") and texts[1].endswith(": job0, job1, job2, job3; each appears here "
+                                                                     "when it is ready.")
+    assert any(b["type"] == "figure" for b in rest)
+    most = 0
+    deadline = time.monotonic() + 600
+    blocks = [group]
+    while blocks[0].get("type") == "group" and time.monotonic() < deadline:
+        most = max(most, _diagnosing_children())
+        time.sleep(0.1)
+        blocks = render_view(jobs_, "diagnosis", {})
+    assert 1 <= most <= diagnosis.MAX_MAKING
+    assert blocks[0] == {"type": "note", "text": "Diagnosis of 4 jobs: 1 with findings, 3 with nothing wrong found."}
+    table = blocks[1]
+    assert table["id"] == "diagnosis-jobs" and [r["job"] for r in table["rows"]] == ["job2"]
+    assert re.match(r"\d+ findings?: ", table["rows"][0]["diagnosis"]), table
+    assert blocks[2] == {"type": "note", "text": "Nothing wrong found: job0, job1, job3."}
+    assert blocks[3] == {"type": "heading", "text": f"Diagnosis of job2: {table['rows'][0]['diagnosis']}"}
+    assert [b["id"] for b in blocks if b["type"] == "table"] == ["diagnosis-jobs", "diagnosis-2"]
+    assert any(b["type"] == "note" and b["text"].startswith("To try (job2): ") for b in blocks)
+
+
+def test_the_page_fills_several_jobs_diagnoses_in_one_place(page, tmp_path, ui, monkeypatch):
+    """In the browser, two jobs: their diagnoses are filled in place as they are made, drawn once."""
+    import tensortap.ui.diagnosis as diagnosis
+    from tensortap.ui.server import Server
+
+    monkeypatch.setattr(diagnosis, "WAIT_S", 0.0)
+    paths = [str(tmp_path / "a"), str(tmp_path / "b")]
+    for p in paths:
+        ui.write_scalar_job(p, hostile=False)
+    server = Server(paths, port=0).start()
+    try:
+        ui.open_page(page, server.url)
+        notes = "[...document.querySelectorAll('#view p.note')].map(p => p.textContent)"
+        assert page.js(notes)[0] == "Diagnosis of 2 jobs: 0 with findings, 0 with nothing wrong found, 2 being made."
+        assert page.js("document.querySelectorAll('#view div.pending').length") == 1
+        page.wait("!document.querySelector('#view div.pending')", timeout=300)
+        got = [n for n in page.js(notes) if n.startswith(("Diagnosis", "Nothing", "Being"))]
+        assert got == ["Diagnosis of 2 jobs: 0 with findings, 2 with nothing wrong found.",
+                       "Nothing wrong found: a, b."]
+        assert not page.errors
+    finally:
+        server.stop()

@@ -217,8 +217,16 @@ def test_layers_count_non_finite_values_and_keep_a_spike(tmp_path):
     norm = next(t for t in figs["layers-norms"]["data"] if t["meta"]["tensor"] == "gradients/fc")
     assert len(norm["x"]) <= 402 and 1234 in norm["x"]  # enveloped, the spike kept
     assert max(y for y in norm["y"] if y is not None) == pytest.approx(1e3, rel=1e-6)
-    heat = _figures(render_view(jobs, "heatmap", {}))["heatmap"]["data"][0]
-    assert max(z for z in heat["z"][0] if z is not None) == pytest.approx(3.0, abs=1e-6)  # log10(1e3)
+    # the NaN/inf step on the L2 norm's log axis: a marker on the row labelled NaN/inf, never left out
+    (row,) = [t for t in figs["layers-norms"]["data"] if t["meta"].get("row") == "nonfinite"]
+    assert row["x"] == [2000] and row["meta"]["tensor"] == "gradients/fc"
+    axis = figs["layers-norms"]["layout"]["yaxis" if row["yaxis"] == "y" else "yaxis" + row["yaxis"][1:]]
+    assert axis["ticktext"][-1] == "NaN/inf" and row["y"] == [pytest.approx(axis["tickvals"][-1])]
+    heat = _figures(render_view(jobs, "heatmap", {}))["heatmap"]["data"]
+    assert max(z for z in heat[0]["z"][0] if z is not None) == pytest.approx(3.0, abs=1e-6)  # log10(1e3)
+    bad = next(t for t in heat if (t.get("meta") or {}).get("cells") == "NaN or inf")
+    col = max(i for i, x in enumerate(heat[0]["x"]) if x <= 2000)
+    assert bad["z"][0][col] == 1 and heat[0]["z"][0][col] is None  # drawn apart from the colour scale
 
 
 def test_rule_marker_sits_on_the_loss_curve_at_the_firing_step(tmp_path):
@@ -416,3 +424,80 @@ def test_statistics_asked_later_are_read_then(tmp_path):
     assert sorted(both) == sorted(fresh)
     for k in fresh:
         np.testing.assert_array_equal(both[k][1], fresh[k][1], err_msg=k)
+
+
+def test_many_jobs_curves_share_a_budget_and_the_header_swatches_are_their_legend(tmp_path):
+    """Twenty jobs overlaid: each curve a min/max envelope within the figure's budget (a spike kept), no plotly
+    legend (the title says the swatches are it), and each job in its colour and dash, as its header swatch draws
+    them (jobs 0 and 7 share a colour, never a dash)."""
+    from importlib import resources
+
+    from tensortap import modes
+    from tensortap.ui import views
+    from tensortap.ui.views import render_view
+
+    paths = []
+    for j in range(20):
+        paths.append(str(tmp_path / f"run{j:02d}"))
+        hook = tt.Hook(paths[-1], save_config=tt.SaveConfig(save_interval=1))
+        for step in range(1000):
+            hook.set_mode(modes.TRAIN)
+            hook.next_step()
+            hook.save_scalar("loss", 50.0 if step == 500 + j else 1.0 / (step + 1))
+            g = np.full(4, 0.0 if step == 300 else (1e3 if step == 700 else 1.0), np.float32)
+            hook.save_tensor("gradients/fc", g, "gradients")
+        hook.close()
+    blocks = render_view(JobSet(paths), "overview", {})
+    (f,) = [b["figure"] for b in blocks if b["type"] == "figure"]
+    curves = [t for t in f["data"] if (t.get("meta") or {}).get("curve")]
+    assert len(curves) == 20 and sum(len(t["x"]) for t in curves) <= views.CURVE_BUDGET
+    assert all(len(t["x"]) < 1000 and t["meta"]["downsampled"] for t in curves)
+    assert all(dict(zip(t["x"], t["y"], strict=True))[500 + t["meta"]["job"]] == 50.0 for t in curves)
+    assert f["layout"]["showlegend"] is False and "20 curves: each job in the colour and dash of its swatch" in \
+        f["layout"]["title"]["text"]
+    style = {t["meta"]["job"]: (t["line"]["color"], t["line"]["dash"]) for t in curves}
+    assert style == {j: (views.job_colour(j), views.job_dash(j)) for j in range(20)}
+    assert style[0][0] == style[7][0] and style[0][1] != style[7][1]
+    # the layers' panel of 20 series shares a budget of points too; every zero listed, the spike kept, no legend
+    (f,) = [b["figure"] for b in render_view(JobSet(paths), "layers", {}) if b["type"] == "figure"
+            and b["id"] == "layers-norms"]
+    norms = [t for t in f["data"] if "row" not in t["meta"]]
+    assert len(norms) == 20 and all(len(t["x"]) <= views.PANEL_POINTS // 20 for t in norms)
+    assert all(dict(zip(t["x"], t["y"], strict=True))[700] == pytest.approx(2e3) for t in norms)
+    zeros = [t for t in f["data"] if t["meta"].get("row") == "zero"]
+    assert len(zeros) == 20 and all(t["x"] == [300] for t in zeros)
+    assert f["layout"]["showlegend"] is False and "each job in its swatch's colour" in f["layout"]["title"]["text"]
+    # the heatmaps side by side, four a row: each readable, the layers named at the start of each row
+    (f,) = [b["figure"] for b in render_view(JobSet(paths), "heatmap", {}) if b["type"] == "figure"]
+    grid = f["layout"]["grid"]
+    assert (grid["rows"], grid["columns"]) == (5, 4)
+    named = [i for i in range(1, 21) if f["layout"]["yaxis" if i == 1 else f"yaxis{i}"]["showticklabels"]]
+    assert named == [1, 5, 9, 13, 17]
+    js = resources.files("tensortap.ui").joinpath("static", "app.js").read_text(encoding="utf-8")
+    got = re.search(r"var DASHES = \[([^\]]*)\]", js).group(1)
+    plotly = {"solid": "null", "dash": '"9,9"', "dot": '"3,3"', "dashdot": '"9,3,3,3"', "longdash": '"15,15"',
+              "longdashdot": '"15,6,3,6"'}  # plotly's dash patterns at a line width of 3
+    assert re.findall(r'null|"[0-9,]+"', got) == [plotly[d] for d in views.DASHES]
+
+
+def test_every_median_is_drawn_over_every_band(tmp_path):
+    """Two jobs' distributions: the bands first, then each job's median line, so that no job's bands hide
+    another's median."""
+    from tensortap.ui.views import render_view
+
+    paths = [str(tmp_path / "a"), str(tmp_path / "b")]
+    for p in paths:
+        hook = tt.Hook(p, save_config=tt.SaveConfig(save_interval=1),
+                       reduction_config=tt.ReductionConfig(save_raw_tensor=True))
+        for step in range(5):
+            hook.next_step()
+            hook.save_tensor("gradients/fc", np.arange(8, dtype=np.float32) * step, "gradients")
+        hook.close()
+    (f,) = [b["figure"] for b in render_view(JobSet(paths), "distribution", {}) if b["type"] == "figure"]
+    kinds = ["median" if t["name"].startswith("median") else "band" for t in f["data"]]
+    assert kinds == ["band"] * 12 + ["median"] * 2
+    assert [t["meta"]["job"] for t in f["data"][-2:]] == [0, 1]
+    values = [np.arange(8, dtype=np.float32) * step for step in range(5)]  # what each job saved
+    assert f["data"][-1]["y"] == pytest.approx([float(np.median(v)) for v in values], rel=1e-6)
+    low = next(t for t in f["data"] if t["name"] == "5–95 % low · b")
+    assert low["y"] == pytest.approx([float(np.quantile(v, 0.05)) for v in values], rel=1e-6)

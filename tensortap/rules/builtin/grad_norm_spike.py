@@ -6,8 +6,8 @@ import math
 from typing import Any
 
 from tensortap import modes as _modes
-from tensortap.analysis.spikes import SpikeDetector, attribute
-from tensortap.rules.builtin._norms import GradNorms, LateSteps
+from tensortap.analysis.spikes import SpikeDetector, attribute_all
+from tensortap.rules.builtin._norms import GradNorms, LateSteps, OutputKurtosis
 from tensortap.rules.builtin.loss_spike import describe_movers
 from tensortap.rules.params import as_float, as_int, as_str
 from tensortap.rules.rule import Rule
@@ -16,12 +16,13 @@ __all__ = ["GradNormSpike"]
 
 
 class GradNormSpike(Rule):
-    """Fires at a saved TRAIN step where the total gradient norm (the L2 norm of every tensor of
-    `collection_name` taken together, what gradient clipping measures) spikes, judged as LossSpike judges a loss:
-    robust z-score of its log over the last `window` saved values above `z_threshold` and more than `min_ratio`
-    times their median, or more than `max_factor` times the largest norm before. The message names the layers
-    whose norm moved first. A step where some gradient seen before has no norm is not judged. Steps written after
-    the rule passed them (the flight recorder's ring) are judged, in order, at the next step it is invoked at."""
+    """Fires at a saved TRAIN step where the total gradient norm (the L2 norm of every tensor of `collection_name`
+    taken together, what gradient clipping measures) spikes, judged as LossSpike judges a loss: robust z-score of
+    its log over the last `window` saved values above `z_threshold` and more than `min_ratio` times their median, or
+    more than `max_factor` times the largest norm before. The message names the layers whose norm, or whose output's
+    kurtosis (the flight recorder's full statistics), moved first. A step where some gradient seen before has no
+    norm is not judged. Steps written after the rule passed them (the flight recorder's ring) are judged, in order,
+    at the next step it is invoked at."""
 
     description = ("The total gradient norm spikes: robust z-score of its log over a trailing window and a ratio "
                    "to the window's median, or more than max_factor x the largest norm seen.")
@@ -45,6 +46,7 @@ class GradNormSpike(Rule):
                             min_ratio=self.min_ratio, max_factor=self.max_factor, min_history=self.min_history)
         self._det = SpikeDetector(self.window, self.z_threshold, self.min_ratio, self.max_factor, self.min_history)
         self._grads = GradNorms(self, self.collection_name)
+        self._kurtosis = OutputKurtosis(self)
         self._late = LateSteps(self.base_trial)
         self.report.judged = 0
 
@@ -56,12 +58,14 @@ class GradNormSpike(Rule):
 
     def _judge(self, step: int) -> None:
         total = self._grads.read(step)
+        self._kurtosis.read(step)
         if total is None or not math.isfinite(total):
             return
         sp = self._det.add(step, total)
         self.report.judged = self._det.judged
         if sp is None:
             return
-        sp.movers = attribute(step, self._grads.layers, since=sp.previous_step, window=self.window)
+        sp.movers = attribute_all(step, self._grads.layers, self._kurtosis.layers, since=sp.previous_step,
+                                  window=self.window)
         self.violation(step, "the gradient norm spiked: " + sp.describe("total gradient norm")
                        + describe_movers(sp.movers), None, sp.value)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from tensortap import modes as _modes
-from tensortap.analysis.spikes import SpikeDetector, attribute
-from tensortap.rules.builtin._norms import L2, GradNorms, LateSteps
+from tensortap.analysis.spikes import SpikeDetector, attribute_all
+from tensortap.rules.builtin._norms import L2, GradNorms, LateSteps, OutputKurtosis
 from tensortap.rules.builtin._stats import MEAN
 from tensortap.rules.params import as_float, as_int, as_mode, as_regex_list
 from tensortap.rules.rule import Rule
@@ -15,24 +15,26 @@ __all__ = ["LossSpike", "describe_movers"]
 
 
 def describe_movers(movers: list[Any]) -> str:
-    """'; the gradient norms that moved first: gradient/fc3.weight (x41 at step 118), ...' or ''."""
+    """'; moved first: the gradient norm of gradient/fc3.weight (x41 at step 118), the activation kurtosis of
+    fc2_output_0 (x9 at step 117), ...' or ''."""
     if not movers:
         return ""
     parts = []
     for m in movers:
         how = "non-finite" if m.ratio == float("inf") else f"x{m.ratio:.3g}"
-        parts.append(f"{m.tensor} ({how} at step {m.step})")
-    return "; the gradient norms that moved first: " + ", ".join(parts)
+        parts.append(f"the {m.statistic} of {m.tensor} ({how} at step {m.step})")
+    return "; moved first: " + ", ".join(parts)
 
 
 class LossSpike(Rule):
     """Fires at a saved step where a loss spikes: against the last `window` saved values of that loss (at least
-    `min_history`), its robust z-score (of the log, the spread a median absolute deviation) is above
-    `z_threshold` and it is more than `min_ratio` times their median; or it is more than `max_factor` times the
-    largest loss seen before (Megatron-LM's check). The message names the layers whose gradient norm moved first
-    (when the job saved gradients). Steps of `mode` (default: TRAIN and steps saved without a mode); the first
-    worker's values (RankDivergence compares workers). Steps written after the rule passed them (the flight
-    recorder's ring) are judged, in order, at the next step it is invoked at."""
+    `min_history`), its robust z-score (of the log, the spread a median absolute deviation) is above `z_threshold`
+    and it is more than `min_ratio` times their median; or it is more than `max_factor` times the largest loss seen
+    before (Megatron-LM's check). The message names the layers whose gradient norm moved first (when the job saved
+    gradients), or whose output's kurtosis did (the flight recorder's full statistics). Steps of `mode` (default:
+    TRAIN and steps saved without a mode); the first worker's values (RankDivergence compares workers). Steps
+    written after the rule passed them (the flight recorder's ring) are judged, in order, at the next step it is
+    invoked at."""
 
     description = ("A loss spikes: robust z-score of its log over a trailing window and a ratio to the window's "
                    "median, or more than max_factor x the largest loss seen.")
@@ -58,6 +60,7 @@ class LossSpike(Rule):
                             min_history=self.min_history)
         self._detectors: dict[str, SpikeDetector] = {}
         self._grads = GradNorms(self)
+        self._kurtosis = OutputKurtosis(self)
         self._late = LateSteps(self.base_trial)
         self.report.judged = 0
 
@@ -75,6 +78,7 @@ class LossSpike(Rule):
 
     def _judge(self, step: int) -> None:
         self._grads.read(step)
+        self._kurtosis.read(step)
         names = self.select([] if self.tensor_regex else ["losses"], self.tensor_regex)
         for name in names:
             det = self._detectors.get(name)
@@ -91,6 +95,7 @@ class LossSpike(Rule):
             self.report.judged = sum(d.judged for d in self._detectors.values())
             if sp is None:
                 continue
-            sp.movers = attribute(step, self._grads.layers, since=sp.previous_step, window=self.window)
+            sp.movers = attribute_all(step, self._grads.layers, self._kurtosis.layers, since=sp.previous_step,
+                                      window=self.window)
             self.violation(step, "the loss spiked: " + sp.describe("loss") + describe_movers(sp.movers), name,
                            sp.value)

@@ -18,35 +18,71 @@
   // A run's colour in every view: tensortap.ui.views.PALETTE (Okabe and Ito's colour-blind-safe palette).
   var PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000"];
   function jobColour(i) { return PALETTE[i % PALETTE.length]; }
+  // and its dash beyond seven jobs (views.DASHES, views.job_dash), as plotly draws them at a width of 2
+  var DASHES = [null, "9,9", "3,3", "9,3,3,3", "15,15", "15,6,3,6"];
+  function jobDash(i) { return DASHES[Math.floor(i / PALETTE.length) % DASHES.length]; }
+  var SVG = "http://www.w3.org/2000/svg";
+  // a job's swatch in the header: a short line in its colour and dash (the legend of figures that have none)
+  function swatch(i) {
+    var s = document.createElementNS(SVG, "svg");
+    s.setAttribute("class", "swatch");
+    s.setAttribute("width", "30"); s.setAttribute("height", "12"); s.setAttribute("aria-hidden", "true");
+    var bg = document.createElementNS(SVG, "rect");
+    bg.setAttribute("width", "30"); bg.setAttribute("height", "12"); bg.setAttribute("rx", "2");
+    bg.setAttribute("fill", "#ffffff");
+    var line = document.createElementNS(SVG, "line");
+    line.setAttribute("x1", "2"); line.setAttribute("x2", "28"); line.setAttribute("y1", "6"); line.setAttribute("y2", "6");
+    line.setAttribute("stroke", jobColour(i)); line.setAttribute("stroke-width", "3");
+    if (jobDash(i)) line.setAttribute("stroke-dasharray", jobDash(i));
+    s.appendChild(bg); s.appendChild(line);
+    s.dataset.colour = jobColour(i);
+    s.dataset.dash = jobDash(i) || "solid";
+    return s;
+  }
 
   // How curves are drawn (the toolbar above them): EMA smoothing weight, log y axis, x by global step, by step
-  // within the mode, or by wall time (seconds since the job's first step, where the job records it).
+  // within the mode, by wall time (seconds since the job's first step, where the job records it) or by epoch
+  // (where the job saved a scalar `epoch`).
   var curveState = { smooth: 0, ylog: false, x: "step" };
-  // the trace meta key that holds the points' x of each x axis but the global step (wall time: computed from
-  // the job's table of {step, s}, by linear interpolation between its steps)
-  var X_KEYS = { mode: "x_mode", wall: "x_wall" };
-  function wallX(table, steps) {
-    var st = table.step, s = table.s, n = st.length;
+  // the trace meta key that holds the points' x of each x axis but the global step (wall time and epoch: computed
+  // from the job's table in layout.meta, by linear interpolation between its steps)
+  var X_KEYS = { mode: "x_mode", wall: "x_wall", epoch: "x_epoch" };
+  // the value at each of `steps` by linear interpolation in the table (st, vs); beyond its ends null, or (`extend`)
+  // the line through the nearest two
+  function interp(st, vs, steps, extend) {
+    var n = st.length;
     return steps.map(function (x) {
-      if (x === null || x < st[0] || x > st[n - 1]) return null;
+      if (x === null || !n) return null;
+      if (x < st[0] || x > st[n - 1]) {
+        if (!extend || n < 2) return null;
+        var a = x < st[0] ? 0 : n - 2;
+        return vs[a] + (vs[a + 1] - vs[a]) * (x - st[a]) / (st[a + 1] - st[a]);
+      }
       var lo = 0, hi = n - 1;
       while (hi - lo > 1) { var mid = (lo + hi) >> 1; if (st[mid] <= x) lo = mid; else hi = mid; }
-      if (st[lo] === x || hi === lo) return s[lo];
-      if (st[hi] === x) return s[hi];
-      return s[lo] + (s[hi] - s[lo]) * (x - st[lo]) / (st[hi] - st[lo]);
+      if (st[lo] === x || hi === lo) return vs[lo];
+      if (st[hi] === x) return vs[hi];
+      return vs[lo] + (vs[hi] - vs[lo]) * (x - st[lo]) / (st[hi] - st[lo]);
     });
   }
+  function hasTable(f, key) {
+    var m = f.layout.meta && f.layout.meta[key];
+    return !!m && Object.keys(m).length > 0;
+  }
   // the points' x under x axis `xKey` (null: the global steps themselves); `f`: the trace's figure, whose
-  // layout.meta.wall holds each job's table of wall times
+  // layout.meta.wall and layout.meta.epoch hold each job's table. A job without the table: no points.
   function xOf(t, xKey, f) {
     var m = t.meta || {};
-    if (xKey === "x_wall") {
-      var walls = f.layout.meta && f.layout.meta.wall, table = walls && walls[String(m.job)];
-      return table ? wallX(table, t.x) : null;
+    if (xKey === "x_wall" || xKey === "x_epoch") {
+      var key = xKey === "x_wall" ? "wall" : "epoch";
+      var tables = f.layout.meta && f.layout.meta[key], table = tables && tables[String(m.job)];
+      if (!table) return t.x.map(function () { return null; });
+      return key === "wall" ? interp(table.step, table.s, t.x, false) : interp(table.step, table.epoch, t.x, true);
     }
     return xKey && m[xKey] ? m[xKey] : null;
   }
-  var X_TITLES = { mode: "step within its mode", wall: "wall time (s since the job's first step)" };
+  var X_TITLES = { mode: "step within its mode", wall: "wall time (s since the job's first step)",
+                   epoch: "epoch (the job's saved epoch scalar)" };
   var curveListeners = [];  // called when the toolbar changes (the live page keeps it in the URL)
 
   // --- curves: smoothing, zero-safe log axis, x by mode step -------------------------------------
@@ -105,6 +141,9 @@
     f.data.forEach(function (t) {
       var m = t.meta || {};
       var x = xOf(t, xKey, f) || t.x;
+      if (m.curve && (cs.x === "wall" || cs.x === "epoch") && t.x.length && x.every(function (v) { return v === null; })) {
+        t = Object.assign({}, t, { name: t.name + (cs.x === "epoch" ? " (no epoch saved)" : " (no wall time)") });
+      }
       if (m.curve) {
         var key = "c" + m.job + ":" + m.tensor + ":" + m.mode;
         if (cs.smooth > 0) {
@@ -123,7 +162,7 @@
       }
     });
     if (xKey) layout.xaxis = Object.assign({}, layout.xaxis, { title: { text: X_TITLES[cs.x] } });
-    if (cs.x === "wall") delete layout.xaxis.dtick;
+    if (cs.x === "wall" || cs.x === "epoch") delete layout.xaxis.dtick;
     var finite = [];
     lines.forEach(function (t) { t.y.forEach(function (v) { if (v !== null && isFinite(v)) finite.push(v); }); });
     if (cs.ylog) {
@@ -240,7 +279,7 @@
             function (e) { showError("zoom: " + (e.message || e)); });
   }
 
-  function curveToolbar(hasWall) {
+  function curveToolbar(hasWall, hasEpoch, hasRounds) {
     var bar = el("div", "toolbar");
     bar.setAttribute("role", "group");
     bar.setAttribute("aria-label", "how curves are drawn");
@@ -264,15 +303,18 @@
     var xl = el("label", null, "x axis ");
     var xs = el("select");
     xs.dataset.control = "x";
-    var xOptions = [["step", "global step"], ["mode", "step within its mode"]];
+    var xOptions = [["step", hasRounds ? "global step (XGBoost: round)" : "global step"], ["mode", "step within its mode"]];
     if (hasWall) xOptions.push(["wall", "wall time"]);
+    if (hasEpoch) xOptions.push(["epoch", "epoch"]);
     xOptions.forEach(function (o) {
       var opt = el("option", null, o[1]); opt.value = o[0]; if (o[0] === curveState.x) opt.selected = true; xs.appendChild(opt);
     });
     xs.addEventListener("change", function () { curveState.x = xs.value; changed(); });
     xl.appendChild(xs);
-    var hint = el("span", "meta", hasWall ? "wall time: when the step's data was flushed (within 0.5 s); epochs: not recorded by the hooks"
-                                          : "wall time (smdebug jobs) and epochs: not recorded");
+    var hint = el("span", "meta", (hasWall ? "wall time: when the step's data was flushed (within 0.5 s)"
+                                           : "wall time: not recorded (smdebug jobs)") + "; " +
+                                  (hasEpoch ? "epoch: the job's saved scalar named epoch"
+                                            : "epoch: offered when a job saves a scalar named epoch"));
     [sl, lg, xl, hint].forEach(function (n) { bar.appendChild(n); });
     var pending = null;
     function changed() {
@@ -337,17 +379,18 @@
     blocks.forEach(function (b, i) {
       // the curve toolbar goes above the first curves (or the note about them just before)
       if (!toolbar && (b.curves || (b.type === "note" && blocks[i + 1] && blocks[i + 1].curves))) {
-        nodes.push(curveToolbar(blocks.some(function (x) {
-          return x.curves && x.figure.layout.meta && x.figure.layout.meta.wall;
-        })));
+        nodes.push(curveToolbar(blocks.some(function (x) { return x.curves && hasTable(x.figure, "wall"); }),
+                                blocks.some(function (x) { return x.curves && hasTable(x.figure, "epoch"); }),
+                                blocks.some(function (x) { return x.curves && /^rounds-/.test(x.id); })));
         toolbar = true;
       }
       if (b.type === "heading") {
         nodes.push(el("h3", null, b.text));
-      } else if (b.type === "note" && b.pending) {
-        var box = el("div", "pending");
-        box.dataset.pending = b.pending;
-        box.appendChild(el("p", "note", b.text));
+      } else if (b.type === "group") {
+        // blocks without figures (the diagnosis); `pending`: the view to ask for until nothing in it is pending
+        var box = el("div", b.pending ? "group pending" : "group");
+        if (b.pending) box.dataset.pending = b.pending;
+        renderBlocks(box, b.blocks, onChoice);
         nodes.push(box);
       } else if (b.type === "note") {
         nodes.push(el("p", "note", b.text));
@@ -484,7 +527,7 @@
     if (q.getAll("job").length) params.job = q.getAll("job");
     if (q.get("smooth")) curveState.smooth = Math.min(0.99, Math.max(0, Number(q.get("smooth")) || 0));
     if (q.get("ylog")) curveState.ylog = q.get("ylog") === "1";
-    if (q.get("x") === "mode" || q.get("x") === "wall") curveState.x = q.get("x");
+    if (X_KEYS[q.get("x")]) curveState.x = q.get("x");
     return { view: q.get("view") || "overview", params: params };
   }
 
@@ -540,9 +583,7 @@
     var jobs = document.getElementById("jobs");
     doc.jobs.forEach(function (j) {
       var chip = el("span", "job");
-      var sw = el("span", "swatch");
-      sw.style.background = jobColour(j.index);
-      chip.appendChild(sw);
+      chip.appendChild(swatch(j.index));
       chip.appendChild(document.createTextNode(j.name));
       jobs.appendChild(chip);
     });
@@ -605,9 +646,12 @@
         getJSON(viewPath(box.dataset.pending, state.params.job ? { job: state.params.job } : {}))
           .then(function (body) {
             if (!box.isConnected) return null;
-            if (body.blocks.some(function (b) { return b.pending; })) { fillPending(box, view); return null; }
+            // what is ready so far drawn in the box; asked again while some of it is being made
+            var group = body.blocks.length === 1 && body.blocks[0].type === "group" ? body.blocks[0] : null;
+            if (group && group.pending) { renderBlocks(box, group.blocks, null); fillPending(box, view); return null; }
             box.classList.remove("pending");
-            return renderBlocks(box, body.blocks, null);
+            delete box.dataset.pending;
+            return renderBlocks(box, group ? group.blocks : body.blocks, null);
           }).catch(function () { fillPending(box, view); });
       }, pollMs);
     }
@@ -674,10 +718,8 @@
           toHash(state.view, state.params);
           load();
         });
-        var sw = el("span", "swatch");
-        sw.style.background = jobColour(j.index);
         lab.appendChild(box);
-        lab.appendChild(sw);
+        lab.appendChild(swatch(j.index));
         lab.appendChild(document.createTextNode(j.name));
         jobs.appendChild(lab);
       });
