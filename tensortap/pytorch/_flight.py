@@ -291,22 +291,25 @@ class TorchFlight:
             logger.warning("tensortap flight recorder: no module output was seen in step %d (the model runs "
                            "compiled?): weights and gradients are recorded, module outputs are not", step_id[0])
         full = self.full
-        sig: list[tuple] = []
-        rows: list[Any] = []  # per recorded output: its statistics row (see _RAW_COLUMNS)
-        nfs: list[int] = []  # its non-finite count (-1: not known yet)
-        shapes: list[Any] = []
         held: list[tuple[int, torch.Tensor]] = []  # (position, output) of the accelerator outputs
-        for c in calls:
-            sig.append(c[_SIG])
-            if c[_HELD]:
-                it = iter(c[_HELD])
-                pos = len(rows)
-                for j, nf in enumerate(c[_NF]):
-                    if nf < 0:
-                        held.append((pos + j, next(it)))
-            rows.extend(c[_ROWS])
-            nfs.extend(c[_NF])
-            shapes.extend(c[_SHAPES])
+        if all(c[_NF] is _NF0 for c in calls):  # (one finite CPU tensor per call: the common case)
+            sig = [c[_SIG] for c in calls]
+            rows: list[Any] = [c[_ROWS][0] for c in calls]  # per recorded output: its row (see _RAW_COLUMNS)
+            nfs: Any = 0
+            shapes = [c[_SHAPES][0] for c in calls]
+        else:
+            sig, rows, nfs, shapes = [], [], [], []  # (nfs: per output its non-finite count, -1: not known yet)
+            for c in calls:
+                sig.append(c[_SIG])
+                if c[_HELD]:
+                    it = iter(c[_HELD])
+                    pos = len(rows)
+                    for j, nf in enumerate(c[_NF]):
+                        if nf < 0:
+                            held.append((pos + j, next(it)))
+                rows.extend(c[_ROWS])
+                nfs.extend(c[_NF])
+                shapes.extend(c[_SHAPES])
         n_out = len(rows)
         # (detached: no autograd record of the statistics; checked when registered)
         tensors: list[torch.Tensor] = [p.detach() for p in self.weights]
