@@ -28,7 +28,9 @@ through shared memory) side by side.
 `tensortap-tb` is the default hook with `export_tensorboard=True` (issue #24: the export costs the step nothing).
 `tensortap-flight` is a hook with its flight recorder on (statistics of every weight, gradient and module output at
 every step, docs/pytorch.md), `tensortap-flight-full` the same with `statistics="full"`,
-`tensortap-flight-parameterized` / `tensortap-flight-nooutputs` with `outputs="parameterized"` / `"none"`; with
+`tensortap-flight-parameterized` / `tensortap-flight-nooutputs` with `outputs="parameterized"` / `"none"`, and
+`tensortap-noflight` the same hook with the recorder off, measured the same way (its global optimizer hooks
+switched off in the plain blocks too: what the hook itself costs, beside the recorder's share); with
 `--intervals never` nothing else is saved. `anomaly` is `torch.autograd.set_detect_anomaly(True)` in the hooked
 blocks (no hook). `floor` is the least work of the same kind, no hook: one `torch._foreach_norm` over the weights
 and gradients in a global optimizer pre-hook and one host transfer; `floor-outputs` adds a forward hook on every
@@ -211,7 +213,8 @@ def child(lib: str, interval: str, model_name: str, pairs: int, steps: int) -> d
 
         export = lib == "tensortap-tb"  # the same hook exporting TensorBoard event files (written by the writer)
         flight = lib.startswith("tensortap-flight")
-        writer = lib.split("-", 1)[1] if "-" in lib and not export and not flight else "auto"
+        writer = lib.split("-", 1)[1] if "-" in lib and not export and not flight and lib != "tensortap-noflight" \
+            else "auto"
         kw = {}
         if flight:
             from tensortap.capture.flight import FlightConfig
@@ -225,7 +228,8 @@ def child(lib: str, interval: str, model_name: str, pairs: int, steps: int) -> d
         hook.register_loss(loss_fn)
     if lib.startswith("floor"):
         _floor(model, loss_fn, outputs=lib == "floor-outputs")
-    switch = _HookSwitch([model, loss_fn], optimizer_hooks=lib.startswith(("tensortap-flight", "floor")))
+    switch = _HookSwitch([model, loss_fn],
+                         optimizer_hooks=lib.startswith(("tensortap-flight", "floor", "tensortap-noflight")))
     anomaly = lib == "anomaly"  # hooked blocks: torch's anomaly mode, no hook
     on_cpu: dict[int, int] = {}  # the CPU the training thread ran on at the end of each block
 
@@ -374,7 +378,8 @@ def main() -> None:
                "tensortap-process": sys.executable, "tensortap-tb": sys.executable, "smdebug": smdebug_python,
                "none": sys.executable, "tensortap-flight": sys.executable, "tensortap-flight-full": sys.executable,
                "tensortap-flight-parameterized": sys.executable, "tensortap-flight-nooutputs": sys.executable,
-               "anomaly": sys.executable, "floor": sys.executable, "floor-outputs": sys.executable}
+               "anomaly": sys.executable, "floor": sys.executable, "floor-outputs": sys.executable,
+               "tensortap-noflight": sys.executable}
     configs = [(m, lib, iv) for m in args.models.split(",") for iv in args.intervals.split(",") for lib in libs]
     results: dict[tuple[str, str, str], list[dict]] = {c: [] for c in configs}
     for r in range(args.rounds):
