@@ -1,7 +1,7 @@
 """Build of the optional C helper (everything else is in pyproject.toml).
 
-`tensortap.transport._streamcopy` copies tensors into the writer's shared memory with streaming stores; when it
-cannot be built (no compiler), tensortap falls back to memcpy. `tensortap.pytorch._counting` is the PyTorch
+`tensortap.transport._streamcopy` copies a step's tensors into the writer's shared memory in one call and holds
+the ring's atomics; when it cannot be built (no compiler), tensortap falls back to one ctypes.memmove per tensor. `tensortap.pytorch._counting` is the PyTorch
 step counter's truth test (tensortap/pytorch/_step_counter.py); without it the counter runs in Python.
 """
 

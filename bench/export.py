@@ -8,6 +8,7 @@ machine the absolute figures move with it, ratios less.
 
 Usage: .venv/bin/python bench/export.py [--only NAME ...] [--repeat 3] [--wide-steps 1000] [--old /work/main]
                                        [--wide-path JOB] [--dask-workers 2]
+                                       [--packed-steps 10000] [--packed-tensors 10000] [--packed-path JOB]
   --old PATH  also time to_dataframe() of the tensortap checkout at PATH (the implementation before this one)
 """
 
@@ -248,6 +249,124 @@ def bench_wide_stream(tmp: str, repeat: int, steps: int, path: str | None = None
             f"dask_{dask_workers}_workers": summary(rows, dist)}
 
 
+def packed_job(path: str, tensors: int, steps: int, steps_per_block: int = 100) -> int:
+    """A finished native job of statistics as the PyTorch hook hands them over (`submit_statistics`: one vector a
+    step, l2 as float32 and nonfinite as int64 of each tensor), written by the real encoder: one packed entry and
+    payload a step (docs/format.md §3.3). Returns the number of values."""
+    from tensortap.format.records import StatisticsLayout, StatisticsRows
+    from tensortap.format.writer import ChunkEncoder
+    from tensortap.storage import LocalStorage
+
+    names = tuple(f"gradient/layer{i}.weight" for i in range(tensors))
+    keys = (("l2", False), ("nonfinite", False))
+    lay = StatisticsLayout(names, (keys,) * tensors, ((np.dtype(np.float32), np.dtype(np.int64)),) * tensors)
+    base = np.random.default_rng(0).random(lay.vector_size)
+    enc = ChunkEncoder(LocalStorage(path), "worker_0")
+    for s in range(steps):
+        v = base / (s + 1)
+        v[1::2] = s % 3
+        enc.encode_statistics(StatisticsRows(lay, v, s, 1, s))
+        if (s + 1) % steps_per_block == 0 or s == steps - 1:
+            enc.write_block(passed={"step": s, "mode_steps": {"TRAIN": s}}, end=s == steps - 1)
+    enc.close()
+    return tensors * steps * 2
+
+
+def _evict(path: str) -> None:
+    """Drop the job's files (only them) from the page cache: the next read comes from the disk."""
+    for d, _, fs in os.walk(path):
+        for f in fs:
+            fd = os.open(os.path.join(d, f), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def bench_wide_packed(tmp: str, repeat: int, steps: int, tensors: int, path: str | None = None,
+                      trial_steps: int = 1000) -> dict:
+    """A job of `tensors` tensors x `steps` steps of statistics (2 a tensor) read whole by
+    `tensortap.trials.read_statistics`: cold (the job's pages dropped from the cache first) and warm; beside it, at
+    `trial_steps` steps, the same statistics through a trial (`create_trial(...).statistics()`)."""
+    from tensortap.trials import create_trial, read_statistics
+
+    if path is None:
+        path = os.path.join(tmp, "wide_packed")
+    if not os.path.exists(path):
+        t0 = time.perf_counter()
+        n = packed_job(path, tensors, steps)
+        write_s = time.perf_counter() - t0
+    else:
+        n, write_s = tensors * steps * 2, None
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+    idx = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs if f.endswith(".idx"))
+    res: dict = {"cold": ([], []), "warm": ([], [])}
+    for _ in range(repeat):
+        for how in ("cold", "warm"):
+            if how == "cold":
+                _evict(path)
+            got: list = []
+            w = timed(lambda got=got: got.append(read_statistics(path)))
+            assert sum(len(v[1]) for d in got[0].values() for v in d.values()) == n
+            res[how][0].append(w)
+            res[how][1].append(LAST_CPU[0])
+            del got
+    out = {"tensors": tensors, "steps": steps, "values": n, "write_s": write_s and round(write_s, 1),
+           "bytes": size, "index_bytes": idx, "bytes_per_value": round(size / n, 2),
+           **{f"read_statistics_{k}": summary(n, *v) for k, v in res.items()}}
+    small = os.path.join(tmp, "wide_packed_small")
+    if trial_steps and not os.path.exists(small):
+        m = packed_job(small, tensors, trial_steps)
+        walls, cpus = [], []
+        for _ in range(repeat):
+            walls.append(timed(lambda: create_trial(small).statistics(stats=["l2", "nonfinite"])))
+            cpus.append(LAST_CPU[0])
+        out["trial_statistics_small"] = {"steps": trial_steps, **summary(m, walls, cpus)}
+        walls, cpus = [], []
+        for _ in range(repeat):
+            walls.append(timed(lambda: read_statistics(small)))
+            cpus.append(LAST_CPU[0])
+        out["read_statistics_small"] = {"steps": trial_steps, **summary(m, walls, cpus)}
+        shutil.rmtree(small, ignore_errors=True)
+    return out
+
+
+EXPORT_PEAK = """
+import resource, sys, time
+sys.path.insert(0, sys.argv[1])
+from tensortap.export import export
+c0, t0 = time.process_time(), time.perf_counter()
+export(sys.argv[2], sys.argv[3], tables=["scalars"])
+print(time.perf_counter() - t0, time.process_time() - c0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def bench_export_memory(tmp: str, repeat: int, tensors: int, steps: int, old: str | None) -> dict:
+    """Peak RSS of `tensortap export` of one job of `tensors` scalars x `steps` steps (one index entry a value), in
+    a fresh process each, this checkout and `old` alternately."""
+    path = os.path.join(tmp, "export_memory")
+    n = synth_job(path, tensors=tensors, steps=steps)
+    idx = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    res: dict = {}
+    for i in range(repeat):
+        for label, root in (("this", here), ("old", old)):
+            if root is None:
+                continue
+            dest = os.path.join(tmp, f"export_memory_out_{label}_{i}")
+            r = subprocess.run([sys.executable, "-c", EXPORT_PEAK, root, path, dest], capture_output=True, text=True,
+                               check=True, env={**os.environ, "PYTHONPATH": root})
+            wall, cpu, rss = r.stdout.split()
+            res.setdefault(label, []).append((float(wall), float(cpu), int(rss)))
+            shutil.rmtree(dest, ignore_errors=True)
+    out = {"values": n, "index_bytes": idx}
+    for label, runs in res.items():
+        out[label] = {"peak_rss_mb": round(med([r[2] for r in runs]) / 1024), **summary(n, [r[0] for r in runs],
+                                                                                      [r[1] for r in runs])}
+    shutil.rmtree(path, ignore_errors=True)
+    return out
+
+
 def bench_duckdb(tmp: str, repeat: int) -> dict:
     import duckdb
 
@@ -312,7 +431,13 @@ def bench_read_jobs(tmp: str, repeat: int, steps: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", nargs="*", default=["frames", "export", "wide", "wide_stream", "duckdb", "read_jobs"])
+    ap.add_argument("--only", nargs="*", default=["frames", "export", "wide", "wide_stream", "wide_packed", "duckdb",
+                                                  "read_jobs"])
+    ap.add_argument("--packed-steps", type=int, default=10_000, help="wide_packed: steps of the job")
+    ap.add_argument("--packed-tensors", type=int, default=10_000, help="wide_packed: tensors of the job")
+    ap.add_argument("--packed-path", default=None, help="wide_packed: where the job is (kept if it exists)")
+    ap.add_argument("--memory-tensors", type=int, default=200, help="export_memory: scalars of the job")
+    ap.add_argument("--memory-steps", type=int, default=25_000, help="export_memory: steps of the job")
     ap.add_argument("--wide-path", default=None, help="wide_stream: an existing job of 10,000 tensors (reused)")
     ap.add_argument("--dask-workers", type=int, default=2)
     ap.add_argument("--only-columns", action="store_true", help="wide_stream: the columnar read alone")
@@ -336,6 +461,11 @@ def main() -> None:
             elif name == "wide_stream":
                 out[name] = bench_wide_stream(tmp, args.repeat, args.wide_steps, args.wide_path, args.dask_workers,
                                               args.only_columns)
+            elif name == "wide_packed":
+                out[name] = bench_wide_packed(tmp, args.repeat, args.packed_steps, args.packed_tensors,
+                                              args.packed_path)
+            elif name == "export_memory":
+                out[name] = bench_export_memory(tmp, args.repeat, args.memory_tensors, args.memory_steps, args.old)
             elif name == "duckdb":
                 out[name] = bench_duckdb(tmp, args.repeat)
             elif name == "read_jobs":

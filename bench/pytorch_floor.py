@@ -1,5 +1,5 @@
 """The floor under the PyTorch hook's overhead: what saving weights, gradients and the loss every N steps costs
-the MLP benchmark with the same torch hooks and the same streaming copies as tensortap, but almost no Python
+the MLP benchmark with the same torch hooks and the same copies as tensortap (one C gather call), but almost no Python
 and no writer (no step bookkeeping, no checks, no ring protocol, no disk: the bytes go to a prefaulted
 shared-memory buffer and stay there).
 

@@ -395,7 +395,9 @@ def report_scale(name: str, res: dict) -> None:
     print(f"{name}: server start {res['server_start_s']:.1f} s; first complete paint, cold, {len(pm)} loads: median "
           f"{statistics.median(pm):.0f} ms (min {min(pm):.0f}, max {max(pm):.0f})  {[round(x) for x in pm]}; "
           f"{m['figures']} figures, {m['points']} points, view JSON {m.get('view-kb', 0):.0f} KB; plotly.js alone "
-          f"(alternated) median {statistics.median(res['floor_ms']):.0f} ms; warm reloads median "
+          f"(alternated) median {statistics.median(res['floor_ms']):.0f} ms (dashboard - plotly.js alone, median of "
+          f"pairs {statistics.median([a - b for a, b in zip(pm, res['floor_ms'], strict=True)]):+.0f} ms); "
+          "warm reloads median "
           f"{statistics.median(wm):.0f} ms (max {max(wm):.0f})  {[round(x) for x in wm]}")
     print("  cold load timeline, median ms since navigation start: " + timeline(res["marks"]))
     if "zoom_ms" in res:

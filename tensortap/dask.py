@@ -116,7 +116,10 @@ def partitions(paths_or_globs: str | Iterable[str], *, job_names: list[str] | No
                 if p is None or p[2] != "idx":
                     continue
                 # a large local index: ranges of whole blocks (found from the blocks' heads); else the chunk
-                big = store.supports_append and (store.size(key) or 0) > NATIVE_ENTRIES_PER_PARTITION * 66
+                # (a data file of packed statistics holds a value per 4-8 bytes, its index one entry a step)
+                dat = layout.chunk_key(p[0], p[1], layout.DATA_SUFFIX)
+                big = store.supports_append and ((store.size(key) or 0) > NATIVE_ENTRIES_PER_PARTITION * 66
+                                                 or (store.size(dat) or 0) > NATIVE_ENTRIES_PER_PARTITION * 4)
                 ranges = block_ranges(store, key, NATIVE_ENTRIES_PER_PARTITION) if big else [(0, 0)]
                 for lo, hi in ranges:
                     out.append(Partition(path, job, p[0], "native", seq=p[1], lo=lo, hi=hi))

@@ -99,7 +99,7 @@ def export(
     and exports it again; `assume_ended=True` exports steps not every worker finished (a job whose process died).
     Returns a summary: per job the rows written per table and the steps exported."""
     from tensortap.storage import open_storage
-    from tensortap.trials import create_trial
+    from tensortap.trials import _check_out_dir, create_trial
     from tensortap.trials.arrow import SCHEMA_VERSION
 
     tables = list(tables)
@@ -136,29 +136,32 @@ def export(
         m = _PART.search(k)
         if m and int(m.group(2)) >= gen:
             store.delete(k)
-    trials = []
     for path, name in zip(paths, names, strict=True):
         prev = state["jobs"].get(name)
         if prev is not None and prev.get("source") != path:
             raise InvalidConfiguration(f"{dest} already holds a job {name!r} exported from {prev.get('source')}, "
                                        f"not {path}: give this one another name (--job-name)")
-        trial = create_trial(path, name=name)
-        if assume_ended:
-            trial.assume_ended()
-        trials.append(trial)
+        try:  # (a path that is no job: refused before anything is written)
+            _check_out_dir(open_storage(path), path)
+        except ValueError as e:
+            raise InvalidConfiguration(f"{path!r}: {e}") from None
     summary: dict[str, Any] = {"dest": dest, "generation": gen, "jobs": {}}
     obsolete: list[str] = []
-    for trial, path, name in zip(trials, paths, names, strict=True):
+    for path, name in zip(paths, names, strict=True):
         js = state["jobs"].get(name)
         if js is None or full:
             if js is not None:
                 obsolete += [k for k in existing if _job_of(k) == partition_value(name)]
             js = {"source": path, "exported_upto": -1, "first_nonfinite": {}}
-        rows = _export_job(store, trial, name, js, gen, block, tables, max_elements, compression)
+        # the first step block to export, read through a trial of its steps alone: it also tells what the job holds
+        lo = int(js["exported_upto"]) + 1
+        probe = create_trial(path, name=name, range_steps=(lo, (lo // block + 1) * block))
+        rows, probe = _export_job(store, probe, path, name, js, gen, block, tables, max_elements, compression,
+                                  assume_ended)
         if "events" in tables:
             obsolete += [k for k in existing if k.startswith(f"events/job={partition_value(name)}/")]
         state["jobs"][name] = js
-        summary["jobs"][name] = {"rows": rows, "exported_upto": js["exported_upto"], "ended": trial.loaded_all_steps}
+        summary["jobs"][name] = {"rows": rows, "exported_upto": js["exported_upto"], "ended": probe.loaded_all_steps}
     state["generation"] = gen
     state["updated_at"] = time.time()
     store.write(STATE_KEY, json.dumps(state, indent=1, sort_keys=True).encode())
@@ -172,25 +175,46 @@ def _job_of(key: str) -> str | None:
     return parts[1][len("job="):] if len(parts) > 2 and parts[1].startswith("job=") else None
 
 
-def _export_job(store: Any, trial: Any, name: str, js: dict[str, Any], gen: int, block: int, tables: list[str],
-                max_elements: int, compression: str) -> dict[str, int]:
-    from tensortap.trials import arrow
+def _export_job(store: Any, probe: Any, path: str, name: str, js: dict[str, Any], gen: int, block: int,
+                tables: list[str], max_elements: int, compression: str, assume_ended: bool) -> tuple[
+                    dict[str, int], Any]:
+    """Export the job's complete steps after `exported_upto`, one step block at a time: a trial of tensortap's
+    store holds only that block's entries (its index is read again for each block, in bounded pieces), so memory
+    stays that of a block however long the job. `probe`: a trial of the job that holds no entry of them."""
+    from tensortap.format.native import NativeSource
+    from tensortap.trials import arrow, create_trial
     from tensortap.trials.columns import STATISTICS, Extract, collections_of
 
-    trial.refresh_data()
-    upto = trial.last_complete_step
+    if assume_ended:
+        probe.assume_ended()
+    probe.refresh_data()
+    native = isinstance(probe.source, NativeSource)
+    whole = None
+    if native:
+        last = probe.source.last_step_written
+        upto = int(min(probe.complete_upto(), last))
+    else:  # (an smdebug out_dir: read as one trial, as before)
+        whole = create_trial(path, name=name)
+        if assume_ended:
+            whole.assume_ended()
+        whole.refresh_data()
+        upto = whole.last_complete_step
     lo = int(js["exported_upto"])
     rows = {t: 0 for t in tables}
     counters: dict[str, int] = {}
     nonfinite = js.setdefault("first_nonfinite", {})
+    trial = whole or probe
     if upto > lo:
-        steps = [s for s in trial.steps(show_incomplete_steps=True) if lo < s <= upto]
-        # one Extract per step block, so memory stays bounded by a block's data
-        first_block, last_block = steps[0] // block, steps[-1] // block
+        first_block, last_block = (lo + 1) // block, upto // block
         nf_stat = STATISTICS.index("nonfinite")
         for b in range(first_block, last_block + 1):
-            a, z = max(lo, b * block - 1), min(upto, (b + 1) * block - 1)
-            ex = Extract(trial, steps=(a, z))
+            a, z = max(lo + 1, b * block), min(upto, (b + 1) * block - 1)
+            if native and b != first_block:
+                trial = create_trial(path, name=name, range_steps=(a, z + 1))
+                if assume_ended:
+                    trial.assume_ended()
+                trial.refresh_data()
+            ex = Extract(trial, steps=(a - 1, z))
             if not len(ex.entries):
                 continue
             per_tensor = collections_of(trial, ex.tensors)
@@ -218,7 +242,7 @@ def _export_job(store: Any, trial: Any, name: str, js: dict[str, Any], gen: int,
         _write(store, f"events/job={partition_value(name)}/part-{gen:06d}-0000.parquet",
                arrow.events_table(ev, with_partitions=False), compression)
         rows["events"] = len(ev)
-    return rows
+    return rows, trial
 
 
 def _write_partitions(store: Any, table: str, tbl: Any, worker: np.ndarray, workers: list[str], job: str,

@@ -13,6 +13,9 @@ import numpy as np
 RAW = 0
 REDUCTION = 1
 SHAPE = 2
+#: (index files only, docs/format.md §3.3) the statistics of several tensors at one step, packed in one payload;
+#: readers expand it into one REDUCTION entry per value
+PACKED = 3
 
 # Reduction codes; ABS_FLAG is or-ed in for abs_ reductions (abs_mean = MEAN | ABS_FLAG).
 # (append only: a reduction's code is its position; docs/format.md §3.2)

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from tensortap.exceptions import CorruptData
-from tensortap.format import codec, layout
-from tensortap.format.entries import ENTRY_DTYPE, INLINE_CHUNK, SHAPE
+from tensortap.format import codec, layout, packed
+from tensortap.format.entries import ENTRY_DTYPE, INLINE_BYTES, INLINE_CHUNK, PACKED, REDUCTION, SHAPE
 from tensortap.format.entries import concat as entries_concat
 from tensortap.format.source import CollectionInfo, Damage, LostSteps, Source
 from tensortap.storage.base import Storage
@@ -49,6 +49,8 @@ class NativeSource(Source):
 
     #: seconds an index tail may stay incomplete or damaged before it counts as final (its writer is gone)
     settle_s: float = 2.0
+    #: bytes of a local index read and decoded at a time
+    read_piece: int = 64 << 20
 
     def __init__(self, storage: Storage, range_steps: tuple[int | None, int | None] | None = None,
                  settle_s: float | None = None):
@@ -78,6 +80,14 @@ class NativeSource(Source):
         self._last_key: dict[str, str] = {}
         #: (worker id, largest global step, header `time`) of each ingested block with entries: wall times
         self.block_times: list[tuple[int, int, float]] = []
+        #: (chunk id, offset) -> packed statistics layout read from the chunk's data file, its name and dtype ids
+        self._layouts: dict[tuple[int, int], tuple[packed.Layout, np.ndarray, np.ndarray]] = {}
+
+    @property
+    def last_step_written(self) -> int:
+        """The newest global step any intact block read so far holds records of or has passed (-1: none), whatever
+        `range_steps` keeps."""
+        return max(self._after.values(), default=-1)
 
     @property
     def location(self) -> str:
@@ -164,7 +174,7 @@ class NativeSource(Source):
                 size = len(buf)
             else:
                 size = self.storage.size(c.idx_key) or 0
-                buf = self.storage.read_range(c.idx_key, c.read_upto, size - c.read_upto) if size > c.read_upto else b""
+                buf = b""
             newest = self._last_seq.get(c.worker, c.seq) <= c.seq
             # A tail that cannot change any more is decoded to the end: damage there is final.
             final = immutable or not newest or self._ended_at(c) or (
@@ -174,6 +184,19 @@ class NativeSource(Source):
                 if used < len(buf) and not final and self._ended_at(c):
                     # the end mark was in this read: what follows it is final now
                     used += self._decode_index(cid, c, path, buf[used:], True, out)
+            else:  # a local index is read in pieces: the bytes in memory stay bounded however long the index
+                piece = self.read_piece
+                while c.read_upto < size:
+                    n = min(piece, size - c.read_upto)
+                    buf = self.storage.read_range(c.idx_key, c.read_upto, n)
+                    whole = c.read_upto + len(buf) >= size
+                    used = self._decode_index(cid, c, path, buf, final and whole, out)
+                    if used < len(buf) and whole and not final and self._ended_at(c):
+                        used += self._decode_index(cid, c, path, buf[used:], True, out)
+                    if whole or not buf:
+                        break
+                    if not used:
+                        piece *= 2  # (a block larger than the piece)
             if c.read_upto < size:
                 if c.pending_size != size:
                     c.pending_since, c.pending_size = now, size
@@ -198,16 +221,7 @@ class NativeSource(Source):
                 c.sealed = True
         if not out:
             return self.empty()
-        entries = entries_concat(out)
-        if self.range_steps is not None:
-            lo, hi = self.range_steps
-            keep = np.ones(len(entries), dtype=bool)
-            if lo is not None:
-                keep &= entries["step"] >= lo
-            if hi is not None:
-                keep &= entries["step"] < hi
-            entries = entries[keep]
-        return entries
+        return entries_concat(out)
 
     def _end_if_writer_gone(self, c: _Chunk, path: str, size: int, now: float) -> None:
         """A worker's newest index read to its end, without its end mark, that has not grown for the settle time,
@@ -257,6 +271,81 @@ class NativeSource(Source):
             c.damaged_tail = True
         c.read_upto += dec.used
         return dec.used
+
+    def _packed_entries(self, cid: int, c: _Chunk, header: dict, disk: np.ndarray, wid: int) -> tuple[
+            np.ndarray, np.ndarray]:
+        """The block's packed statistics (docs/format.md §3.3) as one inline REDUCTION entry per value, read from
+        the data file now: the entries their values would have had written one by one. A damaged payload or layout
+        costs its values only, reported once with what they were. Also: per entry made, its packed entry's position
+        in `disk`."""
+        def fetch(offset: int, length: int) -> bytes:
+            mm = self.storage.mapped(c.dat_key)
+            if mm is not None:
+                return mm[offset:offset + length]
+            return self.storage.read_range(c.dat_key, offset, length)
+
+        path = self.storage.describe(c.dat_key)
+        refs = packed.refs(header)
+        assert not isinstance(refs, str)
+        lay_of = disk["name"].astype(np.int64)
+        parts, where = [], []
+        scalar = self._intern(self._shape_ids, self.shapes, ())
+        for lid in np.unique(lay_of).tolist():
+            at = np.flatnonzero(lay_of == lid)
+            sub = disk[at]
+            ref = refs[lid]
+            got = self._layouts.get((cid, ref[0]))
+            if got is None:
+                try:
+                    lay = packed.read_layout(ref, fetch)
+                except packed.LayoutError as e:
+                    self._payload_damage(path, ref[0], str(e), c.worker, sub, None)
+                    continue
+                names = np.array([self._intern(self._name_ids, self.names, n) for n in lay.names], dtype="<u4")
+                dts = np.array([self._intern(self._dtype_ids, self.dtypes, d, _safe_dtype(d)) for d in lay.dtype_strs],
+                               dtype="<u2")[lay.dtypes]
+                got = self._layouts[(cid, ref[0])] = (lay, names, dts)
+            lay, names, dts = got
+            rows, bad = packed.payloads(sub, lay.length, fetch)
+            if bad:
+                for i, offset, reason in bad:
+                    self._payload_damage(path, offset, reason, c.worker, sub[i:i + 1], lay)
+                ok = np.ones(len(sub), dtype=bool)
+                ok[[i for i, _, _ in bad]] = False
+                sub, rows, at = sub[ok], rows[ok], at[ok]
+            k, n = len(sub), len(lay.names)
+            if not k:
+                continue
+            e = np.zeros(k * n, dtype=ENTRY_DTYPE)
+            e["name"] = np.tile(names, k)
+            e["worker"] = wid
+            for f in ("mode", "step", "mode_step"):
+                e[f] = np.repeat(sub[f], n)
+            e["kind"] = REDUCTION
+            e["reduction"] = np.tile(lay.codes, k)
+            e["dtype"] = np.tile(dts, k)
+            e["shape"] = scalar
+            e["chunk"] = INLINE_CHUNK
+            e["length"] = np.tile(lay.widths, k)
+            e["inline"] = lay.inline_bytes(rows).reshape(k * n, INLINE_BYTES).view(e.dtype["inline"]).reshape(-1)
+            parts.append(e)
+            where.append(np.repeat(at, n))
+        if not parts:
+            return self.empty(), np.empty(0, dtype=np.int64)
+        return entries_concat(parts), np.concatenate(where)
+
+    def _payload_damage(self, path: str, offset: int, reason: str, worker: str, sub: np.ndarray,
+                        lay: packed.Layout | None) -> None:
+        if (path, offset) in self._damage_seen:
+            return
+        self._damage_seen.add((path, offset))
+        steps = sorted(set(sub["step"].tolist()))
+        what = f"{lay.tensors} tensors" if lay is not None else "the tensors of a packed layout"
+        at = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}–{steps[-1]}"
+        words = f"the statistics of {what} at {at} of worker {worker} lost"
+        self.damage.append(Damage(path, offset, reason, words))
+        logger.warning("tensortap: packed statistics damaged in %s at offset %d (%s): %s; the rest stays readable",
+                       path, offset, reason, words)
 
     def _ended_at(self, c: _Chunk) -> bool:
         """The worker wrote its end mark in this chunk or a later one: nothing more comes to c's index."""
@@ -334,6 +423,18 @@ class NativeSource(Source):
             return self.empty()
         if isinstance(header.get("time"), int | float):
             self.block_times.append((wid, int(disk["step"].max()), float(header["time"])))
+        if self.range_steps is not None:  # (per block, before its entries are made: memory is the range's)
+            lo, hi = self.range_steps
+            keep = np.ones(n, dtype=bool)
+            if lo is not None:
+                keep &= disk["step"] >= lo
+            if hi is not None:
+                keep &= disk["step"] < hi
+            if not keep.all():
+                disk = disk[keep]
+                n = len(disk)
+                if not n:
+                    return self.empty()
         name_map = np.array([self._intern(self._name_ids, self.names, s) for s in header["names"]], dtype="<u4")
         dtype_map = np.array(
             [self._intern(self._dtype_ids, self.dtypes, s, _safe_dtype(s)) for s in header["dtypes"]],
@@ -342,6 +443,14 @@ class NativeSource(Source):
         shape_map = np.array(
             [self._intern(self._shape_ids, self.shapes, tuple(s)) for s in header["shapes"]], dtype="<u4"
         )
+        pk = disk["kind"] == PACKED
+        extra = None
+        if pk.any():
+            extra, extra_at = self._packed_entries(cid, c, header, disk[pk], wid)
+            extra_at = np.flatnonzero(pk)[extra_at]  # (each value's packed entry's position in the block)
+            own_at = np.flatnonzero(~pk)
+            disk = disk[~pk]
+            n = len(disk)
         e = np.empty(n, dtype=ENTRY_DTYPE)
         e["name"] = name_map[disk["name"]]
         e["worker"] = wid
@@ -350,7 +459,14 @@ class NativeSource(Source):
         e["dtype"] = dtype_map[disk["dtype"]]
         e["shape"] = shape_map[disk["shape"]]
         e["chunk"] = np.where(disk["flags"] & codec.FLAG_INLINE, INLINE_CHUNK, cid)
-        return e
+        if extra is None or not len(extra):
+            return e
+        if not len(e):
+            return extra
+        # in the order written: where a step has the same reduction of a tensor twice, readers keep the first
+        order = np.argsort(np.concatenate([own_at, extra_at]), kind="stable")
+        both = entries_concat([e, extra])
+        return np.take(both.view(np.uint8).reshape(len(both), -1), order, axis=0).view(ENTRY_DTYPE).reshape(-1)
 
     def _merge_collections(self, cj: dict) -> None:
         for name, d in (cj.get("collections") or {}).items():
@@ -513,11 +629,15 @@ def _malformed(header: dict, disk: np.ndarray) -> str | None:
     if not all(isinstance(sh, list) and all(isinstance(d, int) and d >= 0 for d in sh) for sh in tables["shapes"]):
         return "a shape is not a list of non-negative ints"
     if len(disk):
+        unpacked = disk[disk["kind"] != PACKED] if int(disk["kind"].max()) >= PACKED else disk
         for field, k in (("name", "names"), ("dtype", "dtypes"), ("shape", "shapes")):
-            if int(disk[field].max()) >= len(tables[k]):
+            if len(unpacked) and int(unpacked[field].max()) >= len(tables[k]):
                 return f"an entry's {field} id is outside the block's {k} table"
-        if int(disk["mode"].min()) < 1 or int(disk["mode"].max()) > 4 or int(disk["kind"].max()) > 2:
+        if int(disk["mode"].min()) < 1 or int(disk["mode"].max()) > 4 or int(disk["kind"].max()) > PACKED:
             return "an entry has an unknown mode or kind"
+        bad = packed.malformed(header, disk)
+        if bad:
+            return bad
     checks = {
         "worker": lambda v: isinstance(v, str),
         "num_workers": lambda v: isinstance(v, int) and v >= 1,

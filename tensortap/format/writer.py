@@ -12,6 +12,7 @@ A sink the caller attaches (the TensorBoard export) gets every record the encode
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import time
@@ -21,7 +22,7 @@ import numpy as np
 
 from tensortap.format import codec, layout
 from tensortap.format.datafile import DataFile, write_all
-from tensortap.format.entries import INLINE_BYTES, NO_REDUCTION, RAW, REDUCTION, SHAPE, reduction_code
+from tensortap.format.entries import INLINE_BYTES, NO_REDUCTION, PACKED, RAW, REDUCTION, SHAPE, reduction_code
 from tensortap.format.records import (
     MODE_NAME,
     Record,
@@ -84,6 +85,18 @@ class _Template:
         self.runs = runs  # (first, end) positions of runs of consecutive written payloads
 
 
+_KEY_DTYPE = np.dtype([("packed", "u1"), ("name", "<u4"), ("mode", "u1"), ("step", "<i8")])
+
+
+def _record_keys(rows: np.ndarray) -> np.ndarray:
+    """Per entry, the record it belongs to: (name, mode, step), a packed entry's (its layout, mode, step) apart."""
+    k = np.empty(len(rows), dtype=_KEY_DTYPE)
+    k["packed"] = rows["kind"] == PACKED
+    for f in ("name", "mode", "step"):
+        k[f] = rows[f]
+    return k
+
+
 class _Tables:
     """Block-local tables of names, dtypes and shapes."""
 
@@ -91,6 +104,9 @@ class _Tables:
         self.names: dict[str, int] = {}
         self.dtypes: dict[str, int] = {}
         self.shapes: dict[tuple[int, ...], int] = {}
+        #: packed statistics layouts the block refers to (docs/format.md §3.3), by their payload's offset in the
+        #: data file: (their id in the block, [offset, length, crc], tensors per packed entry)
+        self.statistics: dict[int, tuple[int, list[int], int]] = {}
 
     @staticmethod
     def _id(table: dict, key: Any) -> int:
@@ -100,7 +116,24 @@ class _Tables:
         return i
 
     def to_header(self) -> dict[str, Any]:
-        return {"names": list(self.names), "dtypes": list(self.dtypes), "shapes": [list(s) for s in self.shapes]}
+        header = {"names": list(self.names), "dtypes": list(self.dtypes), "shapes": [list(s) for s in self.shapes]}
+        if self.statistics:
+            header["statistics"] = [ref for _, ref, _ in sorted(self.statistics.values(), key=lambda v: v[0])]
+        return header
+
+    def records_of(self, rows: np.ndarray) -> int:
+        """How many records entries hold: one per (name, mode, step), a packed entry one per tensor it packs."""
+        if not len(rows):
+            return 0
+        packed = rows["kind"] == PACKED
+        if not packed.any():
+            return len(np.unique(_record_keys(rows)))
+        per_layout = np.zeros(len(self.statistics), dtype=np.int64)
+        for i, _, n in self.statistics.values():
+            per_layout[i] = n
+        rest = rows[~packed]
+        return (len(np.unique(_record_keys(rest))) if len(rest) else 0) + int(
+            per_layout[rows["name"][packed]].sum())
 
 
 class ChunkEncoder:
@@ -167,7 +200,10 @@ class ChunkEncoder:
         self._tables = _Tables()
         self._rows: list[tuple] = []  # entries of single records, not yet in _row_parts
         self._row_parts: list[np.ndarray] = []  # entries of the block so far, in order
-        self._templates: dict[Any, Any] = {}  # batch and statistics layouts against the block's tables
+        self._templates: dict[Any, Any] = {}  # batch layouts against the block's tables
+        #: statistics layouts whose description the chunk's data file holds: by id and by content ->
+        #: (layout, [offset, length, crc])
+        self._layouts: dict[Any, tuple[StatisticsLayout, list[int]]] = {}
         self._passed: dict[str, Any] | None = None
         self._collections: dict[str, Any] | None = None
         self._first_block = True
@@ -215,6 +251,7 @@ class ChunkEncoder:
         self._durable_dat = 0
         self._idx_size = 0
         self._first_block = True
+        self._layouts = {}
 
     @property
     def data_size(self) -> int:
@@ -428,36 +465,45 @@ class ChunkEncoder:
         self._row_parts.append(e)
         self.written_records += n
 
-    def _statistics_template(self, lay: StatisticsLayout) -> np.ndarray:
-        """The entries of a statistics layout against the block's tables (mode, steps and values left out)."""
+    def _statistics_layout(self, lay: StatisticsLayout) -> int:
+        """The block's id of a statistics layout. Its description is a payload of the chunk's data file, written
+        the first time the chunk's entries use it (docs/format.md §3.3); the block header refers to it."""
+        ref = self._layouts.get(id(lay))
+        if ref is None or ref[0] is not lay:  # (a layout made anew for a step: found by its content)
+            key = (lay.names, lay.keys, lay.kinds, lay.kind_of.tobytes(), lay.order.tobytes())
+            same = self._layouts.get(key)
+            if same is not None:
+                ref = (lay, same[1])
+                if len(self._layouts) < 256:  # (layouts made anew at every step: their content finds them)
+                    self._layouts[id(lay)] = ref
+        if ref is None or ref[0] is not lay:
+            order = np.concatenate([at for at, _dt in lay._at])
+            body = json.dumps({"names": [lay.names[i] for i in lay.tensor[order].tolist()],
+                               "reductions": lay.codes[order].tolist(),
+                               "dtypes": [lay.kinds[k] for k in lay.kind_of[order].tolist()]},
+                              separators=(",", ":")).encode()
+            ref = self._layouts[id(lay)] = (lay, [self._append_data(body), len(body), codec.crc32c(body)])
+            self._layouts[key] = ref
         t = self._tables
-        ids = np.array([t._id(t.names, name) for name in lay.names], dtype=np.uint32)
-        kinds = np.array([t._id(t.dtypes, s) for s in lay.kinds], dtype=np.uint16)
-        e = self._inline_rows(len(lay), 0, REDUCTION, kinds[lay.kind_of], t._id(t.shapes, ()))
-        e["name"] = ids[lay.tensor]
-        e["reduction"] = lay.codes
-        e["length"] = [codec.dtype_from_str(lay.kinds[k]).itemsize for k in lay.kind_of.tolist()]
-        return e
+        hit = t.statistics.get(ref[1][0])
+        if hit is None:
+            hit = t.statistics[ref[1][0]] = (len(t.statistics), ref[1], len(lay.names))
+        return hit[0]
 
     def _encode_statistics_rows(self, rows: StatisticsRows) -> None:
+        """One packed entry (docs/format.md §3.3): the step's statistics back to back, by dtype, in one payload."""
         if self._dat is None:
             self._open_chunk()
         lay = rows.layout
-        key = ("statistics", id(lay))
-        hit = self._templates.get(key)
-        if hit is None or hit[0] is not lay:
-            hit = self._templates[key] = (lay, self._statistics_template(lay))
-        e = hit[1].copy()
-        e["mode"] = rows.mode
-        e["step"] = rows.step
-        e["mode_step"] = rows.mode_step
-        inline = np.zeros((len(lay), INLINE_BYTES), dtype=np.uint8)
-        for at, vals in lay.stored(rows.values):
-            width = vals.dtype.itemsize
-            inline[at, :width] = vals.view(np.uint8).reshape(len(at), width)
-        e["inline"] = inline.view(e.dtype["inline"]).reshape(len(lay))
+        if not len(lay):
+            return
+        lid = self._statistics_layout(lay)
+        parts = [vals.view(np.uint8) for _at, vals in lay.stored(rows.values)]
+        buf = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        flags, offset, crc, inline = self._add_payload(buf)
         self._flush_rows()
-        self._row_parts.append(e)
+        self._rows.append((lid, rows.mode, PACKED, NO_REDUCTION, flags, 0, 0, rows.step, rows.mode_step, offset,
+                           len(buf), crc, inline))
         self.written_records += len(rows)
 
     def _encode_rows(self, r: Record) -> None:
@@ -606,7 +652,7 @@ class ChunkEncoder:
         self._dat.discard_pending()
         on_disk = self._dat.on_disk(self._durable_dat)
         rows = self._block_entries()
-        keys = rows[["name", "mode", "step"]]
+        keys = _record_keys(rows)
         inline = (rows["flags"] & codec.FLAG_INLINE) != 0
         fits = inline | (rows["offset"] + rows["length"] <= on_disk)
         keep = ~np.isin(keys, np.unique(keys[~fits])) if not fits.all() else fits
@@ -618,11 +664,11 @@ class ChunkEncoder:
         rows = self._block_entries()
         if not len(rows):
             return False
-        keys = rows[["name", "mode", "step"]]
+        keys = _record_keys(rows)
         _u, first = np.unique(keys, return_index=True)
         order = np.sort(first)
         stay = keys[order[:int(len(order) * keep_fraction)]]
-        before = len(order)
+        before = self._tables.records_of(rows)
         kept = self._keep_rows(rows, np.isin(keys, stay))
         self.written_records -= before - kept
         self.dropped_records += before - kept
@@ -637,6 +683,8 @@ class ChunkEncoder:
         self._row_parts = [rows] if len(rows) else []
         outline = rows[(rows["flags"] & codec.FLAG_INLINE) == 0]
         end = max(int((outline["offset"] + outline["length"]).max()) if len(outline) else 0, self._durable_dat)
+        # (layout descriptions cut off with the payloads are written again when used)
+        self._layouts = {k: v for k, v in self._layouts.items() if v[1][0] + v[1][1] <= end}
         if self.sealed_mode:
             del self._dat_buf[end:]
         else:
@@ -644,7 +692,7 @@ class ChunkEncoder:
                 self._dat.truncate(end)
             except OSError:
                 self._dat.size = end
-        return len(np.unique(rows[["name", "mode", "step"]])) if len(rows) else 0
+        return self._tables.records_of(rows)
 
     def _forget_block(self) -> None:
         self._rows.clear()

@@ -92,7 +92,10 @@ class TensorCapture:
             prog = plan.weight_prog
             if prog is None or prog.dtypes != tuple(v.dtype for v in views):
                 prog = plan.weight_prog = ReductionProgram(views, plan.weight_reds)
-            self._write_reduced(prog.run(views), plan.weight_items)
+                for name, colls in plan.weight_items:
+                    self._note_membership(name, colls)
+            if not self.dry_run:
+                self._weight_reduced = prog.run(views)  # (handed over with the gradients' when the step ends)
             return
         if not plan.some_odd:
             if spec is None:

@@ -26,6 +26,7 @@ from tensortap.pytorch._tensors import (
     host_numpy,
     iter_tensors,
     ring_sources,
+    step_statistics,
 )
 
 logger = logging.getLogger("tensortap")
@@ -127,6 +128,8 @@ class GradientCapture:
                         prog = plan.grad_prog
                         if prog is None or prog.dtypes != tuple(g.dtype for g in grads):
                             prog = plan.grad_prog = ReductionProgram(grads, plan.grad_reds)
+                            for name, colls in plan.grad_items:
+                                self._note_membership(name, colls)
                         self._grad_reduced = prog.run(grads)
                         return
                     # the usual case: every gradient, in one copy (a later backward of this step replaces it)
@@ -214,9 +217,11 @@ class GradientCapture:
 
     def _hand_off_grads(self) -> None:
         if (self._grad_res is None and self._grad_batch is None and not self._pending_grads and not self._small
-                and self._step_res is None and self._grad_reduced is None and not self._reduced_records):
+                and self._step_res is None and self._grad_reduced is None and not self._reduced_records
+                and self._weight_reduced is None):
             return  # (every step that saved no gradients)
         reduced, self._grad_reduced = self._grad_reduced, None
+        weights, self._weight_reduced = self._weight_reduced, None
         active = self.engine.saving and not self.disabled and not self._closed  # (writes: it made `res`)
         if self._step_res is not None:
             self._split_step_res(send=active)  # (unless it holds the gradients: then it is `res`)
@@ -237,9 +242,9 @@ class GradientCapture:
         if not active or not self.writes:
             self._reduced_records = []
             return
-        if reduced is not None and plan is not None:
-            with self.guard("gradients"):
-                self._write_reduced(reduced, plan.grad_items)
+        if (weights is not None or reduced is not None) and plan is not None:
+            with self.guard("statistics"):
+                self._get_writer().submit_statistics(step_statistics(plan, weights, reduced, self.step_id()))
         if self._reduced_records:
             rows, self._reduced_records = self._reduced_records, []
             with self.guard("statistics"):
@@ -247,7 +252,7 @@ class GradientCapture:
                     self._get_writer().submit_statistics(r)
         if small:
             with self.guard("small tensors"):
-                self.write_tensors([(name, host_numpy(t), colls) for name, t, colls in small], copy=False)
+                self._write_small(plan, small)
         if batch is not None or pending:
             with self.guard("gradients"):
                 if batch is not None and plan is not None:
@@ -257,3 +262,18 @@ class GradientCapture:
                 if pending:
                     self.write_tensors([(name, arr, colls) for name, (arr, colls) in pending.items()], copy=False)
 
+
+    def _write_small(self, plan: _Plan | None, small: list[tuple[str, torch.Tensor, list[Collection]]]) -> None:
+        """The step's small tensors held until its end (a loss): one batch, planned once per plan, when they are
+        saved raw alone, else one hand-off of records."""
+        if plan is not None and not self._force_async_copies:
+            spec = plan.small_spec
+            if spec is None or len(spec.names) != len(small) or any(
+                    n != m for n, (m, _t, _c) in zip(spec.names, small, strict=True)):
+                spec = plan.small_spec = self.batch_spec([(name, colls) for name, _t, colls in small])
+            res = self._ring_batch([t for _n, t, _c in small], spec)
+            if res is not None:
+                if res:
+                    res.commit()
+                return
+        self.write_tensors([(name, host_numpy(t), colls) for name, t, colls in small], copy=False)

@@ -205,11 +205,21 @@ class OptimizerSteps:
             self._fail("optimizer hook", e)
 
     def _save_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        groups, state = optimizer.param_groups, optimizer.state
+        # The names an optimizer's hyperparameters and state are saved under follow from its groups' keys and its
+        # state's keys: when none of them is in a collection saving now, the same shape of keys saves nothing.
+        shape = (type(optimizer), tuple(map(len, groups)), tuple(map(len, state.values())))
+        plan = self._step_plan
+        if plan is not None and plan.optimizers_quiet.get(id(optimizer)) == shape:
+            return
+        if plan is not None and not self._optimizer_names_saved(optimizer):
+            plan.optimizers_quiet[id(optimizer)] = shape
+            return
         tensors: list[torch.Tensor] = []
         items: list[tuple[str, list[Collection]]] = []
 
         def add(name: str, value: Any) -> None:
-            colls = [c for c in self.collections_for(name) if c.name not in _PARAM_COLLECTIONS]
+            colls = self._optimizer_colls(name)
             if not colls:
                 return
             if isinstance(value, torch.Tensor):
@@ -221,7 +231,7 @@ class OptimizerSteps:
             else:
                 self.write_tensor(name, value, colls)
 
-        for g, group in enumerate(optimizer.param_groups):
+        for g, group in enumerate(groups):
             for k, v in group.items():
                 if k in _NO_STATE_KEYS or isinstance(v, bool) or v is None:
                     continue
@@ -229,13 +239,29 @@ class OptimizerSteps:
                     isinstance(v, tuple) and v and all(isinstance(x, (int, float)) for x in v)
                 ):
                     add(f"{OPTIMIZER_PREFIX}param_group_{g}/{k}", v)
-        for i, (p, state) in enumerate(optimizer.state.items()):
+        for i, (p, st) in enumerate(state.items()):
             pname = self._param_names.get(id(p), f"param_{i}")
-            for k, v in state.items():
+            for k, v in st.items():
                 if isinstance(v, torch.Tensor) or (isinstance(v, (int, float)) and not isinstance(v, bool)):
                     add(f"{OPTIMIZER_PREFIX}{pname}/{k}", v)
         self._stage_or_write(tensors, items)
 
+    def _optimizer_names_saved(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether a collection saving now holds any name the optimizer's groups and state give (whatever their
+        values' types)."""
+        for g, group in enumerate(optimizer.param_groups):
+            for k in group:
+                if k not in _NO_STATE_KEYS and self._optimizer_colls(f"{OPTIMIZER_PREFIX}param_group_{g}/{k}"):
+                    return True
+        for i, (p, st) in enumerate(optimizer.state.items()):
+            pname = self._param_names.get(id(p), f"param_{i}")
+            for k in st:
+                if self._optimizer_colls(f"{OPTIMIZER_PREFIX}{pname}/{k}"):
+                    return True
+        return False
+
+    def _optimizer_colls(self, name: str) -> list[Collection]:
+        return [c for c in self.collections_for(name) if c.name not in _PARAM_COLLECTIONS]
 
 
 class ScalerWatch:

@@ -15,6 +15,7 @@ from torch.utils.hooks import RemovableHandle
 from tensortap import modes as _modes
 from tensortap.capture.batch import BatchSpec, StepLayout
 from tensortap.collection import Collection, CollectionKeys
+from tensortap.format.records import StatisticsLayout
 from tensortap.pytorch import _step_counter
 from tensortap.pytorch._step_counter import CountingHooks
 from tensortap.pytorch._tensors import (
@@ -169,3 +170,9 @@ class _Plan:
     grad_reds: Any = False
     weight_prog: ReductionProgram | None = None
     grad_prog: ReductionProgram | None = None
+    # id(optimizer): the shape of its groups' and state's keys (see _save_optimizer) at which it saved nothing
+    optimizers_quiet: dict[int, tuple] = field(default_factory=dict)
+    # the one statistics message of a step saving its weights' and gradients' statistics: ((weights' program, the
+    # gradients', the vectors' dtypes), its layout)
+    statistics_layout: tuple[tuple, StatisticsLayout] | None = None
+    small_spec: BatchSpec | None = None  # of the small tensors held until the step ends (a loss), saved raw

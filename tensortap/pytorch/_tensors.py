@@ -201,12 +201,19 @@ class ReductionProgram:
     saved together (their reductions and dtypes); `run` gives {(name, abs): value} per tensor, values of the
     tensor's numpy dtype (int64 for `nonfinite`) as the writer's own are (format.writer.compute_reduction)."""
 
-    __slots__ = ("dtypes", "groups", "singles", "keys", "positions", "out_dtypes", "widen", "layouts")
+    __slots__ = ("dtypes", "groups", "singles", "keys", "positions", "out_dtypes", "widen", "layouts", "means",
+                 "numels", "divisor")
 
     def __init__(self, tensors: list[torch.Tensor], reds: list[tuple[tuple[str, bool], ...]]):
         self.dtypes = tuple(t.dtype for t in tensors)
         # integer and boolean tensors are reduced in float64 (torch's norms and means take floating point)
         self.widen = [i for i, t in enumerate(tensors) if not (t.dtype.is_floating_point or t.dtype.is_complex)]
+        # Means of CPU tensors all of one dtype, float32 or float64: torch's CPU mean is the sum divided by the
+        # element count (ATen's mean_out), so the sums are taken per tensor and divided together, in one kernel
+        # (the same values, bit for bit). Other devices compute the mean another way: torch.mean there.
+        same = len(set(self.dtypes)) == 1 and self.dtypes[0] in (torch.float32, torch.float64)
+        divide = same and all(t.device.type == "cpu" for t in tensors)
+        mean_at: list[tuple[int, tuple[str, bool]]] = []
         groups: dict[tuple[str, float], list[int]] = {}
         slots: list[tuple[int, tuple[str, bool], Any]] = []  # (tensor, key, group key or op)
         for i, (t, rs) in enumerate(zip(tensors, reds, strict=True)):
@@ -223,6 +230,9 @@ class ReductionProgram:
                     slots.append((i, key, g))
                 elif name == "nonfinite":
                     slots.append((i, key, _nonfinite))
+                elif name == "mean" and not abs_ and divide:
+                    slots.append((i, key, torch.sum))
+                    mean_at.append((i, key))
                 else:
                     fn = _TORCH_REDUCTION[name]
                     slots.append((i, key, (lambda x, fn=fn: fn(x.abs())) if abs_ else fn))
@@ -241,6 +251,10 @@ class ReductionProgram:
                 pos[(i, k)] = n
                 n += 1
         self.keys = [[k for j, k, _op in slots if j == i] for i in range(len(tensors))]
+        #: (tensor, position in the vector) of each mean taken as a sum, the counts its divisor was made for
+        self.means = [(i, pos[(i, k)]) for i, k in mean_at]
+        self.numels: list[int] = []
+        self.divisor: torch.Tensor | None = None
         self.positions = [[pos[(i, k)] for k in self.keys[i]] for i in range(len(tensors))]
         self.out_dtypes = []
         for i, t in enumerate(tensors):
@@ -267,7 +281,16 @@ class ReductionProgram:
             if v.dtype is not dtype:
                 vals = [v.to(torch.float64) for v in vals]
                 break
-        return Reduced(self, torch.stack(vals).cpu().numpy())  # (the one transfer to the host)
+        vector = torch.stack(vals)
+        if self.means:
+            numels = [tensors[i].numel() for i, _p in self.means]
+            if numels != self.numels or self.divisor is None:
+                d = [1] * len(vals)  # (x / 1 is x, bit for bit: the other statistics pass through)
+                for (_i, at), k in zip(self.means, numels, strict=True):
+                    d[at] = k
+                self.divisor, self.numels = torch.tensor(d, dtype=vector.dtype), numels
+            vector = vector / self.divisor
+        return Reduced(self, vector.cpu().numpy())  # (the one transfer to the host)
 
     def layout(self, names: tuple[str, ...], vector: np.dtype) -> StatisticsLayout:
         """How a run's vector is stored for tensors `names` (built once per names and vector dtype)."""
@@ -308,3 +331,27 @@ class Reduced(Sequence):
 def device_reductions(tensors: list[torch.Tensor], reds: list[tuple[tuple[str, bool], ...]]) -> Reduced:
     """`ReductionProgram(tensors, reds).run(tensors)`: for tensors saved once."""
     return ReductionProgram(tensors, reds).run(tensors)
+
+
+def step_statistics(plan: Any, weights: Reduced | None, grads: Reduced | None,
+                    at: tuple[int, int, int]) -> StatisticsRows:
+    """The statistics of a step's weights and of its gradients (either may be None) as one writer hand-off at step
+    `at`: one vector, the weights' then the gradients', with a layout made once per plan (`plan.weight_items`,
+    `plan.grad_items` name them; `plan.statistics_layout` keeps it)."""
+    if grads is None:
+        return weights.rows(tuple(name for name, _c in plan.weight_items), *at)
+    if weights is None:
+        return grads.rows(tuple(name for name, _c in plan.grad_items), *at)
+    wp, gp = weights.program, grads.program
+    values = np.concatenate((weights.host, grads.host))
+    key = (wp, gp, weights.host.dtype, grads.host.dtype)
+    kept = plan.statistics_layout
+    if kept is None or kept[0] != key:
+        shift = len(weights.host)
+        lay = StatisticsLayout(
+            tuple(name for name, _c in plan.weight_items) + tuple(name for name, _c in plan.grad_items),
+            tuple(tuple(k) for k in wp.keys + gp.keys), tuple(tuple(d) for d in wp.out_dtypes + gp.out_dtypes),
+            values.dtype, tuple(tuple(p) for p in wp.positions) + tuple(tuple(p + shift for p in ps)
+                                                                        for ps in gp.positions))
+        kept = plan.statistics_layout = (key, lay)
+    return StatisticsRows(kept[1], values, *at)

@@ -126,6 +126,7 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
         self._closure_opt: Any = None  # an optimizer inside `step(closure)`: gradients read after it
         self._scalers: list[ScalerWatch] = []  # registered GradScalers (register_scaler)
         self._grad_reduced: Reduced | None = None  # the step's gradient statistics, computed at capture
+        self._weight_reduced: Reduced | None = None  # ... and its weights', computed when it began
         self._reduced_records: list[StatisticsRows] = []  # the step's statistics, handed over when it ends
         self._step_handles_kept: list[Any] = []  # hooks kept until close
         self._activation_keys: dict[str, str] = {}  # "<module>_output_": its activation collection

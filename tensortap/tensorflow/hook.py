@@ -85,7 +85,8 @@ class KerasHookBase(Hook):
         self._registered: Any = None  # the model registered
         self._backend: str | None = None  # Keras's backend ("tensorflow", "torch")
         self._layout: ModelLayout | None = None
-        self._patches = Patches()
+        self._patches = Patches()  # (the registered model's, undone when another is registered or at close)
+        self._optimizer_patches = Patches()  # (wrap_optimizer's, undone at close)
         self._functions = StepFunctions()
         self._capture = StepCapture(self, self._functions)
         self._handoff = Handoff(self)
@@ -211,7 +212,7 @@ class KerasHookBase(Hook):
                 hook._capture.gradients(list(grads), list(trainable_variables or []))
             return orig(grads, trainable_variables, *args, **kwargs)
 
-        object.__setattr__(inner, attr, apply)
+        self._optimizer_patches.set(inner, attr, apply)
         self._wrapped_inner.append(inner)
         self._wrapped_optimizers.append(optimizer)
         return optimizer
@@ -366,6 +367,7 @@ class KerasHookBase(Hook):
             logger.warning("tensortap: %d saving steps fell inside an execution of steps_per_execution > 1 "
                            "steps and were not captured", self._unobserved)
         self._unregister()
+        self._optimizer_patches.undo()
         for h in self._replica_hooks:
             h.close()
 

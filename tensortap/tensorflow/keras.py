@@ -27,7 +27,6 @@ class KerasHook(KerasHookBase, keras.callbacks.Callback):
         keras.callbacks.Callback.__init__(self)
         KerasHookBase.__init__(self, *args, **kwargs)
 
-    # Keras keeps the model in `_model` (Callback.model reads it).
     def set_model(self, model: Any) -> None:
         keras.callbacks.Callback.set_model(self, model)
         self.register_model(model)
@@ -35,7 +34,7 @@ class KerasHook(KerasHookBase, keras.callbacks.Callback):
     def _mode_begin(self, mode: Any) -> None:
         if self.active:
             with self.guard("begin"):
-                self.register_model(self._model)
+                self.register_model(self.model)  # (Callback.model: the model set_model was given)
                 if self.mode is not mode:
                     self.set_mode(mode)
 

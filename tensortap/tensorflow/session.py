@@ -28,6 +28,7 @@ import tensorflow as tf
 from tensortap import modes as _modes
 from tensortap.collection import CollectionKeys
 from tensortap.hooks.base import Hook
+from tensortap.tensorflow.model import Patches
 
 K = CollectionKeys
 
@@ -55,6 +56,7 @@ class SessionHook(Hook, tf.compat.v1.train.SessionRunHook):
         self._graph: Any = None
         self._pending = False  # after_run has fetched values to write
         self._wrapped_optimizers: list[Any] = []
+        self._optimizer_patches = Patches()  # (wrap_optimizer's, undone at close)
 
     def _init_builtin_collections(self) -> None:
         cm = self.collection_manager
@@ -80,7 +82,7 @@ class SessionHook(Hook, tf.compat.v1.train.SessionRunHook):
             hook.add_gradients(grads_and_vars)
             return orig(grads_and_vars, *args, **kwargs)
 
-        optimizer.apply_gradients = apply_gradients
+        self._optimizer_patches.set(optimizer, "apply_gradients", apply_gradients)
         self._wrapped_optimizers.append(optimizer)
         return optimizer
 
@@ -162,6 +164,9 @@ class SessionHook(Hook, tf.compat.v1.train.SessionRunHook):
                 self.write_tensors(items, copy=False)
         except Exception as e:  # noqa: BLE001
             self._fail("after_run", e)
+
+    def on_close(self) -> None:
+        self._optimizer_patches.undo()
 
     def end(self, session: Any) -> None:
         if self.active:

@@ -83,10 +83,9 @@ class StepFunctions:
         """Keras's capturing step function, returning to Keras what the step returns and keeping the
         captures in `outputs`."""
         functions = self
-        call = IteratorStep.of(fn) or fn
 
         def function(*args: Any, **kwargs: Any) -> Any:
-            res = call(*args, **kwargs)
+            res = fn(*args, **kwargs)
             if isinstance(res, dict) and CAPTURED in res:
                 functions.outputs = (mode, res[CAPTURED])
                 return res[OUT]
@@ -94,50 +93,3 @@ class StepFunctions:
 
         function.__wrapped__ = fn  # type: ignore[attr-defined]
         return function
-
-
-class IteratorStep:
-    """Keras's step function (TensorFlow backend) called as Keras's own wrapper calls it on a tf.data iterator:
-    its compiled `multi_step_on_iterator`, then the value of the Optional that returns, fetched with the
-    output types and shapes kept from the last call (`Optional.get_value` works them out from the element
-    spec at every call: ~50 us more for a capturing step's outputs than for Keras's own). Any other call, and
-    outputs that are not all plain tensors, go through Keras's wrapper or `get_value`."""
-
-    def __init__(self, fn: Callable[..., Any], compiled: Any) -> None:
-        self.fn = fn
-        self.compiled = compiled
-        self.spec: Any = None
-        self.flat: tuple[list[Any], list[Any]] | None = None  # (output types, shapes) of `spec`'s tensors
-
-    @classmethod
-    def of(cls, fn: Callable[..., Any]) -> IteratorStep | None:
-        """For a Keras step function made by the TensorFlow trainer's `_make_function`, else None."""
-        for cell in getattr(fn, "__closure__", None) or ():
-            try:
-                value = cell.cell_contents
-            except ValueError:
-                continue
-            if getattr(value, "__name__", None) == "multi_step_on_iterator" and hasattr(value, "python_function"):
-                return cls(fn, value)
-        return None
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        import tensorflow as tf
-
-        if kwargs or len(args) != 1 or not isinstance(args[0], tf.data.Iterator | tf.distribute.DistributedIterator):
-            return self.fn(*args, **kwargs)
-        opt = self.compiled(args[0])
-        if not opt.has_value():
-            raise StopIteration
-        spec = opt.element_spec
-        if spec is not self.spec:
-            leaves = tf.nest.flatten(spec)
-            self.spec = spec
-            self.flat = ([s.dtype for s in leaves], [s.shape for s in leaves]) \
-                if all(type(s) is tf.TensorSpec for s in leaves) else None
-        variant = getattr(opt, "_variant_tensor", None)
-        if self.flat is None or variant is None:
-            return opt.get_value()
-        values = tf.raw_ops.OptionalGetValue(optional=variant, output_types=self.flat[0], output_shapes=self.flat[1])
-        return tf.nest.pack_sequence_as(spec, values)
-

@@ -1,50 +1,16 @@
-/* Gather copies with non-temporal (streaming) stores, for handing tensors to the writer process.
+/* Copies into the writer process's shared-memory ring, and the atomics of the ring's shared counters.
  *
- * Why by hand: numpy, torch and memcpy copy through the cache. A training step that saves its weights
- * and gradients copies ~700 KB into the shared-memory ring, which evicts the step's own working set
- * from the core's L2: measured on the MLP benchmark, torch.cat into the ring added 174 us per step,
- * memcpy 101 us, these streaming stores 65 us. No library offers a streaming copy.
- *
- * gather(dst_address, [(src_address, nbytes), ...]) copies the sources back to back to dst. The caller
- * guarantees the addresses are valid, contiguous and do not overlap. The ring's shared counters are read and
- * written with the atomics below (see docs/transport.md).
+ * gather(dst_address, [(src_address, nbytes), ...]) copies the sources back to back to dst in one call (memcpy
+ * each; the GIL released from 1 MiB): a saving step's hundreds of tensors cost one Python call, not one
+ * ctypes.memmove each (bench/speed_paths.py --path gather). The caller guarantees the addresses are valid,
+ * contiguous and do not overlap. (Non-temporal stores, once used here to keep the step's working set in the
+ * cache, bought no gain above the benchmarks' noise: bench/RESULTS.md, "Speed paths kept".) The ring's shared
+ * counters are read and written with the atomics below (see docs/transport.md).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
-static void stream_copy(char *d, const char *s, size_t n)
-{
-#if defined(__SSE2__)
-    size_t head = (size_t)((16 - ((uintptr_t)d & 15)) & 15);
-    if (head > n)
-        head = n;
-    memcpy(d, s, head);
-    d += head;
-    s += head;
-    n -= head;
-    size_t blocks = n / 64;
-    for (size_t i = 0; i < blocks; i++) {
-        __m128i a = _mm_loadu_si128((const __m128i *)(s));
-        __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
-        __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
-        _mm_stream_si128((__m128i *)(d), a);
-        _mm_stream_si128((__m128i *)(d + 16), b);
-        _mm_stream_si128((__m128i *)(d + 32), c);
-        _mm_stream_si128((__m128i *)(d + 48), e);
-        d += 64;
-        s += 64;
-    }
-    memcpy(d, s, n - blocks * 64);
-#else
-    memcpy(d, s, n);
-#endif
-}
 
 #define RELEASE_GIL_BYTES (1 << 20)
 
@@ -52,12 +18,9 @@ static void stream_copy(char *d, const char *s, size_t n)
 static void copy_all(char *d, const uint64_t *addr, Py_ssize_t n)
 {
     for (Py_ssize_t i = 0; i < n; i++) {
-        stream_copy(d, (const char *)(uintptr_t)addr[2 * i], (size_t)addr[2 * i + 1]);
+        memcpy(d, (const char *)(uintptr_t)addr[2 * i], (size_t)addr[2 * i + 1]);
         d += addr[2 * i + 1];
     }
-#if defined(__SSE2__)
-    _mm_sfence(); /* streaming stores are weakly ordered: publish them before the caller's next store */
-#endif
 }
 
 /* The (address, nbytes) pairs of `sources` into a new array (PyMem_Free it); NULL with an exception set */
@@ -184,7 +147,7 @@ static PyObject *get_mark(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"gather", gather, METH_VARARGS,
-     "gather(dst_address, [(src_address, nbytes), ...]) -> bytes copied, with streaming stores"},
+     "gather(dst_address, [(src_address, nbytes), ...]) -> bytes copied, in one call"},
     {"store_release", store_release, METH_VARARGS, "store_release(address, value): an int64 store, release"},
     {"load_acquire", load_acquire, METH_VARARGS, "load_acquire(address) -> int64, acquire"},
     {"put_mark", put_mark, METH_VARARGS, "put_mark(address, seq, 6 int64 fields): a seqlock-protected write"},

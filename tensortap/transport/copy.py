@@ -1,6 +1,6 @@
 """Copies into the writer process's shared memory, and the atomics of its shared counters: the C helpers of
-`_streamcopy` (streaming stores, release/acquire atomics; see _streamcopy.c), with plain Python fallbacks where
-they could not be built."""
+`_streamcopy` (a step's tensors copied in one call, release/acquire atomics; see _streamcopy.c), with plain
+Python fallbacks where they could not be built."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ _NEVER = float("inf")
 
 def memmove_gather(address: int, sources: list[tuple[int, int]]) -> int:
     """Copy each (source address, byte count) back to back to `address`; the bytes copied. (A writer's default
-    `gather`: the hooks give it tensortap.transport.copy's, with streaming stores where built.)"""
+    `gather`: the hooks give it tensortap.transport.copy's, one C call for all sources where built.)"""
     total = 0
     for src, n in sources:
         ctypes.memmove(address + total, src, n)

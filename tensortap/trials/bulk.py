@@ -123,6 +123,12 @@ class Selection:
                     & (e["reduction"][1:] == e["reduction"][:-1]) & (e["step"][1:] == e["step"][:-1]))
             first[1:] = ~same
             e = _take(e, np.flatnonzero(first)) if not first.all() else e
+        elif len(e) > 1:  # one worker's: a value saved twice at a step (the flight recorder's ring) keeps the first
+            same = ((e["name"][1:] == e["name"][:-1]) & (e["kind"][1:] == e["kind"][:-1])
+                    & (e["reduction"][1:] == e["reduction"][:-1]) & (e["step"][1:] == e["step"][:-1])
+                    & (e["worker"][1:] == e["worker"][:-1]))
+            if same.any():
+                e = _take(e, np.flatnonzero(np.concatenate([[True], ~same])))
         self.entries = e
         self.name_of = {nid: n for n, nid in zip(self.names, ids, strict=True)}
         self.step_col = "step" if self.mode == _modes.GLOBAL else "mode_step"

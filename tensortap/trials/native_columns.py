@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from tensortap.format import codec
-from tensortap.format.entries import RAW, REDUCTION, SHAPE
+from tensortap.format import codec, layout, packed
+from tensortap.format.entries import PACKED, RAW, REDUCTION, SHAPE
 from tensortap.trials.columns import _STAT_OF_CODE, _VALUE, Scalars
 
 #: byte offsets of the fields of an index record (docs/format.md §3.2)
@@ -27,25 +27,35 @@ _NUMERIC = "biufV"
 def _field(disk: np.ndarray, name: str, dt: Any = None, extra: int = 0) -> np.ndarray:
     """A strided view of one field of the records (or, with `dt`, of `dt` at `extra` bytes into it)."""
     base = disk.dtype.fields[name][0]
+    if not len(disk):
+        return np.empty(0, dtype=dt or base)
     return np.ndarray(disk.shape, dtype=dt or base, buffer=disk, offset=_OFFSETS[name] + extra,
                       strides=disk.strides)
 
 
 def block_ranges(storage: Any, key: str, entries_per_range: int) -> list[tuple[int, int]]:
     """(start, end) byte ranges of the index file `key`, each of whole blocks holding about `entries_per_range`
-    entries, found by reading the 16-byte head of each block (local files only: one small read per block).
-    Where a head is damaged the rest of the file is one range (its reader meets the damage)."""
+    values, found by reading the 16-byte head of each block (local files only: one small read per block); a block
+    of few entries (≤ 4,096: packed statistics, docs/format.md §3.3) also has its entries read, each packed entry
+    counted as the values of its payload (a value per 4 bytes at most). Where a head is damaged the rest of the
+    file is one range (its reader meets the damage)."""
     size = storage.size(key) or 0
     out: list[tuple[int, int]] = []
     start = pos = 0
     count = 0
     head = codec.BLOCK_HEAD
+    rec = codec.DISK_ENTRY_DTYPE.itemsize
     while pos + head.size <= size:
         magic, hlen, n, _ = head.unpack(storage.read_range(key, pos, head.size))
-        end = pos + head.size + hlen + n * codec.DISK_ENTRY_DTYPE.itemsize
+        end = pos + head.size + hlen + n * rec
         if magic != codec.BLOCK_MAGIC or hlen > codec.MAX_HEADER or n > codec.MAX_ENTRIES or end > size:
             break
         count += n
+        if 0 < n <= 4096:
+            disk = np.frombuffer(storage.read_range(key, pos + head.size + hlen, n * rec), dtype=codec.DISK_ENTRY_DTYPE)
+            if len(disk) == n:
+                pk = disk["kind"] == PACKED
+                count += int(disk["length"][pk].astype(np.int64).sum()) // 4
         pos = end
         if count >= entries_per_range:
             out.append((start, pos))
@@ -75,14 +85,25 @@ def read_scalars(storage: Any, key: str, start: int = 0, end: int | None = None,
     cols: dict[str, list[np.ndarray]] = {k: [] for k in ("name", "worker", "mode", "step", "mode_step", "stat",
                                                          "value", "wall")}
     block_steps: dict[int, list[tuple[int, float]]] = {}
+    layouts: dict[int, tuple[packed.Layout, np.ndarray]] = {}  # by offset in the data file: layout, its name ids
     for header, disk, _ in dec.blocks:
         if _malformed(header, disk):
             return None
         if not len(disk):
             continue
         kind = _field(disk, "kind")
-        if np.any(kind > SHAPE):
+        if np.any(kind > PACKED):
             return None
+        pk = kind == PACKED
+        if pk.any():
+            got = _packed_rows(storage, key, header, disk[pk], mode, name_ids, name_list, layouts)
+            if got is None:
+                return None
+            packed_parts, packed_steps = got, disk["step"][pk]
+            disk = disk[~pk]
+            kind = _field(disk, "kind")
+        else:
+            packed_parts = None
         keep = kind != SHAPE
         if mode is not None:
             keep &= _field(disk, "mode") == mode
@@ -101,12 +122,37 @@ def read_scalars(storage: Any, key: str, start: int = 0, end: int | None = None,
         if wid == len(worker_list):
             worker_list.append(worker)
         step_all = _field(disk, "step")
+        if packed_parts is not None:
+            step_all = np.concatenate([step_all, packed_steps])
         if not isinstance(header.get("time"), int | float):
             return None  # (a block without its flush time: the trial dates its values by a later block)
         blocks_of = block_steps.setdefault(wid, [])
         prev_max = max(blocks_of[-1][0], int(step_all.max())) if blocks_of else int(step_all.max())
         first_new = not blocks_of or int(step_all.min()) > blocks_of[-1][0]
         blocks_of.append((prev_max, float(header["time"])))
+
+        def add(parts: tuple, wid: int = wid, first_new: bool = first_new, blocks_of: list = blocks_of) -> None:
+            for c, a in zip(("name", "mode", "step", "mode_step", "stat", "value"), parts, strict=True):
+                cols[c].append(a)
+            cols["worker"].append(np.full(len(parts[0]), wid, dtype=np.int32))
+            # wall time: the flush of the first block (of this worker, in file order) whose steps reach the row's
+            # step; this block's own, unless an earlier block reached the step already
+            if first_new:
+                cols["wall"].append(np.full(len(parts[0]), blocks_of[-1][1]))
+            else:
+                upto = np.asarray([b[0] for b in blocks_of], dtype=np.int64)
+                times = np.asarray([b[1] for b in blocks_of], dtype=np.float64)
+                cols["wall"].append(times[np.searchsorted(upto, parts[2], side="left")])
+
+        if packed_parts is not None:
+            pn, pm, pst, pms, pstat, pv = packed_parts
+            if wanted is not None:
+                sel_p = np.isin(pn, np.asarray([i for n, i in name_ids.items() if n in wanted], dtype=np.int64))
+                pn, pm, pst, pms, pstat, pv = pn[sel_p], pm[sel_p], pst[sel_p], pms[sel_p], pstat[sel_p], pv[sel_p]
+            if len(pn):
+                add((pn, pm, pst, pms, pstat, pv))
+        if not len(disk):
+            continue
         local = []
         for n in header["names"]:
             i = name_ids.get(n)
@@ -157,17 +203,7 @@ def read_scalars(storage: Any, key: str, start: int = 0, end: int | None = None,
                      stat[keep_ok], value[keep_ok])
         else:
             parts = (name if sel is None else name[sel], col("mode"), col("step"), col("mode_step"), stat, value)
-        for c, a in zip(("name", "mode", "step", "mode_step", "stat", "value"), parts, strict=True):
-            cols[c].append(a)
-        cols["worker"].append(np.full(len(parts[0]), wid, dtype=np.int32))
-        # wall time: the flush of the first block (of this worker, in file order) whose steps reach the row's
-        # step; this block's own, unless an earlier block reached the step already
-        if first_new:
-            cols["wall"].append(np.full(len(parts[0]), blocks_of[-1][1]))
-        else:
-            upto = np.asarray([b[0] for b in blocks_of], dtype=np.int64)
-            times = np.asarray([b[1] for b in blocks_of], dtype=np.float64)
-            cols["wall"].append(times[np.searchsorted(upto, parts[2], side="left")])
+        add(parts)
     if not cols["name"]:
         return Scalars([], [], *(np.empty(0, dt) for dt in (np.int32, np.int32, np.uint8, np.int64, np.int64,
                                                              np.int16, np.float64, bool, np.float64)))
@@ -187,3 +223,57 @@ def read_scalars(storage: Any, key: str, start: int = 0, end: int | None = None,
     return Scalars([name_list[i] for i in tensors], [worker_list[i] for i in worder], tcol[order],
                    wcode[wk], c["mode"][order], st, c["mode_step"][order], c["stat"][order],
                    c["value"][order], np.zeros(len(order), dtype=bool), wall)
+
+
+def _packed_rows(storage: Any, key: str, header: dict, disk: np.ndarray, mode: int | None, name_ids: dict[str, int],
+                 name_list: list[str], layouts: dict) -> tuple[np.ndarray, ...] | None:
+    """(name, mode, step, mode_step, stat, value) rows of a block's packed statistics (docs/format.md §3.3), read
+    from the chunk's data file; None on damage (the trial reports it)."""
+    p = layout.parse_chunk_key(key)
+    if p is None:
+        return None
+    dat = layout.chunk_key(p[0], p[1], layout.DATA_SUFFIX)
+    refs = packed.refs(header)
+    if isinstance(refs, str):
+        return None
+
+    def fetch(offset: int, length: int) -> bytes:
+        return storage.read_range(dat, offset, length)
+
+    if mode is not None:
+        disk = disk[disk["mode"] == mode]
+    out: list[list[np.ndarray]] = [[] for _ in range(6)]
+    lay_of = disk["name"].astype(np.int64)
+    for lid in np.unique(lay_of).tolist():
+        ref = refs[lid]
+        got = layouts.get(ref[0])
+        if got is None:
+            try:
+                lay = packed.read_layout(ref, fetch)
+            except packed.LayoutError:
+                return None
+            ids = []
+            for n in lay.names:
+                i = name_ids.get(n)
+                if i is None:
+                    i = name_ids[n] = len(name_list)
+                    name_list.append(n)
+                ids.append(i)
+            got = layouts[ref[0]] = (lay, np.asarray(ids, dtype=np.int64))
+        lay, ids = got
+        sub = disk[lay_of == lid]
+        rows, bad = packed.payloads(sub, lay.length, fetch)
+        if bad:
+            return None
+        k, n = len(sub), len(lay.names)
+        value = np.empty((k, n), dtype=np.float64)
+        for at, vals in lay.columns(rows):
+            value[:, at] = vals
+        out[0].append(np.tile(ids, k))
+        for i, f in ((1, "mode"), (2, "step"), (3, "mode_step")):
+            out[i].append(np.repeat(sub[f], n))
+        out[4].append(np.tile(_STAT_OF_CODE[lay.codes], k).astype(np.int16))
+        out[5].append(value.reshape(-1))
+    if not out[0]:
+        return tuple(np.empty(0, dt) for dt in (np.int64, np.uint8, np.int64, np.int64, np.int16, np.float64))
+    return tuple(np.concatenate(x) for x in out)

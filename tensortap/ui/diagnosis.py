@@ -34,7 +34,7 @@ MAX_MAKING = 2
 #: the diagnosis is made in a process of its own, so that a large job's (rules over every step: minutes) neither
 #: holds the job's lock nor competes with the server for the GIL
 _CHILD = ("import os, sys\n"
-          "os.nice(10)  # (below the server and a training running beside it)\n"
+          "os.nice(19)  # (the lowest priority: below the server, the browser and a training beside it)\n"
           "from tensortap.analysis.diagnose import diagnose\n"
           "sys.stdout.write(diagnose(sys.argv[1]).to_json())\n")
 
@@ -201,34 +201,62 @@ BEING_MADE = "being made (the built-in rules are run over the job's steps); it a
 
 
 def diagnosis_view(jobs: list[Any], wait: float | None = None) -> list[dict[str, Any]]:
-    """One job: its headline as a note, the findings as a table, then what to try (one note each). Several: a table
-    of each job's headline, then the findings and what to try of each job that has findings. `wait`: how long to
-    wait for the diagnoses being made, all together (WAIT_S; the report waits for them: `math.inf`). While one is
-    being made, the blocks are one group marked `pending: "diagnosis"` (the page asks again until it is not)."""
+    """One job: its headline as a note, the findings as a table, then what to try (one note each). Several: a
+    note counting them, a table `diagnosis-jobs` of the headlines of those with findings (or whose diagnosis could
+    not be made), the names of those still being made and of those with nothing wrong, each in one note (fifty jobs
+    stay a few lines above their curves), then the findings and what to try of each job with findings. `wait`: how
+    long to wait for the diagnoses being made, all together (WAIT_S; the report waits for them: `math.inf`). While
+    one is being made, the blocks are one group marked `pending: "diagnosis"` (the page asks again until it is
+    not)."""
     got = _diagnoses(list(jobs), WAIT_S if wait is None else wait)
-    blocks: list[dict[str, Any]] = []
-    multi = len(jobs) > 1
-    if multi:
-        blocks.append({"type": "table", "id": "diagnosis-jobs", "columns": ["job", "diagnosis"],
-                       "rows": [{"job": j.name, "diagnosis": _headline(d)} for j, d in zip(jobs, got, strict=True)]})
-    for job, d in zip(jobs, got, strict=True):
-        who = f" of {job.name}" if multi else ""
-        if not multi:
-            blocks.append({"type": "note", "text": f"Diagnosis{who}: {_headline(d)}"})
-        if not isinstance(d, Diagnosis):
-            continue
-        rows = findings_rows(d)
+    if len(jobs) == 1:
+        blocks = [{"type": "note", "text": f"Diagnosis: {_headline(got[0])}"}]
+        if isinstance(got[0], Diagnosis):
+            blocks += _details(got[0], None)
+    else:
+        pending = [j.name for j, d in zip(jobs, got, strict=True) if d is None]
+        healthy = [j.name for j, d in zip(jobs, got, strict=True) if isinstance(d, Diagnosis) and not findings_rows(d)]
+        rows = [{"job": j.name, "diagnosis": _headline(d)} for j, d in zip(jobs, got, strict=True)
+                if isinstance(d, Exception) or (isinstance(d, Diagnosis) and findings_rows(d))]
+        counts = [f"{len(rows)} with findings" + (" or not made" if any(isinstance(d, Exception) for d in got) else ""),
+                  f"{len(healthy)} with nothing wrong found"] + ([f"{len(pending)} being made"] if pending else [])
+        blocks = [{"type": "note", "text": f"Diagnosis of {len(jobs)} jobs: {', '.join(counts)}."}]
         if rows:
-            if multi:
+            blocks.append({"type": "table", "id": "diagnosis-jobs", "columns": ["job", "diagnosis"], "rows": rows})
+        if pending:
+            blocks.append({"type": "note", "text": f"Being made (the built-in rules are run over each job's steps, "
+                                                   f"{MAX_MAKING} jobs at a time): {_names(pending)}; each appears "
+                                                   "here when it is ready."})
+        if healthy:
+            blocks.append({"type": "note", "text": f"Nothing wrong found: {_names(healthy)}."})
+        for job, d in zip(jobs, got, strict=True):
+            if isinstance(d, Diagnosis) and findings_rows(d):
                 blocks.append({"type": "heading", "text": f"Diagnosis of {job.name}: {d.headline()}."})
-            blocks.append({"type": "table", "id": f"diagnosis-{job.index}" if multi else "diagnosis",
-                           "columns": ["finding", "step", "what"], "rows": rows})
-        for s in d.suggestions:
-            if rows or not multi:
-                blocks.append({"type": "note", "text": f"To try{who}: {s}."})
+                blocks += _details(d, job)
     if any(d is None for d in got):
         return [{"type": "group", "id": "diagnosis", "pending": "diagnosis", "blocks": blocks}]
     return blocks
+
+
+def _details(d: Diagnosis, job: Any) -> list[dict[str, Any]]:
+    """The findings table and what to try of one diagnosis (`job`: of several jobs', None: of the only one)."""
+    out: list[dict[str, Any]] = []
+    rows = findings_rows(d)
+    if rows:
+        out.append({"type": "table", "id": "diagnosis" if job is None else f"diagnosis-{job.index}",
+                    "columns": ["finding", "step", "what"], "rows": rows})
+    who = "" if job is None else f" ({job.name})"
+    out += [{"type": "note", "text": f"To try{who}: {s}."} for s in d.suggestions]
+    return out
+
+
+#: job names a note lists before "and N more"
+NAMES_SHOWN = 12
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:NAMES_SHOWN])
+    return shown + (f" and {len(names) - NAMES_SHOWN} more" if len(names) > NAMES_SHOWN else "")
 
 
 def _headline(d: Diagnosis | Exception | None) -> str:

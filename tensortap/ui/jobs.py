@@ -210,6 +210,29 @@ class Job:
             self._wall = (gen, table)
             return table
 
+    def epoch_table(self, points: int = WALL_POINTS) -> dict[str, list] | None:
+        """The epoch of the job's steps, for an x axis of epochs, where the job saved it: {"step": global steps,
+        "epoch": values} of its scalar named `epoch` (or `<...>/epoch`: the Hugging Face Trainer logs one), at up to
+        `points` of its steps (evenly spread); a page puts any step between two of them by linear interpolation,
+        and beyond them by the nearest two. None when the job saved no such scalar."""
+        import numpy as np
+
+        from tensortap import modes as _modes
+
+        with self.lock:
+            name = next((n for n in self.kinds.scalars if n == "epoch" or n.endswith("/epoch")), None)
+            if name is None:
+                return None
+            g, v, _ = self.scalar(name, _modes.GLOBAL)
+            ok = np.isfinite(v) & (g >= 0)
+            g, v = g[ok], v[ok]
+            if not len(g):
+                return None
+            if len(g) > points:
+                keep = np.unique(np.linspace(0, len(g) - 1, points).round().astype(np.int64))
+                g, v = g[keep], v[keep]
+            return {"step": g.tolist(), "epoch": [round(float(x), 4) for x in v.tolist()]}
+
     def warm(self) -> None:
         """Index the job and read its curves now (the dashboard's start), not on the page's first request."""
         from tensortap import modes as _modes

@@ -37,6 +37,10 @@ from tensortap.ui.series import (
 LAYERS_PER_PAGE = 24
 #: points of one small multiple's series (a min/max envelope beyond)
 SMALL_POINTS = 400
+#: points of all the series of one small multiple together: with many jobs (50 jobs: 100 series a panel), each is
+#: a min/max envelope of PANEL_POINTS / series points (at least MIN_SMALL_POINTS)
+PANEL_POINTS = 4_000
+MIN_SMALL_POINTS = 40
 #: columns of the heatmap (step buckets); each shows the largest norm of its steps. With many layers, fewer
 #: columns: at most HEATMAP_CELLS cells per job (500 layers: 120 columns; a zoom of the Layers view shows more)
 HEATMAP_COLUMNS = 400
@@ -44,6 +48,8 @@ HEATMAP_CELLS = 60_000
 #: the heatmap's rows: 22 px each up to HEATMAP_ROWS_PX in all, then smaller (at least HEATMAP_MIN_ROW_PX)
 HEATMAP_ROWS_PX = 2200
 HEATMAP_MIN_ROW_PX = 4
+#: jobs side by side in one row of the heatmap (more: the next row)
+HEATMAP_JOBS_PER_ROW = 4
 #: jobs beyond which the layers view leaves out the min/max small multiples (a note says how to see them)
 MINMAX_JOBS = 8
 #: points of all the curves of one figure together: with many curves (50 jobs), each is a min/max envelope of
@@ -231,13 +237,15 @@ def rule_markers(rules: list[dict[str, Any]], xs: list[int], ys: list[float | No
     return out
 
 
-def _curve(job: Job, name: str, mode: Any, k: int, multi: bool, max_points: int = MAX_POINTS
-           ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def _curve(job: Job, name: str, mode: Any, k: int, multi: bool, max_points: int = MAX_POINTS,
+           by_scalar: bool = False) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """One scalar's curve in `mode` (its points a min/max envelope beyond `max_points`; `meta.x_mode` the mode
-    steps of its points, for an x axis of mode steps), and a marker trace of its NaN/inf steps (or None)."""
+    steps of its points, for an x axis of mode steps), and a marker trace of its NaN/inf steps (or None). Its
+    colour is its job's (`multi`), else its mode's, or (`by_scalar`: XGBoost's metrics, all TRAIN) its own."""
     g, v, m = job.scalar(name, mode)
     idx = envelope_index(v, max_points)
-    colour = job_colour(job.index) if multi else MODE_COLOURS.get(mode.name, PALETTE[0])
+    colour = job_colour(job.index) if multi else (PALETTE[k % len(PALETTE)] if by_scalar
+                                                  else MODE_COLOURS.get(mode.name, PALETTE[0]))
     label = esc(name) + (f" · {esc(job.name)}" if multi else "")
     x = [int(s) for s in g[idx].tolist()]
     tr = {"type": "scatter", "mode": "lines" if len(x) >= 60 else "lines+markers", "x": x,
@@ -290,7 +298,7 @@ def _curve_figures(jobs: list[Job], names: list[str] | None, multi: bool, prefix
         with job.lock:
             for mode in job.trial.modes() or [_modes.GLOBAL]:
                 for k, name in enumerate(chosen[job.index]):
-                    tr, nf = _curve(job, name, mode, k, multi, max_points)
+                    tr, nf = _curve(job, name, mode, k, multi, max_points, by_scalar=prefix == "rounds")
                     if not tr["x"]:
                         continue
                     per_mode.setdefault(mode.name, []).append(tr)
@@ -330,8 +338,10 @@ def _curve_figures(jobs: list[Job], names: list[str] | None, multi: bool, prefix
         f["layout"]["title"]["font"]["color"] = mode_colour
         # when each job's steps were written (an x axis of wall time), once per job: {job index: table}
         walls = {str(j.index): w for j in jobs if (w := j.wall_table()) is not None}
-        if walls:
-            f["layout"]["meta"] = {"wall": walls}
+        # the epoch of each job's steps, where it saved one (an x axis of epochs)
+        epochs = {str(j.index): e for j in jobs if (e := j.epoch_table()) is not None}
+        if walls or epochs:
+            f["layout"]["meta"] = {"wall": walls, **({"epoch": epochs} if epochs else {})}
         blocks.append(figure_block(f"{prefix}-{mode_name}", f, curves=True, mode=mode_name))
     return blocks
 
@@ -453,6 +463,8 @@ def layers_view(jobs: Job | list[Job], page: int = 0, per_page: int = LAYERS_PER
         panel: list[dict] = []
         zero_pts: list[tuple[dict, list[int]]] = []
         nf_pts: list[tuple[dict, list[int]]] = []
+        series = sum(t is not None for job in jobs for t in per[job.index].get(layer, (None, None)))
+        points = min(SMALL_POINTS, max(MIN_SMALL_POINTS, PANEL_POINTS // max(series, 1)))
         for job in jobs:
             w, g = per[job.index].get(layer, (None, None))
             for tname, kind in ((w, "weight"), (g, "gradient")):
@@ -467,7 +479,7 @@ def layers_view(jobs: Job | list[Job], page: int = 0, per_page: int = LAYERS_PER
                 meta = {"tensor": tname, "job": job.index}
                 if "l2" in st:
                     steps, vals = st["l2"]
-                    s = series_json(steps, vals, max_points=SMALL_POINTS)
+                    s = series_json(steps, vals, max_points=points)
                     y = [None if v is not None and v <= 0 else v for v in s["y"]]
                     tr = {"type": "scatter", "mode": "lines" if len(s["x"]) > 1 else "markers", "x": s["x"], "y": y,
                           "name": f"{who} L2 norm", "meta": meta, **common,
@@ -475,7 +487,7 @@ def layers_view(jobs: Job | list[Job], page: int = 0, per_page: int = LAYERS_PER
                           "hovertemplate": f"{esc(tname)}<br>step %{{x}}: %{{y:.3g}}<extra></extra>"}
                     norm_tr.append(tr)
                     panel.append(tr)
-                    zx = [x for x, v in zip(s["x"], s["y"], strict=True) if v is not None and v == 0]
+                    zx = [int(x) for x in steps[vals == 0][:SMALL_POINTS].tolist()]  # every zero, not the envelope's
                     if zx:
                         zero_pts.append((tr, zx))
                     bad = [int(x) for x in steps[~np.isfinite(vals)][:200].tolist()]
@@ -486,7 +498,7 @@ def layers_view(jobs: Job | list[Job], page: int = 0, per_page: int = LAYERS_PER
                         nf_pts.append((tr, bad))
                 for stat, dash in (("min", "dot"), ("max", KIND_DASH[kind])):
                     if stat in st:
-                        s = series_json(*st[stat], max_points=SMALL_POINTS)
+                        s = series_json(*st[stat], max_points=points)
                         mm_tr.append({"type": "scatter", "mode": "lines", "x": s["x"], "y": s["y"],
                                       "name": f"{who} {stat}", "meta": meta,
                                       **{**common, "line": {"color": colour, "width": 1.2, "dash": dash},
@@ -496,7 +508,7 @@ def layers_view(jobs: Job | list[Job], page: int = 0, per_page: int = LAYERS_PER
                 if "nonfinite" in st:
                     steps, counts = st["nonfinite"]
                     nonfinite_total[tname] = int(np.nansum(counts))
-                    s = series_json(steps, counts, max_points=SMALL_POINTS)
+                    s = series_json(steps, counts, max_points=points)
                     nf_tr.append({"type": "scatter", "mode": "lines", "x": s["x"], "y": s["y"],
                                   "name": f"{who} non-finite", "meta": meta, **common})
         axis, zero_y, nf_y = zero_safe_log_axis([t["y"] for t in panel], bool(zero_pts), bool(nf_pts))
@@ -537,9 +549,16 @@ def layers_view(jobs: Job | list[Job], page: int = 0, per_page: int = LAYERS_PER
                        "options": [{"value": str(p), "label": f"{p * per_page + 1}–"
                                     f"{min((p + 1) * per_page, len(names))} of {len(names)}"}
                                    for p in range(pages)], "value": str(page)})
+    # many jobs: no legend (one entry per job and kind), the header's swatches are it
+    entries = len({t["legendgroup"] for t in norm_tr})
+    shown = {"showlegend": entries <= LEGEND_CURVES}
+    if not shown["showlegend"]:
+        shown["margin"] = {"l": 60, "r": 20, "t": 64, "b": 40}
+    many = "" if shown["showlegend"] else ("<br><sup>each job in its swatch's colour, weight solid, gradient "
+                                           "dashed</sup>")
     blocks.append(figure_block("layers-norms", fig(
-        norm_tr, f"{what} L2 norm per layer (log scale; exact zeros on the row marked 0)",
-        grid=grid, annotations=annotations, shapes=shapes, legend=legend, **x_axes, **log_axes), height))
+        norm_tr, f"{what} L2 norm per layer (log scale; exact zeros on the row marked 0){many}",
+        grid=grid, annotations=annotations, shapes=shapes, legend=legend, **shown, **x_axes, **log_axes), height))
     if len(jobs) <= MINMAX_JOBS:
         blocks.append(figure_block("layers-minmax", fig(mm_tr, f"{what} min and max per layer", grid=grid,
                                                         annotations=annotations, legend=legend, **x_axes,
@@ -665,17 +684,23 @@ def heatmap_view(jobs: Job | list[Job], columns: int = HEATMAP_COLUMNS) -> list[
         xa: dict[str, Any] = step_axis([base], "step" + (f" · {esc(short(job.name, 30))}" if multi else ""))
         layout["xaxis" if i == 1 else f"xaxis{i}"] = xa
         layout["yaxis" if i == 1 else f"yaxis{i}"] = {"automargin": True, "autorange": "reversed",
-                                                      "showticklabels": i == 1}
+                                                      "showticklabels": (i - 1) % HEATMAP_JOBS_PER_ROW == 0}
     for label, colour, present in (("exactly 0", ZERO_COLOUR, any_zero), ("NaN or inf", NONFINITE_COLOUR, any_bad)):
         if present:  # a legend entry for the cells drawn over the colour scale
             data.append({"type": "scatter", "mode": "markers", "x": [None], "y": [None], "name": label,
                          "marker": {"symbol": "square", "size": 12, "color": colour}, "showlegend": True,
                          "hoverinfo": "skip"})
-    if multi:
-        layout["grid"] = {"rows": 1, "columns": len(got), "pattern": "independent", "xgap": 0.04}
-    title = "Gradient L2 norm per layer over steps (log10)" + (", side by side on one colour scale" if multi else "")
     # 22 px a layer, fewer beyond 100 layers (the figure stays under ~2,500 px; the hover names every row)
-    height = max(260, round(len(layers) * max(HEATMAP_MIN_ROW_PX, min(22.0, HEATMAP_ROWS_PX / len(layers)))) + 140)
+    rows_px = round(len(layers) * max(HEATMAP_MIN_ROW_PX, min(22.0, HEATMAP_ROWS_PX / len(layers))))
+    grid_rows = math.ceil(len(got) / HEATMAP_JOBS_PER_ROW)
+    if multi:  # side by side, at most HEATMAP_JOBS_PER_ROW jobs a row
+        panel = rows_px + 70  # a job's heatmap and its x axis title
+        layout["grid"] = {"rows": grid_rows, "columns": min(len(got), HEATMAP_JOBS_PER_ROW), "pattern": "independent",
+                          "xgap": 0.04, "ygap": 70 / panel, "roworder": "top to bottom"}
+    if grid_rows > 1:  # the colour bar beside the first row, not along the whole page
+        layout["coloraxis"]["colorbar"].update(lenmode="pixels", len=max(rows_px, 160), y=1, yanchor="top")
+    title = "Gradient L2 norm per layer over steps (log10)" + (", side by side on one colour scale" if multi else "")
+    height = max(260, grid_rows * (rows_px + 70) + 70)
     return [figure_block("heatmap", fig(data, title, **layout), height)]
 
 
@@ -702,6 +727,7 @@ def distribution_view(jobs: Job | list[Job], tensor: str | None = None) -> list[
     blocks: list[dict[str, Any]] = [choice("tensor", "tensor", choices, tensor)]
     multi = len(jobs) > 1
     traces: list[dict] = []
+    medians: list[dict] = []  # drawn over every job's bands (a band drawn later would hide an earlier median)
     nonfinite: list[dict[str, Any]] = []  # NaN/inf counts per step, beside the bands of the finite values
     for job in jobs:
         with job.lock:
@@ -714,7 +740,9 @@ def distribution_view(jobs: Job | list[Job], tensor: str | None = None) -> list[
             continue
         colour = job_colour(job.index)
         who = f" · {esc(short(job.name, 24))}" if multi else ""
-        x, qs = q["steps"], q["quantiles"]
+        x = q["steps"]
+        # to 7 significant digits, as every drawn value (None: a step without a finite value)
+        qs = {k: to_json_values(np.asarray(v, dtype=np.float64)) for k, v in q["quantiles"].items()}
         for lo, hi, alpha, label in (("0.0", "1.0", 0.12, "min–max"), ("0.05", "0.95", 0.25, "5–95 %"),
                                      ("0.25", "0.75", 0.45, "25–75 %")):
             traces.append({"type": "scatter", "mode": "lines", "x": x, "y": qs[lo], "line": {"width": 0},
@@ -723,15 +751,20 @@ def distribution_view(jobs: Job | list[Job], tensor: str | None = None) -> list[
             traces.append({"type": "scatter", "mode": "lines", "x": x, "y": qs[hi], "line": {"width": 0},
                            "fill": "tonexty", "fillcolor": rgba(colour, alpha), "name": label + who,
                            "legendgroup": f"{job.index}{label}", "meta": {"job": job.index}})
-        traces.append({"type": "scatter", "mode": "lines", "x": x, "y": qs["0.5"], "name": "median" + who,
-                       "line": {"color": colour, "dash": job_dash(job.index)}, "meta": {"job": job.index}})
+        medians.append({"type": "scatter", "mode": "lines", "x": x, "y": qs["0.5"], "name": "median" + who,
+                        "line": {"color": colour, "dash": job_dash(job.index)}, "meta": {"job": job.index}})
         from tensortap.ui.diagnosis import nonfinite_blocks
 
         with job.lock:
             nonfinite.extend(nonfinite_blocks(job, tensor, x, multi))
+    traces += medians
     if traces:
-        blocks.append(figure_block("distribution", fig(traces, f"Distribution of {esc(tensor)} over steps",
-                                                       xaxis=step_axis(traces),
+        shown = len(medians) * 4 <= LEGEND_CURVES  # four entries a job
+        many = "" if shown else ("<br><sup>bands min–max, 5–95 %, 25–75 % (light to dark) and the median, each job in "
+                                 "its swatch's colour</sup>")
+        blocks.append(figure_block("distribution", fig(traces, f"Distribution of {esc(tensor)} over steps{many}",
+                                                       xaxis=step_axis(traces), showlegend=shown,
+                                                       margin={"l": 60, "r": 20, "t": 40 if shown else 64, "b": 40},
                                                        yaxis={"title": {"text": "value"}})))
     return blocks + nonfinite
 
@@ -866,12 +899,12 @@ def xgboost_view(job: Job, metrics: bool = True) -> list[dict[str, Any]]:
             vals, counts = np.unique(labels.reshape(-1), return_counts=True)
             if len(vals) <= 50:
                 bar = {"type": "bar", "x": [esc(_fmt(v)) for v in vals.tolist()], "y": counts.tolist(),
-                       "name": "labels", "marker": {"color": PALETTE[0]}, "text": counts.tolist(),
+                       "name": "labels", "marker": {"color": job_colour(job.index)}, "text": counts.tolist(),
                        "textposition": "outside", "cliponaxis": False}
                 xa = {"type": "category", "title": {"text": "label"}}
             else:
                 bar = {"type": "histogram", "x": labels.reshape(-1)[:100000].tolist(), "name": "labels",
-                       "marker": {"color": PALETTE[0]}}
+                       "marker": {"color": job_colour(job.index)}}
                 xa = {"title": {"text": "label"}}
             blocks.append(figure_block("xgb-labels", fig([bar], f"Label distribution (round {labels_step})",
                                                          xaxis=xa, yaxis={"title": {"text": "rows"}}), 300))
@@ -972,7 +1005,8 @@ def xgboost_compare(jobs: list[Job]) -> list[dict[str, Any]]:
         blocks.append(figure_block(
             "xgb-fi", fig(data, "Feature importance at each job's last saved round",
                           xaxis={"title": {"text": f"feature importance: {esc(options[0][0])}"}},
-                          yaxis={"title": {"text": "feature"}, "automargin": True}, barmode="group"),
+                          yaxis={"title": {"text": "feature"}, "automargin": True}, barmode="group",
+                          legend={"traceorder": "reversed"}),  # horizontal groups: the last job on top
             max(280, 20 * n_feats * min(len(jobs), 4) + 120),
             switch={"label": "importance type", "options": [
                 {"label": t, "visible": [a <= k < b for k in range(len(data))],
@@ -994,7 +1028,8 @@ def xgboost_compare(jobs: list[Job]) -> list[dict[str, Any]]:
               "meta": {"job": job.index}} for job, g in per],
             "SHAP summary: mean |SHAP value| per feature",
             xaxis={"title": {"text": "mean |SHAP value| (average over the training rows)"}},
-            yaxis={"automargin": True, "title": {"text": "feature"}}, barmode="group"),
+            yaxis={"automargin": True, "title": {"text": "feature"}}, barmode="group",
+            legend={"traceorder": "reversed"}),
             max(260, 22 * len(feats) * min(len(jobs), 4) + 100)))
     for job in ordered:  # labels and confusion: one job's at a time
         own = [b for b in xgboost_view(job, metrics=False) if b.get("id") in ("xgb-labels", "xgb-confusion")]

@@ -100,6 +100,20 @@ def test_a_long_chunk_is_read_as_ranges_of_blocks_equal_to_the_trial(tmp_path, m
         assert_same_values(rows_of(pdf), expected_scalars(tt.create_trial(path)))
 
 
+def test_a_job_of_packed_statistics_is_read_in_ranges_sized_by_its_values(tmp_path, monkeypatch):
+    """Packed statistics (one index entry a step for many values) are partitioned by the values they hold, not by
+    their few index entries: ranges whose rows together are the trial's."""
+    from ..trials.test_packed_statistics import _job
+
+    path = str(tmp_path / "packed")
+    _job(path, True)
+    monkeypatch.setattr(ttd, "NATIVE_ENTRIES_PER_PARTITION", 20)
+    parts = ttd.partitions([path])
+    assert len(parts) >= 6 and all(p.hi for p in parts)  # (2 workers × ≥ 3 ranges of whole blocks)
+    pdf = ttd.read_jobs([path]).compute(scheduler="sync")
+    assert_same_values(rows_of(pdf), expected_scalars(tt.create_trial(path)))
+
+
 def _statuses(path):
     out = {}
     rules = os.path.join(path, "rules")

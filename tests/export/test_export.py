@@ -194,3 +194,48 @@ def test_an_interrupted_job_is_exported_whole_with_all(tmp_path):
     trial = tt.create_trial(src)
     trial.assume_ended()
     assert_same_values(duck(dest), expected_scalars(trial))
+
+
+def test_a_statistics_only_pytorch_job_exports_step_block_by_step_block_with_the_trials_values(tmp_path):
+    """The PyTorch hook's statistics land packed (docs/format.md §3.3); an export in several step blocks (each read
+    through a trial of that range) holds every value once, bit for bit; read_statistics gives Trial.statistics."""
+    torch = pytest.importorskip("torch")
+    import glob
+
+    import tensortap.pytorch as tp
+    from tensortap.format import codec
+    from tensortap.format.entries import PACKED
+    from tensortap.trials import read_statistics
+
+    out, dest = str(tmp_path / "job"), str(tmp_path / "dest")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = tp.Hook(out, save_config=tp.SaveConfig(save_interval=1), include_collections=["weights", "gradients"],
+                   reduction_config=tp.ReductionConfig(reductions=["min", "max"], norms=["l2"]))
+    hook.register_module(model)
+    for _ in range(7):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(torch.randn(4, 6)), torch.randint(0, 3, (4,))).backward()
+        opt.step()
+    hook.close()
+    kinds = set()
+    for idx in glob.glob(f"{out}/tensortap/*/*.idx"):
+        with open(idx, "rb") as f:
+            kinds |= {int(k) for _, d, _ in codec.decode_blocks(f.read(), 0, idx, final=True).blocks for k in d["kind"]}
+    assert PACKED in kinds
+    summary = export(out, dest, step_block=2)
+    assert summary["jobs"]["job"]["exported_upto"] == 6
+    trial = tt.create_trial(out)
+    expected = expected_scalars(trial)
+    assert len(expected) > 100
+    assert_same_values(duck(dest), expected)
+    assert_same_values(polars_rows(dest), expected)
+    assert sorted({r[0] for r in duck(dest, cols="step_block")}) == [0, 2, 4, 6]
+    got = read_statistics(out, ["min", "max", "l2"])
+    want = {n: d for n, d in trial.statistics(stats=["min", "max", "l2"]).items() if d}
+    assert got.keys() == want.keys()
+    for n in want:
+        for s in want[n]:
+            assert got[n][s][0].tolist() == want[n][s][0].tolist()
+            assert got[n][s][1].tobytes() == want[n][s][1].tobytes()

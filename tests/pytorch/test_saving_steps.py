@@ -332,3 +332,32 @@ def test_a_stop_request_ends_training_between_saving_steps(tmp_path):
     assert hook._closed
     t = tp.create_trial(str(tmp_path / "run"))
     assert t.steps()[:5] == [0, 3, 6, 9, 12] and t.loaded_all_steps
+
+
+def test_optimizer_state_saved_from_the_step_it_appears(tmp_path):
+    """A collection holding only an optimizer state key saves it from the first saving step at which the optimizer
+    has it (the steps before saved nothing of the optimizer), the weights as usual."""
+    model = Net()
+    hook = tp.Hook(out_dir=str(tmp_path / "run"), save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights", "momenta"])
+    hook.get_collection("momenta").include("momentum_buffer$")
+    hook.register_module(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.0)  # (no momentum buffers yet)
+    hook.register_optimizer(opt)
+    bufs = {}
+    for step in range(5):
+        if step == 2:
+            opt.param_groups[0]["momentum"] = 0.9  # (buffers from this step's optimizer step on)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(torch.randn(5, 8)), torch.randint(0, 4, (5,))).backward()
+        opt.step()
+        if model.fc1.weight in opt.state and "momentum_buffer" in opt.state[model.fc1.weight]:
+            bufs[step] = opt.state[model.fc1.weight]["momentum_buffer"].clone()
+    hook.close()
+    t = tp.create_trial(str(tmp_path / "run"))
+    assert sorted(bufs) == [2, 3, 4]
+    assert t.tensor("optimizer/Net_fc1.weight/momentum_buffer").steps() == [2, 3, 4]
+    for s, buf in bufs.items():
+        assert np.array_equal(t.tensor("optimizer/Net_fc1.weight/momentum_buffer").value(s), buf.numpy())
+    assert not any(n.startswith("optimizer/param_group") for n in t.tensor_names())
+    assert t.tensor("Net_fc1.weight").steps() == [0, 1, 2, 3, 4]

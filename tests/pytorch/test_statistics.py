@@ -75,3 +75,68 @@ def test_statistics_only_equal_those_of_the_values_read(tmp_path, writer):
                 _close(tt.reduction_value(step, "l2"), compute_reduction(arr, "l2", False))
                 _close(tt.reduction_value(step, "max", abs=True), compute_reduction(arr, "max", True))
         _close(t.tensor("1_output_0").reduction_value(step, "l2"), compute_reduction(relu[step].numpy(), "l2", False))
+
+
+def _bits(v) -> bytes:
+    return np.asarray(v).tobytes()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_means_are_torch_means_bit_for_bit(dtype):
+    """A mean is taken as a sum divided by the element count with the other tensors' (torch's CPU mean is that):
+    the value is torch's own, for counts a float32 cannot hold exactly too."""
+    from tensortap.pytorch._tensors import ReductionProgram
+
+    g = torch.Generator().manual_seed(1)
+    ts = [torch.randn(300, 70, generator=g).to(dtype) * 1e3 + 7, torch.randn(5, generator=g).to(dtype),
+          torch.randn(40, 30, generator=g).to(dtype).t(), torch.tensor([0.1, float("nan")], dtype=dtype),
+          torch.full(((1 << 24) + 3,), 0.3, dtype=dtype)]
+    keys = (("l2", False), ("max", False), ("min", False), ("mean", False), ("mean", True))
+    prog = ReductionProgram(ts, [keys] * len(ts))
+    for _again in range(2):  # (the divisor is kept between runs)
+        got = prog.run(ts)
+        for t, rv in zip(ts, got, strict=True):
+            assert _bits(rv[("mean", False)]) == _bits(t.mean().numpy()), t.shape
+            assert _bits(rv[("mean", True)]) == _bits(t.abs().mean().numpy())
+            assert _bits(rv[("min", False)]) == _bits(t.min().numpy())
+            assert _bits(rv[("max", False)]) == _bits(t.max().numpy())
+    ts[1] = torch.randn(9, generator=g).to(dtype)  # another count under the same program
+    assert _bits(prog.run(ts)[1][("mean", False)]) == _bits(ts[1].mean().numpy())
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_statistics_only_are_torch_values_bit_for_bit(tmp_path, writer):
+    """Weights' and gradients' statistics (one hand-off per step) are torch's own values read by the script."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    rc = tp.ReductionConfig(reductions=["min", "max", "mean"], norms=["l2"], save_raw_tensor=False)
+    hook = tp.Hook(out_dir=str(tmp_path), writer=writer, save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights", "biases", "gradients", "losses"], reduction_config=rc)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    hook.register_optimizer(opt)
+    rec: list[tuple[dict, dict, float]] = []
+    opt.register_step_pre_hook(lambda o, a, k: rec[-1][1].update(
+        {n: p.grad.clone() for n, p in model.named_parameters()}))
+    for _step in range(4):
+        rec.append(({n: p.detach().clone() for n, p in model.named_parameters()}, {}, []))
+        x, y = torch.randn(4, 6), torch.randint(0, 3, (4,))
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        rec[-1][2].append(loss.detach().clone())
+        loss.backward()
+        opt.step()
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    for step, (w, grads, loss) in enumerate(rec):
+        assert t.tensor("CrossEntropyLoss_output_0").value(step).tobytes() == loss[0].numpy().tobytes()
+        for n in w:
+            for name, values in ((f"Sequential_{n}", w), (f"gradient/Sequential_{n}", grads)):
+                x = values[n]
+                tt = t.tensor(name)
+                assert _bits(tt.reduction_value(step, "mean")) == _bits(x.mean().numpy()), (name, step)
+                assert _bits(tt.reduction_value(step, "min")) == _bits(x.min().numpy())
+                assert _bits(tt.reduction_value(step, "max")) == _bits(x.max().numpy())
+                assert _bits(tt.reduction_value(step, "l2")) == _bits(torch._foreach_norm([x])[0].numpy())

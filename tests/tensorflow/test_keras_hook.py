@@ -410,3 +410,23 @@ def test_collections_saving_at_different_steps_and_with_reductions(tmp_path):
     assert grads and all(tr.tensor(n).steps() == [0, 3] for n in grads)
     for path, rec in zip(opt.paths, opt.recorded, strict=True):
         np.testing.assert_array_equal(tr.tensor(f"gradients/{path}Grad").value(3), rec.numpy())
+
+
+def test_wrap_optimizer_is_undone_at_close_and_leaves_nothing_on_the_optimizer(tmp_path):
+    """wrap_optimizer replaces the optimizer's apply on that instance while the hook runs (gradients saved); close
+    gives the optimizer back as it was: nothing of tensortap's left in its attributes."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = _mlp()
+    opt = keras.optimizers.SGD(0.1)
+    before = dict(vars(opt))
+    hook = ttf.KerasHook(str(tmp_path / "run"), save_config=ttf.SaveConfig(save_interval=1),
+                         include_collections=["gradients"])
+    model.compile(optimizer=hook.wrap_optimizer(opt), loss="sparse_categorical_crossentropy")
+    assert set(vars(opt)) - set(before)  # (the wrapper, on the instance)
+    x, y = _data(16)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[hook])
+    hook.close()
+    assert {k for k in vars(opt) if "apply" in k} == {k for k in before if "apply" in k}
+    assert create_trial(str(tmp_path / "run")).tensor_names(collection="gradients")

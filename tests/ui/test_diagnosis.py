@@ -168,9 +168,10 @@ def _diagnosing_children() -> int:
 
 
 def test_several_jobs_diagnoses_come_as_they_are_made_a_few_at_a_time(tmp_path, monkeypatch):
-    """Several jobs: one table of each job's headline (pending ones say they are being made) and the findings of
-    those that have any, as one group the page asks for again; at most MAX_MAKING diagnoses are made at once
-    (fifty jobs would take every core from the server and the browser), and none waits for another's turn."""
+    """Several jobs: a count, a table of the headlines of those with findings, the names of those being made and
+    of those with nothing wrong in a note each (fifty jobs stay a few lines), then the findings of each job that
+    has any, as one group the page asks for again while some are being made; at most MAX_MAKING diagnoses are made
+    at once (fifty jobs at once would take every core from the server and the browser)."""
     import time
 
     import tensortap.ui.diagnosis as diagnosis
@@ -183,9 +184,10 @@ def test_several_jobs_diagnoses_come_as_they_are_made_a_few_at_a_time(tmp_path, 
     jobs_ = JobSet(paths)
     (group, *rest) = render_view(jobs_, "overview", {})
     assert group["type"] == "group" and group["pending"] == "diagnosis"
-    (table,) = group["blocks"]
-    assert table["id"] == "diagnosis-jobs" and [r["job"] for r in table["rows"]] == ["job0", "job1", "job2", "job3"]
-    assert all(r["diagnosis"].startswith("being made") for r in table["rows"])
+    texts = [b["text"] for b in group["blocks"]]
+    assert texts[0] == "Diagnosis of 4 jobs: 0 with findings, 0 with nothing wrong found, 4 being made."
+    assert texts[1].startswith("Being made (") and texts[1].endswith(": job0, job1, job2, job3; each appears here "
+                                                                     "when it is ready.")
     assert any(b["type"] == "figure" for b in rest)
     most = 0
     deadline = time.monotonic() + 600
@@ -195,18 +197,18 @@ def test_several_jobs_diagnoses_come_as_they_are_made_a_few_at_a_time(tmp_path, 
         time.sleep(0.1)
         blocks = render_view(jobs_, "diagnosis", {})
     assert 1 <= most <= diagnosis.MAX_MAKING
-    table = blocks[0]
-    assert table["id"] == "diagnosis-jobs"
-    by = {r["job"]: r["diagnosis"] for r in table["rows"]}
-    assert all(by[f"job{i}"].startswith("nothing wrong found") for i in (0, 1, 3))
-    assert re.match(r"\d+ findings?: ", by["job2"]), by["job2"]
-    # the findings of the job that has some, once; none of the healthy ones'
+    assert blocks[0] == {"type": "note", "text": "Diagnosis of 4 jobs: 1 with findings, 3 with nothing wrong found."}
+    table = blocks[1]
+    assert table["id"] == "diagnosis-jobs" and [r["job"] for r in table["rows"]] == ["job2"]
+    assert re.match(r"\d+ findings?: ", table["rows"][0]["diagnosis"]), table
+    assert blocks[2] == {"type": "note", "text": "Nothing wrong found: job0, job1, job3."}
+    assert blocks[3] == {"type": "heading", "text": f"Diagnosis of job2: {table['rows'][0]['diagnosis']}"}
     assert [b["id"] for b in blocks if b["type"] == "table"] == ["diagnosis-jobs", "diagnosis-2"]
-    assert blocks[1] == {"type": "heading", "text": f"Diagnosis of job2: {by['job2']}"}
+    assert any(b["type"] == "note" and b["text"].startswith("To try (job2): ") for b in blocks)
 
 
 def test_the_page_fills_several_jobs_diagnoses_in_one_place(page, tmp_path, ui, monkeypatch):
-    """In the browser, two jobs: their diagnoses fill one table in place as they are made, drawn once."""
+    """In the browser, two jobs: their diagnoses are filled in place as they are made, drawn once."""
     import tensortap.ui.diagnosis as diagnosis
     from tensortap.ui.server import Server
 
@@ -217,13 +219,13 @@ def test_the_page_fills_several_jobs_diagnoses_in_one_place(page, tmp_path, ui, 
     server = Server(paths, port=0).start()
     try:
         ui.open_page(page, server.url)
-        assert page.js("document.querySelectorAll('#view div.pending table[data-table=diagnosis-jobs]').length") == 1
+        notes = "[...document.querySelectorAll('#view p.note')].map(p => p.textContent)"
+        assert page.js(notes)[0] == "Diagnosis of 2 jobs: 0 with findings, 0 with nothing wrong found, 2 being made."
+        assert page.js("document.querySelectorAll('#view div.pending').length") == 1
         page.wait("!document.querySelector('#view div.pending')", timeout=300)
-        rows = page.js("[...document.querySelectorAll('#view table[data-table=diagnosis-jobs] tr')].map(r => "
-                       "[...r.children].map(c => c.textContent))")
-        assert rows[0] == ["job", "diagnosis"] and [r[0] for r in rows[1:]] == ["a", "b"]
-        assert all(r[1].startswith("nothing wrong found") for r in rows[1:]), rows
-        assert page.js("document.querySelectorAll('#view table[data-table=diagnosis-jobs]').length") == 1
+        got = [n for n in page.js(notes) if n.startswith(("Diagnosis", "Nothing", "Being"))]
+        assert got == ["Diagnosis of 2 jobs: 0 with findings, 2 with nothing wrong found.",
+                       "Nothing wrong found: a, b."]
         assert not page.errors
     finally:
         server.stop()

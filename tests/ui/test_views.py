@@ -436,6 +436,8 @@ def test_many_jobs_curves_share_a_budget_and_the_header_swatches_are_their_legen
             hook.set_mode(modes.TRAIN)
             hook.next_step()
             hook.save_scalar("loss", 50.0 if step == 500 + j else 1.0 / (step + 1))
+            g = np.full(4, 0.0 if step == 300 else (1e3 if step == 700 else 1.0), np.float32)
+            hook.save_tensor("gradients/fc", g, "gradients")
         hook.close()
     blocks = render_view(JobSet(paths), "overview", {})
     (f,) = [b["figure"] for b in blocks if b["type"] == "figure"]
@@ -448,8 +450,46 @@ def test_many_jobs_curves_share_a_budget_and_the_header_swatches_are_their_legen
     style = {t["meta"]["job"]: (t["line"]["color"], t["line"]["dash"]) for t in curves}
     assert style == {j: (views.job_colour(j), views.job_dash(j)) for j in range(20)}
     assert style[0][0] == style[7][0] and style[0][1] != style[7][1]
+    # the layers' panel of 20 series shares a budget of points too; every zero listed, the spike kept, no legend
+    (f,) = [b["figure"] for b in render_view(JobSet(paths), "layers", {}) if b["type"] == "figure"
+            and b["id"] == "layers-norms"]
+    norms = [t for t in f["data"] if "row" not in t["meta"]]
+    assert len(norms) == 20 and all(len(t["x"]) <= views.PANEL_POINTS // 20 for t in norms)
+    assert all(dict(zip(t["x"], t["y"], strict=True))[700] == pytest.approx(2e3) for t in norms)
+    zeros = [t for t in f["data"] if t["meta"].get("row") == "zero"]
+    assert len(zeros) == 20 and all(t["x"] == [300] for t in zeros)
+    assert f["layout"]["showlegend"] is False and "each job in its swatch's colour" in f["layout"]["title"]["text"]
+    # the heatmaps side by side, four a row: each readable, the layers named at the start of each row
+    (f,) = [b["figure"] for b in render_view(JobSet(paths), "heatmap", {}) if b["type"] == "figure"]
+    grid = f["layout"]["grid"]
+    assert (grid["rows"], grid["columns"]) == (5, 4)
+    named = [i for i in range(1, 21) if f["layout"]["yaxis" if i == 1 else f"yaxis{i}"]["showticklabels"]]
+    assert named == [1, 5, 9, 13, 17]
     js = resources.files("tensortap.ui").joinpath("static", "app.js").read_text(encoding="utf-8")
     got = re.search(r"var DASHES = \[([^\]]*)\]", js).group(1)
     plotly = {"solid": "null", "dash": '"9,9"', "dot": '"3,3"', "dashdot": '"9,3,3,3"', "longdash": '"15,15"',
               "longdashdot": '"15,6,3,6"'}  # plotly's dash patterns at a line width of 3
     assert re.findall(r'null|"[0-9,]+"', got) == [plotly[d] for d in views.DASHES]
+
+
+def test_every_median_is_drawn_over_every_band(tmp_path):
+    """Two jobs' distributions: the bands first, then each job's median line, so that no job's bands hide
+    another's median."""
+    from tensortap.ui.views import render_view
+
+    paths = [str(tmp_path / "a"), str(tmp_path / "b")]
+    for p in paths:
+        hook = tt.Hook(p, save_config=tt.SaveConfig(save_interval=1),
+                       reduction_config=tt.ReductionConfig(save_raw_tensor=True))
+        for step in range(5):
+            hook.next_step()
+            hook.save_tensor("gradients/fc", np.arange(8, dtype=np.float32) * step, "gradients")
+        hook.close()
+    (f,) = [b["figure"] for b in render_view(JobSet(paths), "distribution", {}) if b["type"] == "figure"]
+    kinds = ["median" if t["name"].startswith("median") else "band" for t in f["data"]]
+    assert kinds == ["band"] * 12 + ["median"] * 2
+    assert [t["meta"]["job"] for t in f["data"][-2:]] == [0, 1]
+    values = [np.arange(8, dtype=np.float32) * step for step in range(5)]  # what each job saved
+    assert f["data"][-1]["y"] == pytest.approx([float(np.median(v)) for v in values], rel=1e-6)
+    low = next(t for t in f["data"] if t["name"] == "5–95 % low · b")
+    assert low["y"] == pytest.approx([float(np.quantile(v, 0.05)) for v in values], rel=1e-6)

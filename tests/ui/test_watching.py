@@ -237,6 +237,11 @@ def test_the_xgboost_page(page, xgboost_job, dead_layer_job, ui):
         ui.open_page(page, server.url)
         tabs = page.js("[...document.querySelectorAll('nav button')].map(b => b.dataset.view)")
         assert tabs == ["overview", "rules", "xgboost"]  # no neural-net views for a booster
+        # the overview's metrics per round: each metric in a colour of its own (all are TRAIN: a mode's colour
+        # would draw them alike), told apart by dash too
+        rounds = _curve_traces(ui.figure_data(page, "rounds-TRAIN")["data"])
+        assert len(rounds) == 4 and len({t["line"]["color"] for t in rounds}) == 4
+        assert len({t["line"]["dash"] for t in rounds}) == 4
         ui.show(page, "xgboost")
         figs = page.js("[...document.querySelectorAll('div.figure')].map(d => d.dataset.fig)")
         assert figs == ["xgb-metrics", "xgb-fi", "xgb-labels", "xgb-confusion", "xgb-shap"]
@@ -313,6 +318,9 @@ def test_two_xgboost_jobs_share_the_axes_of_the_xgboost_page(page, tmp_path, ui)
         assert [t["marker"]["color"] for t in shap] == [PALETTE[0], PALETTE[1]]
         assert dict(zip(shap[0]["y"], shap[0]["x"], strict=True))["f0"] == pytest.approx(0.5 * 11)
         assert dict(zip(shap[1]["y"], shap[1]["x"], strict=True))["f0"] == pytest.approx(0.5 * 6)
+        # each job's own sections keep its colour
+        assert [ui.figure_data(page, f"xgb-labels@{i}")["data"][0]["marker"]["color"] for i in (0, 1)] == \
+            [PALETTE[0], PALETTE[1]]
         page.screenshot("xgboost-two-jobs.png")
         assert page.errors == [] and page.outside == []
     finally:
@@ -475,6 +483,7 @@ def test_screenshots_of_every_view(page, request, which, ui):
             assert views == ["overview", "rules", "xgboost"]
         else:
             assert views[:5] == ["overview", "layers", "heatmap", "distribution", "rules"]
+        page.wait("!document.querySelector('#view div.pending')", timeout=300)  # the diagnosis drawn in place
         for view in views:
             if view != "overview":
                 ui.show(page, view)
@@ -556,3 +565,118 @@ def test_report_distributions_default_to_rules_and_largest_gradients_and_the_cli
     assert drawn(out) == ["gradient/Sequential_0.bias", "gradient/Sequential_0.weight", "Sequential_2.weight"]
     assert main(["report", pytorch_job, "-o", out, "--distribution", "(unclosed"]) == 2
     assert not os.path.exists(str(tmp_path / "x.html"))
+
+
+def test_the_x_axis_by_epoch_where_a_job_saved_its_epoch(page, tmp_path, ui):
+    """A job that saves a scalar `epoch` (as the Hugging Face Trainer logs it) gets an x axis of epochs: each point
+    at its step's epoch, by linear interpolation between the saved ones (and beyond them along the nearest two);
+    a job beside it that saved none draws no point on that axis (never its steps as epochs)."""
+    with_epoch, without = str(tmp_path / "with_epoch"), str(tmp_path / "without")
+    hook = tt.Hook(with_epoch, save_config=tt.SaveConfig(save_interval=1))
+    for step in range(100):
+        hook.set_mode(modes.TRAIN)
+        hook.next_step()
+        hook.save_scalar("loss", 1.0 / (step + 1))
+        if step % 10 == 5:
+            hook.save_scalar("epoch", step / 25)  # 25 steps an epoch
+    hook.close()
+    _write_loss_job(without, [1.0 / (s + 1) for s in range(100)])
+    server = Server([with_epoch, without], port=0).start()
+    try:
+        ui.open_page(page, server.url)
+        options = page.js("[...document.querySelectorAll('select[data-control=x] option')].map(o => o.value)")
+        assert options == ["step", "mode", "wall", "epoch"]
+        page.page.select_option("select[data-control=x]", "epoch")
+        page.wait("document.querySelector('div.figure[data-fig=scalars-TRAIN]').layout.xaxis.title.text"
+                  ".startsWith('epoch')")
+        fig = ui.figure_data(page, "scalars-TRAIN")
+        loss = next(t for t in _curve_traces(fig["data"])
+                    if t["meta"]["job"] == 0 and t["meta"]["tensor"].endswith("loss"))
+        assert loss["x"] == pytest.approx([s / 25 for s in range(100)], abs=1e-6)  # steps 0..4, 96..99: extended
+        other = next(t for t in _curve_traces(fig["data"]) if t["meta"]["job"] == 1)
+        assert other["x"] == [None] * 100 and other["name"].endswith(" (no epoch saved)")
+        assert "job=" not in page.js("location.hash") and "x=epoch" in page.js("location.hash")
+        page.screenshot("curves-epoch.png")
+        assert page.errors == []
+    finally:
+        server.stop()
+
+
+#: pairs of tick labels (or panel titles) of one figure whose boxes overlap, per axis: [[figure, axis, a, b]]
+OVERLAPS_JS = """
+(() => {
+  const out = [];
+  const hit = (a, b) => a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1;
+  const check = (fig, what, els) => {
+    const boxes = els.filter(e => e.textContent.trim()).map(e => [e.textContent, e.getBoundingClientRect()]);
+    for (let i = 0; i < boxes.length; i++)
+      for (let j = i + 1; j < boxes.length; j++)
+        if (hit(boxes[i][1], boxes[j][1])) out.push([fig, what, boxes[i][0], boxes[j][0]]);
+  };
+  for (const d of document.querySelectorAll('div.figure')) {
+    for (const sp of d.querySelectorAll('g.subplot')) {
+      const name = [...sp.classList].find(c => c !== 'subplot');
+      check(d.dataset.fig, name + ' x', [...sp.querySelectorAll('.xtick text')]);
+      check(d.dataset.fig, name + ' y', [...sp.querySelectorAll('.ytick text')]);
+    }
+    check(d.dataset.fig, 'titles', [...d.querySelectorAll('g.annotation-text-g text')]);
+  }
+  return out;
+})()
+"""
+
+
+@pytest.mark.parametrize("width", [1280, 640])
+def test_ticks_and_titles_never_run_together(browser, dead_layer_job, healthy_job, width, ui):
+    """At a wide and a narrow window, in every view of two jobs: no two tick labels of one axis overlap, nor two
+    panel titles (the small multiples' log axes show at most four labels; their x axes say what they count)."""
+    page = ui.Page(browser, width=width, height=900)
+    server = Server([dead_layer_job, healthy_job], port=0).start()
+    try:
+        ui.open_page(page, server.url)
+        for view in ("overview", "layers", "heatmap", "distribution"):
+            if view != "overview":
+                ui.show(page, view)
+            assert page.js(OVERLAPS_JS) == [], (view, width)
+            if view == "layers":
+                fig = ui.figure_data(page, "layers-norms")
+                logs = [a for k, a in fig["layout"].items() if k.startswith("yaxis") and a.get("type") == "log"]
+                assert logs and all(len(a["tickvals"]) <= 5 for a in logs)  # four, and the 0 row
+                titled = [k for k, a in fig["layout"].items() if k.startswith("xaxis") and a.get("title")]
+                assert len(titled) == min(4, len(fig["layout"]["annotations"]))  # each column's bottom panel
+                page.screenshot(f"layers-{width}px.png")
+        assert page.errors == []
+    finally:
+        server.stop()
+        page.close()
+
+
+def test_every_control_is_reached_with_the_tab_key(page, dead_layer_job, healthy_job, ui):
+    """The tabs, the job picker, the curve toolbar and a view's choices are reached by Tab alone, in page order,
+    each with a visible focus outline."""
+    server = Server([dead_layer_job, healthy_job], port=0).start()
+    try:
+        ui.open_page(page, server.url)
+        ui.show(page, "distribution")
+        ui.show(page, "overview")
+        seen = []
+        for _ in range(40):
+            page.page.keyboard.press("Tab")
+            got = page.js("(() => { const e = document.activeElement; if (!e || e === document.body) return null; "
+                          "const s = getComputedStyle(e); return [e.tagName.toLowerCase(), e.dataset.view || "
+                          "e.dataset.job || e.dataset.control || e.dataset.param || e.type || '', "
+                          "s.outlineStyle !== 'none' && parseFloat(s.outlineWidth) > 0]; })()")
+            if got is None:  # past the end of the page: the next Tab starts at its top
+                continue
+            if seen and got[:2] == seen[0][:2]:
+                break
+            seen.append(got)
+        reached = [tuple(s[:2]) for s in seen]
+        for want in [("input", "0"), ("input", "1"), ("button", "overview"), ("button", "layers"),
+                     ("button", "heatmap"), ("button", "distribution"), ("button", "rules"),
+                     ("input", "smooth"), ("input", "ylog"), ("select", "x")]:
+            assert want in reached, (want, reached)
+        assert all(s[2] for s in seen), seen  # the focus is shown on each
+        assert page.errors == []
+    finally:
+        server.stop()

@@ -41,33 +41,48 @@
   }
 
   // How curves are drawn (the toolbar above them): EMA smoothing weight, log y axis, x by global step, by step
-  // within the mode, or by wall time (seconds since the job's first step, where the job records it).
+  // within the mode, by wall time (seconds since the job's first step, where the job records it) or by epoch
+  // (where the job saved a scalar `epoch`).
   var curveState = { smooth: 0, ylog: false, x: "step" };
-  // the trace meta key that holds the points' x of each x axis but the global step (wall time: computed from
-  // the job's table of {step, s}, by linear interpolation between its steps)
-  var X_KEYS = { mode: "x_mode", wall: "x_wall" };
-  function wallX(table, steps) {
-    var st = table.step, s = table.s, n = st.length;
+  // the trace meta key that holds the points' x of each x axis but the global step (wall time and epoch: computed
+  // from the job's table in layout.meta, by linear interpolation between its steps)
+  var X_KEYS = { mode: "x_mode", wall: "x_wall", epoch: "x_epoch" };
+  // the value at each of `steps` by linear interpolation in the table (st, vs); beyond its ends null, or (`extend`)
+  // the line through the nearest two
+  function interp(st, vs, steps, extend) {
+    var n = st.length;
     return steps.map(function (x) {
-      if (x === null || x < st[0] || x > st[n - 1]) return null;
+      if (x === null || !n) return null;
+      if (x < st[0] || x > st[n - 1]) {
+        if (!extend || n < 2) return null;
+        var a = x < st[0] ? 0 : n - 2;
+        return vs[a] + (vs[a + 1] - vs[a]) * (x - st[a]) / (st[a + 1] - st[a]);
+      }
       var lo = 0, hi = n - 1;
       while (hi - lo > 1) { var mid = (lo + hi) >> 1; if (st[mid] <= x) lo = mid; else hi = mid; }
-      if (st[lo] === x || hi === lo) return s[lo];
-      if (st[hi] === x) return s[hi];
-      return s[lo] + (s[hi] - s[lo]) * (x - st[lo]) / (st[hi] - st[lo]);
+      if (st[lo] === x || hi === lo) return vs[lo];
+      if (st[hi] === x) return vs[hi];
+      return vs[lo] + (vs[hi] - vs[lo]) * (x - st[lo]) / (st[hi] - st[lo]);
     });
   }
+  function hasTable(f, key) {
+    var m = f.layout.meta && f.layout.meta[key];
+    return !!m && Object.keys(m).length > 0;
+  }
   // the points' x under x axis `xKey` (null: the global steps themselves); `f`: the trace's figure, whose
-  // layout.meta.wall holds each job's table of wall times
+  // layout.meta.wall and layout.meta.epoch hold each job's table. A job without the table: no points.
   function xOf(t, xKey, f) {
     var m = t.meta || {};
-    if (xKey === "x_wall") {
-      var walls = f.layout.meta && f.layout.meta.wall, table = walls && walls[String(m.job)];
-      return table ? wallX(table, t.x) : null;
+    if (xKey === "x_wall" || xKey === "x_epoch") {
+      var key = xKey === "x_wall" ? "wall" : "epoch";
+      var tables = f.layout.meta && f.layout.meta[key], table = tables && tables[String(m.job)];
+      if (!table) return t.x.map(function () { return null; });
+      return key === "wall" ? interp(table.step, table.s, t.x, false) : interp(table.step, table.epoch, t.x, true);
     }
     return xKey && m[xKey] ? m[xKey] : null;
   }
-  var X_TITLES = { mode: "step within its mode", wall: "wall time (s since the job's first step)" };
+  var X_TITLES = { mode: "step within its mode", wall: "wall time (s since the job's first step)",
+                   epoch: "epoch (the job's saved epoch scalar)" };
   var curveListeners = [];  // called when the toolbar changes (the live page keeps it in the URL)
 
   // --- curves: smoothing, zero-safe log axis, x by mode step -------------------------------------
@@ -126,6 +141,9 @@
     f.data.forEach(function (t) {
       var m = t.meta || {};
       var x = xOf(t, xKey, f) || t.x;
+      if (m.curve && (cs.x === "wall" || cs.x === "epoch") && t.x.length && x.every(function (v) { return v === null; })) {
+        t = Object.assign({}, t, { name: t.name + (cs.x === "epoch" ? " (no epoch saved)" : " (no wall time)") });
+      }
       if (m.curve) {
         var key = "c" + m.job + ":" + m.tensor + ":" + m.mode;
         if (cs.smooth > 0) {
@@ -144,7 +162,7 @@
       }
     });
     if (xKey) layout.xaxis = Object.assign({}, layout.xaxis, { title: { text: X_TITLES[cs.x] } });
-    if (cs.x === "wall") delete layout.xaxis.dtick;
+    if (cs.x === "wall" || cs.x === "epoch") delete layout.xaxis.dtick;
     var finite = [];
     lines.forEach(function (t) { t.y.forEach(function (v) { if (v !== null && isFinite(v)) finite.push(v); }); });
     if (cs.ylog) {
@@ -261,7 +279,7 @@
             function (e) { showError("zoom: " + (e.message || e)); });
   }
 
-  function curveToolbar(hasWall) {
+  function curveToolbar(hasWall, hasEpoch, hasRounds) {
     var bar = el("div", "toolbar");
     bar.setAttribute("role", "group");
     bar.setAttribute("aria-label", "how curves are drawn");
@@ -285,15 +303,18 @@
     var xl = el("label", null, "x axis ");
     var xs = el("select");
     xs.dataset.control = "x";
-    var xOptions = [["step", "global step"], ["mode", "step within its mode"]];
+    var xOptions = [["step", hasRounds ? "global step (XGBoost: round)" : "global step"], ["mode", "step within its mode"]];
     if (hasWall) xOptions.push(["wall", "wall time"]);
+    if (hasEpoch) xOptions.push(["epoch", "epoch"]);
     xOptions.forEach(function (o) {
       var opt = el("option", null, o[1]); opt.value = o[0]; if (o[0] === curveState.x) opt.selected = true; xs.appendChild(opt);
     });
     xs.addEventListener("change", function () { curveState.x = xs.value; changed(); });
     xl.appendChild(xs);
-    var hint = el("span", "meta", hasWall ? "wall time: when the step's data was flushed (within 0.5 s); epochs: not recorded by the hooks"
-                                          : "wall time (smdebug jobs) and epochs: not recorded");
+    var hint = el("span", "meta", (hasWall ? "wall time: when the step's data was flushed (within 0.5 s)"
+                                           : "wall time: not recorded (smdebug jobs)") + "; " +
+                                  (hasEpoch ? "epoch: the job's saved scalar named epoch"
+                                            : "epoch: offered when a job saves a scalar named epoch"));
     [sl, lg, xl, hint].forEach(function (n) { bar.appendChild(n); });
     var pending = null;
     function changed() {
@@ -358,9 +379,9 @@
     blocks.forEach(function (b, i) {
       // the curve toolbar goes above the first curves (or the note about them just before)
       if (!toolbar && (b.curves || (b.type === "note" && blocks[i + 1] && blocks[i + 1].curves))) {
-        nodes.push(curveToolbar(blocks.some(function (x) {
-          return x.curves && x.figure.layout.meta && x.figure.layout.meta.wall;
-        })));
+        nodes.push(curveToolbar(blocks.some(function (x) { return x.curves && hasTable(x.figure, "wall"); }),
+                                blocks.some(function (x) { return x.curves && hasTable(x.figure, "epoch"); }),
+                                blocks.some(function (x) { return x.curves && /^rounds-/.test(x.id); })));
         toolbar = true;
       }
       if (b.type === "heading") {
@@ -506,7 +527,7 @@
     if (q.getAll("job").length) params.job = q.getAll("job");
     if (q.get("smooth")) curveState.smooth = Math.min(0.99, Math.max(0, Number(q.get("smooth")) || 0));
     if (q.get("ylog")) curveState.ylog = q.get("ylog") === "1";
-    if (q.get("x") === "mode" || q.get("x") === "wall") curveState.x = q.get("x");
+    if (X_KEYS[q.get("x")]) curveState.x = q.get("x");
     return { view: q.get("view") || "overview", params: params };
   }
 
