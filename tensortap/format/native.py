@@ -81,7 +81,7 @@ class NativeSource(Source):
         #: (worker id, largest global step, header `time`) of each ingested block with entries: wall times
         self.block_times: list[tuple[int, int, float]] = []
         #: (chunk id, offset) -> packed statistics layout read from the chunk's data file, its name and dtype ids
-        self._layouts: dict[tuple[int, int], tuple[packed.Layout, np.ndarray, np.ndarray]] = {}
+        self._layouts: dict[tuple[int, int], tuple] = {}  # (layout, name ids, dtype ids[, entry template])
 
     @property
     def last_step_written(self) -> int:
@@ -305,7 +305,7 @@ class NativeSource(Source):
                 dts = np.array([self._intern(self._dtype_ids, self.dtypes, d, _safe_dtype(d)) for d in lay.dtype_strs],
                                dtype="<u2")[lay.dtypes]
                 got = self._layouts[(cid, ref[0])] = (lay, names, dts)
-            lay, names, dts = got
+            lay, names, dts = got[:3]
             rows, bad = packed.payloads(sub, lay.length, fetch)
             if bad:
                 for i, offset, reason in bad:
@@ -316,17 +316,17 @@ class NativeSource(Source):
             k, n = len(sub), len(lay.names)
             if not k:
                 continue
-            e = np.zeros(k * n, dtype=ENTRY_DTYPE)
-            e["name"] = np.tile(names, k)
-            e["worker"] = wid
+            tmpl = got[3] if len(got) > 3 and got[3][0] == (wid, scalar) else None
+            if tmpl is None:  # the layout's entries with what every step shares, copied per step as bytes
+                t = np.zeros(n, dtype=ENTRY_DTYPE)
+                t["name"], t["worker"], t["kind"], t["reduction"] = names, wid, REDUCTION, lay.codes
+                t["dtype"], t["shape"], t["chunk"], t["length"] = dts, scalar, INLINE_CHUNK, lay.widths
+                tmpl = ((wid, scalar), t.view(np.uint8).reshape(n, -1))
+                self._layouts[(cid, ref[0])] = (lay, names, dts, tmpl)
+            e = np.tile(tmpl[1], (k, 1)).view(ENTRY_DTYPE).reshape(-1)
+            e2 = e.reshape(k, n)
             for f in ("mode", "step", "mode_step"):
-                e[f] = np.repeat(sub[f], n)
-            e["kind"] = REDUCTION
-            e["reduction"] = np.tile(lay.codes, k)
-            e["dtype"] = np.tile(dts, k)
-            e["shape"] = scalar
-            e["chunk"] = INLINE_CHUNK
-            e["length"] = np.tile(lay.widths, k)
+                e2[f] = sub[f][:, None]
             e["inline"] = lay.inline_bytes(rows).reshape(k * n, INLINE_BYTES).view(e.dtype["inline"]).reshape(-1)
             parts.append(e)
             where.append(np.repeat(at, n))

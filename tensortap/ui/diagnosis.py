@@ -50,6 +50,7 @@ class _Making:
         self.proc_key: Any = None
         self.out: Any = None
         self.err: Any = None
+        self.started_at = 0.0  # time.monotonic() when the process making the next one started
 
     def poll(self) -> bool:
         """Collect the process's answer if it has ended; whether one is still being made."""
@@ -85,6 +86,7 @@ class _Making:
         self.proc = subprocess.Popen([sys.executable, "-c", _CHILD, path], stdout=self.out,
                                      stderr=self.err, stdin=subprocess.DEVNULL, env=env)
         self.proc_key = key
+        self.started_at = time.monotonic()
         _RUNNING.add(self)
 
     def stop(self) -> None:
@@ -155,9 +157,10 @@ def job_diagnosis(job: Any, wait: float | None = None) -> Diagnosis | None:
 
 
 def _diagnoses(jobs: list[Any], wait: float) -> list[Diagnosis | Exception | None]:
-    """Each job's diagnosis (job_diagnosis), waiting `wait` seconds for all of them together (not at all when a
-    job waits its turn, unless `wait` is infinite); a job whose turn comes while others are waited for is started
-    then."""
+    """Each job's diagnosis (job_diagnosis), waiting `wait` seconds for all of them together, and for each at most
+    until `wait` seconds after its process started (a large job's, minutes long, delays only the request that
+    started it); not at all when a job waits its turn, unless `wait` is infinite. A job whose turn comes while
+    others are waited for is started then."""
     making = {id(j): _ask(j) for j in jobs}
     if wait != math.inf and any(m.proc is None and m.result is None for m in making.values()):
         wait = 0.0  # some wait their turn: not all can be ready soon, the page shows them as they come
@@ -167,7 +170,7 @@ def _diagnoses(jobs: list[Any], wait: float) -> list[Diagnosis | Exception | Non
         m = making[id(j)]
         if m.proc is None and m.result is None:  # waited for a turn: the jobs before it may have ended
             m = _ask(j)
-        out.append(_result(m, deadline))
+        out.append(_result(m, deadline if wait == math.inf else min(deadline, m.started_at + wait)))
     return out
 
 

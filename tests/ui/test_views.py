@@ -217,8 +217,16 @@ def test_layers_count_non_finite_values_and_keep_a_spike(tmp_path):
     norm = next(t for t in figs["layers-norms"]["data"] if t["meta"]["tensor"] == "gradients/fc")
     assert len(norm["x"]) <= 402 and 1234 in norm["x"]  # enveloped, the spike kept
     assert max(y for y in norm["y"] if y is not None) == pytest.approx(1e3, rel=1e-6)
-    heat = _figures(render_view(jobs, "heatmap", {}))["heatmap"]["data"][0]
-    assert max(z for z in heat["z"][0] if z is not None) == pytest.approx(3.0, abs=1e-6)  # log10(1e3)
+    # the NaN/inf step on the L2 norm's log axis: a marker on the row labelled NaN/inf, never left out
+    (row,) = [t for t in figs["layers-norms"]["data"] if t["meta"].get("row") == "nonfinite"]
+    assert row["x"] == [2000] and row["meta"]["tensor"] == "gradients/fc"
+    axis = figs["layers-norms"]["layout"]["yaxis" if row["yaxis"] == "y" else "yaxis" + row["yaxis"][1:]]
+    assert axis["ticktext"][-1] == "NaN/inf" and row["y"] == [pytest.approx(axis["tickvals"][-1])]
+    heat = _figures(render_view(jobs, "heatmap", {}))["heatmap"]["data"]
+    assert max(z for z in heat[0]["z"][0] if z is not None) == pytest.approx(3.0, abs=1e-6)  # log10(1e3)
+    bad = next(t for t in heat if (t.get("meta") or {}).get("cells") == "NaN or inf")
+    col = max(i for i, x in enumerate(heat[0]["x"]) if x <= 2000)
+    assert bad["z"][0][col] == 1 and heat[0]["z"][0][col] is None  # drawn apart from the colour scale
 
 
 def test_rule_marker_sits_on_the_loss_curve_at_the_firing_step(tmp_path):

@@ -135,6 +135,14 @@ def test_a_sparse_mode_says_why_it_is_sparse(tmp_path):
     assert hint == ["EVAL: 1 point per curve (step 50): too few for a trend. Save EVAL steps more often: "
                     "SaveConfig(mode_save_configs={modes.EVAL: SaveConfigMode(save_interval=1)}), or a smaller "
                     "--save-interval."]
+    # one job: each mode's curves and title in the mode's colour
+    from tensortap.ui.views import MODE_COLOURS
+
+    for mode in ("TRAIN", "EVAL"):
+        (f,) = [b["figure"] for b in blocks if b.get("id") == f"scalars-{mode}"]
+        assert {t["line"]["color"] for t in _curve_traces(f["data"])} == {MODE_COLOURS[mode]}
+        assert f["layout"]["title"]["font"]["color"] == MODE_COLOURS[mode]
+    assert MODE_COLOURS["TRAIN"] != MODE_COLOURS["EVAL"]
 
 
 def test_zero_gradients_show_as_zeros(page, dead_layer_job, ui):
