@@ -1,13 +1,11 @@
 """Build of the optional C helper (everything else is in pyproject.toml).
 
 `tensortap.transport._streamcopy` copies a step's tensors into the writer's shared memory in one call and holds
-the ring's atomics; when it cannot be built (no compiler), tensortap falls back to one ctypes.memmove per tensor. `tensortap.pytorch._counting` is the PyTorch
-step counter's truth test (tensortap/pytorch/_step_counter.py); without it the counter runs in Python.
+the ring's atomics; when it cannot be built (no compiler), tensortap falls back to one ctypes.memmove per tensor.
 """
 
 from setuptools import Extension, setup
 
 setup(ext_modules=[
     Extension("tensortap.transport._streamcopy", ["tensortap/transport/_streamcopy.c"], optional=True),
-    Extension("tensortap.pytorch._counting", ["tensortap/pytorch/_counting.c"], optional=True),
 ])

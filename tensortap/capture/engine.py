@@ -7,7 +7,7 @@ The engine owns, for every framework:
 * the **saving flag** of the current step (`saving`) and what saves (`now`, the schedule's answer);
 * the **quiet window**: after a step that saves nothing, the steps before the next saving step (and before the
   next look for a stop request, `deadline`) save nothing either, so an adapter may only count them
-  (`count_quiet()`), or let a counter it runs elsewhere count them (`arm(tally)`, e.g. PyTorch's C counter);
+  (`count_quiet()`), or let a counter it runs elsewhere count them (`arm(tally)`, e.g. PyTorch's counting dict);
 * **late identity**: a rank and world size the framework learns after the hook was made (a process group,
   Horovod, XGBoost's collective), adopted once before the first step, then the claim of the worker's folder
   (`settle_identity()`, `tensortap.capture.identity`);
@@ -81,7 +81,7 @@ Listener = Callable[[StepEvent], None]
 class Tally:
     """Steps counted outside the engine's own code: `skipped` counted so far (the clock adds them before anything
     reads it), and while `left` > 0 and the clock is before `deadline` the counter may count that many more
-    quiet steps. PyTorch's `CountingHooks` (in C) has the same three fields; this is the Python one."""
+    quiet steps. PyTorch's `CountingHooks` (a dict whose truth test counts) has the same three fields."""
 
     __slots__ = ("skipped", "left", "deadline")
 
@@ -332,7 +332,7 @@ class StepEngine:
         return int(min(left, _MAX_LEFT)) if left > 0 else 0
 
     def arm(self, tally: Any) -> None:
-        """Let `tally` (a `Tally`, or a counter in C with its fields) count the quiet steps after the open one,
+        """Let `tally` (a `Tally`, or a counter with its fields) count the quiet steps after the open one,
         until the window's deadline; the clock adds what it counted before anything reads the steps."""
         left = self.quiet_left()
         if left > 0:

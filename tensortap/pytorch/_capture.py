@@ -83,6 +83,7 @@ class TensorCapture:
         if views is None:
             views = plan.param_views = [p.detach() for _n, p, _c in plan.weights]
             plan.param_ptrs = [v.data_ptr() for v in views]
+            plan.weight_prog = None  # (made again for these views: their dtypes may have changed)
             if spec is not None:
                 spec.sources = None
             plan.step_layout = None  # (learned again: the parameters' shapes or dtype may have changed)
@@ -90,7 +91,7 @@ class TensorCapture:
             plan.weight_reds = self._reductions_only(plan.weight_items)
         if plan.weight_reds is not None and not plan.some_odd:
             prog = plan.weight_prog
-            if prog is None or prog.dtypes != tuple(v.dtype for v in views):
+            if prog is None:
                 prog = plan.weight_prog = ReductionProgram(views, plan.weight_reds)
                 for name, colls in plan.weight_items:
                     self._note_membership(name, colls)

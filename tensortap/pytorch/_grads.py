@@ -4,7 +4,6 @@ and handed over with the step's other tensors in as few messages as possible."""
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -12,6 +11,7 @@ from torch import nn
 
 from tensortap.capture.batch import StepLayout
 from tensortap.collection import Collection
+from tensortap.exceptions import InvalidConfiguration
 from tensortap.pytorch import _dtensor
 from tensortap.pytorch._plan import (
     _STRIDED,
@@ -43,15 +43,8 @@ class GradientCapture:
         try:
             found = False
             for t in (outputs,) if type(outputs) is torch.Tensor else iter_tensors(outputs):
-                fn = t.grad_fn if t.requires_grad else None  # (each read makes a new Python object)
-                if fn is not None:
-                    if type(t) is torch.Tensor and t._backward_hooks is None:
-                        # What Tensor.register_hook does, without a handle: the output and its hook go
-                        # with the step's graph.
-                        t._backward_hooks = OrderedDict(((self._output_hook_id, self._output_grad_hook),))
-                        fn._register_hook_dict(t)
-                    else:
-                        self._step_handles.append(t.register_hook(self._output_grad_hook))
+                if t.requires_grad and t.grad_fn is not None:
+                    self._step_handles.append(t.register_hook(self._output_grad_hook))
                     found = True
             if not found and not self._param_hooks_on:
                 self._param_hooks_on = True
@@ -126,7 +119,7 @@ class GradientCapture:
                         # statistics only: computed now, where the gradients live (a later call replaces them)
                         self._pending_grads = {}
                         prog = plan.grad_prog
-                        if prog is None or prog.dtypes != tuple(g.dtype for g in grads):
+                        if prog is None or prog.dtypes != tuple([g.dtype for g in grads]):
                             prog = plan.grad_prog = ReductionProgram(grads, plan.grad_reds)
                             for name, colls in plan.grad_items:
                                 self._note_membership(name, colls)
@@ -242,17 +235,20 @@ class GradientCapture:
         if not active or not self.writes:
             self._reduced_records = []
             return
-        if (weights is not None or reduced is not None) and plan is not None:
-            with self.guard("statistics"):
-                self._get_writer().submit_statistics(step_statistics(plan, weights, reduced, self.step_id()))
-        if self._reduced_records:
-            rows, self._reduced_records = self._reduced_records, []
-            with self.guard("statistics"):
+        try:  # (what guard() does, without a generator per step)
+            if (weights is not None or reduced is not None) and plan is not None:
+                w = self._writer if self._writer is not None else self._get_writer()
+                w.submit_statistics(step_statistics(plan, weights, reduced, self.step_id()))
+            if self._reduced_records:
+                rows, self._reduced_records = self._reduced_records, []
                 for r in rows:
                     self._get_writer().submit_statistics(r)
-        if small:
-            with self.guard("small tensors"):
+            if small:
                 self._write_small(plan, small)
+        except InvalidConfiguration:
+            raise
+        except Exception as e:  # noqa: BLE001 - never break the training job
+            self._fail("statistics", e)
         if batch is not None or pending:
             with self.guard("gradients"):
                 if batch is not None and plan is not None:

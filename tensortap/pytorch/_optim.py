@@ -144,7 +144,7 @@ class OptimizerSteps:
         """The registered modules' forwards are not seen (compiled after register_module): steps begin at the
         registered losses' forwards, else at the optimizer's step."""
         self._forward_unseen = True
-        for m, _fn, _key in self._losses:
+        for m, _fn in self._losses:
             self._step_handles_kept.append(m.register_forward_pre_hook(self._loss_step_hook))
         names = ", ".join(r.name for r in self._roots)
         self._warn_io_missing(f"the forward of {names} runs in compiled code (torch.compile after "

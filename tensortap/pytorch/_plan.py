@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 from tensortap import modes as _modes
 from tensortap.capture.batch import BatchSpec, StepLayout
@@ -42,12 +40,6 @@ _SMALL = 4096  # elements: a lone tensor this small is copied directly
 # calls they cost on quiet steps outweigh removing and installing them again).
 _KEEP_HANDLES = 8
 _NO_GRAD_MODES = (_modes.EVAL, _modes.PREDICT)  # modes whose steps save no gradients
-
-
-def _hook_id() -> int:
-    """A key for a hook put straight into a module's hook dict (no handle object per saving step), reserved
-    among torch's hook handles' ids."""
-    return RemovableHandle(OrderedDict()).id
 
 
 def _is_compiled(module: nn.Module) -> bool:
@@ -133,7 +125,7 @@ class _Root:
     module: nn.Module  # the module registered (gets the forward pre-hook)
     name: str  # class name of the (uncompiled) module
     params: list[tuple[str, nn.Parameter]]
-    io_hooks: list[tuple[nn.Module, Any, int]]  # (module, forward hook, its key) for steps saving I/O
+    io_hooks: list[tuple[nn.Module, Any]]  # (module, forward hook) for steps saving I/O
     compiled: bool
     handles: list[Any] = field(default_factory=list)
     counter: CountingHooks | None = None  # counts the module's calls instead of a forward pre-hook

@@ -1,12 +1,13 @@
 """Counting a module's forward calls without giving it a forward hook.
 
 Any hook on a module sends torch's `Module.__call__` down its slow path (a closure, a set, lists, a try
-block and the hooks' dispatch). For a model's root module that costs 7-10 us per forward in the MLP
-benchmark step (bench/pytorch_overhead.py), 1-2% of a step that saves nothing, where the step counter is
-the hook's only work. Instead, the root's `_backward_hooks` dict, which `Module._call_impl` tests first on
-every call, is replaced by a `CountingHooks` dict whose truth test counts the call when it comes from
-`_call_impl` itself and is otherwise that of a plain dict: torch keeps its fast path, hooks registered on
-the module later go into the dict as before.
+block and the hooks' dispatch): for the root of the MLP of bench/pytorch_overhead.py a forward pre-hook
+costs 3-4 us more per forward than this counter (bench/RESULTS.md, "Speed paths kept"), 0.3-0.4% of a
+step that saves nothing, where the step counter is the hook's only work. Instead, the root's
+`_backward_hooks` dict, which `Module._call_impl` tests first on every call, is replaced by a
+`CountingHooks` dict whose truth test counts the call when it comes from `_call_impl` itself and is
+otherwise that of a plain dict: torch keeps its fast path, hooks registered on the module later go into
+the dict as before.
 
 `works()` checks once per process that this torch calls the test exactly once per forward, on both of its
 paths; where it does not, the hook uses a forward pre-hook as before.
@@ -31,15 +32,14 @@ def _report(exc: BaseException) -> None:
     logger.error("tensortap: the step counter failed; it stops counting, training continues", exc_info=exc)
 
 
-try:  # the truth test in C (_counting.c); the Python one below where it could not be built
-    from tensortap.pytorch._counting import CountingBase as _CountingBase
-    from tensortap.pytorch._counting import configure as _configure
-except ImportError:  # pragma: no cover - built at install where a compiler is present
-    _CountingBase = None
+class CountingHooks(OrderedDict):
+    """A module's `_backward_hooks` that calls `tick()` once per call of the module.
 
-
-class _PyCountingHooks(OrderedDict):
-    """The Python form of `CountingHooks`, used where the C one is not built."""
+    While `left` > 0 (and the clock is before `deadline`), a call is only counted in `skipped` instead:
+    the owner arms that for steps it knows will save nothing, and adds `skipped` to its step counters
+    before it next reads them. When `tick` raises, the error is logged once and counting stops (`tick`
+    becomes None); the forward goes on.
+    """
 
     __slots__ = ("tick", "left", "skipped", "deadline")
 
@@ -64,28 +64,11 @@ class _PyCountingHooks(OrderedDict):
                     _report(e)
         return len(self) > 0
 
-
-class CountingHooks(_PyCountingHooks if _CountingBase is None else _CountingBase):
-    """A module's `_backward_hooks` that calls `tick()` once per call of the module.
-
-    While `left` > 0 (and the clock is before `deadline`), a call is only counted in `skipped` instead:
-    the owner arms that for steps it knows will save nothing, and adds `skipped` to its step counters
-    before it next reads them. (A tick touches the hook's state, which a training step has pushed out of
-    the CPU caches: measured, ~10 us per step in context against ~0.5 us when warm.) When `tick` raises,
-    the error is logged once and counting stops (`tick` becomes None); the forward goes on.
-    """
-
-    __slots__ = ()
-
     def __reduce__(self):  # torch.save(model) / copy.deepcopy(model): a plain dict, no counting
         return (OrderedDict, (), None, None, iter(list(self.items())))
 
     def copy(self) -> OrderedDict:
         return OrderedDict(self)
-
-
-if _CountingBase is not None:
-    _configure(_CALL_IMPL, _report)
 
 
 @functools.cache

@@ -5,7 +5,7 @@ Names follow smdebug's PyTorch naming: parameters `<RootClass>_<param>`, gradien
 module is named by its class), losses `<LossClass>_output_0`. Optimizer state is saved as
 `optimizer/param_group_<g>/<key>` and `optimizer/<RootClass>_<param>/<state key>`.
 
-Steps known to save nothing cost one truth test in C per forward of the root module, made without a module
+Steps known to save nothing cost one truth test per forward of the root module, made without a module
 hook (see `_step_counter`); per-module forward hooks and per-parameter gradient hooks are only installed for
 steps that save them. With the writer process, a saving step hands its weights, gradients and loss over in
 one message of shared memory (`tensortap.capture.batch.StepLayout`).
@@ -44,7 +44,6 @@ from tensortap.pytorch._plan import (
     _class_name,
     _detect_rank,
     _distributed,
-    _hook_id,
     _in_backward,
     _is_compiled,
     _Plan,
@@ -84,13 +83,10 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
         self._roots: list[_Root] = []
         self._module_ids: set[int] = set()  # every module inside a registered root
         self._param_names: dict[int, str] = {}
-        self._losses: list[tuple[nn.Module, Any, int]] = []  # (loss module, forward hook for saving steps, key)
+        self._losses: list[tuple[nn.Module, Any]] = []  # (loss module, its forward hook in saving steps)
         self._opt_handles: list[Any] = []
         self._step_handles: list[Any] = []  # hooks installed for this step only
-        self._plan_handles: list[Any] = []  # parameter hooks of the saving plan `_handles_plan`
-        self._plan_hooks: list[tuple[dict, int]] = []  # (hook dict, key): its module hooks
-        self._grad_hook_id = _hook_id()  # of the forward hook on roots in steps saving gradients
-        self._output_hook_id = _hook_id()  # of the hook on a saving step's model output
+        self._plan_handles: list[Any] = []  # module and parameter hooks of the saving plan `_handles_plan`
         self._handles_plan: _Plan | None = None
         self._io_counts: dict[str, int] = {}
         self._grad_targets: dict[int, tuple[nn.Parameter, str, list[Collection]]] = {}
@@ -212,12 +208,12 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
         compiled = _is_compiled(module) or getattr(module, "_compiled_call_impl", None) is not None
         root_name = _class_name(inner)
         params = [(f"{root_name}_{n}", p) for n, p in inner.named_parameters()]
-        io_hooks: list[tuple[nn.Module, Any, int]] = []
+        io_hooks: list[tuple[nn.Module, Any]] = []
         if _is_compiled(module):  # (outside the compiled code)
-            io_hooks.append((module, functools.partial(self._io_hook, root_name), _hook_id()))
+            io_hooks.append((module, functools.partial(self._io_hook, root_name)))
         elif not compiled:
             for n, m in inner.named_modules():
-                io_hooks.append((m, functools.partial(self._io_hook, n if n else root_name), _hook_id()))
+                io_hooks.append((m, functools.partial(self._io_hook, n if n else root_name)))
                 self._note_activation(n if n else root_name, m)
         root = _Root(module, root_name, params, io_hooks, compiled)
         # (Kept out of torch.compile: a module compiled after registering calls these from inside compiled code.)
@@ -272,9 +268,9 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
         if self.disabled or self._closed:
             return
         name = loss_module._get_name()
-        if any(m is loss_module for m, _fn, _k in self._losses):
+        if any(m is loss_module for m, _fn in self._losses):
             return
-        self._losses.append((loss_module, functools.partial(self._loss_hook, name), _hook_id()))
+        self._losses.append((loss_module, functools.partial(self._loss_hook, name)))
         if self._flight is not None:
             self._flight.add_loss(name, loss_module)
         self._remove_plan_handles()  # the next saving step installs its hook
@@ -284,7 +280,7 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
     def _hook_loss_now(self, loss_module: nn.Module) -> None:
         """In a saving step, capture a registered loss module's calls from now on in this step too."""
         if self.engine.saving:
-            for m, fn, _key in self._losses:
+            for m, fn in self._losses:
                 if m is loss_module:
                     self._step_handles.append(m.register_forward_hook(fn))
 
@@ -306,7 +302,7 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
                 self.next_step()
             counter = clock.tally
             if counter is not None and not self._opts:
-                engine.arm(counter)  # the forwards before the next saving step only count (in C, see _step_counter)
+                engine.arm(counter)  # the forwards before the next saving step only count (see _step_counter)
         except Exception as e:  # noqa: BLE001 - never break training
             self._fail("forward pre-hook", e)
         self._opt_stepped = False
@@ -401,7 +397,6 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
 
     def _install_plan_handles(self, plan: _Plan) -> None:
         handles = self._plan_handles
-        hooks = self._plan_hooks
         if plan.grads and not self._opts:
             for root in self._roots:
                 if root.compiled and not _is_compiled(root.module):
@@ -411,26 +406,16 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
                         if id(p) in plan.grads:
                             handles.append(p.register_post_accumulate_grad_hook(self._param_grad_hook))
                 else:
-                    d = root.module._forward_hooks
-                    d[self._grad_hook_id] = self._grad_root_hook
-                    hooks.append((d, self._grad_hook_id))
-        for m, fn, key in self._losses:
-            d = m._forward_hooks
-            d[key] = fn
-            hooks.append((d, key))
+                    handles.append(root.module.register_forward_hook(self._grad_root_hook))
+        for m, fn in self._losses:
+            handles.append(m.register_forward_hook(fn))
         if plan.io and not self._forward_unseen:
             for root in self._roots:
-                for m, fn, key in root.io_hooks:
-                    d = m._forward_hooks
-                    d[key] = fn
-                    hooks.append((d, key))
+                for m, fn in root.io_hooks:
+                    handles.append(m.register_forward_hook(fn))
         self._handles_plan = plan
 
     def _remove_plan_handles(self) -> None:
-        if self._plan_hooks:
-            for d, key in self._plan_hooks:
-                d.pop(key, None)
-            self._plan_hooks.clear()
         if self._plan_handles:
             for h in self._plan_handles:
                 h.remove()

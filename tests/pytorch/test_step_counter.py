@@ -15,7 +15,6 @@ nn = torch.nn
 
 import tensortap.pytorch as tp  # noqa: E402
 from tensortap.pytorch import _step_counter  # noqa: E402
-from tensortap.pytorch._step_counter import CountingHooks  # noqa: E402
 
 
 class Net(nn.Module):
@@ -28,20 +27,9 @@ class Net(nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
-class _PythonCounting(_step_counter._PyCountingHooks):
-    """The counter as it is where its C truth test could not be built."""
-
-    __slots__ = ()
-    __reduce__ = CountingHooks.__reduce__
-    copy = CountingHooks.copy
-
-
-@pytest.fixture(autouse=True, params=["c", "python"])
-def _reset(monkeypatch, request):
+@pytest.fixture(autouse=True)
+def _reset(monkeypatch):
     monkeypatch.delenv("TENSORTAP_DISABLE", raising=False)
-    if request.param == "python":
-        # every test of this file also runs with the Python truth test
-        monkeypatch.setattr(_step_counter, "CountingHooks", _PythonCounting)
     torch.manual_seed(0)
     yield
     tp.del_hook()
@@ -57,13 +45,6 @@ def _step(model, loss_fn=None):
     loss = loss_fn(model(torch.randn(5, 8, requires_grad=True)), torch.randint(0, 4, (5,)))
     loss.backward()
     return loss
-
-
-def test_the_c_truth_test_is_built_and_used():
-    from tensortap.pytorch._counting import CountingBase  # built at install (a compiler is there)
-
-    assert issubclass(CountingHooks, CountingBase) and issubclass(CountingHooks, OrderedDict)
-    assert type(CountingHooks.__bool__).__name__ == "wrapper_descriptor"  # the C slot, no Python method
 
 
 def test_this_torch_takes_the_counter_and_root_gets_no_module_hook(tmp_path):
