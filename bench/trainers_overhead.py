@@ -2,7 +2,8 @@
 
 Each round trains the same small job, in this process, without a tensortap callback, with
 `TensortapCallback(save_config=10, include_collections=["weights", "gradients", "losses"])`, and once more without
-(the A/A control), and with `--floor` with a callback that does nothing (what the trainer's calling one costs);
+(the A/A control), with `--floor` with a callback that does nothing (what the trainer's calling one costs), and
+with `--no-writer` with the callback in `dry_run` (everything but the writer: what is left is the writer's share);
 which arm goes first rotates from round to round. Training time is taken from step WARMUP (20) to the trainer's
 train-end callback: the steady cost per step, without the writer's start at the first saving step (a fixed cost,
 `bench/fixed_cost.py`), which the whole `fit`/`train` column includes. Two clocks: the training thread's own CPU
@@ -129,6 +130,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--trainers", default="lightning,huggingface")
+    ap.add_argument("--no-writer", action="store_true",
+                    help="also time the callback with dry_run=True (no writer: its process's work is left out)")
     ap.add_argument("--floor", action="store_true",
                     help="also time a callback that does nothing (the trainer's own cost of calling one)")
     args = ap.parse_args()
@@ -137,8 +140,9 @@ def main() -> None:
     print("Ratios to the round's plain run, medians over rounds (in brackets: min-max); cpu = the training thread's "
           "CPU time, wall = wall clock")
     print("| trainer | clock | A/A control | callback, training | callback, whole fit/train | "
+          + ("callback, no writer | " if args.no_writer else "")
           + ("empty callback, training | " if args.floor else "") + "plain per step |")
-    print("|---|---|---:|---:|---:|" + ("---:|" if args.floor else "") + "---:|")
+    print("|---|---|---:|---:|---:|" + ("---:|" if args.no_writer else "") + ("---:|" if args.floor else "") + "---:|")
     for name in args.trainers.split(","):
         job = jobs[name]
         if name == "lightning":
@@ -146,19 +150,24 @@ def main() -> None:
         else:
             from tensortap.huggingface import TensortapCallback
         job(WARMUP + 20, None)  # warm-up
-        arms = ["plain", "callback", "plain again"] + (["empty"] if args.floor else [])
+        arms = (["plain", "callback", "plain again"] + (["empty"] if args.floor else [])
+                + (["no writer"] if args.no_writer else []))
         runs: list[dict[str, dict[str, float]]] = []
         for r in range(args.rounds):
-            out = tempfile.mkdtemp(prefix="tt-bench-")
+            out, out_dry = tempfile.mkdtemp(prefix="tt-bench-"), tempfile.mkdtemp(prefix="tt-bench-")
             made = {"plain": None, "plain again": None, "empty": empty_callback(name) if args.floor else None,
                     "callback": TensortapCallback(out_dir=out, save_config=10,
-                                                  include_collections=["weights", "gradients", "losses"])}
+                                                  include_collections=["weights", "gradients", "losses"]),
+                    "no writer": TensortapCallback(out_dir=out_dry, save_config=10, dry_run=True,
+                                                   include_collections=["weights", "gradients", "losses"])}
             got = {}
             for arm in arms[r % len(arms):] + arms[:r % len(arms)]:  # (each arm first in turn)
                 got[arm] = job(args.steps, made[arm])
             runs.append(got)
             made["callback"].capture.close()
+            made["no writer"].capture.close()
             shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(out_dry, ignore_errors=True)
         med = statistics.median
 
         def ratio(arm: str, key: str, runs: list = runs) -> str:
@@ -166,7 +175,8 @@ def main() -> None:
             return f"x{statistics.median(rs):.3f} ({min(rs):.3f}-{max(rs):.3f})"
 
         for clock in ("cpu", "wall"):
-            floor = f"{ratio('empty', 'train_' + clock)} | " if args.floor else ""
+            floor = f"{ratio('no writer', 'train_' + clock)} | " if args.no_writer else ""
+            floor += f"{ratio('empty', 'train_' + clock)} | " if args.floor else ""
             per_step = med(g["plain"]["train_" + clock] for g in runs) / (args.steps - WARMUP)
             print(f"| {name} | {clock} | {ratio('plain again', 'train_' + clock)} | "
                   f"**{ratio('callback', 'train_' + clock)}** | {ratio('callback', 'whole_' + clock)} | {floor}"
