@@ -28,9 +28,13 @@ through shared memory) side by side.
 `tensortap-tb` is the default hook with `export_tensorboard=True` (issue #24: the export costs the step nothing).
 `tensortap-flight` is a hook with its flight recorder on (statistics of every weight, gradient and module output at
 every step, docs/pytorch.md), `tensortap-flight-full` the same with `statistics="full"`,
-`tensortap-flight-parameterized` / `tensortap-flight-nooutputs` with `outputs="parameterized"` / `"none"`; with
+`tensortap-flight-parameterized` / `tensortap-flight-nooutputs` with `outputs="parameterized"` / `"none"`, and
+`tensortap-noflight` the same hook with the recorder off, measured the same way (its global optimizer hooks
+switched off in the plain blocks too: what the hook itself costs, beside the recorder's share); with
 `--intervals never` nothing else is saved. `anomaly` is `torch.autograd.set_detect_anomaly(True)` in the hooked
-blocks (no hook):
+blocks (no hook). `floor` is the least work of the same kind, no hook: one `torch._foreach_norm` over the weights
+and gradients in a global optimizer pre-hook and one host transfer; `floor-outputs` adds a forward hook on every
+module that takes its output's norm (`vector_norm(...).item()`):
 
     .venv/bin/python bench/pytorch_overhead.py --models mlp,cnn,transformer --intervals never \
         --libs none,tensortap-flight,anomaly
@@ -204,12 +208,13 @@ def child(lib: str, interval: str, model_name: str, pairs: int, steps: int) -> d
         import smdebug.pytorch as smd
 
         hook = smd.Hook(out_dir=out_dir, save_config=smd.SaveConfig(**cfg_kwargs), include_collections=COLLECTIONS)
-    elif lib not in ("none", "anomaly"):
+    elif lib not in ("none", "anomaly") and not lib.startswith("floor"):
         import tensortap.pytorch as tp
 
         export = lib == "tensortap-tb"  # the same hook exporting TensorBoard event files (written by the writer)
         flight = lib.startswith("tensortap-flight")
-        writer = lib.split("-", 1)[1] if "-" in lib and not export and not flight else "auto"
+        writer = lib.split("-", 1)[1] if "-" in lib and not export and not flight and lib != "tensortap-noflight" \
+            else "auto"
         kw = {}
         if flight:
             from tensortap.capture.flight import FlightConfig
@@ -221,7 +226,10 @@ def child(lib: str, interval: str, model_name: str, pairs: int, steps: int) -> d
     if hook is not None:
         hook.register_module(model)
         hook.register_loss(loss_fn)
-    switch = _HookSwitch([model, loss_fn], optimizer_hooks=lib.startswith("tensortap-flight"))
+    if lib.startswith("floor"):
+        _floor(model, loss_fn, outputs=lib == "floor-outputs")
+    switch = _HookSwitch([model, loss_fn],
+                         optimizer_hooks=lib.startswith(("tensortap-flight", "floor", "tensortap-noflight")))
     anomaly = lib == "anomaly"  # hooked blocks: torch's anomaly mode, no hook
     on_cpu: dict[int, int] = {}  # the CPU the training thread ran on at the end of each block
 
@@ -271,6 +279,29 @@ def child(lib: str, interval: str, model_name: str, pairs: int, steps: int) -> d
             "hooked_us": statistics.median(hooked_w), "ratio": statistics.median(wall),
             "cpu_ratio": statistics.median(cpu), "out_root": os.path.dirname(out_dir),
             "on_cpu": {str(c): n / sum(on_cpu.values()) for c, n in sorted(on_cpu.items())}}
+
+
+def _floor(model, loss_fn, outputs: bool) -> None:
+    """The least work of the flight recorder's kind: the norms of all weights and gradients in one foreach pass
+    and one host transfer at the optimizer's step; with `outputs`, each module output's norm in a forward hook."""
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    params = list(model.parameters())
+
+    def norms(optimizer, args, kwargs):
+        ts = [p.detach() for p in params] + [p.grad.detach() for p in params]
+        torch.stack(torch._foreach_norm(ts)).numpy()
+
+    register_optimizer_step_pre_hook(norms)
+    if outputs:
+        def out_norm(module, args, output):
+            for t in (output,) if isinstance(output, torch.Tensor) else output:
+                if isinstance(t, torch.Tensor):
+                    torch.linalg.vector_norm(t.detach()).item()
+
+        for m in [*model.modules(), loss_fn]:
+            m.register_forward_hook(out_norm)
 
 
 def _run_child(python: str, lib: str, interval: str, model: str, pairs: int, steps: int) -> dict | None:
@@ -347,7 +378,8 @@ def main() -> None:
                "tensortap-process": sys.executable, "tensortap-tb": sys.executable, "smdebug": smdebug_python,
                "none": sys.executable, "tensortap-flight": sys.executable, "tensortap-flight-full": sys.executable,
                "tensortap-flight-parameterized": sys.executable, "tensortap-flight-nooutputs": sys.executable,
-               "anomaly": sys.executable}
+               "anomaly": sys.executable, "floor": sys.executable, "floor-outputs": sys.executable,
+               "tensortap-noflight": sys.executable}
     configs = [(m, lib, iv) for m in args.models.split(",") for iv in args.intervals.split(",") for lib in libs]
     results: dict[tuple[str, str, str], list[dict]] = {c: [] for c in configs}
     for r in range(args.rounds):

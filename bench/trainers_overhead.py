@@ -1,13 +1,17 @@
 """What the trainer callbacks cost a Lightning and a Hugging Face Trainer job (docs/trainers.md).
 
-Each round trains the same small job twice in this process, once without a tensortap callback and once with
-`TensortapCallback(save_config=10, include_collections=["weights", "gradients", "losses"])`, in alternating
-order (which goes first alternates too), then once more without, as the A/A control. Training time is taken
-from step WARMUP (20) to the trainer's train-end callback: the steady cost per step, without the writer's start
-at the first saving step (a fixed cost, `bench/fixed_cost.py`), which the whole `fit`/`train` column includes.
-A round's ratio is callback / plain; the table gives the medians over rounds.
+Each round trains the same small job, in this process, without a tensortap callback, with
+`TensortapCallback(save_config=10, include_collections=["weights", "gradients", "losses"])`, and once more without
+(the A/A control), with `--floor` with a callback that does nothing (what the trainer's calling one costs), and
+with `--no-writer` with the callback in `dry_run` (everything but the writer: what is left is the writer's share);
+which arm goes first rotates from round to round. Training time is taken from step WARMUP (20) to the trainer's
+train-end callback: the steady cost per step, without the writer's start at the first saving step (a fixed cost,
+`bench/fixed_cost.py`), which the whole `fit`/`train` column includes. Two clocks: the training thread's own CPU
+time (`time.thread_time()`: both trainers run their loop on the calling thread; the writer process's work is not
+counted, but on a shared machine it competes for the same cores), and the wall clock. A round's ratio is
+arm / plain; the table gives the medians over rounds and their spread.
 
-    .venv/bin/python bench/trainers_overhead.py --rounds 7 --steps 1000
+    .venv/bin/python bench/trainers_overhead.py --rounds 30 --steps 220
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -31,21 +36,33 @@ from torch import nn  # noqa: E402
 
 torch.set_num_threads(1)
 
+def _clocks() -> tuple[float, float]:
+    """(the training thread's CPU time, wall clock): both trainers run their loop on the calling thread (the writer
+    process's work is not the training thread's; the writer thread's, where one is used, is not either)."""
+    return time.thread_time(), time.perf_counter()
+
+
+def _figures(timer: object, start: tuple[float, float]) -> dict[str, float]:
+    end = _clocks()
+    return {"train_cpu": timer.t1[0] - timer.t0[0], "train_wall": timer.t1[1] - timer.t0[1],
+            "whole_cpu": end[0] - start[0], "whole_wall": end[1] - start[1]}
+
+
 #: training time is taken from this step on: the writer's start at the first saving step (a fixed cost of a hook,
 #: bench/fixed_cost.py) stays out of the per-step figure, which the whole fit/train column keeps
 WARMUP = 20
 
 
-def lightning_job(steps: int, callback: object | None) -> tuple[float, float]:
+def lightning_job(steps: int, callback: object | None) -> dict[str, float]:
     import lightning as L
 
     class Timer(L.Callback):
         def on_train_batch_start(self, trainer, *a):
-            if trainer.global_step == WARMUP:
-                self.t0 = time.perf_counter()
+            if trainer.global_step == WARMUP and not hasattr(self, "t0"):
+                self.t0 = _clocks()
 
         def on_train_end(self, *a):
-            self.t1 = time.perf_counter()
+            self.t1 = _clocks()
 
     class MLP(L.LightningModule):
         def __init__(self):
@@ -67,12 +84,12 @@ def lightning_job(steps: int, callback: object | None) -> tuple[float, float]:
     cbs = [timer] + ([callback] if callback is not None else [])
     trainer = L.Trainer(max_steps=steps, max_epochs=-1, callbacks=cbs, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1)
-    t = time.perf_counter()
+    t = _clocks()
     trainer.fit(MLP(), data)
-    return timer.t1 - timer.t0, time.perf_counter() - t
+    return _figures(timer, t)
 
 
-def hf_job(steps: int, callback: object | None) -> tuple[float, float]:
+def hf_job(steps: int, callback: object | None) -> dict[str, float]:
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "trainers"))
     from _hf_job import dataset, model
     from transformers import Trainer, TrainerCallback, TrainingArguments
@@ -80,10 +97,10 @@ def hf_job(steps: int, callback: object | None) -> tuple[float, float]:
     class Timer(TrainerCallback):
         def on_step_begin(self, args, state, control, **k):
             if state.global_step == WARMUP:
-                self.t0 = time.perf_counter()
+                self.t0 = _clocks()
 
         def on_train_end(self, *a, **k):
-            self.t1 = time.perf_counter()
+            self.t1 = _clocks()
 
     timer = Timer()
     out = tempfile.mkdtemp(prefix="tt-bench-hf-")
@@ -91,9 +108,21 @@ def hf_job(steps: int, callback: object | None) -> tuple[float, float]:
                              use_cpu=True, save_strategy="no", disable_tqdm=True, logging_steps=10**9)
     cbs = [timer] + ([callback] if callback is not None else [])
     trainer = Trainer(model=model(), args=args, train_dataset=dataset(512), callbacks=cbs)
-    t = time.perf_counter()
+    t = _clocks()
     trainer.train()
-    return timer.t1 - timer.t0, time.perf_counter() - t
+    shutil.rmtree(out, ignore_errors=True)
+    return _figures(timer, t)
+
+
+def empty_callback(name: str) -> object:
+    """A callback that does nothing, for the trainer's own cost of calling one (`--floor`)."""
+    if name == "lightning":
+        import lightning as L
+
+        return L.Callback()
+    from transformers import TrainerCallback
+
+    return TrainerCallback()
 
 
 def main() -> None:
@@ -101,11 +130,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--trainers", default="lightning,huggingface")
+    ap.add_argument("--no-writer", action="store_true",
+                    help="also time the callback with dry_run=True (no writer: its process's work is left out)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also time a callback that does nothing (the trainer's own cost of calling one)")
     args = ap.parse_args()
     jobs = {"lightning": lightning_job, "huggingface": hf_job}
     print(f"load average {os.getloadavg()[0]:.1f}; {args.rounds} rounds of {args.steps} steps")
-    print("| trainer | A/A control | callback, training | callback, whole fit/train | plain s/step |")
-    print("|---|---:|---:|---:|---:|")
+    print("Ratios to the round's plain run, medians over rounds (in brackets: min-max); cpu = the training thread's "
+          "CPU time, wall = wall clock")
+    print("| trainer | clock | A/A control | callback, training | callback, whole fit/train | "
+          + ("callback, no writer | " if args.no_writer else "")
+          + ("empty callback, training | " if args.floor else "") + "plain per step |")
+    print("|---|---|---:|---:|---:|" + ("---:|" if args.no_writer else "") + ("---:|" if args.floor else "") + "---:|")
     for name in args.trainers.split(","):
         job = jobs[name]
         if name == "lightning":
@@ -113,22 +150,37 @@ def main() -> None:
         else:
             from tensortap.huggingface import TensortapCallback
         job(WARMUP + 20, None)  # warm-up
-        aa, train_r, whole_r, plain_step = [], [], [], []
+        arms = (["plain", "callback", "plain again"] + (["empty"] if args.floor else [])
+                + (["no writer"] if args.no_writer else []))
+        runs: list[dict[str, dict[str, float]]] = []
         for r in range(args.rounds):
-            out = tempfile.mkdtemp(prefix="tt-bench-")
-            cb = TensortapCallback(out_dir=out, save_config=10, include_collections=["weights", "gradients", "losses"])
-            order = [None, cb] if r % 2 == 0 else [cb, None]
+            out, out_dry = tempfile.mkdtemp(prefix="tt-bench-"), tempfile.mkdtemp(prefix="tt-bench-")
+            made = {"plain": None, "plain again": None, "empty": empty_callback(name) if args.floor else None,
+                    "callback": TensortapCallback(out_dir=out, save_config=10,
+                                                  include_collections=["weights", "gradients", "losses"]),
+                    "no writer": TensortapCallback(out_dir=out_dry, save_config=10, dry_run=True,
+                                                   include_collections=["weights", "gradients", "losses"])}
             got = {}
-            for c in order:
-                got[c is None] = job(args.steps, c)
-            control = job(args.steps, None)
-            train_r.append(got[False][0] / got[True][0])
-            whole_r.append(got[False][1] / got[True][1])
-            aa.append(control[0] / got[True][0])
-            plain_step.append(got[True][0] / (args.steps - WARMUP))
+            for arm in arms[r % len(arms):] + arms[:r % len(arms)]:  # (each arm first in turn)
+                got[arm] = job(args.steps, made[arm])
+            runs.append(got)
+            made["callback"].capture.close()
+            made["no writer"].capture.close()
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(out_dry, ignore_errors=True)
         med = statistics.median
-        print(f"| {name} | x{med(aa):.3f} | **x{med(train_r):.3f}** | x{med(whole_r):.3f} | "
-              f"{med(plain_step) * 1e3:.2f} ms |")
+
+        def ratio(arm: str, key: str, runs: list = runs) -> str:
+            rs = [g[arm][key] / g["plain"][key] for g in runs]
+            return f"x{statistics.median(rs):.3f} ({min(rs):.3f}-{max(rs):.3f})"
+
+        for clock in ("cpu", "wall"):
+            floor = f"{ratio('no writer', 'train_' + clock)} | " if args.no_writer else ""
+            floor += f"{ratio('empty', 'train_' + clock)} | " if args.floor else ""
+            per_step = med(g["plain"]["train_" + clock] for g in runs) / (args.steps - WARMUP)
+            print(f"| {name} | {clock} | {ratio('plain again', 'train_' + clock)} | "
+                  f"**{ratio('callback', 'train_' + clock)}** | {ratio('callback', 'whole_' + clock)} | {floor}"
+                  f"{per_step * 1e3:.3f} ms |")
 
 
 if __name__ == "__main__":

@@ -91,21 +91,21 @@ class TensortapCallback(TrainerCallback):
     # --- training -------------------------------------------------------------------------------
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.capture.run("on_step_begin", self._step_begin, state)
-
-    def _step_begin(self, state: Any) -> None:
-        self.capture.begin(_modes.TRAIN, state.global_step)
-        self._pending = []
-        self._saved_here = set()
+        self.capture.begin_train(state.global_step)  # (on a step of the quiet window: two numbers tested)
+        if self._pending:
+            self._pending.clear()
+        if self._saved_here:
+            self._saved_here.clear()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.capture.run("on_pre_optimizer_step", self._pre_optimizer_step)
+        if self.capture.saving:
+            self.capture.run("on_pre_optimizer_step", self._pre_optimizer_step)
 
     def _pre_optimizer_step(self) -> None:
         cap = self.capture
         if cap.current() is not None and cap.current()[0] is _modes.TRAIN:
             cap.save_weights()
-            cap.save_gradients()
+            cap.save_gradients()  # (with the weights: one message)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.capture.run("on_step_end", self._step_end, args, state, control)
@@ -117,7 +117,8 @@ class TensortapCallback(TrainerCallback):
             value = sum(self._pending) if self._shared_loss else sum(self._pending) / n
             cap.save_scalars({LOSS: value}, "losses")
             self._saved_here.add(LOSS)
-        self._pending = []
+        if self._pending:
+            self._pending.clear()
         if self._stop_decided(args, state):
             control.should_training_stop = True
             control.should_save = True

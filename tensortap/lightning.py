@@ -87,18 +87,17 @@ class _TensortapCallbackMixin:
 
     # --- training -------------------------------------------------------------------------------
 
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        self.capture.run("on_train_batch_start", self._train_batch_start, trainer)
+    # (Lightning calls each hook of every callback at every batch: the hooks of a step that saves nothing test
+    # one or two numbers and return; the saving step reads the weights, the gradients, the loss and the logged
+    # metrics, handed to the writer as two messages, the tensors in one copy straight from the parameters.)
 
-    def _train_batch_start(self, trainer: Any) -> None:
-        cap = self.capture
-        if cap.current() != (_modes.TRAIN, trainer.global_step):
-            cap.begin(_modes.TRAIN, trainer.global_step)
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self.capture.begin_train(trainer.global_step):
             self._losses = []
             self._stepped = False
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        if self.capture.saving:  # (a step that saves nothing costs one attribute test here)
+        if self.capture.saving:
             self.capture.run("on_before_optimizer_step", self._before_optimizer_step)
 
     def _before_optimizer_step(self) -> None:
@@ -117,26 +116,33 @@ class _TensortapCallbackMixin:
             cap.save_gradients()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.capture.run("on_train_batch_end", self._train_batch_end, trainer, pl_module, outputs)
+        if self.capture.saving:
+            self.capture.run("on_train_batch_end", self._saving_batch_end, trainer, pl_module, outputs)
+        else:
+            self._stepped = False
+        self._check_stop(trainer)
 
-    def _train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any) -> None:
+    def _saving_batch_end(self, trainer: Any, pl_module: Any, outputs: Any) -> None:
         cap = self.capture
-        if cap.saving:  # (a loss is read, a host sync on a GPU, only where it is saved)
-            loss = _loss_of(outputs)
-            if loss is not None:
-                self._losses.append(loss)
-        stepped = self._stepped or (cap.current() is not None and trainer.global_step != cap.current()[1])
-        if stepped and cap.current() is not None and cap.current()[0] is _modes.TRAIN:
-            if self._losses and cap.saving:
+        loss = _loss_of(outputs)  # (a host sync on a GPU: only where it is saved)
+        if loss is not None:
+            self._losses.append(loss)
+        current = cap.current()
+        if current is None or current[0] is not _modes.TRAIN:
+            return
+        if self._stepped or trainer.global_step != current[1]:  # (the step's last micro-batch)
+            groups = []
+            if self._losses:
                 automatic = getattr(pl_module, "automatic_optimization", True)
                 # (automatic optimization hands back each micro-batch's loss divided by the window's length)
                 value = sum(self._losses) if automatic else sum(self._losses) / len(self._losses)
-                cap.save_scalars({LOSS: value}, "losses")
-            if cap.saving:
-                self._save_metrics(trainer, eval_names=False)
+                groups.append(({LOSS: value}, "losses", False))
+            metrics = self._train_metrics(trainer)
+            if metrics:
+                groups.append((metrics, "metrics", False))
+            cap.save_scalar_groups(groups)
             self._losses = []
             self._stepped = False
-        self._check_stop(trainer)
 
     def _check_stop(self, trainer: Any) -> None:
         cap = self.capture
@@ -150,6 +156,11 @@ class _TensortapCallbackMixin:
             trainer.should_stop = True
 
     # --- evaluation and prediction ------------------------------------------------------------
+
+    def _train_metrics(self, trainer: Any) -> dict[str, Any]:
+        """The logged metrics a TRAIN step saves: those not logged during an evaluation."""
+        evals = self._eval_metrics
+        return {k: v for k, v in trainer.callback_metrics.items() if k not in evals}
 
     def _eval_batch_start(self, trainer: Any, mode: _modes.ModeKeys) -> None:
         if not trainer.sanity_checking:
@@ -206,7 +217,7 @@ class _TensortapCallbackMixin:
             self._eval_metrics |= set(metrics) - self._names_before
             chosen = {k: v for k, v in metrics.items() if k in self._eval_metrics}
         else:
-            chosen = {k: v for k, v in metrics.items() if k not in self._eval_metrics}
+            chosen = self._train_metrics(trainer)
         if chosen:
             self.capture.save_scalars(chosen, "metrics", always=eval_names)
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from tensortap.format import codec, layout
+from tensortap.format.block_tables import BatchTemplate, BlockTables, byte_view, record_keys
 from tensortap.format.datafile import DataFile, write_all
 from tensortap.format.entries import INLINE_BYTES, NO_REDUCTION, PACKED, RAW, REDUCTION, SHAPE, reduction_code
 from tensortap.format.records import (
@@ -51,89 +52,6 @@ _FLOAT64 = codec.dtype_to_str(np.dtype("<f8"))
 
 def storage_full(e: BaseException) -> bool:
     return isinstance(e, OSError) and e.errno in STORAGE_FULL_ERRNOS
-
-
-def _byte_view(arr: np.ndarray) -> np.ndarray:
-    """The bytes of a C-contiguous array as a 1-d uint8 view (no copy)."""
-    return arr.reshape(-1).view(np.uint8)
-
-
-class _Template:
-    """Entries of a batch layout (names, shapes, dtype) against the current block's tables."""
-
-    __slots__ = ("rows", "lengths", "total", "spans", "rel", "outline", "inline", "runs")
-
-    def __init__(self, rows: np.ndarray, lengths: list[int], runs: list[tuple[int, int]]):
-        self.rows = rows  # name, kind, reduction, flags, dtype, shape and length filled in
-        self.lengths = lengths
-        self.total = sum(lengths)
-        self.spans: list[tuple[int, int]] = []  # of each payload in the batch's flat bytes
-        pos = 0
-        for n in lengths:
-            self.spans.append((pos, pos + n))
-            pos += n
-        # positions of the payloads written to the data file, and of those stored inline
-        self.outline = [i for i, n in enumerate(lengths) if n > INLINE_BYTES]
-        self.inline = [i for i, n in enumerate(lengths) if n <= INLINE_BYTES]
-        # offsets of those payloads relative to the batch's first written byte
-        rel = np.zeros(len(self.outline), dtype=np.uint64)
-        pos = 0
-        for j, i in enumerate(self.outline):
-            rel[j] = pos
-            pos += lengths[i]
-        self.rel = rel
-        self.runs = runs  # (first, end) positions of runs of consecutive written payloads
-
-
-_KEY_DTYPE = np.dtype([("packed", "u1"), ("name", "<u4"), ("mode", "u1"), ("step", "<i8")])
-
-
-def _record_keys(rows: np.ndarray) -> np.ndarray:
-    """Per entry, the record it belongs to: (name, mode, step), a packed entry's (its layout, mode, step) apart."""
-    k = np.empty(len(rows), dtype=_KEY_DTYPE)
-    k["packed"] = rows["kind"] == PACKED
-    for f in ("name", "mode", "step"):
-        k[f] = rows[f]
-    return k
-
-
-class _Tables:
-    """Block-local tables of names, dtypes and shapes."""
-
-    def __init__(self) -> None:
-        self.names: dict[str, int] = {}
-        self.dtypes: dict[str, int] = {}
-        self.shapes: dict[tuple[int, ...], int] = {}
-        #: packed statistics layouts the block refers to (docs/format.md §3.3), by their payload's offset in the
-        #: data file: (their id in the block, [offset, length, crc], tensors per packed entry)
-        self.statistics: dict[int, tuple[int, list[int], int]] = {}
-
-    @staticmethod
-    def _id(table: dict, key: Any) -> int:
-        i = table.get(key)
-        if i is None:
-            i = table[key] = len(table)
-        return i
-
-    def to_header(self) -> dict[str, Any]:
-        header = {"names": list(self.names), "dtypes": list(self.dtypes), "shapes": [list(s) for s in self.shapes]}
-        if self.statistics:
-            header["statistics"] = [ref for _, ref, _ in sorted(self.statistics.values(), key=lambda v: v[0])]
-        return header
-
-    def records_of(self, rows: np.ndarray) -> int:
-        """How many records entries hold: one per (name, mode, step), a packed entry one per tensor it packs."""
-        if not len(rows):
-            return 0
-        packed = rows["kind"] == PACKED
-        if not packed.any():
-            return len(np.unique(_record_keys(rows)))
-        per_layout = np.zeros(len(self.statistics), dtype=np.int64)
-        for i, _, n in self.statistics.values():
-            per_layout[i] = n
-        rest = rows[~packed]
-        return (len(np.unique(_record_keys(rest))) if len(rest) else 0) + int(
-            per_layout[rows["name"][packed]].sum())
 
 
 class ChunkEncoder:
@@ -197,7 +115,7 @@ class ChunkEncoder:
         self._dat: Any = None
         self._idx: Any = None
         self._idx_size = 0
-        self._tables = _Tables()
+        self._tables = BlockTables()
         self._rows: list[tuple] = []  # entries of single records, not yet in _row_parts
         self._row_parts: list[np.ndarray] = []  # entries of the block so far, in order
         self._templates: dict[Any, Any] = {}  # batch layouts against the block's tables
@@ -341,7 +259,7 @@ class ChunkEncoder:
             self._row_parts.append(np.array(self._rows, dtype=codec.DISK_ENTRY_DTYPE))
             self._rows.clear()
 
-    def _template(self, b: RecordBatch, dtype_str: str | None) -> _Template:
+    def _template(self, b: RecordBatch, dtype_str: str | None) -> BatchTemplate:
         t = self._tables
         arrays = b.arrays
         n = len(arrays)
@@ -365,7 +283,7 @@ class ChunkEncoder:
                 runs[-1] = (runs[-1][0], i + 1)
             else:
                 runs.append((i, i + 1))
-        tmpl = _Template(rows, lengths, runs)
+        tmpl = BatchTemplate(rows, lengths, runs)
         if tmpl.inline:
             rows["flags"][tmpl.inline] = codec.FLAG_INLINE
         return tmpl
@@ -399,7 +317,7 @@ class ChunkEncoder:
                         j += 1
         else:
             byte_flat = None
-            pieces = [_byte_view(a) for a in arrays]
+            pieces = [byte_view(a) for a in arrays]
             offsets = np.array([self._append_data(pieces[i]) for i in tmpl.outline], dtype=np.uint64)
         crc = codec.crc32c
         crc_at = codec.crc32c_at
@@ -524,7 +442,7 @@ class ChunkEncoder:
             return
         wrote_any = False
         if value is not None and r.save_raw:
-            buf = _byte_view(value)  # no copy: the record owns its array until the block is written
+            buf = byte_view(value)  # no copy: the record owns its array until the block is written
             flags, off, crc, inl = self._add_payload(buf)
             dtype_id = t._id(t.dtypes, codec.dtype_to_str(value.dtype))
             self._rows.append((name_id, r.mode, RAW, NO_REDUCTION, flags, dtype_id, shape_id, r.step, r.mode_step,
@@ -652,7 +570,7 @@ class ChunkEncoder:
         self._dat.discard_pending()
         on_disk = self._dat.on_disk(self._durable_dat)
         rows = self._block_entries()
-        keys = _record_keys(rows)
+        keys = record_keys(rows)
         inline = (rows["flags"] & codec.FLAG_INLINE) != 0
         fits = inline | (rows["offset"] + rows["length"] <= on_disk)
         keep = ~np.isin(keys, np.unique(keys[~fits])) if not fits.all() else fits
@@ -664,7 +582,7 @@ class ChunkEncoder:
         rows = self._block_entries()
         if not len(rows):
             return False
-        keys = _record_keys(rows)
+        keys = record_keys(rows)
         _u, first = np.unique(keys, return_index=True)
         order = np.sort(first)
         stay = keys[order[:int(len(order) * keep_fraction)]]
@@ -699,7 +617,7 @@ class ChunkEncoder:
         self._row_parts = []
         if not self.sealed_mode and self._dat is not None:
             self._dat.discard_pending()
-        self._tables = _Tables()
+        self._tables = BlockTables()
         self._templates = {}
 
     def _write_block_now(self, end: bool, flushing: bool) -> None:
@@ -744,7 +662,7 @@ class ChunkEncoder:
         self._rows.clear()
         self._row_parts = []
         self.block_bytes = 0
-        self._tables = _Tables()
+        self._tables = BlockTables()
         self._templates = {}
         self._collections = None
         self._passed = None

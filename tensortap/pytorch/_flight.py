@@ -77,6 +77,12 @@ def _stats_row(t: torch.Tensor, full: bool) -> torch.Tensor:
                         _vnorm(a * a).double()])
 
 
+def _usable_param(p: Any) -> bool:
+    """A parameter (or gradient) recorded: a dense floating tensor, or a DTensor whose local shard is one (its
+    statistics are the shard's, merged into the full tensor's at read time, docs/format.md §10)."""
+    return _usable(_dtensor.local(p)) if _dtensor.is_dtensor(p) else _usable(p)
+
+
 class _StepPlan:
     """The names and roles of a step's tensors (outputs, then weights, then gradients), for steps alike."""
 
@@ -116,6 +122,7 @@ class TorchFlight:
         self.params: list[tuple[str, nn.Parameter]] = []
         self.weights: list[nn.Parameter] = []  # the parameters recorded (dense, floating point), in order
         self.weight_names: list[str] = []
+        self.sharded: list[int] = []  # positions in `weights` of DTensors (FSDP2): their local shards are measured
         self.plans: dict[tuple, _StepPlan] = {}
         self.own_params: dict[int, list[str]] = {}  # module index: the names of its own (direct) parameters
         self.handles: list[Any] = []
@@ -126,6 +133,7 @@ class TorchFlight:
         self.finish_next = False  # the pending step ends when the next step's forward begins
         self.mark = 0  # the pending calls up to the last model or loss call that ended
         self.warned_unseen = False
+        self.ended_at_optimizer = False  # the last step recorded ended at its optimizer's step
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         self.handles.append(register_optimizer_step_pre_hook(self._optimizer_pre_hook))
@@ -136,8 +144,9 @@ class TorchFlight:
         """Watch a registered model: every module's outputs (where they are not compiled) and every parameter."""
         try:
             self.params.extend((f"{root_name}_{n}", p) for n, p in inner.named_parameters())
-            self.weight_names = [n for n, p in self.params if _usable(p)]
-            self.weights = [p for _n, p in self.params if _usable(p)]
+            self.weight_names = [n for n, p in self.params if _usable_param(p)]
+            self.weights = [p for _n, p in self.params if _usable_param(p)]
+            self.sharded = [i for i, p in enumerate(self.weights) if _dtensor.is_dtensor(p)]
             self.plans.clear()
             if compiled:
                 logger.warning("tensortap flight recorder: %s is compiled: the outputs of the modules inside it are "
@@ -282,6 +291,7 @@ class TorchFlight:
         """Record the pending step: its outputs' statistics (measured per call), the weights' and (at the optimizer's
         step) the gradients' in one batched pass; keep them in the ring, and look for what went wrong."""
         calls, self.calls = self.calls, []
+        self.ended_at_optimizer = grads
         self.mark = 0
         step_id = self.step_id if self.step_id is not None else self.hook.step_id()
         self.step_id = None
@@ -291,25 +301,33 @@ class TorchFlight:
             logger.warning("tensortap flight recorder: no module output was seen in step %d (the model runs "
                            "compiled?): weights and gradients are recorded, module outputs are not", step_id[0])
         full = self.full
-        sig: list[tuple] = []
-        rows: list[Any] = []  # per recorded output: its statistics row (see _RAW_COLUMNS)
-        nfs: list[int] = []  # its non-finite count (-1: not known yet)
-        shapes: list[Any] = []
         held: list[tuple[int, torch.Tensor]] = []  # (position, output) of the accelerator outputs
-        for c in calls:
-            sig.append(c[_SIG])
-            if c[_HELD]:
-                it = iter(c[_HELD])
-                pos = len(rows)
-                for j, nf in enumerate(c[_NF]):
-                    if nf < 0:
-                        held.append((pos + j, next(it)))
-            rows.extend(c[_ROWS])
-            nfs.extend(c[_NF])
-            shapes.extend(c[_SHAPES])
+        if all(c[_NF] is _NF0 for c in calls):  # (one finite CPU tensor per call: the common case)
+            sig = [c[_SIG] for c in calls]
+            rows: list[Any] = [c[_ROWS][0] for c in calls]  # per recorded output: its row (see _RAW_COLUMNS)
+            nfs: Any = 0
+            shapes = [c[_SHAPES][0] for c in calls]
+        else:
+            sig, rows, nfs, shapes = [], [], [], []  # (nfs: per output its non-finite count, -1: not known yet)
+            for c in calls:
+                sig.append(c[_SIG])
+                if c[_HELD]:
+                    it = iter(c[_HELD])
+                    pos = len(rows)
+                    for j, nf in enumerate(c[_NF]):
+                        if nf < 0:
+                            held.append((pos + j, next(it)))
+                rows.extend(c[_ROWS])
+                nfs.extend(c[_NF])
+                shapes.extend(c[_SHAPES])
         n_out = len(rows)
         # (detached: no autograd record of the statistics; checked when registered)
         tensors: list[torch.Tensor] = [p.detach() for p in self.weights]
+        sharded = self.sharded
+        if sharded:  # (a DTensor's local shard, where it lies noted for the reader)
+            local = self.hook._local
+            for i in sharded:
+                tensors[i] = local(self.weight_names[i], self.weights[i])
         gmask: Any = False
         gl: list[Any] = []
         if grads:
@@ -319,10 +337,14 @@ class TorchFlight:
                 if g is None or g.layout is not _STRIDED:  # (a sparse gradient is left out)
                     gmask = tuple(g is not None and g.layout is _STRIDED for g in gl)
                     break
+            gd = [g.detach() if g is not None else None for g in gl]  # (create_graph=True: requires grad)
+            for i in sharded:
+                if gl[i] is not None:
+                    gd[i] = local("gradient/" + self.weight_names[i], gl[i])
             if gmask is True:
-                tensors += [g.detach() for g in gl]  # (a gradient of create_graph=True requires grad)
+                tensors += gd
             else:
-                tensors.extend(g.detach() for g in gl if g is not None and g.layout is _STRIDED)
+                tensors.extend(d for d, ok in zip(gd, gmask, strict=True) if ok)
         key = (tuple(sig), gmask)
         plan = self.plans.get(key)
         if plan is None:
@@ -366,7 +388,7 @@ class TorchFlight:
             detail = None
 
         def raw() -> list[tuple[str, np.ndarray]]:
-            items = [(n, host_numpy(t.detach().cpu())) for n, t in zip(names[n_out:], tensors, strict=True)]
+            items = [(n, host_numpy(t.cpu())) for n, t in zip(names[n_out:], tensors, strict=True)]
             items += [(names[i], host_numpy(t.detach().cpu())) for i, t in held]
             if bad_value is not None:
                 items.append(bad_value)
@@ -498,15 +520,21 @@ class TorchFlight:
     def _raw_now(self) -> list[tuple[str, np.ndarray]]:
         """The raw tensors of the step in progress (for an incident that is not about one step's values): the
         weights, in a TRAIN step the gradients there are, and the outputs held (accelerator outputs; CPU outputs
-        are not kept)."""
+        are not kept). None when the step was recorded at its optimizer's step and the next has not begun: the
+        weights are then already updated for a step that has no id yet, and the ring has this step's."""
+        ring = self.rec.ring
+        if self.ended_at_optimizer and not self.calls and self.step_id is None and ring \
+                and ring[-1][1] == self.hook.step_id():
+            return []
         out: list[tuple[str, np.ndarray]] = []
+        local = self.hook._local  # (a DTensor's local shard)
         for name, p in self.params:
-            if _usable(p):
-                out.append((name, host_numpy(p.detach().cpu())))
+            if _usable_param(p):
+                out.append((name, host_numpy(local(name, p).cpu())))
         if self.hook.mode not in _NO_GRAD_MODES:  # (an EVAL step has no gradients of its own)
             for name, p in self.params:
-                if p.grad is not None and _usable(p.grad):
-                    out.append(("gradient/" + name, host_numpy(p.grad.detach().cpu())))
+                if p.grad is not None and _usable_param(p.grad):
+                    out.append(("gradient/" + name, host_numpy(local("gradient/" + name, p.grad).cpu())))
         counts: dict[int, int] = {}
         for c in self.calls:
             idx, n, slots, _dt = c[_SIG]

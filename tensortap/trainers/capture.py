@@ -28,7 +28,11 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 from tensortap import modes as _modes
+from tensortap.capture.batch import BatchSpec, pad
+from tensortap.capture.engine import Tally
 from tensortap.collection import Collection
 from tensortap.collection import CollectionKeys as K
 from tensortap.config import ReductionConfig, SaveConfig
@@ -132,11 +136,15 @@ class TrainerCapture:
         self.stop_request: dict[str, Any] | None = None
         self._next_stop_check = 0.0
         self._params: list[tuple[str, Any]] = []
+        self._model_version = 0  # (set_model's count: the key of the step plans)
         self._rule_procs: list[tuple[str, subprocess.Popen]] = []
         self._rules_tmp: str | None = None
         self._failed = False
         #: the step engine's saving flag of the open step, read when it began (callbacks test this attribute)
         self.saving = False
+        self._quiet = Tally()  # TRAIN steps of the engine's quiet window, counted by `begin_train`
+        self._train_open = -1  # the TRAIN step open (begun or counted), -1 when the open step is not TRAIN
+        self._message: tuple[Any, _StepPlan] | None = None  # the step's message, its weights in, its gradients due
 
     # --- life ---------------------------------------------------------------------------------
 
@@ -148,6 +156,7 @@ class TrainerCapture:
         if self.rule_specs:
             kw["include_collections"] = self._with_rule_collections(kw["include_collections"])
         self.hook = TrainerHook(self.out_dir, rank=rank, world_size=max(world_size, 1), **kw)
+        self.hook.clock.tally = self._quiet
         if self.rule_specs and self.hook.active:
             self.hook.apply_collection_configs(self._rule_collection_configs())
         self.set_model(model)
@@ -156,6 +165,7 @@ class TrainerCapture:
 
     def set_model(self, model: Any) -> None:
         name = type(model).__name__
+        self._model_version += 1
         self._params = [(f"{name}_{n}", p) for n, p in model.named_parameters()]
 
     @property
@@ -186,6 +196,7 @@ class TrainerCapture:
         if self.hook is None:
             return
         try:
+            self._settle_message()
             if self.rule_specs and job_ends:
                 self.close()
             else:
@@ -196,6 +207,9 @@ class TrainerCapture:
 
     def close(self, wait_for_rules: bool = True) -> None:
         if self.hook is not None:
+            message, self._message = self._message, None
+            if message is not None and message[0]:
+                message[0].cancel()  # (the trainer failed inside the step)
             self.hook.close()
         self._finish_rules(RULES_GRACE if wait_for_rules else 0.0)
 
@@ -209,10 +223,28 @@ class TrainerCapture:
             self.saving = False
             return
         h = self.hook
+        train = mode is _modes.TRAIN
+        self._train_open = int(mode_step) if train and mode_step is not None else -1
         if h.engine.count_quiet(mode, None if mode_step is None else int(mode_step)):
             return  # (the step engine's quiet window)
+        self._settle_message()
         h.begin(mode, mode_step)
-        self.saving = h.engine.saving
+        self.saving = saving = h.engine.saving
+        if train and not saving:
+            h.engine.arm(self._quiet)  # (the TRAIN steps before the next saving one are only counted: begin_train)
+
+    def begin_train(self, step: int) -> bool:
+        """TRAIN step `step` (the trainer's global step) is under way: begin it unless it is the open one (another
+        micro-batch) or a step of the quiet window (then only counted: the open step saved nothing, and neither
+        does this one). True when it began here. (This runs at every batch: on a quiet step it tests two
+        numbers.)"""
+        if step == self._train_open:
+            return False
+        if step == self._train_open + 1 and self._quiet.take():
+            self._train_open = step
+            return False
+        self.run("begin", self.begin, _modes.TRAIN, step)
+        return True
 
     def current(self) -> tuple[_modes.ModeKeys, int] | None:
         """(mode, mode step) of the open step, or None."""
@@ -220,6 +252,7 @@ class TrainerCapture:
         if h is None or not h.clock.in_step:
             return None
         clock = h.clock
+        clock.sync()
         return clock.mode, clock.mode_steps[clock.mode]
 
     def saves(self, collection: str) -> bool:
@@ -228,55 +261,194 @@ class TrainerCapture:
         return self.active and h.clock.in_step and any(c.name == collection for c in h.collections_to_save())
 
     def save_weights(self) -> None:
-        """The weights and biases as they are now (what the forward of this step used)."""
-        if self.saving:
-            self._save_tensors(self._params, "")
+        """The weights and biases as they are now (what the forward of this step used). With `save_gradients`
+        called later in the same step, both go to the writer as one message (see `_StepPlan`)."""
+        if not self.saving:
+            return
+        self._settle_message()  # (a second call in one step: the first message goes as it is)
+        plan = self._step_plan()
+        if plan is None:
+            return
+        if plan.fast and plan.weights:
+            found = _ring_sources(plan.weights, plan.wspec.shapes)
+            if found is not None and found[1] is plan.wspec.shapes:
+                res = (self._reserve(plan.joint, plan.head + plan.gbytes) if plan.grads
+                       else self._reserve(plan.wspec, plan.head))
+                if res is not None:
+                    if res:  # (False: dropped under backpressure, counted by the writer)
+                        _fill(res, found[0])
+                        plan.note(self.hook, plan.witems)
+                        if not plan.grads:
+                            res.commit()
+                            return
+                    self._message = (res, plan)
+                    return
+        self._save_tensors([(n, p, c) for n, p, c in plan.witems], "")
 
     def save_gradients(self) -> None:
         """The gradients as they are now (call where they are what the optimizer consumes)."""
-        if self.saving:
-            self._save_tensors([(n, p.grad) for n, p in self._params if p.grad is not None], "gradient/")
-
-    def _save_tensors(self, named: list[tuple[str, Any]], prefix: str) -> None:
         if not self.saving:
             return
+        plan = self._step_plan()
+        if plan is None:
+            return
+        message, self._message = self._message, None
+        try:
+            self._save_gradients(plan, message)
+        except BaseException:
+            if message is not None and message[0]:
+                message[0].cancel()  # (nothing waits behind an open message; cancelling a sent one does nothing)
+            raise
+
+    def _save_gradients(self, plan: _StepPlan, message: tuple[Any, _StepPlan] | None) -> None:
+        if message is not None and message[1] is not plan:
+            self._send_weights_alone(message)
+            message = None
+        grads = [p.grad for p in plan.grads]
+        if plan.fast and grads and all(g is not None for g in grads):
+            found = _ring_sources(grads, plan.gspec.shapes)
+            if found is not None and found[1] is plan.gspec.shapes:
+                if message is not None:
+                    res = message[0]
+                    if res:
+                        res.copy_in(found[0], plan.head)
+                        res.commit()
+                        plan.note(self.hook, plan.gitems)
+                    return
+                res = self._reserve(plan.gspec, plan.gbytes)
+                if res is not None:
+                    if res:
+                        _fill(res, found[0])
+                        res.commit()
+                        plan.note(self.hook, plan.gitems)
+                    return
+        if message is not None:
+            if not message[0]:
+                return  # (the step's message was dropped, its gradients counted with it)
+            self._send_weights_alone(message)
+        self._save_tensors([(n, g, c) for (n, _p, c), g in zip(plan.gitems, grads, strict=True) if g is not None],
+                           "")
+
+    def _step_plan(self) -> _StepPlan | None:
         h = self.hook
         if not self.active or not h.clock.in_step:
+            return None
+        engine = h.engine
+        return engine.plans.get(engine.now, ("trainer", self._model_version), self._make_plan)
+
+    def _make_plan(self, now: Any, key: Any) -> _StepPlan:
+        h = self.hook
+        witems, gitems = [], []
+        for name, p in self._params:
+            colls = h.collections_for(name)
+            if colls:
+                witems.append((name, p, colls))
+            if getattr(p, "requires_grad", True):
+                gname = "gradient/" + name
+                colls = h.collections_for(gname)
+                if colls:
+                    gitems.append((gname, p, colls))
+        return _StepPlan(h, witems, gitems)
+
+    def _reserve(self, spec: BatchSpec, nbytes: int) -> Any:
+        """Room in the writer for `spec` at the open step: a reservation, False when dropped under backpressure
+        (counted by the writer), None when it cannot go that way (then the tensors go by `_save_tensors`)."""
+        h = self.hook
+        if h.dry_run:
+            return None
+        writer = h._writer if h._writer is not None else h._get_writer()
+        if nbytes < writer.reserve_min_bytes:
+            return None  # (a writer thread takes small values cheaper as host arrays)
+        h.clock.sync()
+        return spec.reserve(writer, h.clock)
+
+    def _send_weights_alone(self, message: tuple[Any, _StepPlan]) -> None:
+        res, plan = message
+        if res:
+            ws = plan.wspec
+            res.shrink(ws.names, ws.np_dtype, ws.shapes, ws.reductions)
+            res.commit()
+
+    def _settle_message(self) -> None:
+        """A step's message still open (its gradients never came): it goes with the weights alone."""
+        message, self._message = self._message, None
+        if message is not None:
+            self._send_weights_alone(message)
+
+    def _save_tensors(self, items: list[tuple[str, Any, list[Collection]]], prefix: str) -> None:
+        """Tensors of any kind (another device, a DTensor shard, mixed dtypes), read to the host one by one."""
+        h = self.hook
+        if not items or not self.active or not h.clock.in_step:
             return
         from tensortap.pytorch._tensors import host_numpy
 
-        items = []
-        for name, t in named:
-            full = prefix + name
-            colls = h.collections_for(full)
-            if colls:
-                items.append((full, host_numpy(_local(t).detach().cpu()), colls))
-        if items:
-            h.write_tensors(items, copy=True)
+        h.write_tensors([(prefix + name, host_numpy(_local(t).detach().cpu()), colls) for name, t, colls in items],
+                        copy=True)
 
     def save_scalars(self, values: dict[str, Any], collection: str, always: bool = False) -> None:
         """Scalars the trainer computed, at the open step, in `collection` (created if new): when the collection
         saves at this step, or with `always` whenever it is included (values the trainer makes once per
         epoch or evaluation, such as aggregated logged metrics)."""
-        h = self.hook
-        if not self.active or not h.clock.in_step or not values or collection not in h.include_collections:
-            return
-        import numpy as np
+        self.save_scalar_groups(((values, collection, always),))
 
-        coll = h.collection_manager.get(collection)
-        items = []
-        for name, v in values.items():
-            x = _as_float(v)
-            if x is None:
+    def save_scalar_groups(self, groups: Iterable[tuple[dict[str, Any], str, bool]]) -> None:
+        """`save_scalars(values, collection, always)` for each group, in one hand-off (a step's loss and its logged
+        metrics)."""
+        h = self.hook
+        if not self.active or not h.clock.in_step:
+            return
+        key = []
+        values = []
+        for vals, collection, always in groups:
+            if not vals:
                 continue
-            if not coll.matches(name):
-                h._note_membership(name, [coll])  # (a new name: the collections file is written again)
-                h._invalidate_caches()
-            colls = [coll] if always else h.collections_for(name)
-            if colls:
-                items.append((name, np.asarray(x, dtype=np.float64), colls))
-        if items:
-            h.write_tensors(items, copy=True)
+            names = []
+            for name, v in vals.items():
+                x = _as_float(v)
+                if x is not None:
+                    names.append(name)
+                    values.append(x)
+            key.append((collection, always, tuple(names)))
+        if not values:
+            return
+        engine = h.engine
+        plan = engine.plans.get(engine.now, ("scalars", tuple(key)), self._make_scalar_plan)
+        if not plan.items:
+            return
+        if plan.fast:
+            buf = plan.buf
+            j = 0
+            for i, _name, _colls in plan.items:
+                buf[j] = values[i]
+                j += 1
+            res = self._reserve(plan.spec, buf.nbytes)
+            if res is not None:
+                if res:  # (False: dropped under backpressure, counted by the writer)
+                    _fill(res, plan.sources)
+                    res.commit()
+                    plan.note(h)
+                return
+        h.write_tensors([(name, np.asarray(values[i], dtype=np.float64), colls) for i, name, colls in plan.items],
+                        copy=False)  # (each array is made here and handed over)
+
+    def _make_scalar_plan(self, now: Any, key: Any) -> _ScalarPlan:
+        h = self.hook
+        items = []
+        i = 0
+        for collection, always, names in key[1]:
+            if collection not in h.include_collections:
+                i += len(names)
+                continue
+            coll = h.collection_manager.get(collection)
+            for name in names:
+                if not coll.matches(name):
+                    h._note_membership(name, [coll])  # (a new name: the collections file is written again)
+                    h._invalidate_caches()
+                colls = [coll] if always else h.collections_for(name)
+                if colls:
+                    items.append((i, name, colls))
+                i += 1
+        return _ScalarPlan(h, items)
 
     # --- stop requests --------------------------------------------------------------------------
 
@@ -380,6 +552,121 @@ class TrainerCapture:
             if s is not None:
                 out[label] = s
         return out
+
+
+class _StepPlan:
+    """What a TRAIN saving step saves of the model, for one answer of the schedule: the weights (`witems`) and
+    the gradients (`gitems`) as (name, parameter, collections). When they are dense contiguous CPU tensors of one
+    dtype saved raw (`fast`), a step's weights and gradients go to the writer as one message: room reserved for
+    both where the weights are read, the weights copied straight from the parameters into it, the gradients
+    after them where they are read (`joint`; `wspec` / `gspec` for a step that saves only one of the two)."""
+
+    __slots__ = ("witems", "gitems", "weights", "grads", "fast", "wspec", "gspec", "joint", "head", "gbytes",
+                 "_noted")
+
+    def __init__(self, hook: Hook, witems: list[tuple[str, Any, list[Collection]]],
+                 gitems: list[tuple[str, Any, list[Collection]]]):
+        self.witems, self.gitems = witems, gitems
+        self.weights = [p for _n, p, _c in witems]
+        self.grads = [p for _n, p, _c in gitems]
+        self.head = self.gbytes = 0
+        self._noted: set[int] = set()
+        self.wspec = self.gspec = self.joint = None
+        self.fast = False
+        tensors = self.weights + self.grads
+        if not tensors:
+            return
+        import torch
+
+        if not _NUMPY_DTYPES:
+            _NUMPY_DTYPES.update({torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
+                                  torch.float16: np.dtype(np.float16)})
+        dtype = tensors[0].dtype
+        np_dtype = _NUMPY_DTYPES.get(dtype)
+        if np_dtype is None:
+            return  # (bfloat16, integers...: the tensors go one by one)
+        for t in tensors:
+            if (t.layout is not torch.strided or not t.is_cpu or t.dtype is not dtype or not t.is_contiguous()
+                    or isinstance(t, torch.nn.parameter.UninitializedParameter)
+                    or (t.numel() and not t.data_ptr())):  # (no storage of its own: a DTensor)
+                return
+        specs = []
+        for items in (witems, gitems):
+            reds = []
+            for name, _p, colls in items:
+                save_raw, r, save_shape = hook._plan(name, colls)
+                if not save_raw or save_shape:
+                    return
+                reds.append(r)
+            specs.append(BatchSpec(tuple(n for n, _p, _c in items), True, tuple(reds) if any(reds) else None,
+                                   tuple(tuple(p.shape) for _n, p, _c in items), np_dtype=np_dtype))
+        self.wspec, self.gspec = specs
+        self.head = sum(p.numel() for p in self.weights) * np_dtype.itemsize
+        self.gbytes = sum(p.numel() for p in self.grads) * np_dtype.itemsize
+        reds = None
+        if self.wspec.reductions is not None or self.gspec.reductions is not None:
+            reds = pad(self.wspec.reductions, len(witems)) + pad(self.gspec.reductions, len(gitems))
+        self.joint = BatchSpec(self.wspec.names + self.gspec.names, True, reds,
+                               self.wspec.shapes + self.gspec.shapes, np_dtype=np_dtype)
+        self.fast = True
+
+    def note(self, hook: Hook, items: list[tuple[str, Any, list[Collection]]]) -> None:
+        """The tensors of `items` were handed over: readers learn they are members of their collections (once)."""
+        if id(items) not in self._noted:
+            self._noted.add(id(items))
+            for name, _p, colls in items:
+                hook._note_membership(name, colls)
+
+
+#: the torch dtypes whose tensors a step's message takes, and their numpy dtypes (filled at the first plan)
+_NUMPY_DTYPES: dict[Any, Any] = {}
+
+
+class _ScalarPlan:
+    """Scalars a step saves (the loss, logged metrics), for one answer of the schedule and one list of names:
+    `items` (index among the step's values, name, collections). Saved raw, they go as one message of float64
+    copied from `buf` (`fast`), else as records."""
+
+    __slots__ = ("items", "fast", "spec", "buf", "sources", "_noted")
+
+    def __init__(self, hook: Hook, items: list[tuple[int, str, list[Collection]]]):
+        self.items = items
+        self._noted = False
+        self.fast = False
+        self.spec = None
+        self.buf = np.zeros(len(items), dtype=np.float64)
+        self.sources = [(self.buf.__array_interface__["data"][0], self.buf.nbytes)]
+        reds = []
+        for _i, name, colls in items:
+            save_raw, r, save_shape = hook._plan(name, colls)
+            if not save_raw or save_shape:
+                return
+            reds.append(r)
+        self.spec = BatchSpec(tuple(name for _i, name, _c in items), True, tuple(reds) if any(reds) else None,
+                              ((),) * len(items), np_dtype=self.buf.dtype)
+        self.fast = bool(items)
+
+    def note(self, hook: Hook) -> None:
+        if not self._noted:
+            self._noted = True
+            for _i, name, colls in self.items:
+                hook._note_membership(name, colls)
+
+
+def _fill(res: Any, sources: list[tuple[int, int]]) -> None:
+    """Copy `sources` into a new reservation; on an error it is cancelled (an open one holds back every later
+    message)."""
+    try:
+        res.copy_in(sources)
+    except BaseException:
+        res.cancel()
+        raise
+
+
+def _ring_sources(tensors: list[Any], shapes: Any) -> Any:
+    from tensortap.pytorch._tensors import ring_sources
+
+    return ring_sources(tensors, shapes)
 
 
 def _local(t: Any) -> Any:

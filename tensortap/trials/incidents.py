@@ -69,9 +69,26 @@ def read_incidents(storage: Storage, kind: str | None = None) -> list[dict[str, 
     return out
 
 
+#: at one step, where a non-finite value appeared first across workers: in a forward pass (the loss's included),
+#: then in the weights, then in a backward pass (data parallelism all-reduces one rank's non-finite gradients to
+#: every rank: the rank whose forward made them is where they came from)
+_PHASE_ORDER = {"forward": 0, "loss": 0, "weights": 1, "backward": 2}
+
+
 def first_nonfinite(incidents: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The earliest `non_finite` incident over all workers (the lowest step; then the first worker), or None."""
+    """The earliest `non_finite` incident over all workers, or None: the lowest step; at that step one whose value
+    appeared in a forward pass, then in the weights, then in a backward pass; then the first worker."""
+    best = None
     for inc in incidents:  # (sorted by step, then worker)
-        if inc.get("kind") == "non_finite":
-            return inc
-    return None
+        if inc.get("kind") != "non_finite":
+            continue
+        if best is not None and inc["step"] != best["step"]:
+            break
+        if best is None or _phase(inc) < _phase(best):
+            best = inc
+    return best
+
+
+def _phase(inc: dict[str, Any]) -> int:
+    detail = inc.get("detail")
+    return _PHASE_ORDER.get(detail.get("phase") if isinstance(detail, dict) else None, 3)

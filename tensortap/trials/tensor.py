@@ -238,7 +238,7 @@ class Tensor:
         rows, _g = self._shard_rows((REDUCTION, code), step, mode)
         src = self.trial.source
         metas = [placements.get(src.workers[int(r["worker"])]) for r in rows]
-        if not rows or any(m is None or m.get("partial") for m in metas):
+        if not len(rows) or any(m is None or m.get("partial") for m in metas):
             return None
         total = int(np.prod(metas[0]["global_shape"]))
         counts = [int(np.prod(m["local_shape"])) for m in metas]
@@ -249,10 +249,12 @@ class Tensor:
             return min(v for v, n in zip(vals, counts, strict=True) if n)
         if name in ("max",):
             return max(v for v, n in zip(vals, counts, strict=True) if n)
-        if name in ("sum", "l1", "nonfinite"):
+        if name in ("sum", "l1", "nonfinite", "zeros"):
             return sum(vals)
         if name == "l2":
             return float(np.sqrt(sum(v * v for v in vals)))
+        if name == "l4":
+            return float(sum(v ** 4 for v in vals) ** 0.25)
         if name == "mean":
             return sum(v * n for v, n in zip(vals, counts, strict=True)) / total
         if name == "prod":

@@ -334,9 +334,11 @@ class Trial:
 
     def first_nonfinite(self) -> dict[str, Any] | None:
         """The earliest `non_finite` incident over all workers (where a NaN or infinity first appeared: the
-        module, or the parameter whose gradient, that produced it), or None."""
-        found = self.incidents("non_finite")
-        return found[0] if found else None
+        module, or the parameter whose gradient, that produced it; at one step a forward's before a backward's,
+        docs/format.md §11), or None."""
+        from tensortap.trials.incidents import first_nonfinite
+
+        return first_nonfinite(self.incidents("non_finite"))
 
     def collections(self) -> dict[str, CollectionInfo]:
         self.maybe_refresh()

@@ -566,3 +566,182 @@ def test_full_statistics_of_finite_values_past_float32s_range(tmp_path):
     assert float(w.reduction_value(step, "l2")) == pytest.approx(t.norm().item(), rel=1e-6)
     assert float(w.reduction_value(step, "l4")) == pytest.approx(t.pow(4).sum().pow(0.25).item(), rel=1e-6)
     assert float(w.reduction_value(step, "l1")) == pytest.approx(t.abs().sum().item(), rel=1e-6)
+
+
+_DDP_WORKER = textwrap.dedent("""
+    import sys
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    import tensortap.pytorch as tp
+    from tensortap.capture.flight import FlightConfig
+
+    out_dir, k = sys.argv[1], int(sys.argv[2])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    model = nn.parallel.DistributedDataParallel(net)
+    hook = tp.Hook(out_dir=out_dir, save_config=tp.SaveConfig(save_interval=500), include_workers="all",
+                   writer="thread", flight_recorder=FlightConfig(steps=6))
+    loss_fn = nn.CrossEntropyLoss()
+    hook.register_module(model)  # (the wrapper: the inner module's names)
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(100 + rank)
+    for step in range(k + 2):
+        x, y = torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)
+        if rank == 1 and step == k:
+            x[3, 5] = float("inf")  # (a corrupt sample on rank 1 only)
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+    hook.close()
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+def test_inside_ddp_the_rank_whose_forward_went_non_finite_is_named(tmp_path):
+    """Two gloo processes of a DDP job, the flight recorder on in each (the wrapper registered): a corrupt sample
+    on rank 1 at step k makes its first Linear output inf (forward, its input non-finite); the all-reduced
+    gradients are then non-finite on rank 0 too (backward). Each worker writes its own incident with its ring;
+    `first_nonfinite()` names rank 1's forward; before step k the ring's gradients, what each rank's optimizer
+    consumed after the all-reduce, are the same on both ranks."""
+    import socket
+
+    k = 9
+    script = tmp_path / "ddp_worker.py"
+    script.write_text(_DDP_WORKER)
+    out = tmp_path / "out"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+               "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+        env.pop("TENSORTAP_DISABLE", None)
+        procs.append(subprocess.Popen([sys.executable, str(script), str(out), str(k)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        _o, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    trial = create_trial(str(out))
+    incs = {i["worker"]: i for i in trial.incidents() if i["kind"] == "non_finite"}
+    assert set(incs) == {"worker_0", "worker_1"} and {i["step"] for i in incs.values()} == {k}
+    d1, d0 = incs["worker_1"]["detail"], incs["worker_0"]["detail"]
+    assert (d1["phase"], d1["module"], d1["tensor"]) == ("forward", "0", "0_output_0")
+    assert d1["inputs"][0]["nonfinite"] == 1 and d1["posinf"] + d1["neginf"] + d1["nan"] > 0
+    assert (d0["phase"], d0["parameter"]) == ("backward", "Sequential_0.weight")  # (inf x tanh' = 0: NaN)
+    first = trial.first_nonfinite()
+    assert (first["worker"], first["detail"]["phase"]) == ("worker_1", "forward")
+    assert incs["worker_0"]["ring"] == incs["worker_1"]["ring"] == {"first_step": k - 5, "last_step": k}
+    g = trial.tensor("gradient/Sequential_2.weight")
+    for step in range(k - 5, k):
+        a = float(g.reduction_value(step, "l2", worker="worker_0"))
+        b = float(g.reduction_value(step, "l2", worker="worker_1"))
+        assert a == b > 0
+    assert int(g.reduction_value(k, "nonfinite", worker="worker_0")) == 0
+    g0 = trial.tensor("gradient/Sequential_0.weight")
+    assert int(g0.reduction_value(k, "nonfinite", worker="worker_0")) > 0
+
+
+_FSDP_WORKER = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import init_device_mesh
+    import tensortap.pytorch as tp
+    from tensortap.capture.flight import FlightConfig
+
+    out_dir, rec_path = sys.argv[1], sys.argv[2]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 10), nn.ReLU(), nn.Linear(10, 3))
+    mesh = init_device_mesh("cpu", (2,))
+    fully_shard(model[0], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    hook = tp.Hook(out_dir=out_dir, save_config=tp.SaveConfig(save_interval=500), include_workers="all",
+                   writer="thread", flight_recorder=FlightConfig(steps=8, statistics="full"))
+    hook.register_module(model)
+    loss_fn = nn.CrossEntropyLoss()
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = {}
+    step_now = [0]
+
+    def read(optimizer, args, kwargs):
+        for n, p in model.named_parameters():
+            rec[f"w{step_now[0]}/{n}"] = p.full_tensor().detach().double().numpy().copy()
+            rec[f"g{step_now[0]}/{n}"] = p.grad.full_tensor().double().numpy().copy()
+
+    opt.register_step_pre_hook(read)
+    try:
+        with hook:
+            for step in range(4):
+                step_now[0] = step
+                torch.manual_seed(100 + step + 10 * rank)
+                x, y = torch.randn(4, 6), torch.randint(0, 3, (4,))
+                opt.zero_grad()
+                loss_fn(model(x), y).backward()
+                opt.step()
+            raise RuntimeError("the job ends")
+    except RuntimeError:
+        pass
+    if rank == 0:
+        np.savez(rec_path, **rec)
+    print("errors", hook.error_count, flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+def test_fsdp2_parameters_are_recorded_as_shards_and_read_whole(tmp_path):
+    """FSDP2 (`fully_shard`, two gloo processes), the flight recorder on with its full statistics: each worker
+    records its local shards of the weights and gradients, the reader merges them, and every merged statistic at
+    every step of the ring equals the one of the full tensor the script reads itself (`full_tensor()` in the
+    optimizer's pre-hook)."""
+    import socket
+
+    script = tmp_path / "fsdp_worker.py"
+    script.write_text(_FSDP_WORKER)
+    out, rec_path = tmp_path / "out", tmp_path / "rec.npz"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+               "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join(sys.path)}
+        env.pop("TENSORTAP_DISABLE", None)
+        procs.append(subprocess.Popen([sys.executable, str(script), str(out), str(rec_path)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        o, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and "errors 0" in o, err[-3000:]
+    import numpy as np
+
+    rec = np.load(rec_path)
+    trial = create_trial(str(out))
+    assert {i["worker"] for i in trial.incidents()} == {"worker_0", "worker_1"}
+    checked = 0
+    for key in rec.files:
+        kind, name = key.split("/", 1)
+        step = int(kind[1:])
+        t = rec[key].ravel()
+        tensor = trial.tensor(("gradient/Sequential_" if kind[0] == "g" else "Sequential_") + name)
+        want = {"l2": np.linalg.norm(t), "l1": np.abs(t).sum(), "zeros": float((t == 0).sum()),
+                "l4": (t ** 4).sum() ** 0.25, "nonfinite": 0.0}
+        got = {r: float(tensor.reduction_value(step, r)) for r in want}
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-7), key
+        assert float(tensor.reduction_value(step, "max", abs=True)) == pytest.approx(np.abs(t).max(), rel=1e-6)
+        checked += 1
+    assert checked == 4 * 8  # (4 steps, 4 weights and 4 gradients)

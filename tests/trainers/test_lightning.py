@@ -107,6 +107,58 @@ def test_manual_optimization_steps_and_gradients(tmp_path):
                               record[k]["grads"]["net.2.weight"].numpy())
 
 
+class _Sequence(L.Callback):
+    """The steps Lightning runs, in order: ("TRAIN", global_step) once per optimizer step, ("EVAL", i) per
+    validation batch (the sanity check left out)."""
+
+    def __init__(self):
+        self.seq, self.evals = [], 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if not self.seq or self.seq[-1] != ("TRAIN", trainer.global_step):
+            self.seq.append(("TRAIN", trainer.global_step))
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if not trainer.sanity_checking:
+            self.seq.append(("EVAL", self.evals))
+            self.evals += 1
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_global_steps_and_a_parameter_without_gradient(tmp_path, writer):
+    """Steps that save nothing between saving ones are counted all the same: every saved value's global step is its
+    place among all the TRAIN and EVAL steps the trainer ran. A parameter the forward does not use has no
+    gradient: the weights and the other gradients are saved all the same, bit for bit (with either writer)."""
+    torch.manual_seed(4)
+    record = []
+    module = make_module(L, record)
+    module.unused = torch.nn.Linear(3, 2)  # (no gradient ever)
+    seq = _Sequence()
+    out = str(tmp_path / "job")
+    cb = TensortapCallback(out_dir=out, save_config=4, writer=writer,
+                           include_collections=["weights", "biases", "gradients", "losses"])
+    trainer = _trainer([seq, cb], max_steps=18, limit_val_batches=2, val_check_interval=5)
+    trainer.fit(module, *loaders(n=240))
+    trial = create_trial(out)
+    global_of = {step: i for i, step in enumerate(seq.seq)}
+    saved = [0, 4, 8, 12, 16]
+    for name in ("Tiny_net.0.weight", "gradient/Tiny_net.2.bias", "Tiny_unused.weight"):
+        assert trial.tensor(name).steps(mode=modes.TRAIN) == saved, name
+        assert trial.tensor(name).steps() == [global_of["TRAIN", k] for k in saved], name
+    assert trial.tensor("loss").steps(mode=modes.TRAIN) == saved
+    assert seq.evals == 6 and trial.tensor("loss").steps(mode=modes.EVAL) == list(range(seq.evals))
+    assert trial.tensor("loss").steps() == sorted(
+        [global_of["TRAIN", k] for k in saved] + [global_of["EVAL", i] for i in range(seq.evals)])
+    assert "gradient/Tiny_unused.weight" not in trial.tensor_names()
+    for k in saved:
+        for pname in ("net.0.weight", "net.2.bias", "unused.weight", "unused.bias"):
+            assert np.array_equal(trial.tensor(f"Tiny_{pname}").value(k, mode=modes.TRAIN),
+                                  record[k]["weights"][pname].numpy()), (k, pname)
+        for pname in ("net.0.weight", "net.2.bias"):
+            assert np.array_equal(trial.tensor(f"gradient/Tiny_{pname}").value(k, mode=modes.TRAIN),
+                                  record[k]["grads"][pname].numpy()), (k, pname)
+
+
 def test_bad_arguments_are_one_line_errors(tmp_path):
     with pytest.raises(InvalidConfiguration, match="out_dir"):
         TensortapCallback(out_dir=3)
