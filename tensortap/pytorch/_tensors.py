@@ -188,6 +188,8 @@ _TORCH_REDUCTION = {
     "median": lambda x: x.median(), "std": lambda x: x.std(correction=0), "variance": lambda x: x.var(correction=0),
 }
 _NORM_ORDER = {"l1": 1.0, "l2": 2.0}
+#: reductions with no value over zero elements (torch raises, or gives NaN for the mean)
+_UNDEFINED_WHEN_EMPTY = frozenset({"min", "max", "mean", "median", "std", "variance"})
 
 
 def _nonfinite(x: torch.Tensor) -> torch.Tensor:
@@ -219,6 +221,8 @@ class ReductionProgram:
         for i, (t, rs) in enumerate(zip(tensors, reds, strict=True)):
             for key in rs:
                 name, abs_ = key
+                if not t.numel() and name in _UNDEFINED_WHEN_EMPTY:
+                    continue  # (no value over zero elements: none is saved, never an invented one)
                 if name in _NORM_ORDER or (name == "max" and abs_):
                     g = ("norm", _NORM_ORDER.get(name, float("inf")))
                 elif name == "max" and _FOREACH_MAX is not None and t.numel():

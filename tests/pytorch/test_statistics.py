@@ -140,3 +140,42 @@ def test_statistics_only_are_torch_values_bit_for_bit(tmp_path, writer):
                 assert _bits(tt.reduction_value(step, "min")) == _bits(x.min().numpy())
                 assert _bits(tt.reduction_value(step, "max")) == _bits(x.max().numpy())
                 assert _bits(tt.reduction_value(step, "l2")) == _bits(torch._foreach_norm([x])[0].numpy())
+
+
+class _WithEmpty(nn.Module):
+    """A linear layer and a zero-element parameter that takes part in the forward (its gradient is empty too)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.empty = nn.Parameter(torch.empty(0))
+
+    def forward(self, x):
+        return self.fc(x) + self.empty.sum()
+
+
+def test_a_zero_element_parameter_saves_its_defined_statistics_and_the_hook_stays_on(tmp_path):
+    torch.manual_seed(0)
+    model = _WithEmpty()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rc = tp.ReductionConfig(reductions=["min", "max", "mean"], norms=["l2"], abs_reductions=["max"])
+    hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights", "biases", "gradients"], reduction_config=rc)
+    hook.register_module(model)
+    seen = []
+    for _step in range(3):
+        seen.append(model.fc.weight.detach().clone())
+        opt.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    assert t.steps() == [0, 1, 2]
+    for step, w in enumerate(seen):
+        fc_max = t.tensor("_WithEmpty_fc.weight").reduction_value(step, "max")
+        _close(fc_max, compute_reduction(w.numpy(), "max", False))
+        for name in ("gradient/_WithEmpty_empty",):  # (a parameter named `empty` is in no weights collection)
+            assert float(t.tensor(name).reduction_value(step, "l2")) == 0.0
+            for red in ("min", "max", "mean"):  # undefined over zero elements: not saved, never invented
+                with pytest.raises(TensorUnavailableForStep):
+                    t.tensor(name).reduction_value(step, red)
