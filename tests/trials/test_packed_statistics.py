@@ -316,3 +316,16 @@ def test_a_layout_made_anew_at_every_step_is_described_once_a_chunk(tmp_path):
     enc.close()
     assert len({p[1] for p in _payload_offsets(out) if p[2] == -1}) == 1  # one description, at one offset
     assert read_statistics(out, ["l2"])["a"]["l2"][0].tolist() == list(range(10))
+
+
+def test_read_statistics_of_a_path_that_holds_no_job_says_so_in_one_line(tmp_path):
+    from tensortap.exceptions import InvalidConfiguration
+
+    missing = str(tmp_path / "no_such_job")
+    with pytest.raises(InvalidConfiguration, match="no_such_job") as e:
+        read_statistics(missing)
+    assert "\n" not in str(e.value)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.txt").write_text("not a job")
+    with pytest.raises(InvalidConfiguration, match="holds no training job data"):
+        read_statistics(str(tmp_path / "notes"))
