@@ -3,9 +3,10 @@
 Two models (an MLP and a small CNN), TensorFlow backend on CPU with one intra-op thread. For each save
 interval k (10 and 100), every variant trains in epochs of k steps (so TensorBoard's histogram_freq=1, one
 histogram set per epoch, saves exactly as often as tensortap's save_interval=k), in blocks of `--steps`
-steps per `fit` call. The variants alternate within each round (none, noop, tensortap, tensorboard, in a
-rotating order; `noop` is an empty callback with batch methods, the floor for any callback); the first round
-is a warm-up (tracing) and is not counted. Ratio = the variant's block time over the
+steps per `fit` call. The variants alternate within each round (none, none-again, noop, tensortap,
+tensorboard, in a rotating order; `none-again` is a second model with no callback, the A/A control; `noop` is an
+empty callback with batch methods, the floor for any callback); the first round is a warm-up (tracing) and is
+not counted. Ratio = the variant's block time over the
 no-hook block time of the same round; the table gives the median over rounds, of wall time, of the CPU
 time of the training process (less sensitive to other jobs on a shared machine; tensortap's writer process
 is not in it) and of the CPU time of the training thread alone (where every callback runs; TensorFlow's
@@ -72,7 +73,7 @@ def variants(kind: str, k: int, tmp: str):
         def on_train_batch_end(self, batch, logs=None):
             pass
 
-    for name in ("none", "noop", "tensortap", "tensorboard"):
+    for name in ("none", "none-again", "noop", "tensortap", "tensorboard"):
         keras.utils.set_random_seed(0)
         model = build(kind)
         opt = keras.optimizers.SGD(0.01)
@@ -137,7 +138,8 @@ def main() -> None:
                 row = (kind, k, statistics.median(plain_ms), statistics.median(ratios["noop"]),
                        statistics.median(ratios["tensortap"]), statistics.median(ratios["tensorboard"]),
                        statistics.median(cpu_ratios["tensortap"]), statistics.median(cpu_ratios["tensorboard"]),
-                       statistics.median(thread_ratios["tensortap"]), statistics.median(thread_ratios["tensorboard"]))
+                       statistics.median(thread_ratios["tensortap"]), statistics.median(thread_ratios["tensorboard"]),
+                       statistics.median(thread_ratios["none-again"]))
                 rows.append(row)
                 print(f"{kind} every {k}: plain {row[2]:.3f} ms/step, empty callback x{row[3]:.3f}, "
                       f"tensortap x{row[4]:.3f} (rounds: {' '.join(f'{x:.3f}' for x in ratios['tensortap'])}), "
@@ -145,16 +147,18 @@ def main() -> None:
                       f"tensortap x{row[6]:.3f}, TensorBoard x{row[7]:.3f}; of the training thread: "
                       f"tensortap x{row[8]:.3f} "
                       f"(rounds: {' '.join(f'{x:.3f}' for x in thread_ratios['tensortap'])}), TensorBoard "
-                      f"x{row[9]:.3f}", flush=True)
+                      f"x{row[9]:.3f}; A/A (a second model, no callback): thread CPU x{row[10]:.3f} (rounds: "
+                      f"{' '.join(f'{x:.3f}' for x in thread_ratios['none-again'])}), wall "
+                      f"x{statistics.median(ratios['none-again']):.3f}", flush=True)
     print()
     print(f"keras {keras.__version__}, tensorflow {tf.__version__}, python {sys.version.split()[0]}, "
           f"{args.rounds} rounds of {args.steps} steps, load average {os.getloadavg()[0]:.1f}")
     print("| model | save every | plain ms/step | empty callback | tensortap | TensorBoard(histogram_freq=1) "
-          "| tensortap CPU | TensorBoard CPU | tensortap thread CPU | TensorBoard thread CPU |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for kind, k, ms, noop, t, tb, tc, tbc, th, tbh in rows:
+          "| tensortap CPU | TensorBoard CPU | tensortap thread CPU | TensorBoard thread CPU | A/A thread CPU |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for kind, k, ms, noop, t, tb, tc, tbc, th, tbh, aa in rows:
         print(f"| {kind} | {k} | {ms:.3f} | x{noop:.3f} | x{t:.3f} | x{tb:.3f} | x{tc:.3f} | x{tbc:.3f} "
-              f"| x{th:.3f} | x{tbh:.3f} |")
+              f"| x{th:.3f} | x{tbh:.3f} | x{aa:.3f} |")
 
 
 if __name__ == "__main__":
