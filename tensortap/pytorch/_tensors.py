@@ -221,7 +221,7 @@ class ReductionProgram:
     has none; int64 for `nonfinite`) as the writer's own are (format.writer.compute_reduction)."""
 
     __slots__ = ("dtypes", "groups", "singles", "keys", "positions", "out_dtypes", "widen", "layouts", "means",
-                 "numels", "divisor", "kind", "take", "table", "sources")
+                 "numels", "divisor", "kind", "take", "table", "sources", "with_abs")
 
     def __init__(self, tensors: list[torch.Tensor], reds: list[tuple[tuple[str, bool], ...]]):
         self.dtypes = tuple(t.dtype for t in tensors)
@@ -295,6 +295,7 @@ class ReductionProgram:
                 for k, q in zip(self.keys[i], self.positions[i], strict=True):
                     take[q] = i * _MOMENT_FIELDS + _MOMENT_FIELD[k]
             self.take = np.asarray(take, dtype=np.intp)
+            self.with_abs = any(_MOMENT_FIELD[k] in (4, 9) for ks in self.keys for k in ks)  # (Σ|x| wanted)
             self.table = np.empty(len(tensors) * _MOMENT_FIELDS, dtype=np.float64)
 
     def run(self, tensors: list[torch.Tensor], fixed: bool = False) -> Reduced:
@@ -313,7 +314,7 @@ class ReductionProgram:
                     sources.append((t.data_ptr(), t.numel()))
                 if fixed:
                     self.sources = sources
-            _c_moments(self.kind, sources, self.table)
+            _c_moments(self.kind, sources, self.table, self.with_abs)
             # (a float64 vector: each value is rounded once, to its stored dtype, where it is stored; counts stay
             # exact past 2**24)
             return Reduced(self, self.table[self.take])
