@@ -306,7 +306,11 @@ class ReductionProgram:
             if sources is None:
                 sources = []
                 kept = []  # (contiguous copies of the rare tensor that is not: alive until the call is over)
+                dtype = self.dtypes[0]
                 for t in tensors:
+                    if not t.is_cpu or t.dtype is not dtype:
+                        self.kind = None  # (moved to a device, or another dtype: torch's reductions from now on)
+                        break
                     if not t.is_contiguous():
                         t = t.contiguous()
                         kept.append(t)
@@ -314,10 +318,11 @@ class ReductionProgram:
                     sources.append((t.data_ptr(), t.numel()))
                 if fixed:
                     self.sources = sources
-            _c_moments(self.kind, sources, self.table, self.with_abs)
-            # (a float64 vector: each value is rounded once, to its stored dtype, where it is stored; counts stay
-            # exact past 2**24)
-            return Reduced(self, self.table[self.take])
+            if self.kind is not None:
+                _c_moments(self.kind, sources, self.table, self.with_abs)
+                # (a float64 vector: each value is rounded once, to its stored dtype, where it is stored; counts
+                # stay exact past 2**24)
+                return Reduced(self, self.table[self.take])
         if self.widen:
             tensors = list(tensors)
             for i in self.widen:
