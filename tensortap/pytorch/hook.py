@@ -125,6 +125,7 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
         self._weight_reduced: Reduced | None = None  # ... and its weights', computed when it began
         self._reduced_records: list[StatisticsRows] = []  # the step's statistics, handed over when it ends
         self._step_handles_kept: list[Any] = []  # hooks kept until close
+        self._first_step_handles: list[Any] = []  # the registered losses' watch for the first step
         self._activation_keys: dict[str, str] = {}  # "<module>_output_": its activation collection
         # the lifecycle's forward_end and backward_end, seen while someone listens (StepEngine.add_listener)
         self._lifecycle_hook = torch.compiler.disable(self._forward_end_hook)
@@ -276,6 +277,8 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
         self._remove_plan_handles()  # the next saving step installs its hook
         if self._forward_unseen:
             self._step_handles_kept.append(loss_module.register_forward_pre_hook(self._loss_step_hook))
+        elif not self._prepared:  # (until the first step: is the model's forward seen?)
+            self._first_step_handles.append(loss_module.register_forward_pre_hook(self._first_loss_hook))
 
     def _hook_loss_now(self, loss_module: nn.Module) -> None:
         """In a saving step, capture a registered loss module's calls from now on in this step too."""
@@ -461,6 +464,7 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
         self.clock.tally = None
         for root in self._roots:
             root.unhook()
+        self._drop_first_step_watch()
         for h in self._opt_handles + self._step_handles + self._step_handles_kept + self._lifecycle_handles:
             if h is not None:
                 h.remove()
