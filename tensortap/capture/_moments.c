@@ -35,76 +35,87 @@ static inline double bf16_value(uint16_t b)
 }
 
 typedef double v4d __attribute__((vector_size(32)));
-typedef int64_t v4l __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
-typedef int32_t v4i __attribute__((vector_size(16)));
-typedef uint16_t v4h __attribute__((vector_size(8)));
+typedef int64_t v4l __attribute__((vector_size(32)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef double v8d __attribute__((vector_size(64)));
+typedef int64_t v8l __attribute__((vector_size(64)));
 
-/* Four elements from p as doubles (loads of any alignment) */
-static inline __attribute__((always_inline)) v4d load4_f32(const void *p)
+#define INLINE static inline __attribute__((always_inline))
+
+/* Eight elements at p (any alignment): as the type min and max are taken in (float for float32 and bfloat16,
+ * double for float64), and as doubles in two halves u, w for the sums. */
+INLINE void load8_f32(const char *p, v8f *x, v4d *u, v4d *w)
 {
-    v4f f;
-    memcpy(&f, p, sizeof f);
-    return __builtin_convertvector(f, v4d);
+    v4f a, b;
+    memcpy(x, p, sizeof *x);
+    memcpy(&a, p, sizeof a);
+    memcpy(&b, p + sizeof a, sizeof b);
+    *u = __builtin_convertvector(a, v4d);
+    *w = __builtin_convertvector(b, v4d);
 }
-static inline __attribute__((always_inline)) v4d load4_f64(const void *p)
+INLINE void load8_bf16(const char *p, v8f *x, v4d *u, v4d *w)
 {
-    v4d d;
-    memcpy(&d, p, sizeof d);
-    return d;
-}
-static inline __attribute__((always_inline)) v4d load4_bf16(const void *p)
-{
-    v4h h;
+    v8h h;
+    v4f a, b;
     memcpy(&h, p, sizeof h);
-    v4i bits = __builtin_convertvector(h, v4i) << 16;
-    v4f f;
-    memcpy(&f, &bits, sizeof f);
-    return __builtin_convertvector(f, v4d);
+    v8i bits = __builtin_convertvector(h, v8i) << 16;
+    memcpy(x, &bits, sizeof *x);
+    memcpy(&a, &bits, sizeof a);
+    memcpy(&b, (const char *)&bits + sizeof a, sizeof b);
+    *u = __builtin_convertvector(a, v4d);
+    *w = __builtin_convertvector(b, v4d);
 }
-static inline double load1_f32(const void *p, int64_t k) { return (double)((const float *)p)[k]; }
-static inline double load1_f64(const void *p, int64_t k) { return ((const double *)p)[k]; }
-static inline double load1_bf16(const void *p, int64_t k) { return bf16_value(((const uint16_t *)p)[k]); }
+INLINE void load8_f64(const char *p, v8d *x, v4d *u, v4d *w)
+{
+    memcpy(x, p, sizeof *x);
+    memcpy(u, p, sizeof *u);
+    memcpy(w, p + sizeof *u, sizeof *w);
+}
+INLINE double load1_f32(const char *p, int64_t k) { return (double)((const float *)p)[k]; }
+INLINE double load1_f64(const char *p, int64_t k) { return ((const double *)p)[k]; }
+INLINE double load1_bf16(const char *p, int64_t k) { return bf16_value(((const uint16_t *)p)[k]); }
 
-static inline __attribute__((always_inline)) v4d vmin(v4d a, v4d b)
-{
-    v4l m = a < b;
-    return (v4d)(((v4l)a & m) | ((v4l)b & ~m));
-}
-static inline __attribute__((always_inline)) v4d vmax(v4d a, v4d b)
-{
-    v4l m = a > b;
-    return (v4d)(((v4l)a & m) | ((v4l)b & ~m));
-}
-static inline __attribute__((always_inline)) v4d vabs(v4d a)
+#define VMIN(V, M, a, b) ((V)(((M)(a) & (M)((a) < (b))) | ((M)(b) & ~(M)((a) < (b)))))
+#define VMAX(V, M, a, b) ((V)(((M)(a) & (M)((a) > (b))) | ((M)(b) & ~(M)((a) > (b)))))
+
+INLINE v4d vabs(v4d a)
 {
     const v4l mask = {INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX};
     return (v4d)((v4l)a & mask);
 }
 
-/* The pass over one tensor, for one element type (`S` its size; LOAD4/LOAD1 read 4 / 1 elements as doubles):
- * two sets of 4-lane accumulators (8 partial sums), summed into the totals every BLOCK elements. */
-#define MOMENTS_BODY(S, LOAD4, LOAD1)                                                                  \
+/* The pass over one tensor of element size S; V/M: the vector and mask types of 8 elements min and max are taken
+ * in; LOAD8/LOAD1 read 8 / 1 elements; ABS: whether Σ|x| is wanted. Two sets of 4-lane float64 sums (8 partial
+ * sums), added into the totals every BLOCK elements. */
+#define MOMENTS_BODY(S, V, M, LOAD8, LOAD1, ABS)                                                       \
     const char *p = (const char *)x;                                                                   \
-    const v4d inf = {INFINITY, INFINITY, INFINITY, INFINITY};                                          \
-    v4d mn0 = inf, mn1 = inf, mx0 = -inf, mx1 = -inf;                                                  \
+    V mn, mx;                                                                                          \
+    for (int j = 0; j < 8; j++) {                                                                      \
+        mn[j] = INFINITY;                                                                              \
+        mx[j] = -INFINITY;                                                                             \
+    }                                                                                                  \
     double ts = 0.0, ts2 = 0.0, tsa = 0.0, lo = INFINITY, hi = -INFINITY;                              \
     int64_t i = 0;                                                                                     \
     while (i < n) {                                                                                    \
         int64_t end = n - i > BLOCK ? i + BLOCK : n;                                                   \
         v4d s0 = {0}, s1 = {0}, q0 = {0}, q1 = {0}, a0 = {0}, a1 = {0};                                \
         for (; i + 8 <= end; i += 8) {                                                                 \
-            v4d u = LOAD4(p + (S) * i), w = LOAD4(p + (S) * (i + 4));                                  \
-            mn0 = vmin(u, mn0);                                                                        \
-            mn1 = vmin(w, mn1);                                                                        \
-            mx0 = vmax(u, mx0);                                                                        \
-            mx1 = vmax(w, mx1);                                                                        \
+            V v;                                                                                       \
+            v4d u, w;                                                                                  \
+            LOAD8(p + (S) * i, &v, &u, &w);                                                            \
+            mn = VMIN(V, M, v, mn);                                                                    \
+            mx = VMAX(V, M, v, mx);                                                                    \
             s0 += u;                                                                                   \
             s1 += w;                                                                                   \
             q0 += u * u;                                                                               \
             q1 += w * w;                                                                               \
-            a0 += vabs(u);                                                                             \
-            a1 += vabs(w);                                                                             \
+            if (ABS) {                                                                                 \
+                a0 += vabs(u);                                                                         \
+                a1 += vabs(w);                                                                         \
+            }                                                                                          \
         }                                                                                              \
         double bs = 0.0, bs2 = 0.0, bsa = 0.0;                                                         \
         for (; i < end; i++) {                                                                         \
@@ -124,11 +135,9 @@ static inline __attribute__((always_inline)) v4d vabs(v4d a)
         ts2 += bs2;                                                                                    \
         tsa += bsa;                                                                                    \
     }                                                                                                  \
-    for (int j = 0; j < 4; j++) {                                                                      \
-        lo = mn0[j] < lo ? mn0[j] : lo;                                                                \
-        lo = mn1[j] < lo ? mn1[j] : lo;                                                                \
-        hi = mx0[j] > hi ? mx0[j] : hi;                                                                \
-        hi = mx1[j] > hi ? mx1[j] : hi;                                                                \
+    for (int j = 0; j < 8; j++) {                                                                      \
+        lo = mn[j] < lo ? (double)mn[j] : lo;                                                          \
+        hi = mx[j] > hi ? (double)mx[j] : hi;                                                          \
     }                                                                                                  \
     double nonfinite = 0.0;                                                                            \
     if (!isfinite(ts2)) { /* a NaN or ±inf, or (float64) Σx² overflowed: count, and look for NaN */    \
@@ -146,12 +155,12 @@ static inline __attribute__((always_inline)) v4d vabs(v4d a)
     out[1] = hi;                                                                                       \
     out[2] = ts;                                                                                       \
     out[3] = ts2;                                                                                      \
-    out[4] = tsa;                                                                                      \
+    out[4] = (ABS) ? tsa : NAN;                                                                        \
     out[5] = nonfinite;                                                                                \
     out[6] = n ? ts / (double)n : NAN;                                                                 \
     out[7] = sqrt(ts2);                                                                                \
     out[8] = lo != lo ? lo : (-lo > hi ? -lo : hi);                                                    \
-    out[9] = n ? tsa / (double)n : NAN;
+    out[9] = (ABS) && n ? tsa / (double)n : NAN;
 
 /* built for the running CPU's widest vectors (x86-64 with GCC's function multiversioning), else the default */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
@@ -160,24 +169,31 @@ static inline __attribute__((always_inline)) v4d vabs(v4d a)
 #define VECTOR_CLONES
 #endif
 
-VECTOR_CLONES static void moments_f32(const void *x, int64_t n, double *out) { MOMENTS_BODY(4, load4_f32, load1_f32) }
-VECTOR_CLONES static void moments_f64(const void *x, int64_t n, double *out) { MOMENTS_BODY(8, load4_f64, load1_f64) }
-VECTOR_CLONES static void moments_bf16(const void *x, int64_t n, double *out)
-{
-    MOMENTS_BODY(2, load4_bf16, load1_bf16)
-}
+#define MOMENTS_FN(NAME, S, V, M, LOAD8, LOAD1, ABS)                                                   \
+    VECTOR_CLONES static void NAME(const void *x, int64_t n, double *out)                             \
+    {                                                                                                  \
+        MOMENTS_BODY(S, V, M, LOAD8, LOAD1, ABS)                                                       \
+    }
+
+MOMENTS_FN(moments_f32, 4, v8f, v8i, load8_f32, load1_f32, 0)
+MOMENTS_FN(moments_f64, 8, v8d, v8l, load8_f64, load1_f64, 0)
+MOMENTS_FN(moments_bf16, 2, v8f, v8i, load8_bf16, load1_bf16, 0)
+MOMENTS_FN(moments_abs_f32, 4, v8f, v8i, load8_f32, load1_f32, 1)
+MOMENTS_FN(moments_abs_f64, 8, v8d, v8l, load8_f64, load1_f64, 1)
+MOMENTS_FN(moments_abs_bf16, 2, v8f, v8i, load8_bf16, load1_bf16, 1)
 
 typedef void (*moments_fn)(const void *, int64_t, double *);
-static const moments_fn KINDS[] = {moments_f32, moments_f64, moments_bf16};
+static const moments_fn KINDS[2][3] = {{moments_f32, moments_f64, moments_bf16},
+                                       {moments_abs_f32, moments_abs_f64, moments_abs_bf16}};
 static const int ITEM_SIZE[] = {4, 8, 2};
 
 static PyObject *moments(PyObject *self, PyObject *args)
 {
     (void)self;
-    int kind;
+    int kind, want_abs = 1;
     PyObject *sources;
     Py_buffer out;
-    if (!PyArg_ParseTuple(args, "iOw*:moments", &kind, &sources, &out))
+    if (!PyArg_ParseTuple(args, "iOw*|p:moments", &kind, &sources, &out, &want_abs))
         return NULL;
     if (kind < 0 || kind > 2) {
         PyBuffer_Release(&out);
@@ -217,7 +233,7 @@ static PyObject *moments(PyObject *self, PyObject *args)
         total += k * (uint64_t)ITEM_SIZE[kind];
     }
     Py_DECREF(seq);
-    moments_fn fn = KINDS[kind];
+    moments_fn fn = KINDS[want_abs != 0][kind];
     double *o = (double *)out.buf;
     if (total >= RELEASE_GIL_BYTES) {
         Py_BEGIN_ALLOW_THREADS
@@ -235,7 +251,7 @@ static PyObject *moments(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"moments", moments, METH_VARARGS,
-     "moments(kind, [(address, element count), ...], out): per tensor min, max, sum, sum of squares, sum of "
+     "moments(kind, [(address, element count), ...], out[, with_abs]): per tensor min, max, sum, sum of squares, sum of "
      "|x|, non-finite count, mean, l2 norm, max |x|, mean |x| as 10 float64 values into the writable buffer out"},
     {NULL, NULL, 0, NULL},
 };

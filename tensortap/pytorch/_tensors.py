@@ -221,7 +221,7 @@ class ReductionProgram:
     has none; int64 for `nonfinite`) as the writer's own are (format.writer.compute_reduction)."""
 
     __slots__ = ("dtypes", "groups", "singles", "keys", "positions", "out_dtypes", "widen", "layouts", "means",
-                 "numels", "divisor", "kind", "take", "table", "sources")
+                 "numels", "divisor", "kind", "take", "table", "sources", "with_abs")
 
     def __init__(self, tensors: list[torch.Tensor], reds: list[tuple[tuple[str, bool], ...]]):
         self.dtypes = tuple(t.dtype for t in tensors)
@@ -295,6 +295,7 @@ class ReductionProgram:
                 for k, q in zip(self.keys[i], self.positions[i], strict=True):
                     take[q] = i * _MOMENT_FIELDS + _MOMENT_FIELD[k]
             self.take = np.asarray(take, dtype=np.intp)
+            self.with_abs = any(_MOMENT_FIELD[k] in (4, 9) for ks in self.keys for k in ks)  # (Σ|x| wanted)
             self.table = np.empty(len(tensors) * _MOMENT_FIELDS, dtype=np.float64)
 
     def run(self, tensors: list[torch.Tensor], fixed: bool = False) -> Reduced:
@@ -305,7 +306,11 @@ class ReductionProgram:
             if sources is None:
                 sources = []
                 kept = []  # (contiguous copies of the rare tensor that is not: alive until the call is over)
+                dtype = self.dtypes[0]
                 for t in tensors:
+                    if not t.is_cpu or t.dtype is not dtype:
+                        self.kind = None  # (moved to a device, or another dtype: torch's reductions from now on)
+                        break
                     if not t.is_contiguous():
                         t = t.contiguous()
                         kept.append(t)
@@ -313,10 +318,11 @@ class ReductionProgram:
                     sources.append((t.data_ptr(), t.numel()))
                 if fixed:
                     self.sources = sources
-            _c_moments(self.kind, sources, self.table)
-            # (a float64 vector: each value is rounded once, to its stored dtype, where it is stored; counts stay
-            # exact past 2**24)
-            return Reduced(self, self.table[self.take])
+            if self.kind is not None:
+                _c_moments(self.kind, sources, self.table, self.with_abs)
+                # (a float64 vector: each value is rounded once, to its stored dtype, where it is stored; counts
+                # stay exact past 2**24)
+                return Reduced(self, self.table[self.take])
         if self.widen:
             tensors = list(tensors)
             for i in self.widen:

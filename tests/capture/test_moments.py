@@ -26,9 +26,9 @@ def _from_bfloat16(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
-def _run(kind: int, arrays: list[np.ndarray]) -> np.ndarray:
+def _run(kind: int, arrays: list[np.ndarray], with_abs: bool = True) -> np.ndarray:
     out = np.full(len(arrays) * FIELDS, -12345.0)
-    moments(kind, [(a.ctypes.data, a.size) for a in arrays], out)
+    moments(kind, [(a.ctypes.data, a.size) for a in arrays], out, with_abs)
     return out.reshape(len(arrays), FIELDS)
 
 
@@ -73,6 +73,11 @@ def test_moments_against_an_exact_reference(dtype):
     rows = _run(KINDS[np.dtype(dtype)], arrays)
     for row, a in zip(rows, arrays, strict=True):
         _check(row, a.astype(np.float64))
+    # without Σ|x| (and mean|x|): the other values the same
+    plain = _run(KINDS[np.dtype(dtype)], arrays, with_abs=False)
+    same = [0, 1, 2, 3, 5, 6, 7, 8]
+    assert np.array_equal(plain[:, same], rows[:, same], equal_nan=True)
+    assert np.isnan(plain[:, [4, 9]]).all()
 
 
 def test_moments_of_float32_round_to_the_exact_value():
