@@ -287,13 +287,13 @@ class ChunkEncoder:
             self._open_chunk()
         arrays = b.arrays
         flat = b.flat
-        dtype_str = codec.dtype_to_str(flat.dtype) if flat is not None else None
-        key = (b.names, dtype_str, *[a.shape for a in arrays])
+        key = (b.names, flat.dtype if flat is not None else None, *[a.shape for a in arrays])
         tmpl = self._templates.get(key)
         if tmpl is None:
             if len(self._templates) >= 256:  # (layouts that keep changing: kept for a while, not forever)
                 self._templates.clear()
-            tmpl = self._templates[key] = self._template(b, dtype_str)
+            tmpl = self._templates[key] = self._template(b, codec.dtype_to_str(flat.dtype) if flat is not None
+                                                         else None)
         if tmpl.tables is not self._tables:
             tmpl.bind(self._tables)  # (the first batch of this layout in the block)
         crc_at = codec.crc32c_at
