@@ -339,7 +339,8 @@ def read_statistics(path: str, stats: Iterable[str] | None = None, *, names: Ite
                     rows = _read_rows(storage, g, at_rows[lo + r], p.length)
                 except CorruptData:
                     return by_trial()  # (damage: the trial reports it, once, and reads the rest)
-                dense = r[-1] - r[0] + 1 == len(r)
+                # the rows' runs of consecutive steps (a mask changes rarely: a step with non-finite values)
+                cuts = [0, *(np.flatnonzero(np.diff(r) != 1) + 1).tolist(), len(r)]
                 for at, vals in lay.columns(rows, mk):
                     res = results[group_of[at[0]]][1]
                     k = slot[at]
@@ -347,8 +348,9 @@ def read_statistics(path: str, stats: Iterable[str] | None = None, *, names: Ite
                     if not len(c):
                         continue
                     v, kk = (vals, k) if len(c) == len(at) else (vals[:, c], k[c])
-                    if dense and kk[-1] - kk[0] + 1 == len(kk) and np.all(np.diff(kk) > 0):
-                        _transpose(v, res[kk[0]:kk[-1] + 1, lo + r[0]:lo + r[-1] + 1])
+                    if kk[-1] - kk[0] + 1 == len(kk) and np.all(np.diff(kk) > 0) and len(cuts) <= 2 + len(r) // 16:
+                        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+                            _transpose(v[a:b], res[kk[0]:kk[-1] + 1, lo + r[a]:lo + r[b - 1] + 1])
                     else:
                         res[np.ix_(kk, lo + r)] = v.T
                 del rows

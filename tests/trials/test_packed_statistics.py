@@ -418,3 +418,26 @@ def test_a_reader_that_does_not_know_a_kind_reports_its_block_as_damage_and_neve
     assert d.path == idx and "malformed block" in d.reason and "steps 6–7" in d.lost
     assert trial.tensor("d/w").steps() == [8]  # steps 6 and 7 lost with their block, nothing misread
     assert read_statistics(out, ["l2"])["d/w"]["l2"][0].tolist() == [8]
+
+
+@pytest.mark.parametrize("slice_bytes", [256 << 20, 1000])
+def test_a_long_job_with_rare_counts_reads_back_bit_for_bit(tmp_path, monkeypatch, slice_bytes):
+    """Steps whose counts are stored (kind 3) among many that leave them out (kind 4), read a slice at a time."""
+    from tensortap.trials import saved_statistics
+
+    monkeypatch.setattr(saved_statistics, "SLICE_BYTES", slice_bytes)
+    out = str(tmp_path / "job")
+    lay = _layout(tuple(f"t{i}" for i in range(5)))
+    enc = ChunkEncoder(LocalStorage(out), "worker_0")
+    for step in range(200):
+        v = _vector(lay, step, 0, zeros=True)
+        v[lay.order[1::4]] = [1, 0, 0, 2, 0] if step in (37, 38, 150) else 0
+        enc.encode_statistics(StatisticsRows(lay, v, step, 1, step))
+        if step % 50 == 49:
+            enc.write_block(passed={"step": step, "mode_steps": {}}, end=step == 199)
+    enc.close()
+    assert [s for s, k, _, _ in _kinds(out) if k == PACKED] == [37, 38, 150]
+    want = {n: d for n, d in tt.create_trial(out).statistics(stats=STATS).items() if d}
+    _same(read_statistics(out, STATS), want)
+    _same(read_statistics(out, STATS, names=["t3", "t1"], steps=(30, 160)),
+          {n: d for n, d in tt.create_trial(out).statistics(["t3", "t1"], STATS, steps=(30, 160)).items() if d})
