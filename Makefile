@@ -10,7 +10,7 @@ SMD_STAMP := $(SMD_VENV)/.installed
 
 .PHONY: install demo-install smdebug-venv test demo lint bench clean chromium spark
 
-$(STAMP): pyproject.toml setup.py tensortap/transport/_streamcopy.c requirements/test.txt
+$(STAMP): pyproject.toml setup.py tensortap/transport/_streamcopy.c tensortap/capture/_moments.c requirements/test.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -r requirements/test.txt
@@ -23,7 +23,7 @@ install: $(STAMP) chromium
 # .venv, which `make test` later completes. --no-compile, then `demo.py --prepare`: Python compiles the modules
 # the demo imports, once (even where PYTHONDONTWRITEBYTECODE is set), instead of pip compiling all of PyTorch up
 # front (half of the install's time) or each of the demo's processes compiling what it imports.
-$(DEMO_STAMP): pyproject.toml setup.py tensortap/transport/_streamcopy.c requirements/demo.txt
+$(DEMO_STAMP): pyproject.toml setup.py tensortap/transport/_streamcopy.c tensortap/capture/_moments.c requirements/demo.txt
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --no-compile -r requirements/demo.txt
 	$(VPY) -m pip install -q --no-compile --no-build-isolation -e .

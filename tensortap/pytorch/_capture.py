@@ -96,7 +96,8 @@ class TensorCapture:
                 for name, colls in plan.weight_items:
                     self._note_membership(name, colls)
             if not self.dry_run:
-                self._weight_reduced = prog.run(views)  # (handed over with the gradients' when the step ends)
+                # (handed over with the gradients' when the step ends)
+                self._weight_reduced = prog.run(views, fixed=True)
             return
         if not plan.some_odd:
             if spec is None:

@@ -137,8 +137,32 @@ class OptimizerSteps:
             self._fail("loss pre-hook", e)
 
     def _begin_train_step(self) -> None:
-        self.next_step()
+        """Begin a TRAIN step at a registered loss's forward or the optimizer's step (the model's forward is
+        unseen): a step known to save nothing, after one that saved nothing, is only counted, as at a root's
+        forward (`_root_pre_hook`)."""
+        if not self.engine.count_quiet():
+            self.next_step()
         self._opt_stepped = False
+
+    def _first_loss_hook(self, module: nn.Module, args: Any) -> None:
+        """Before the first step: a registered loss's forward with no step begun means the registered model's
+        forward was not seen (compiled after register_module, a torch.nn container whose call dynamo compiles
+        whole): the first step begins here, so that it saves the loss as every later one does."""
+        if _is_compiling() or self.disabled or self._closed:
+            return
+        self._drop_first_step_watch()
+        if self.clock.in_step or not self._roots or self._forward_unseen:
+            return  # (a root's forward began it: seen)
+        self._roots_unseen()
+        try:
+            self._begin_train_step()
+        except Exception as e:  # noqa: BLE001
+            self._fail("loss pre-hook", e)
+
+    def _drop_first_step_watch(self) -> None:
+        for h in self._first_step_handles:
+            h.remove()
+        self._first_step_handles.clear()
 
     def _roots_unseen(self) -> None:
         """The registered modules' forwards are not seen (compiled after register_module): steps begin at the

@@ -183,6 +183,20 @@ def _layout(parts: list[torch.Tensor]) -> list[tuple[int, int, tuple[int, ...]]]
 
 
 _FOREACH_MAX = getattr(torch, "_foreach_max", None)
+
+try:  # the one-pass statistics of CPU tensors (tensortap/capture/_moments.c), built at install with a compiler
+    from tensortap.capture._moments import moments as _c_moments
+except ImportError:  # pragma: no cover - no compiler at install time: torch's own reductions
+    _c_moments = None
+#: element types `_c_moments` reads (its `kind`)
+_MOMENT_KINDS = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2}
+#: where each reduction is in `_c_moments`'s 10 values per tensor (those it gives)
+_MOMENT_FIELD = {
+    ("min", False): 0, ("max", False): 1, ("sum", False): 2, ("sum", True): 4, ("l1", False): 4, ("l1", True): 4,
+    ("nonfinite", False): 5, ("nonfinite", True): 5, ("mean", False): 6, ("l2", False): 7, ("l2", True): 7,
+    ("max", True): 8, ("mean", True): 9,
+}
+_MOMENT_FIELDS = 10
 _TORCH_REDUCTION = {
     "min": torch.min, "max": torch.max, "mean": torch.mean, "sum": torch.sum, "prod": torch.prod,
     "median": lambda x: x.median(), "std": lambda x: x.std(correction=0), "variance": lambda x: x.var(correction=0),
@@ -197,14 +211,17 @@ def _nonfinite(x: torch.Tensor) -> torch.Tensor:
 
 
 class ReductionProgram:
-    """How to compute the reductions `reds[i]` of each of a fixed list of tensors where they live: the norms
-    (and maxima) of all of them in one batched kernel each (`torch._foreach_norm`, `torch._foreach_max`), the
-    rest per tensor, and every value brought to the host in one transfer. Built once per list of tensors
-    saved together (their reductions and dtypes); `run` gives {(name, abs): value} per tensor, values of the
-    tensor's numpy dtype (int64 for `nonfinite`) as the writer's own are (format.writer.compute_reduction)."""
+    """How to compute the reductions `reds[i]` of each of a fixed list of tensors where they live (docs/pytorch.md,
+    "Statistics on the device"). CPU tensors of one floating dtype (float32, float64, bfloat16) whose reductions
+    are among min, max, mean, sum, l1, l2, nonfinite (and max|x|, mean|x|, sum|x|): one pass over each, all of
+    them in one call (`tensortap.capture._moments`). Otherwise torch's: the norms (and maxima) of all of them in
+    one batched kernel each (`torch._foreach_norm`, `torch._foreach_max`), the rest per tensor, and every value
+    brought to the host in one transfer. Built once per list of tensors saved together (their reductions and
+    dtypes); `run` gives {(name, abs): value} per tensor, values of the tensor's numpy dtype (float64 where numpy
+    has none; int64 for `nonfinite`) as the writer's own are (format.writer.compute_reduction)."""
 
     __slots__ = ("dtypes", "groups", "singles", "keys", "positions", "out_dtypes", "widen", "layouts", "means",
-                 "numels", "divisor")
+                 "numels", "divisor", "kind", "take", "table", "sources", "with_abs")
 
     def __init__(self, tensors: list[torch.Tensor], reds: list[tuple[tuple[str, bool], ...]]):
         self.dtypes = tuple(t.dtype for t in tensors)
@@ -266,8 +283,46 @@ class ReductionProgram:
             nd = nd if nd is not None else np.dtype(np.float64)
             self.out_dtypes.append([np.dtype(np.int64) if k[0] == "nonfinite" else nd for k in self.keys[i]])
         self.layouts: dict[tuple, StatisticsLayout] = {}  # (names, the vector's dtype) -> the writers' layout
+        # In one pass (_c_moments): where each value of the vector is in its table of 10 values per tensor
+        self.kind = _MOMENT_KINDS.get(self.dtypes[0]) if (
+            _c_moments is not None and bool(tensors) and same_dtype(self.dtypes)
+            and all(t.device.type == "cpu" for t in tensors)
+            and all(k in _MOMENT_FIELD for ks in self.keys for k in ks)) else None
+        self.sources: list[tuple[int, int]] | None = None  # (address, element count) of each tensor, when fixed
+        if self.kind is not None:
+            take = [0] * n
+            for i in range(len(tensors)):
+                for k, q in zip(self.keys[i], self.positions[i], strict=True):
+                    take[q] = i * _MOMENT_FIELDS + _MOMENT_FIELD[k]
+            self.take = np.asarray(take, dtype=np.intp)
+            self.with_abs = any(_MOMENT_FIELD[k] in (4, 9) for ks in self.keys for k in ks)  # (Σ|x| wanted)
+            self.table = np.empty(len(tensors) * _MOMENT_FIELDS, dtype=np.float64)
 
-    def run(self, tensors: list[torch.Tensor]) -> Reduced:
+    def run(self, tensors: list[torch.Tensor], fixed: bool = False) -> Reduced:
+        """The reductions of `tensors` (alike those the program was made for). `fixed`: they are the tensors
+        of the last call with `fixed`, with the same storage."""
+        if self.kind is not None:
+            sources = self.sources if fixed else None
+            if sources is None:
+                sources = []
+                kept = []  # (contiguous copies of the rare tensor that is not: alive until the call is over)
+                dtype = self.dtypes[0]
+                for t in tensors:
+                    if not t.is_cpu or t.dtype is not dtype:
+                        self.kind = None  # (moved to a device, or another dtype: torch's reductions from now on)
+                        break
+                    if not t.is_contiguous():
+                        t = t.contiguous()
+                        kept.append(t)
+                        fixed = False
+                    sources.append((t.data_ptr(), t.numel()))
+                if fixed:
+                    self.sources = sources
+            if self.kind is not None:
+                _c_moments(self.kind, sources, self.table, self.with_abs)
+                # (a float64 vector: each value is rounded once, to its stored dtype, where it is stored; counts
+                # stay exact past 2**24)
+                return Reduced(self, self.table[self.take])
         if self.widen:
             tensors = list(tensors)
             for i in self.widen:
@@ -305,6 +360,10 @@ class ReductionProgram:
                 names, tuple(tuple(k) for k in self.keys), tuple(tuple(d) for d in self.out_dtypes), vector,
                 tuple(tuple(p) for p in self.positions))
         return lay
+
+
+def same_dtype(dtypes: tuple[torch.dtype, ...]) -> bool:
+    return all(d is dtypes[0] for d in dtypes)
 
 
 class Reduced(Sequence):
