@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from tensortap.format.entries import INLINE_BYTES, PACKED
+from tensortap.format.entries import INLINE_BYTES, is_packed
 
 __all__ = ["BatchTemplate", "BlockTables", "byte_view", "record_keys"]
 
@@ -69,7 +69,7 @@ _KEY_DTYPE = np.dtype([("packed", "u1"), ("name", "<u4"), ("mode", "u1"), ("step
 def record_keys(rows: np.ndarray) -> np.ndarray:
     """Per entry, the record it belongs to: (name, mode, step), a packed entry's (its layout, mode, step) apart."""
     k = np.empty(len(rows), dtype=_KEY_DTYPE)
-    k["packed"] = rows["kind"] == PACKED
+    k["packed"] = is_packed(rows["kind"])
     for f in ("name", "mode", "step"):
         k[f] = rows[f]
     return k
@@ -103,7 +103,7 @@ class BlockTables:
         """How many records entries hold: one per (name, mode, step), a packed entry one per tensor it packs."""
         if not len(rows):
             return 0
-        packed = rows["kind"] == PACKED
+        packed = is_packed(rows["kind"])
         if not packed.any():
             return len(np.unique(record_keys(rows)))
         per_layout = np.zeros(len(self.statistics), dtype=np.int64)

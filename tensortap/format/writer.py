@@ -23,7 +23,16 @@ import numpy as np
 from tensortap.format import codec, layout
 from tensortap.format.block_tables import BatchTemplate, BlockTables, byte_view, record_keys
 from tensortap.format.datafile import DataFile, write_all
-from tensortap.format.entries import INLINE_BYTES, NO_REDUCTION, PACKED, RAW, REDUCTION, SHAPE, reduction_code
+from tensortap.format.entries import (
+    INLINE_BYTES,
+    NO_REDUCTION,
+    PACKED,
+    PACKED_SPARSE,
+    RAW,
+    REDUCTION,
+    SHAPE,
+    reduction_code,
+)
 from tensortap.format.records import (
     MODE_NAME,
     Record,
@@ -415,11 +424,18 @@ class ChunkEncoder:
         if not len(lay):
             return
         lid = self._statistics_layout(lay)
-        parts = [vals.view(np.uint8) for _at, vals in lay.stored(rows.values)]
-        buf = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        parts = [vals.view(np.uint8) for _at, vals in lay.stored(rows.values)]  # (the layout's runs, in order)
+        # a run whose values are all zero (a non-finite count, nearly always) is left out: kind 4, mask of the rest
+        mask = sum(1 << r for r, p in enumerate(parts) if p.any())
+        kind = PACKED
+        if mask != (1 << len(parts)) - 1 and len(parts) <= 32:
+            kind, parts = PACKED_SPARSE, [p for p in parts if p.any()]
+        else:
+            mask = 0
+        buf = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.empty(0, np.uint8)
         flags, offset, crc, inline = self._add_payload(buf)
         self._flush_rows()
-        self._rows.append((lid, rows.mode, PACKED, NO_REDUCTION, flags, 0, 0, rows.step, rows.mode_step, offset,
+        self._rows.append((lid, rows.mode, kind, NO_REDUCTION, flags, 0, mask, rows.step, rows.mode_step, offset,
                            len(buf), crc, inline))
         self.written_records += len(rows)
 
