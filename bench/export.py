@@ -249,10 +249,12 @@ def bench_wide_stream(tmp: str, repeat: int, steps: int, path: str | None = None
             f"dask_{dask_workers}_workers": summary(rows, dist)}
 
 
-def packed_job(path: str, tensors: int, steps: int, steps_per_block: int = 100) -> int:
+def packed_job(path: str, tensors: int, steps: int, steps_per_block: int = 100, nonfinite_every: int = 1000) -> int:
     """A finished native job of statistics as the PyTorch hook hands them over (`submit_statistics`: one vector a
     step, l2 as float32 and nonfinite as int64 of each tensor), written by the real encoder: one packed entry and
-    payload a step (docs/format.md §3.3). Returns the number of values."""
+    payload a step (docs/format.md §3.3). As in training, the non-finite counts are 0 but at one step in
+    `nonfinite_every` (1% of the tensors then count some): the other steps' payloads leave them out (kind 4).
+    Returns the number of values."""
     from tensortap.format.records import StatisticsLayout, StatisticsRows
     from tensortap.format.writer import ChunkEncoder
     from tensortap.storage import LocalStorage
@@ -262,10 +264,13 @@ def packed_job(path: str, tensors: int, steps: int, steps_per_block: int = 100) 
     lay = StatisticsLayout(names, (keys,) * tensors, ((np.dtype(np.float32), np.dtype(np.int64)),) * tensors)
     base = np.random.default_rng(0).random(lay.vector_size)
     enc = ChunkEncoder(LocalStorage(path), "worker_0")
+    v = np.empty_like(base)
     for s in range(steps):
-        v = base / (s + 1)
-        v[1::2] = s % 3
-        enc.encode_statistics(StatisticsRows(lay, v, s, 1, s))
+        np.divide(base, s + 1, out=v)
+        v[1::2] = 0
+        if s % nonfinite_every == nonfinite_every - 1:
+            v[1:2 * max(1, tensors // 100):2] = s % 7 + 1
+        enc.encode_statistics(StatisticsRows(lay, v.copy(), s, 1, s))
         if (s + 1) % steps_per_block == 0 or s == steps - 1:
             enc.write_block(passed={"step": s, "mode_steps": {"TRAIN": s}}, end=s == steps - 1)
     enc.close()
@@ -283,25 +288,50 @@ def _evict(path: str) -> None:
                 os.close(fd)
 
 
+def _disk_read(path: str) -> tuple[float, int]:
+    """(seconds, bytes) to read the job's data files from the disk itself (`dd iflag=direct`: no page cache)."""
+    dats = sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if f.endswith(".dat"))
+    t0 = time.perf_counter()
+    for f in dats:
+        subprocess.run(["dd", f"if={f}", "of=/dev/null", "bs=16M", "iflag=direct"], check=True,
+                       capture_output=True)
+    return time.perf_counter() - t0, sum(os.path.getsize(f) for f in dats)
+
+
+def bench_packed_write(path: str, steps: int, tensors: int) -> dict:
+    """Write the job of `bench_wide_packed` (disk work: it may run outside the bench lock)."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    n = packed_job(path, tensors, steps)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+    return {"path": path, "values": n, "bytes": size, "bytes_per_value": round(size / n, 3), "write_s": round(wall, 1),
+            "write_cpu_s": round(cpu, 1), "values_per_s": round(n / wall)}
+
+
 def bench_wide_packed(tmp: str, repeat: int, steps: int, tensors: int, path: str | None = None,
                       trial_steps: int = 1000) -> dict:
     """A job of `tensors` tensors x `steps` steps of statistics (2 a tensor) read whole by
-    `tensortap.trials.read_statistics`: cold (the job's pages dropped from the cache first) and warm; beside it, at
-    `trial_steps` steps, the same statistics through a trial (`create_trial(...).statistics()`)."""
+    `tensortap.trials.read_statistics` (each statistic as saved: float32 l2, int64 counts): cold (the job's pages
+    dropped from the cache first) and warm, beside the disk's own read of the data files (`dd iflag=direct`), in
+    rounds; beside it, at `trial_steps` steps, the same statistics through a trial (`create_trial(...).statistics()`).
+    """
+    import resource
+
     from tensortap.trials import create_trial, read_statistics
 
     if path is None:
         path = os.path.join(tmp, "wide_packed")
-    if not os.path.exists(path):
-        t0 = time.perf_counter()
-        n = packed_job(path, tensors, steps)
-        write_s = time.perf_counter() - t0
-    else:
-        n, write_s = tensors * steps * 2, None
+    write = bench_packed_write(path, steps, tensors) if not os.path.exists(path) else None
+    n = tensors * steps * 2
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
     idx = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs if f.endswith(".idx"))
     res: dict = {"cold": ([], []), "warm": ([], [])}
+    disk: list[float] = []
+    loads = []
     for _ in range(repeat):
+        loads.append(load())
+        secs, dat_bytes = _disk_read(path)
+        disk.append(dat_bytes / secs)
         for how in ("cold", "warm"):
             if how == "cold":
                 _evict(path)
@@ -311,9 +341,12 @@ def bench_wide_packed(tmp: str, repeat: int, steps: int, tensors: int, path: str
             res[how][0].append(w)
             res[how][1].append(LAST_CPU[0])
             del got
-    out = {"tensors": tensors, "steps": steps, "values": n, "write_s": write_s and round(write_s, 1),
-           "bytes": size, "index_bytes": idx, "bytes_per_value": round(size / n, 2),
-           **{f"read_statistics_{k}": summary(n, *v) for k, v in res.items()}}
+    out = {"tensors": tensors, "steps": steps, "values": n, "write": write, "bytes": size, "index_bytes": idx,
+           "bytes_per_value": round(size / n, 3), "disk_direct_mb_s": [round(x / 1e6) for x in disk],
+           "disk_direct_mb_s_median": round(med(disk) / 1e6), "loads": loads,
+           "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+           **{f"read_statistics_{k}": {**summary(n, *v), "runs_s": [round(x, 1) for x in v[0]],
+                                        "runs_cpu_s": [round(x, 1) for x in v[1]]} for k, v in res.items()}}
     small = os.path.join(tmp, "wide_packed_small")
     if trial_steps and not os.path.exists(small):
         m = packed_job(small, tensors, trial_steps)
@@ -435,7 +468,10 @@ def main() -> None:
                                                   "read_jobs"])
     ap.add_argument("--packed-steps", type=int, default=10_000, help="wide_packed: steps of the job")
     ap.add_argument("--packed-tensors", type=int, default=10_000, help="wide_packed: tensors of the job")
-    ap.add_argument("--packed-path", default=None, help="wide_packed: where the job is (kept if it exists)")
+    ap.add_argument("--packed-path", default=None, help="wide_packed: where the job is (kept if it exists); "
+                    "packed_write: where to write it")
+    ap.add_argument("--packed-trial-steps", type=int, default=1000,
+                    help="wide_packed: steps of the job read through a trial beside it (0: none)")
     ap.add_argument("--memory-tensors", type=int, default=200, help="export_memory: scalars of the job")
     ap.add_argument("--memory-steps", type=int, default=25_000, help="export_memory: steps of the job")
     ap.add_argument("--wide-path", default=None, help="wide_stream: an existing job of 10,000 tensors (reused)")
@@ -463,7 +499,9 @@ def main() -> None:
                                               args.only_columns)
             elif name == "wide_packed":
                 out[name] = bench_wide_packed(tmp, args.repeat, args.packed_steps, args.packed_tensors,
-                                              args.packed_path)
+                                              args.packed_path, args.packed_trial_steps)
+            elif name == "packed_write":
+                out[name] = bench_packed_write(args.packed_path, args.packed_steps, args.packed_tensors)
             elif name == "export_memory":
                 out[name] = bench_export_memory(tmp, args.repeat, args.memory_tensors, args.memory_steps, args.old)
             elif name == "duckdb":

@@ -191,13 +191,15 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
             _drain(hook)
         wall = (time.perf_counter() - t0) / n * 1e6
         thread_cpu[role] += time.thread_time() - t0_thread
+        process_cpu[role] += time.process_time() - c0
         writer[role] += writer_cpu() - w0
         return wall, (time.process_time() - c0 + writer_cpu() - w0) / n * 1e6
 
-    thread_cpu, writer = [0.0, 0.0], [0.0, 0.0]  # (plain, hooked) seconds: the training thread, the writer process
+    # (plain, hooked) seconds: the training thread, the training process (MXNet's engine included), the writer
+    thread_cpu, process_cpu, writer = [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]
     run(True, steps)
     run(False, steps)
-    thread_cpu[:], writer[:] = [0.0, 0.0], [0.0, 0.0]
+    thread_cpu[:], process_cpu[:], writer[:] = [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]
     grads[:] = [p.grad() for p in net.collect_params().values()]
     weights[:] = [p.data() for p in net.collect_params().values()]
     ratios, plain_us, hooked_us, cpu_h, cpu_p = [], [], [], 0.0, 0.0
@@ -222,7 +224,12 @@ def child(lib: str, interval: int, pairs: int, steps: int, collections: list[str
             # extra CPU per hooked step: the training thread (the hook's own work), the writer process
             "thread_us": (thread_cpu[1] - thread_cpu[0]) / (pairs * steps) * 1e6,
             "writer_us": (writer[1] - writer[0]) / (pairs * steps) * 1e6,
-            "plain_us": statistics.median(plain_us), "hooked_us": statistics.median(hooked_us)}
+            "plain_us": statistics.median(plain_us), "hooked_us": statistics.median(hooked_us),
+            # absolute CPU per step of each kind of block: the training process, the writer process
+            "abs": {role: {"process_us": process_cpu[i] / (pairs * steps) * 1e6,
+                           "thread_us": thread_cpu[i] / (pairs * steps) * 1e6,
+                           "writer_us": writer[i] / (pairs * steps) * 1e6}
+                    for i, role in enumerate(("plain", "hooked"))}}
 
 
 def _spawn(python: str, lib: str, interval: int, args) -> dict | None:
@@ -235,7 +242,10 @@ def _spawn(python: str, lib: str, interval: int, args) -> dict | None:
     if tree:
         env["PYTHONPATH"] = os.path.abspath(tree)  # (tensortap of another checkout)
     env.setdefault("PYTHONPATH", os.path.dirname(HERE))  # (tensortap from this checkout if not installed)
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    # (in the checkout measured: the writer process, `python -c`, imports the tensortap of its working directory
+    # when that holds one, whatever PYTHONPATH says, in a tensortap without `-P`)
+    cwd = os.path.abspath(tree) if tree else os.path.dirname(HERE)
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, cwd=cwd)
     if res.returncode != 0:
         print(f"  {lib} every {interval}: failed\n{res.stderr[-2000:]}", file=sys.stderr)
         return None
@@ -256,6 +266,8 @@ def main() -> None:
     ap.add_argument("--hybridize", action="store_true")
     ap.add_argument("--sync-every", type=int, default=0,
                     help="the training loop reads its loss (loss.asnumpy()) every N steps; 0: never")
+    ap.add_argument("--absolute", action="store_true",
+                    help="also print each child's absolute CPU per step of its plain and its hooked blocks")
     ap.add_argument("--child")
     ap.add_argument("--interval", type=int)
     args = ap.parse_args()
@@ -281,6 +293,12 @@ def main() -> None:
                           f"cpu x{res['cpu_ratio']:.3f} (+{res['thread_us']:.0f} us training thread, "
                           f"+{res['writer_us']:.0f} us writer per step) "
                           f"(plain {res['plain_us']:.0f} us, hooked {res['hooked_us']:.0f} us)", flush=True)
+                    if args.absolute:
+                        ab = res["abs"]
+                        print("    CPU us/step, plain / hooked blocks: training process "
+                              f"{ab['plain']['process_us']:.0f} / {ab['hooked']['process_us']:.0f}, training thread "
+                              f"{ab['plain']['thread_us']:.0f} / {ab['hooked']['thread_us']:.0f}, writer process "
+                              f"{ab['plain']['writer_us']:.0f} / {ab['hooked']['writer_us']:.0f}", flush=True)
     import mxnet
     import numpy
 

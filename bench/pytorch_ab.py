@@ -7,8 +7,7 @@ Variants are named in VARIANTS below: each is a function (hook, model, on: bool)
 (B) or off (A) while the hook stays registered. Used to decide whether a change that is too small for
 bench/pytorch_overhead.py to resolve is worth keeping.
 
-    .venv/bin/python bench/pytorch_ab.py counter --interval 100 --cycles 1 --rounds 20 [--no-optimizer]
-    .venv/bin/python bench/pytorch_ab.py root_calls --rounds 80
+    .venv/bin/python bench/pytorch_ab.py aa --interval 100 --cycles 1 --rounds 20 [--no-optimizer]
     .venv/bin/python bench/pytorch_ab.py prompt_marks --interval 1 --rounds 30
 """
 
@@ -21,7 +20,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import OrderedDict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,103 +32,22 @@ def _prompt_marks(hook, model, on: bool) -> None:
     (hook._writer if hook._writer is not None else hook._get_writer()).prompt_marks = on
 
 
-def _counter(hook, model, on: bool) -> None:
-    """B: the root's calls counted by the counting dict (`_step_counter`: no module hook); A: the plain fallback,
-    a forward pre-hook on the root (quiet steps counted in Python, `StepEngine.count_quiet`)."""
-    from tensortap.pytorch import _step_counter as sc
-
-    root = hook._roots[0]
-    if (root.counter is not None) == on:
-        return
-    hook.engine.disarm()
-    if on:
-        for h in root.handles:
-            h.remove()
-        root.handles.clear()
-        root.counter = sc.install(model, _counter.tick)
-        hook.clock.tally = root.counter
-    else:
-        _counter.tick = root.counter.tick
-        sc.uninstall(model, root.counter)
-        hook.clock.sync()
-        root.counter = None
-        hook.clock.tally = None
-        root.handles.append(model.register_forward_pre_hook(_counter.tick.func))
-
-
 def _aa(hook, model, on: bool) -> None:
     """The A/A control: A and B are the same hook."""
 
 
-VARIANTS = {"counter": _counter, "prompt_marks": _prompt_marks, "aa": _aa}
-
-
-def _root_calls(rounds: int) -> None:
-    """The root's forward alone (no backward, no hook work): torch's plain call, the counting dict whose truth test
-    calls a trivial tick (or, armed, only counts), and the plain fallback, a forward pre-hook; per forward, the
-    median over rounds of each minus the plain call, and the pre-hook minus the counter per round."""
-    import torch
-    from pytorch_overhead import _build
-
-    from tensortap.pytorch import _step_counter as sc
-
-    torch.set_num_threads(1)
-    model, _opt, _loss, x, _y = _build("mlp")
-    calls = [0]
-
-    def tick() -> None:
-        calls[0] += 1
-
-    def pre(m, a) -> None:
-        calls[0] += 1
-
-    def set_path(path: str) -> None:
-        model._forward_pre_hooks.clear()
-        model._backward_hooks = OrderedDict()
-        if path in ("counter", "counter armed"):
-            d = model._backward_hooks = sc.CountingHooks()
-            d.tick = tick
-            if path == "counter armed":
-                d.left, d.deadline = 1 << 40, float("inf")
-        elif path == "pre-hook":
-            model.register_forward_pre_hook(pre)
-
-    paths = ["plain", "counter", "counter armed", "pre-hook"]
-    over: dict[str, list[float]] = {p: [] for p in paths}
-    with torch.no_grad():
-        for r in range(rounds):
-            got = {}
-            for p in paths[r % len(paths):] + paths[:r % len(paths)]:
-                set_path(p)
-                c0 = time.thread_time_ns()
-                for _ in range(200):
-                    model(x)
-                got[p] = (time.thread_time_ns() - c0) / 200 / 1e3
-            for p in paths:
-                over[p].append(got[p] - got["plain"])
-    for p in paths[1:]:
-        v = sorted(over[p])
-        q = len(v) // 4
-        print(f"{p}: {statistics.median(v):+.2f} us per forward over the plain call (quartiles {v[q]:+.2f} .. "
-              f"{v[-q - 1]:+.2f})")
-    d = sorted(a - b for a, b in zip(over["pre-hook"], over["counter"], strict=True))
-    q = len(d) // 4
-    print(f"pre-hook - counter: {statistics.median(d):+.2f} us per forward (quartiles {d[q]:+.2f} .. {d[-q - 1]:+.2f}),"
-          f" slower in {sum(1 for v in d if v > 0)}/{len(d)} rounds")
+VARIANTS = {"prompt_marks": _prompt_marks, "aa": _aa}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("variant", choices=sorted([*VARIANTS, "root_calls"]))
+    ap.add_argument("variant", choices=sorted(VARIANTS))
     ap.add_argument("--interval", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--cycles", type=int, default=10, help="save intervals per block")
     ap.add_argument("--no-optimizer", action="store_true",
                     help="update the weights by hand (a loop with no optimizer: steps are the root's forwards)")
     args = ap.parse_args()
-    if args.variant == "root_calls":
-        _root_calls(args.rounds)
-        return
 
     out_root = tempfile.mkdtemp(prefix="ttab_")
     model, opt, loss_fn, x, y, hook = _hooked_mlp(args.interval, os.path.join(out_root, "run"))

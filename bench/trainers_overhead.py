@@ -17,6 +17,7 @@ arm / plain; the table gives the medians over rounds and their spread.
 from __future__ import annotations
 
 import argparse
+import glob
 import logging
 import os
 import shutil
@@ -40,6 +41,18 @@ def _clocks() -> tuple[float, float]:
     """(the training thread's CPU time, wall clock): both trainers run their loop on the calling thread (the writer
     process's work is not the training thread's; the writer thread's, where one is used, is not either)."""
     return time.thread_time(), time.perf_counter()
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU time (s) of every thread of process `pid` so far (its scheduler statistics: ns, user and system)."""
+    total = 0
+    for f in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+        try:
+            with open(f) as fh:
+                total += int(fh.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / 1e9
 
 
 def _figures(timer: object, start: tuple[float, float]) -> dict[str, float]:
@@ -153,6 +166,7 @@ def main() -> None:
         arms = (["plain", "callback", "plain again"] + (["empty"] if args.floor else [])
                 + (["no writer"] if args.no_writer else []))
         runs: list[dict[str, dict[str, float]]] = []
+        writer_cpu: list[float] = []  # the writer process's CPU per job with the callback, its start included
         for r in range(args.rounds):
             out, out_dry = tempfile.mkdtemp(prefix="tt-bench-"), tempfile.mkdtemp(prefix="tt-bench-")
             made = {"plain": None, "plain again": None, "empty": empty_callback(name) if args.floor else None,
@@ -164,6 +178,10 @@ def main() -> None:
             for arm in arms[r % len(arms):] + arms[:r % len(arms)]:  # (each arm first in turn)
                 got[arm] = job(args.steps, made[arm])
             runs.append(got)
+            writer = getattr(made["callback"].capture.hook, "_writer", None)
+            if writer is not None and getattr(writer, "_proc", None) is not None:
+                writer.drain()  # (what the job handed over, handled)
+                writer_cpu.append(_process_cpu(writer._proc.pid))
             made["callback"].capture.close()
             made["no writer"].capture.close()
             shutil.rmtree(out, ignore_errors=True)
@@ -181,6 +199,11 @@ def main() -> None:
             print(f"| {name} | {clock} | {ratio('plain again', 'train_' + clock)} | "
                   f"**{ratio('callback', 'train_' + clock)}** | {ratio('callback', 'whole_' + clock)} | {floor}"
                   f"{per_step * 1e3:.3f} ms |")
+        if writer_cpu:
+            saving = -(-args.steps // 10)
+            print(f"{name}: the writer process's CPU in a job with the callback (its start included, all its threads): "
+                  f"median {med(writer_cpu) * 1e3:.0f} ms for {saving} saving steps "
+                  f"(bench/writer_process.py gives its steady cost per saving step)")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,9 @@ smdebug runs in its own venv (SMDEBUG_PYTHON, default bench/_out/smdebug-venv/bi
 
     .venv/bin/python bench/xgboost_overhead.py [--rounds 3] [--reps 7] [--libs tensortap,smdebug]
         [--configs metrics,fi,shap]   (SHAP every round is slow: 50 pred_contribs calls per job)
+
+`tensortap@PATH` as a library runs the tensortap of another checkout at PATH (in it): two versions alternated,
+e.g. `--libs tensortap@../base,tensortap@.`. `none-again`, a second no-hook job, is the A/A control.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ ROUNDS = 50
 
 
 def _variants(lib: str, configs: list[str]) -> list[str]:
-    out = ["none"]
+    out = ["none", "none-again"]  # (the second no-hook job: the A/A control)
     if lib == "tensortap" and "shap" in configs:
         out += [f"contribs-{i}" for i in INTERVALS]
     out += [f"{c}-{i}" for c in configs for i in INTERVALS]
@@ -108,7 +111,9 @@ def _child(lib: str, reps: int, configs: list[str]) -> None:
             t0 = time.perf_counter()
             hook = None
             callbacks = []
-            if variant.startswith("contribs-"):
+            if variant == "none-again":
+                pass
+            elif variant.startswith("contribs-"):
                 callbacks = [Contribs(int(variant.split("-")[1]))]
             elif variant != "none":
                 config, interval = variant.split("-")
@@ -142,10 +147,15 @@ def _child(lib: str, reps: int, configs: list[str]) -> None:
 # --- driver -----------------------------------------------------------------------------------------
 
 def _run_child(lib: str, reps: int, configs: list[str], smdebug_python: str) -> dict | None:
+    """`lib`: tensortap, smdebug, or tensortap@PATH (the tensortap of the checkout at PATH, run in it)."""
+    lib, _at, tree = lib.partition("@")
     python = sys.executable if lib == "tensortap" else smdebug_python
     env = dict(os.environ, SMDEBUG_LOG_LEVEL="error", OMP_NUM_THREADS="1")
+    if tree:
+        env["PYTHONPATH"] = os.path.abspath(tree)
     r = subprocess.run([python, os.path.abspath(__file__), "--child", lib, "--reps", str(reps),
-                        "--configs", ",".join(configs)], capture_output=True, text=True, env=env)
+                        "--configs", ",".join(configs)], capture_output=True, text=True, env=env,
+                       cwd=os.path.abspath(tree) if tree else None)
     if r.returncode != 0:
         print(f"{lib} child failed:\n{r.stderr[-3000:]}", file=sys.stderr)
         return None
@@ -157,7 +167,7 @@ def _table(results: dict[str, list[dict]], what: str, configs: list[str]) -> Non
            for lib, rs in results.items() if rs}
     ms = {lib: {v: statistics.median(r[what]["ms"][v] for r in rs) for v in rs[0][what]["ms"]}
           for lib, rs in results.items() if rs}
-    both = len(med) == 2
+    both = set(med) == {"tensortap", "smdebug"}
     print(f"\n{what}: median job time / no-hook job time (no-hook job: "
           + ", ".join(f"{lib} {ms[lib]['none']:.1f} ms" for lib in ms) + ")")
     # Overheads compared as ratios (each library against its own venv's no-hook job) and in milliseconds (the
@@ -176,6 +186,8 @@ def _table(results: dict[str, list[dict]], what: str, configs: list[str]) -> Non
                 by_ratio = f"{sm / tt:.1f}×" if tt > 0 else "∞"
                 row.append(by_ratio + ", " + (f"{sm_ms / tt_ms:.1f}×" if tt_ms > 0 else "∞"))
             print(f"| {c}, every {i} | " + " | ".join(row) + " |")
+    for lib in med:
+        print(f"{what}, A/A (a second no-hook job / the first), {lib}: ×{med[lib]['none-again']:.3f}")
     if "tensortap" in ms and "shap" in configs:
         t = ms["tensortap"]
         for i in INTERVALS:

@@ -1,6 +1,6 @@
 """The step clock: the global step, each mode's own step, the current mode, and whether a step is open.
 
-A framework may count steps known to save nothing outside Python (e.g. PyTorch's `CountingHooks`): it hands
+A framework may count steps known to save nothing outside the engine (e.g. Keras's batch callbacks): it hands
 the clock that `tally` (any object with an int `skipped`), and the clock adds the tally to its counters before
 anything reads them (`sync()`); reading `step` or `mode_steps` through a hook does that.
 """

@@ -7,7 +7,7 @@ The engine owns, for every framework:
 * the **saving flag** of the current step (`saving`) and what saves (`now`, the schedule's answer);
 * the **quiet window**: after a step that saves nothing, the steps before the next saving step (and before the
   next look for a stop request, `deadline`) save nothing either, so an adapter may only count them
-  (`count_quiet()`), or let a counter it runs elsewhere count them (`arm(tally)`, e.g. PyTorch's counting dict);
+  (`count_quiet()`), or let a counter it runs elsewhere count them (`arm(tally)`, e.g. Keras's batch callbacks);
 * **late identity**: a rank and world size the framework learns after the hook was made (a process group,
   Horovod, XGBoost's collective), adopted once before the first step, then the claim of the worker's folder
   (`settle_identity()`, `tensortap.capture.identity`);
@@ -81,7 +81,7 @@ Listener = Callable[[StepEvent], None]
 class Tally:
     """Steps counted outside the engine's own code: `skipped` counted so far (the clock adds them before anything
     reads it), and while `left` > 0 and the clock is before `deadline` the counter may count that many more
-    quiet steps. PyTorch's `CountingHooks` (a dict whose truth test counts) has the same three fields."""
+    quiet steps."""
 
     __slots__ = ("skipped", "left", "deadline")
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from tensortap.format.entries import INLINE_BYTES, PACKED
+from tensortap.format.entries import INLINE_BYTES, is_packed
 
 __all__ = ["BatchTemplate", "BlockTables", "byte_view", "record_keys"]
 
@@ -21,12 +21,19 @@ def byte_view(arr: np.ndarray) -> np.ndarray:
 
 
 class BatchTemplate:
-    """Entries of a batch layout (names, shapes, dtype) against the current block's tables."""
+    """Entries of a batch layout (names, shapes, dtypes): what does not change from block to block, and the ids
+    of its names, dtypes and shapes in one block's tables (`bind`)."""
 
-    __slots__ = ("rows", "lengths", "total", "spans", "rel", "outline", "inline", "runs")
+    __slots__ = ("rows", "lengths", "total", "spans", "rel", "outline", "inline", "runs", "names", "dtypes",
+                 "shapes", "tables")
 
-    def __init__(self, rows: np.ndarray, lengths: list[int], runs: list[tuple[int, int]]):
-        self.rows = rows  # name, kind, reduction, flags, dtype, shape and length filled in
+    def __init__(self, rows: np.ndarray, lengths: list[int], runs: list[tuple[int, int]], names: tuple[str, ...],
+                 dtypes: list[str], shapes: list[tuple[int, ...]]):
+        self.rows = rows  # kind, reduction, flags and length filled in; name, dtype and shape by `bind`
+        self.names = names
+        self.dtypes = dtypes
+        self.shapes = shapes
+        self.tables: BlockTables | None = None  # the tables that `rows`' ids point into
         self.lengths = lengths
         self.total = sum(lengths)
         self.spans: list[tuple[int, int]] = []  # of each payload in the batch's flat bytes
@@ -46,6 +53,15 @@ class BatchTemplate:
         self.rel = rel
         self.runs = runs  # (first, end) positions of runs of consecutive written payloads
 
+    def bind(self, tables: BlockTables) -> None:
+        """Point the entries' name, dtype and shape ids into `tables` (those of the block being built)."""
+        rows = self.rows
+        table_id = tables._id
+        rows["name"] = [table_id(tables.names, n) for n in self.names]
+        rows["dtype"] = [table_id(tables.dtypes, d) for d in self.dtypes]
+        rows["shape"] = [table_id(tables.shapes, s) for s in self.shapes]
+        self.tables = tables
+
 
 _KEY_DTYPE = np.dtype([("packed", "u1"), ("name", "<u4"), ("mode", "u1"), ("step", "<i8")])
 
@@ -53,7 +69,7 @@ _KEY_DTYPE = np.dtype([("packed", "u1"), ("name", "<u4"), ("mode", "u1"), ("step
 def record_keys(rows: np.ndarray) -> np.ndarray:
     """Per entry, the record it belongs to: (name, mode, step), a packed entry's (its layout, mode, step) apart."""
     k = np.empty(len(rows), dtype=_KEY_DTYPE)
-    k["packed"] = rows["kind"] == PACKED
+    k["packed"] = is_packed(rows["kind"])
     for f in ("name", "mode", "step"):
         k[f] = rows[f]
     return k
@@ -87,7 +103,7 @@ class BlockTables:
         """How many records entries hold: one per (name, mode, step), a packed entry one per tensor it packs."""
         if not len(rows):
             return 0
-        packed = rows["kind"] == PACKED
+        packed = is_packed(rows["kind"])
         if not packed.any():
             return len(np.unique(record_keys(rows)))
         per_layout = np.zeros(len(self.statistics), dtype=np.int64)

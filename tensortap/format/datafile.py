@@ -31,8 +31,10 @@ class DataFile:
         self.size = 0
         self._pend = bytearray()
 
-    def append(self, buf: Any) -> int:
-        """Append a payload (any C-contiguous buffer; the caller's memory is free once this returns): its offset."""
+    def append(self, buf: Any, address: int | None = None) -> int:
+        """Append a payload (any C-contiguous buffer; the caller's memory is free once this returns): its offset.
+        `address`: of the buffer's first byte where the caller has it (a data file that writes from memory uses
+        it)."""
         off = self.size
         view = memoryview(buf).cast("B")
         n = len(view)

@@ -16,6 +16,14 @@ SHAPE = 2
 #: (index files only, docs/format.md §3.3) the statistics of several tensors at one step, packed in one payload;
 #: readers expand it into one REDUCTION entry per value
 PACKED = 3
+#: (index files only, docs/format.md §3.3) packed statistics whose all-zero dtype runs are left out of the payload:
+#: the entry's `shape` field is the mask of the layout's runs present
+PACKED_SPARSE = 4
+
+
+def is_packed(kind: np.ndarray) -> np.ndarray:
+    """Per index-file entry kind: a packed statistics entry (kind 3 or 4)?"""
+    return (kind == PACKED) | (kind == PACKED_SPARSE)
 
 # Reduction codes; ABS_FLAG is or-ed in for abs_ reductions (abs_mean = MEAN | ABS_FLAG).
 # (append only: a reduction's code is its position; docs/format.md §3.2)

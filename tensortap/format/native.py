@@ -14,7 +14,16 @@ import numpy as np
 
 from tensortap.exceptions import CorruptData
 from tensortap.format import codec, layout, packed
-from tensortap.format.entries import ENTRY_DTYPE, INLINE_BYTES, INLINE_CHUNK, PACKED, REDUCTION, SHAPE
+from tensortap.format.entries import (
+    ENTRY_DTYPE,
+    INLINE_BYTES,
+    INLINE_CHUNK,
+    PACKED,
+    PACKED_SPARSE,
+    REDUCTION,
+    SHAPE,
+    is_packed,
+)
 from tensortap.format.entries import concat as entries_concat
 from tensortap.format.source import CollectionInfo, Damage, LostSteps, Source
 from tensortap.storage.base import Storage
@@ -306,7 +315,7 @@ class NativeSource(Source):
                                dtype="<u2")[lay.dtypes]
                 got = self._layouts[(cid, ref[0])] = (lay, names, dts)
             lay, names, dts = got[:3]
-            rows, bad = packed.payloads(sub, lay.length, fetch)
+            rows, bad = packed.payloads(sub, lay, fetch)
             if bad:
                 for i, offset, reason in bad:
                     self._payload_damage(path, offset, reason, c.worker, sub[i:i + 1], lay)
@@ -443,7 +452,7 @@ class NativeSource(Source):
         shape_map = np.array(
             [self._intern(self._shape_ids, self.shapes, tuple(s)) for s in header["shapes"]], dtype="<u4"
         )
-        pk = disk["kind"] == PACKED
+        pk = is_packed(disk["kind"])
         extra = None
         if pk.any():
             extra, extra_at = self._packed_entries(cid, c, header, disk[pk], wid)
@@ -629,11 +638,11 @@ def _malformed(header: dict, disk: np.ndarray) -> str | None:
     if not all(isinstance(sh, list) and all(isinstance(d, int) and d >= 0 for d in sh) for sh in tables["shapes"]):
         return "a shape is not a list of non-negative ints"
     if len(disk):
-        unpacked = disk[disk["kind"] != PACKED] if int(disk["kind"].max()) >= PACKED else disk
+        unpacked = disk[~is_packed(disk["kind"])] if int(disk["kind"].max()) >= PACKED else disk
         for field, k in (("name", "names"), ("dtype", "dtypes"), ("shape", "shapes")):
             if len(unpacked) and int(unpacked[field].max()) >= len(tables[k]):
                 return f"an entry's {field} id is outside the block's {k} table"
-        if int(disk["mode"].min()) < 1 or int(disk["mode"].max()) > 4 or int(disk["kind"].max()) > PACKED:
+        if int(disk["mode"].min()) < 1 or int(disk["mode"].max()) > 4 or int(disk["kind"].max()) > PACKED_SPARSE:
             return "an entry has an unknown mode or kind"
         bad = packed.malformed(header, disk)
         if bad:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from tensortap.format import codec
-from tensortap.format.entries import INLINE_BYTES, PACKED, REDUCTIONS
+from tensortap.format.entries import INLINE_BYTES, PACKED_SPARSE, REDUCTIONS, is_packed
 
 #: a layout description larger than this is damage
 MAX_LAYOUT_BYTES = 256 << 20
@@ -31,7 +31,8 @@ class Layout:
     """A packed payload's layout: statistic j is reduction `codes[j]` of tensor `names[j]`, stored as `dtypes[j]`
     at byte `offsets[j]` of the payload; `groups`: per distinct dtype, (dtype, positions j, back to back)."""
 
-    __slots__ = ("names", "codes", "dtypes", "dtype_strs", "widths", "offsets", "length", "groups", "tensors", "body")
+    __slots__ = ("names", "codes", "dtypes", "dtype_strs", "widths", "offsets", "length", "groups", "tensors", "body",
+                 "runs", "_present")
 
     def __init__(self, body: bytes):
         self.body = body
@@ -72,20 +73,59 @@ class Layout:
             at = np.flatnonzero(self.dtypes == d)
             w = np_dtypes[s].itemsize
             self.groups.append((np_dtypes[s], at, bool(np.all(np.diff(self.offsets[at]) == w))))
+        #: the payload's runs (maximal runs of consecutive statistics of one dtype): (first, end) positions; a
+        #: kind 4 entry's mask says which of them its payload holds (the others are all zero)
+        cuts = (np.flatnonzero(np.diff(self.dtypes)) + 1).tolist()
+        self.runs = list(zip([0, *cuts], [*cuts, len(names)], strict=True))
+        self._present: dict[int, Present] = {}
 
-    def columns(self, rows: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    def present(self, mask: int) -> Present:
+        """What a payload holding the runs of `mask` holds (LayoutError: a mask that does not fit the layout)."""
+        got = self._present.get(mask)
+        if got is None:
+            if mask >> len(self.runs) or len(self.runs) > 32:
+                raise LayoutError(f"a packed entry's run mask {mask:#x} does not fit its layout of "
+                                  f"{len(self.runs)} runs")
+            keep = np.zeros(len(self.names), dtype=bool)
+            for r, (a, b) in enumerate(self.runs):
+                keep[a:b] = bool(mask >> r & 1)
+            pos = np.flatnonzero(keep)
+            widths = self.widths[pos]
+            offs = np.zeros(len(self.names), dtype=np.int64)  # (of the present statistics, in the short payload)
+            offs[pos] = np.concatenate([[0], np.cumsum(widths)[:-1]]) if len(pos) else []
+            byte_at = (self.offsets[pos][:, None] + np.arange(INLINE_BYTES)).reshape(-1)
+            byte_at = byte_at[(np.arange(INLINE_BYTES) < widths[:, None]).reshape(-1)]
+            groups = []
+            for dt, at, _ in self.groups:
+                sub = at[keep[at]]
+                if len(sub):
+                    groups.append((dt, sub, offs[sub], bool(np.all(np.diff(offs[sub]) == dt.itemsize))))
+            got = self._present[mask] = Present(int(widths.sum()), byte_at, groups)
+        return got
+
+    @property
+    def full_mask(self) -> int:
+        return (1 << len(self.runs)) - 1
+
+    def columns(self, rows: np.ndarray, mask: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per stored dtype: (positions j, values), values a (len(rows) × len(j)) array of that dtype, from the
         payloads `rows` (C-contiguous uint8, len(rows) × length): a strided view of `rows` where the statistics of
-        the dtype lie back to back (the writer's order), else a copy."""
+        the dtype lie back to back (the writer's order), else a copy. `mask`: the payloads hold only those runs
+        (kind 4; `rows` is then len(rows) × present(mask).length), and only their statistics are given."""
+        if mask is None:
+            length, groups = self.length, [(dt, at, self.offsets[at], c) for dt, at, c in self.groups]
+        else:
+            p = self.present(mask)
+            length, groups = p.length, p.groups
         out = []
-        for dt, at, contiguous in self.groups:
+        for dt, at, offs, contiguous in groups:
             w = dt.itemsize
             le = dt.newbyteorder("<")
-            if contiguous and rows.flags.c_contiguous and rows.shape[1] == self.length:
-                vals = np.ndarray((rows.shape[0], len(at)), dtype=le, buffer=rows, offset=int(self.offsets[at[0]]),
-                                  strides=(self.length, w))
+            if contiguous and rows.flags.c_contiguous and rows.shape[1] == length:
+                vals = np.ndarray((rows.shape[0], len(at)), dtype=le, buffer=rows, offset=int(offs[0]),
+                                  strides=(length, w))
             else:
-                block = rows[:, (self.offsets[at][:, None] + np.arange(w)).reshape(-1)]
+                block = rows[:, (offs[:, None] + np.arange(w)).reshape(-1)]
                 vals = np.ascontiguousarray(block).view(le)
             out.append((at, vals))
         return out
@@ -98,6 +138,16 @@ class Layout:
             cols = (self.offsets[js][:, None] + np.arange(w)).reshape(-1)
             inl[:, js, :w] = rows[:, cols].reshape(len(rows), len(js), w)
         return inl
+
+
+class Present:
+    """A kind 4 payload of a layout: its `length`, where its bytes go in the full payload (`byte_at`), and per
+    stored dtype (dtype, the positions present, their offsets in the payload, back to back?)."""
+
+    __slots__ = ("length", "byte_at", "groups")
+
+    def __init__(self, length: int, byte_at: np.ndarray, groups: list):
+        self.length, self.byte_at, self.groups = length, byte_at, groups
 
 
 def refs(header: dict) -> list[tuple[int, int, int]] | str:
@@ -116,7 +166,7 @@ def refs(header: dict) -> list[tuple[int, int, int]] | str:
 
 def malformed(header: dict, disk: np.ndarray) -> str | None:
     """Why the block's packed entries cannot be read (None: they can, or there are none)."""
-    packed = disk["kind"] == PACKED
+    packed = is_packed(disk["kind"])
     r = refs(header)
     if isinstance(r, str):
         return r
@@ -139,39 +189,65 @@ def read_layout(ref: tuple[int, int, int], fetch: Callable[[int, int], bytes]) -
     return Layout(body)
 
 
-def payloads(sub: np.ndarray, length: int, fetch: Callable[[int, int], bytes]) -> tuple[
+def payloads(sub: np.ndarray, lay: Layout, fetch: Callable[[int, int], bytes]) -> tuple[
         np.ndarray, list[tuple[int, int, str]]]:
-    """The payloads of packed entries `sub` (all of one layout, `length` bytes each) as rows of a byte matrix,
-    CRC-checked, and the damage met: (row, data file offset, why), those rows left zero. `fetch(offset, length)`
-    reads the data file (FileNotFoundError: missing); the payloads of a block lie close together: one range."""
+    """The payloads of packed entries `sub` (all of layout `lay`) as rows of a byte matrix (`lay.length` bytes
+    each, the runs a kind 4 entry leaves out zero), CRC-checked, and the damage met: (row, data file offset, why),
+    those rows left zero. `fetch(offset, length)` reads the data file (FileNotFoundError: missing); the payloads of
+    a block lie close together: one range."""
+    length = lay.length
     rows = np.zeros((len(sub), length), dtype=np.uint8)
     bad: list[tuple[int, int, str]] = []
+    sizes = np.full(len(sub), length, dtype=np.int64)
+    scatter: dict[int, np.ndarray] = {}  # row -> where a kind 4 payload's bytes go
+    for i in np.flatnonzero(sub["kind"] == PACKED_SPARSE).tolist():
+        try:
+            p = lay.present(int(sub["shape"][i]))
+        except LayoutError as e:
+            bad.append((i, int(sub["offset"][i]), str(e)))
+            continue
+        if int(sub["length"][i]) != p.length:
+            bad.append((i, int(sub["offset"][i]), f"payload length {int(sub['length'][i])} does not fit its run mask "
+                                                  f"({p.length} bytes)"))
+            continue
+        sizes[i], scatter[i] = p.length, p.byte_at
+    skip = {i for i, _, _ in bad}
+
+    def put(i: int, piece: np.ndarray) -> None:
+        at = scatter.get(i)
+        if at is None:
+            rows[i] = piece
+        else:
+            rows[i, at] = piece
+
     inline = (sub["flags"] & codec.FLAG_INLINE) != 0
     if inline.any():
         raw = np.frombuffer(sub["inline"][inline].tobytes(), dtype=np.uint8).reshape(-1, INLINE_BYTES)
-        rows[inline] = raw[:, :length]
-    out = np.flatnonzero(~inline)
+        for r, i in zip(raw, np.flatnonzero(inline).tolist(), strict=True):
+            if i not in skip:
+                put(i, r[:sizes[i]])
+    out = np.asarray([i for i in np.flatnonzero(~inline).tolist() if i not in skip], dtype=np.int64)
     if not len(out):
         return rows, bad
     offs = sub["offset"][out].astype(np.int64)
-    lo, hi = int(offs.min()), int(offs.max()) + length
+    lo, hi = int(offs.min()), int((offs + sizes[out]).max())
     try:
         buf = np.frombuffer(fetch(lo, hi - lo), dtype=np.uint8)
     except FileNotFoundError:
-        return rows, [(int(i), int(o), "the data file is missing") for i, o in zip(out, offs, strict=True)]
+        return rows, bad + [(int(i), int(o), "the data file is missing") for i, o in zip(out, offs, strict=True)]
     crcs = sub["crc"][out].tolist()
     crc_at = codec.crc32c_at
     for i, off, want in zip(out.tolist(), offs.tolist(), crcs, strict=True):
-        a = off - lo
-        if a + length > len(buf):
-            bad.append((i, off, f"payload truncated ({max(0, len(buf) - a)} of {length} bytes)"))
+        a, n = off - lo, int(sizes[i])
+        if a + n > len(buf):
+            bad.append((i, off, f"payload truncated ({max(0, len(buf) - a)} of {n} bytes)"))
             continue
-        rows[i] = buf[a:a + length]
-        got = crc_at(rows.ctypes.data + i * length, length) if crc_at is not None else codec.crc32c(
-            rows[i].tobytes())
+        piece = np.ascontiguousarray(buf[a:a + n])
+        got = crc_at(piece.ctypes.data, n) if crc_at is not None else codec.crc32c(piece.tobytes())
         if got != want:
-            rows[i] = 0
             bad.append((i, off, "payload checksum mismatch"))
+            continue
+        put(i, piece)
     return rows, bad
 
 

@@ -23,7 +23,16 @@ import numpy as np
 from tensortap.format import codec, layout
 from tensortap.format.block_tables import BatchTemplate, BlockTables, byte_view, record_keys
 from tensortap.format.datafile import DataFile, write_all
-from tensortap.format.entries import INLINE_BYTES, NO_REDUCTION, PACKED, RAW, REDUCTION, SHAPE, reduction_code
+from tensortap.format.entries import (
+    INLINE_BYTES,
+    NO_REDUCTION,
+    PACKED,
+    PACKED_SPARSE,
+    RAW,
+    REDUCTION,
+    SHAPE,
+    reduction_code,
+)
 from tensortap.format.records import (
     MODE_NAME,
     Record,
@@ -118,7 +127,7 @@ class ChunkEncoder:
         self._tables = BlockTables()
         self._rows: list[tuple] = []  # entries of single records, not yet in _row_parts
         self._row_parts: list[np.ndarray] = []  # entries of the block so far, in order
-        self._templates: dict[Any, Any] = {}  # batch layouts against the block's tables
+        self._templates: dict[Any, BatchTemplate] = {}  # batch layouts (bound to a block's tables when used)
         #: statistics layouts whose description the chunk's data file holds: by id and by content ->
         #: (layout, [offset, length, crc])
         self._layouts: dict[Any, tuple[StatisticsLayout, list[int]]] = {}
@@ -200,15 +209,16 @@ class ChunkEncoder:
             return codec.FLAG_INLINE, 0, 0, bytes(buf)
         return 0, self._append_data(buf), codec.crc32c(buf), b""
 
-    def _append_data(self, buf: Any) -> int:
-        """Append payload bytes to the data file; their offset. The caller's array is free once this returns."""
+    def _append_data(self, buf: Any, address: int | None = None) -> int:
+        """Append payload bytes to the data file; their offset. The caller's array is free once this returns.
+        `address`: of the first byte of `buf`, when the caller has it (the data file then need not ask numpy)."""
         if self.sealed_mode:
             off = len(self._dat_buf)
             view = memoryview(buf).cast("B")
             self._dat_buf += view
             self.block_bytes += len(view)
             return off
-        off = self._dat.append(buf)
+        off = self._dat.append(buf, address)
         self.block_bytes += self._dat.size - off
         return off
 
@@ -260,20 +270,13 @@ class ChunkEncoder:
             self._rows.clear()
 
     def _template(self, b: RecordBatch, dtype_str: str | None) -> BatchTemplate:
-        t = self._tables
         arrays = b.arrays
         n = len(arrays)
         rows = np.zeros(n, dtype=codec.DISK_ENTRY_DTYPE)
-        if dtype_str is not None:
-            dtypes = [t._id(t.dtypes, dtype_str)] * n
-        else:
-            dtypes = [t._id(t.dtypes, codec.dtype_to_str(a.dtype)) for a in arrays]
+        dtypes = [dtype_str] * n if dtype_str is not None else [codec.dtype_to_str(a.dtype) for a in arrays]
         lengths = [a.nbytes for a in arrays]
-        rows["name"] = [t._id(t.names, name) for name in b.names]
         rows["kind"] = RAW
         rows["reduction"] = NO_REDUCTION
-        rows["dtype"] = dtypes
-        rows["shape"] = [t._id(t.shapes, tuple(a.shape)) for a in arrays]
         rows["length"] = lengths
         runs: list[tuple[int, int]] = []
         for i in range(n):
@@ -283,7 +286,7 @@ class ChunkEncoder:
                 runs[-1] = (runs[-1][0], i + 1)
             else:
                 runs.append((i, i + 1))
-        tmpl = BatchTemplate(rows, lengths, runs)
+        tmpl = BatchTemplate(rows, lengths, runs, tuple(b.names), dtypes, [tuple(a.shape) for a in arrays])
         if tmpl.inline:
             rows["flags"][tmpl.inline] = codec.FLAG_INLINE
         return tmpl
@@ -293,53 +296,58 @@ class ChunkEncoder:
             self._open_chunk()
         arrays = b.arrays
         flat = b.flat
-        dtype_str = codec.dtype_to_str(flat.dtype) if flat is not None else None
-        key = (b.names, dtype_str, *[a.shape for a in arrays])
+        key = (b.names, flat.dtype if flat is not None else None, *[a.shape for a in arrays])
         tmpl = self._templates.get(key)
         if tmpl is None:
-            tmpl = self._templates[key] = self._template(b, dtype_str)
+            if len(self._templates) >= 256:  # (layouts that keep changing: kept for a while, not forever)
+                self._templates.clear()
+            tmpl = self._templates[key] = self._template(b, codec.dtype_to_str(flat.dtype) if flat is not None
+                                                         else None)
+        if tmpl.tables is not self._tables:
+            tmpl.bind(self._tables)  # (the first batch of this layout in the block)
+        crc_at = codec.crc32c_at
+        outline = tmpl.outline
         if flat is not None and flat.nbytes == tmpl.total:
             byte_flat = flat.reshape(-1).view(np.uint8)
-            pieces = [byte_flat[i:j] for i, j in tmpl.spans]
+            addr = byte_flat.ctypes.data  # (byte_flat keeps the memory alive)
             if not tmpl.inline:
-                offsets = tmpl.rel + self._append_data(byte_flat)  # every payload, in one write
+                offsets = tmpl.rel + self._append_data(byte_flat, addr)  # every payload, in one write
             else:
                 # Each run of written payloads at the offset _append_data gives it: a data file may place a run
                 # on a page boundary (the writer process's direct writes), so runs need not be contiguous.
-                offsets = np.empty(len(tmpl.outline), dtype=np.uint64)
+                offsets = np.empty(len(outline), dtype=np.uint64)
                 spans = tmpl.spans
                 j = 0
                 for first, end in tmpl.runs:
                     start = spans[first][0]
-                    at = self._append_data(byte_flat[start:spans[end - 1][1]])
+                    at = self._append_data(byte_flat[start:spans[end - 1][1]], addr + start)
                     for i in range(first, end):
                         offsets[j] = at + spans[i][0] - start
                         j += 1
+            spans = tmpl.spans
+            if crc_at is not None:
+                crcs = [crc_at(addr + spans[i][0], tmpl.lengths[i]) for i in outline]
+            else:
+                crcs = [codec.crc32c(byte_flat[spans[i][0]:spans[i][1]]) for i in outline]
+            inline = [byte_flat[spans[i][0]:spans[i][1]] for i in tmpl.inline]
         else:
-            byte_flat = None
             pieces = [byte_view(a) for a in arrays]
-            offsets = np.array([self._append_data(pieces[i]) for i in tmpl.outline], dtype=np.uint64)
-        crc = codec.crc32c
-        crc_at = codec.crc32c_at
-        if crc_at is not None and byte_flat is not None and not tmpl.inline:
-            addr = byte_flat.ctypes.data  # (byte_flat keeps the memory alive)
-            crcs = [crc_at(addr + i, j - i) for i, j in tmpl.spans]
-        else:
-            crcs = None
+            offsets = np.array([self._append_data(pieces[i]) for i in outline], dtype=np.uint64)
+            crcs = [codec.crc32c(pieces[i]) for i in outline]
+            inline = [pieces[i] for i in tmpl.inline]
         rows = tmpl.rows.copy()
         rows["mode"] = b.mode
         rows["step"] = b.step
         rows["mode_step"] = b.mode_step
-        if not tmpl.inline:
+        if not inline:
             rows["offset"] = offsets
-            rows["crc"] = crcs if crcs is not None else [crc(p) for p in pieces]
+            rows["crc"] = crcs
         else:
-            outline = tmpl.outline
             if outline:
                 rows["offset"][outline] = offsets
-                rows["crc"][outline] = [crc(pieces[i]) for i in outline]
-            for i in tmpl.inline:
-                rows["inline"][i] = pieces[i].tobytes().ljust(INLINE_BYTES, b"\0")
+                rows["crc"][outline] = crcs
+            for i, piece in zip(tmpl.inline, inline, strict=True):
+                rows["inline"][i] = piece.tobytes().ljust(INLINE_BYTES, b"\0")
         self._flush_rows()
         self._row_parts.append(rows)
         reds = b.reductions
@@ -416,11 +424,18 @@ class ChunkEncoder:
         if not len(lay):
             return
         lid = self._statistics_layout(lay)
-        parts = [vals.view(np.uint8) for _at, vals in lay.stored(rows.values)]
-        buf = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        parts = [vals.view(np.uint8) for _at, vals in lay.stored(rows.values)]  # (the layout's runs, in order)
+        # a run whose values are all zero (a non-finite count, nearly always) is left out: kind 4, mask of the rest
+        mask = sum(1 << r for r, p in enumerate(parts) if p.any())
+        kind = PACKED
+        if mask != (1 << len(parts)) - 1 and len(parts) <= 32:
+            kind, parts = PACKED_SPARSE, [p for p in parts if p.any()]
+        else:
+            mask = 0
+        buf = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.empty(0, np.uint8)
         flags, offset, crc, inline = self._add_payload(buf)
         self._flush_rows()
-        self._rows.append((lid, rows.mode, PACKED, NO_REDUCTION, flags, 0, 0, rows.step, rows.mode_step, offset,
+        self._rows.append((lid, rows.mode, kind, NO_REDUCTION, flags, 0, mask, rows.step, rows.mode_step, offset,
                            len(buf), crc, inline))
         self.written_records += len(rows)
 
@@ -618,7 +633,6 @@ class ChunkEncoder:
         if not self.sealed_mode and self._dat is not None:
             self._dat.discard_pending()
         self._tables = BlockTables()
-        self._templates = {}
 
     def _write_block_now(self, end: bool, flushing: bool) -> None:
         if not self.has_entries and self._passed is None and self._collections is None and not end:
@@ -663,7 +677,6 @@ class ChunkEncoder:
         self._row_parts = []
         self.block_bytes = 0
         self._tables = BlockTables()
-        self._templates = {}
         self._collections = None
         self._passed = None
         if self.sealed_mode:

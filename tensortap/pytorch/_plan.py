@@ -14,8 +14,6 @@ from tensortap import modes as _modes
 from tensortap.capture.batch import BatchSpec, StepLayout
 from tensortap.collection import Collection, CollectionKeys
 from tensortap.format.records import StatisticsLayout
-from tensortap.pytorch import _step_counter
-from tensortap.pytorch._step_counter import CountingHooks
 from tensortap.pytorch._tensors import (
     ReductionProgram,
 )
@@ -128,15 +126,11 @@ class _Root:
     io_hooks: list[tuple[nn.Module, Any]]  # (module, forward hook) for steps saving I/O
     compiled: bool
     handles: list[Any] = field(default_factory=list)
-    counter: CountingHooks | None = None  # counts the module's calls instead of a forward pre-hook
 
     def unhook(self) -> None:
         for h in self.handles:
             h.remove()
         self.handles.clear()
-        if self.counter is not None:
-            _step_counter.uninstall(self.module, self.counter)
-            self.counter = None
 
 
 @dataclass

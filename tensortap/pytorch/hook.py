@@ -5,8 +5,8 @@ Names follow smdebug's PyTorch naming: parameters `<RootClass>_<param>`, gradien
 module is named by its class), losses `<LossClass>_output_0`. Optimizer state is saved as
 `optimizer/param_group_<g>/<key>` and `optimizer/<RootClass>_<param>/<state key>`.
 
-Steps known to save nothing cost one truth test per forward of the root module, made without a module
-hook (see `_step_counter`); per-module forward hooks and per-parameter gradient hooks are only installed for
+Steps known to save nothing cost one forward pre-hook call on the root module, which only counts them
+(`StepEngine.count_quiet`); per-module forward hooks and per-parameter gradient hooks are only installed for
 steps that save them. With the writer process, a saving step hands its weights, gradients and loss over in
 one message of shared memory (`tensortap.capture.batch.StepLayout`).
 """
@@ -27,7 +27,7 @@ from tensortap.collection import ACTIVATION_COLLECTIONS, Collection, CollectionK
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.format.records import StatisticsRows
 from tensortap.hooks.base import Hook as BaseHook
-from tensortap.pytorch import _dtensor, _step_counter, singleton
+from tensortap.pytorch import _dtensor, singleton
 from tensortap.pytorch._capture import TensorCapture
 from tensortap.pytorch._grads import GradientCapture
 from tensortap.pytorch._optim import OptimizerSteps, ScalerWatch
@@ -46,6 +46,7 @@ from tensortap.pytorch._plan import (
     _distributed,
     _in_backward,
     _is_compiled,
+    _is_compiling,
     _Plan,
     _Root,
     _unwrap_ddp,
@@ -55,6 +56,26 @@ from tensortap.pytorch._tensors import HostBatch, Reduced, capturable, host_nump
 __all__ = ["GRADIENT_PREFIX", "INPUT_SUFFIX", "OPTIMIZER_PREFIX", "OUTPUT_SUFFIX", "Hook", "ring_sources"]
 
 logger = logging.getLogger("tensortap")
+
+
+class _StepStart:
+    """A registered root's forward pre-hook: each forward begins a step (`Hook._root_pre_hook`).
+
+    A copy of the module (`copy.deepcopy`, a whole-model `torch.save`) gets `{}.get` in its place, which returns
+    the forward's inputs unchanged: the copy's forwards are not the job's steps, and loading a saved model does not
+    need tensortap."""
+
+    __slots__ = ("begin",)
+
+    def __init__(self, begin: Any) -> None:
+        self.begin = begin
+
+    def __call__(self, module: nn.Module, args: Any) -> None:
+        if not _is_compiling():
+            self.begin(module, args)
+
+    def __reduce__(self) -> tuple:
+        return getattr, ({}, "get")
 
 
 class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
@@ -217,17 +238,10 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
                 io_hooks.append((m, functools.partial(self._io_hook, n if n else root_name)))
                 self._note_activation(n if n else root_name, m)
         root = _Root(module, root_name, params, io_hooks, compiled)
-        # (Kept out of torch.compile: a module compiled after registering calls these from inside compiled code.)
-        pre_hook = torch.compiler.disable(self._root_pre_hook)
-        if not compiled:
-            root.counter = _step_counter.install(module, functools.partial(pre_hook, module, ()))
-        if root.counter is None:
-            root.handles.append(module.register_forward_pre_hook(pre_hook))
+        root.handles.append(module.register_forward_pre_hook(_StepStart(torch.compiler.disable(self._root_pre_hook))))
         self._roots.append(root)
         if self._lifecycle_handles:
             self._lifecycle_handles.append(module.register_forward_hook(self._lifecycle_hook))
-        # One root: its counter may skip known-quiet steps (with several, each counts through the hook).
-        self.clock.tally = self._roots[0].counter if len(self._roots) == 1 else None
         self._module_ids.add(id(module))
         self._module_ids.update(id(m) for m in inner.modules())
         for pname, p in params:
@@ -300,12 +314,8 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
             self._forward_seen = True
             return  # another forward of this optimizer step (accumulation, a second call, an eval pass)
         try:
-            engine = self.engine
-            if not engine.count_quiet():  # (a step known to save nothing, after one that saved nothing: counted)
+            if not self.engine.count_quiet():  # (a step known to save nothing, after one that saved nothing: counted)
                 self.next_step()
-            counter = clock.tally
-            if counter is not None and not self._opts:
-                engine.arm(counter)  # the forwards before the next saving step only count (see _step_counter)
         except Exception as e:  # noqa: BLE001 - never break training
             self._fail("forward pre-hook", e)
         self._opt_stepped = False
@@ -461,7 +471,6 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
         if self._flight is not None:
             self._flight.close()
         self.engine.disarm()
-        self.clock.tally = None
         for root in self._roots:
             root.unhook()
         self._drop_first_step_watch()

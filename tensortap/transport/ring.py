@@ -221,7 +221,9 @@ def start_child(cfg: dict[str, Any], pass_fds: tuple[int, ...]) -> subprocess.Po
     root = os.path.dirname(os.path.dirname(os.path.abspath(tensortap.__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return subprocess.Popen([sys.executable, "-c", CHILD_BOOT, json.dumps(cfg)], stdin=subprocess.DEVNULL,
+    # (-P: the working directory is not put first on sys.path, so that the writer process imports this tensortap,
+    # not another one that the directory the job was started in may hold)
+    return subprocess.Popen([sys.executable, "-P", "-c", CHILD_BOOT, json.dumps(cfg)], stdin=subprocess.DEVNULL,
                             pass_fds=pass_fds, env=env, close_fds=True)
 
 

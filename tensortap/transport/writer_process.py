@@ -13,6 +13,7 @@ import logging
 import mmap
 import os
 import select
+import struct
 import sys
 import time
 from collections import deque
@@ -49,6 +50,36 @@ _DIRECT_MIN = 1 << 16
 _DIO_MAX = 8 << 20
 
 
+_TOTAL = struct.Struct("<q")  # a message's first field: its size, or R.WRAP
+
+
+class _BatchPlan:
+    """What a batch message's description says (names, dtype, shapes, per tensor its elements in the payload),
+    decoded once per description."""
+
+    __slots__ = ("names", "dtype", "count", "nbytes", "bounds", "reductions")
+
+    def __init__(self, meta: list):
+        _k, names, dt, shapes, count, *rest = meta
+        reds = rest[0] if rest else None
+        if reds is not None:
+            reds = tuple(tuple((rn, ab) for rn, ab in r) if r else () for r in reds)
+        self.names = tuple(names)
+        self.dtype = codec.dtype_from_str(dt)
+        self.count = count
+        self.nbytes = count * self.dtype.itemsize
+        self.reductions = reds
+        bounds = []
+        off = 0
+        for shape in shapes:
+            k = 1
+            for d in shape:
+                k *= d
+            bounds.append((off, off + k, tuple(shape)))
+            off += k
+        self.bounds = bounds
+
+
 class RingDataFile(DataFile):
     """A chunk's data file that writes payloads lying on ring pages straight from the ring with the storage's
     direct I/O (`Storage.open_direct`), at page-aligned offsets (the gaps stay holes: docs/format.md §2). The
@@ -62,10 +93,14 @@ class RingDataFile(DataFile):
         self._at = 0
         self._bytes = 0
 
-    def append(self, buf: Any) -> int:
+    def append(self, buf: Any, address: int | None = None) -> int:
         r = self.reader
-        if (self.direct is None or not isinstance(buf, np.ndarray) or buf.nbytes < _DIRECT_MIN
-                or buf.ctypes.data != r.ring_addr + r.pay_pos or buf.ctypes.data % R.PAGE):
+        if self.direct is None or not isinstance(buf, np.ndarray) or buf.nbytes < _DIRECT_MIN:
+            self.write_regions()  # (buffered writes append at the end of the file)
+            return super().append(buf)
+        if address is None:
+            address = buf.ctypes.data
+        if address != r.ring_addr + r.pay_pos or address % R.PAGE:
             self.write_regions()  # (buffered writes append at the end of the file)
             return super().append(buf)
         n = buf.nbytes
@@ -167,7 +202,7 @@ class RingReader:
         self.pay_bytes = 0  # ... and its bytes (a batch's: small tensors after those written go into the index)
         self._slept_bytes = 0  # bytes published while the child last slept (0: it found more without sleeping)
         self._data: RingDataFile | None = None
-        self._layouts: dict[bytes, StatisticsLayout] = {}
+        self._layouts: dict[bytes, StatisticsLayout | _BatchPlan] = {}  # decoded descriptions
         sink = None
         if tensorboard_dir:  # (the TensorBoard export, attached to the encoder as its sink)
             from tensortap.tensorboard.export import EventExporter
@@ -309,19 +344,49 @@ class RingReader:
 
     def _one(self) -> None:
         """Process the message at the tail, then free its ring space."""
-        ring, cap = self.ring, self._rcap
+        mem, cap = self._mem, self._rcap
         pos = self._tail % cap
-        total = int(ring[pos:pos + 8].view(np.int64)[0])
+        total = _TOTAL.unpack_from(mem, R.HDR + pos)[0]
         if total == R.WRAP:
             self._tail += cap - pos
             return
-        _t, mlen, pay_at, step, mode, mode_step = R.MSG.unpack_from(self._mem, R.HDR + pos)
-        raw = ring[pos + R.MSG_HDR:pos + R.MSG_HDR + mlen].tobytes()
-        layout = self._layouts.get(raw)  # (a statistics message's description is the same at every step)
-        meta = R.decode_meta(raw) if layout is None else ["statistics"]
-        base, pay = ring, pos + pay_at
+        _t, mlen, pay_at, step, mode, mode_step = R.MSG.unpack_from(mem, R.HDR + pos)
+        raw = mem[R.HDR + pos + R.MSG_HDR:R.HDR + pos + R.MSG_HDR + mlen]
+        # A batch's or a statistics message's description is the same at every step: decoded once.
+        plan = self._layouts.get(raw)
+        if plan is None:
+            meta = R.decode_meta(raw)
+            if meta[0] == "batch":
+                plan = _BatchPlan(meta)
+            elif meta[0] == "statistics":
+                plan = StatisticsLayout.from_json(meta[1])
+            if plan is not None:
+                if len(self._layouts) > 256:
+                    self._layouts.clear()
+                self._layouts[raw] = plan
+        pay = pos + pay_at
         self.pay_pos, self.room_after = pay, total - pay_at  # ring bytes from the payload to the message's end
+        if type(plan) is _BatchPlan:
+            self.pay_bytes = plan.nbytes
+            flat = np.frombuffer(self.ring, dtype=plan.dtype, count=plan.count, offset=pay)
+            self.encoder.encode_batch(RecordBatch(plan.names, [flat[i:j].reshape(shape) for i, j, shape in plan.bounds],
+                                                  flat, step, mode, mode_step, plan.reductions))
+        elif plan is not None:
+            self.pay_bytes = 0
+            values = np.frombuffer(self.ring, dtype=plan.vector_dtype, count=plan.vector_size, offset=pay)
+            self.encoder.encode_statistics(StatisticsRows(plan, values, step, mode, mode_step))
+        else:
+            self._other(meta, pay, step, mode, mode_step)
+        self._tail += total
+        self._done_msgs += 1
+        if self._data is None or not self._data.waiting:  # (else once its direct writes are done)
+            self.publish_done()
+
+    def _other(self, meta: list, pay: int, step: int, mode: int, mode_step: int) -> None:
+        """A message other than a batch or statistics in the ring: records, control, or one whose payload lies in
+        a segment of its own."""
         self.pay_bytes = R.payload_bytes(meta)
+        base: Any = self.ring
         seg = None
         if meta[0] == "big":
             _k, name, size, meta = meta
@@ -330,11 +395,7 @@ class RingReader:
             self.pay_pos = -1
         try:
             if meta[0] == "statistics":
-                if layout is None:
-                    layout = StatisticsLayout.from_json(meta[1])
-                    if len(self._layouts) > 256:
-                        self._layouts.clear()
-                    self._layouts[raw] = layout
+                layout = StatisticsLayout.from_json(meta[1])
                 values = np.frombuffer(base, dtype=layout.vector_dtype, count=layout.vector_size, offset=pay)
                 self.encoder.encode_statistics(StatisticsRows(layout, values, step, mode, mode_step))
             else:
@@ -348,10 +409,6 @@ class RingReader:
                     pass  # a view is still alive somewhere: the mapping goes with it
                 R.unlink_segment(name)
                 self._hv[R.BIG_DONE] += size
-        self._tail += total
-        self._done_msgs += 1
-        if self._data is None or not self._data.waiting:  # (else once its direct writes are done)
-            self.publish_done()
 
     def publish_done(self) -> None:
         """Tell the training process what is handled: the ring space up to the tail is free again."""
@@ -367,20 +424,10 @@ class RingReader:
         kind = meta[0]
         enc = self.encoder
         if kind == "batch":  # step, mode and mode step travel in the message header
-            _k, names, dt, shapes, count, *rest = meta
-            reds = rest[0] if rest else None
-            if reds is not None:
-                reds = tuple(tuple((rn, ab) for rn, ab in r) if r else () for r in reds)
-            flat = np.frombuffer(base, dtype=codec.dtype_from_str(dt), count=count, offset=pay)
-            arrays = []
-            off = 0
-            for shape in shapes:
-                k = 1
-                for d in shape:
-                    k *= d
-                arrays.append(flat[off:off + k].reshape(shape))
-                off += k
-            enc.encode_batch(RecordBatch(tuple(names), arrays, flat, step, mode, mode_step, reds))
+            plan = _BatchPlan(meta)
+            flat = np.frombuffer(base, dtype=plan.dtype, count=plan.count, offset=pay)
+            enc.encode_batch(RecordBatch(plan.names, [flat[i:j].reshape(shape) for i, j, shape in plan.bounds],
+                                         flat, step, mode, mode_step, plan.reductions))
         elif kind == "records":
             for (name, step, mode, mode_step, vd, save_raw, reductions, reds, save_shape, shape) in meta[1]:
                 value = None

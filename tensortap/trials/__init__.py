@@ -11,12 +11,13 @@ from tensortap.trials.trial import LocalTrial, S3Trial, Trial
 __all__ = ["create_trial", "read_statistics", "Trial", "LocalTrial", "S3Trial", "Tensor", "StepState"]
 
 
-def read_statistics(path: str, stats=None, *, mode="GLOBAL", worker=None):  # type: ignore[no-untyped-def]
-    """Every saved statistic of the job at `path`, read whole without a trial (see
-    `tensortap.trials.saved_statistics.read_statistics`)."""
+def read_statistics(path: str, stats=None, *, names=None, steps=None, mode="GLOBAL", worker=None,  # type: ignore[no-untyped-def]
+                    dtype=None):
+    """Every saved statistic of the job at `path` (or a selection), read whole without a trial, each in the dtype
+    it was saved as unless `dtype` says otherwise (see `tensortap.trials.saved_statistics.read_statistics`)."""
     from tensortap.trials.saved_statistics import read_statistics as _read
 
-    return _read(path, stats, mode=mode, worker=worker)
+    return _read(path, stats, names=names, steps=steps, mode=mode, worker=worker, dtype=dtype)
 
 #: top-level entries a job's out_dir may hold before its hook has written anything: what tensortap's
 #: runner writes beside the job (rule statuses) and its control files

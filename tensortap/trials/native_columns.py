@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tensortap.format import codec, layout, packed
-from tensortap.format.entries import PACKED, RAW, REDUCTION, SHAPE
+from tensortap.format.entries import PACKED_SPARSE, RAW, REDUCTION, SHAPE, is_packed
 from tensortap.trials.columns import _STAT_OF_CODE, _VALUE, Scalars
 
 #: byte offsets of the fields of an index record (docs/format.md §3.2)
@@ -54,7 +54,7 @@ def block_ranges(storage: Any, key: str, entries_per_range: int) -> list[tuple[i
         if 0 < n <= 4096:
             disk = np.frombuffer(storage.read_range(key, pos + head.size + hlen, n * rec), dtype=codec.DISK_ENTRY_DTYPE)
             if len(disk) == n:
-                pk = disk["kind"] == PACKED
+                pk = is_packed(disk["kind"])
                 count += int(disk["length"][pk].astype(np.int64).sum()) // 4
         pos = end
         if count >= entries_per_range:
@@ -92,9 +92,9 @@ def read_scalars(storage: Any, key: str, start: int = 0, end: int | None = None,
         if not len(disk):
             continue
         kind = _field(disk, "kind")
-        if np.any(kind > PACKED):
+        if np.any(kind > PACKED_SPARSE):
             return None
-        pk = kind == PACKED
+        pk = is_packed(kind)
         if pk.any():
             got = _packed_rows(storage, key, header, disk[pk], mode, name_ids, name_list, layouts)
             if got is None:
@@ -262,7 +262,7 @@ def _packed_rows(storage: Any, key: str, header: dict, disk: np.ndarray, mode: i
             got = layouts[ref[0]] = (lay, np.asarray(ids, dtype=np.int64))
         lay, ids = got
         sub = disk[lay_of == lid]
-        rows, bad = packed.payloads(sub, lay.length, fetch)
+        rows, bad = packed.payloads(sub, lay, fetch)
         if bad:
             return None
         k, n = len(sub), len(lay.names)

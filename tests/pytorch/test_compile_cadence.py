@@ -15,8 +15,8 @@ from torch._dynamo.utils import counters  # noqa: E402
 import tensortap.pytorch as tp  # noqa: E402
 
 ORDERS = ["register_then_compile", "compile_then_register", "module_compile"]
-# A model of the script's own class (dynamo compiles its forward: the hook sees the call) and a torch.nn container
-# (dynamo compiles the call itself: the hook never sees the forward, steps begin at the loss)
+# A model of the script's own class (dynamo compiles its forward, the module call's hooks run outside) and a
+# torch.nn container (dynamo compiles the call, hooks and all)
 MODELS = ["Net", "Sequential"]
 
 

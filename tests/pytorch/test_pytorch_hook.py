@@ -511,7 +511,7 @@ def test_model_compile_in_place(tmp_path):
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # dynamo: "does not know how to trace" the hook's builtins
 def test_model_compiled_in_place_after_registration(tmp_path):
-    """model.compile() after register_module: dynamo traces through the step counter; steps and values stay
+    """model.compile() after register_module: dynamo traces through the root's pre-hook; steps and values stay
     right (the hook's own code runs eagerly at graph breaks)."""
     model = Net()
     hook = tp.Hook(out_dir=str(tmp_path), save_config=tp.SaveConfig(save_interval=2),

@@ -57,6 +57,27 @@ def test_generic_hook_round_trip_bit_exact(tmp_path):
     assert t.loaded_all_steps
 
 
+def test_the_writer_process_imports_this_tensortap_whatever_the_working_directory(tmp_path, monkeypatch, caplog):
+    """A job started in a directory that holds another tensortap (a checkout of another version) still saves:
+    the writer process runs the training process's tensortap."""
+    other = tmp_path / "elsewhere"
+    (other / "tensortap" / "transport").mkdir(parents=True)
+    for module in ("__init__.py", "transport/__init__.py", "transport/writer_process.py"):
+        (other / "tensortap" / module).write_text("raise ImportError('another tensortap')\n")
+    monkeypatch.chdir(other)
+    out = str(tmp_path / "run")
+    hook = tt.Hook(out, writer="process", save_config=tt.SaveConfig(save_interval=1))
+    for s in range(3):
+        hook.next_step()
+        hook.save_tensor("a", np.full((4, 3), s, np.float32))
+        hook.flush()  # (visible to readers: the writer process has written it)
+    hook.close()
+    assert hook.dropped_records == 0 and hook.error_count == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text  # (no fallback either)
+    t = tt.create_trial(out)
+    assert t.steps() == [0, 1, 2]
+    assert np.array_equal(t.tensor("a").value(2), np.full((4, 3), 2, np.float32))
+
 def test_writer_value_is_validated(tmp_path):
     with pytest.raises(InvalidConfiguration, match=r"writer='procces'.*'auto'.*'thread'.*'process'"):
         tt.Hook(str(tmp_path), writer="procces")

@@ -1,11 +1,11 @@
-"""The root module's step counter (tensortap.pytorch._step_counter): counts forwards without a module hook,
-and stays out of the way of everything else a module does."""
+"""A registered root module's forwards are the job's steps (its forward pre-hook): counted once per forward on
+every call path of torch, and out of the way of everything else a module does (its own hooks, copies, pickling)."""
 
 from __future__ import annotations
 
 import copy
 import io
-from collections import OrderedDict
+import sys
 
 import numpy as np
 import pytest
@@ -14,7 +14,6 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 import tensortap.pytorch as tp  # noqa: E402
-from tensortap.pytorch import _step_counter  # noqa: E402
 
 
 class Net(nn.Module):
@@ -47,18 +46,16 @@ def _step(model, loss_fn=None):
     return loss
 
 
-def test_this_torch_takes_the_counter_and_root_gets_no_module_hook(tmp_path):
-    assert _step_counter.works()
+def test_each_forward_of_the_root_is_one_step_and_close_leaves_no_hook(tmp_path):
     model = Net()
     hook = _hook(tmp_path, save_interval=3)
     hook.register_module(model)
-    assert isinstance(model._backward_hooks, _step_counter.CountingHooks)
-    assert not model._forward_pre_hooks and not model._forward_hooks  # torch keeps its fast path
     for _ in range(7):
         _step(model)
     assert hook.step == 6
     hook.close()
-    assert type(model._backward_hooks) is OrderedDict  # a plain dict again
+    for m in model.modules():  # nothing of the hook's left on the model
+        assert not m._forward_pre_hooks and not m._forward_hooks and not m._backward_hooks
     model(torch.randn(2, 8))  # and the model still runs
     t = tp.create_trial(str(tmp_path / "run"))
     assert t.steps() == [0, 3, 6]
@@ -91,18 +88,19 @@ def test_steps_counted_once_per_forward_on_torch_slow_path_too(tmp_path):
         assert np.array_equal(t.tensor("gradient/Net_fc1.weight").value(s), grads[s].numpy())
 
 
-def test_truth_tests_from_elsewhere_do_not_count(tmp_path):
+def test_submodule_calls_and_hook_inspection_do_not_count(tmp_path):
     model = Net()
     hook = _hook(tmp_path, save_interval=1)
     hook.register_module(model)
     model(torch.randn(2, 8))
     for _ in range(3):
         assert not model._backward_hooks  # e.g. a library inspecting the module's hooks
+        model.fc1(torch.randn(2, 8))  # a submodule called on its own
     assert hook.step == 0
     hook.close()
 
 
-def test_pickling_and_deepcopy_give_plain_dicts_that_do_not_count(tmp_path):
+def test_pickled_and_deepcopied_models_do_not_count(tmp_path):
     model = Net()
     hook = _hook(tmp_path, save_steps=[0])
     hook.register_module(model)
@@ -113,12 +111,19 @@ def test_pickling_and_deepcopy_give_plain_dicts_that_do_not_count(tmp_path):
     buf.seek(0)
     loaded = torch.load(buf, weights_only=False)
     twin = copy.deepcopy(model)
-    assert type(loaded._backward_hooks) is OrderedDict
-    assert type(twin._backward_hooks) is OrderedDict
-    assert type(model._backward_hooks.copy()) is OrderedDict
-    loaded(torch.randn(2, 8))
-    twin(torch.randn(2, 8))
-    assert hook.step == 1  # neither copy advanced the hook
+    x = torch.randn(2, 8)
+    assert torch.equal(loaded(x), model.fc2(torch.relu(model.fc1(x))))
+    assert torch.equal(twin(x), loaded(x))
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    sys.modules["tensortap"], saved = None, sys.modules["tensortap"]  # a process without tensortap loads it
+    try:
+        again = torch.load(buf, weights_only=False)
+    finally:
+        sys.modules["tensortap"] = saved
+    assert torch.equal(again(x), loaded(x))
+    assert hook.step == 1  # no copy advanced the hook
     model(torch.randn(2, 8))
     assert hook.step == 2
     assert torch.equal(loaded.fc1.weight, model.fc1.weight)
@@ -136,8 +141,6 @@ def test_module_with_a_pre_hook_keeps_the_pre_hook_path_and_its_order(tmp_path):
 
     model.register_forward_pre_hook(to_eval)
     hook.register_module(model)
-    assert type(model._backward_hooks) is OrderedDict
-    assert len(model._forward_pre_hooks) == 2
     with torch.no_grad():
         model(torch.randn(2, 8))
         model(torch.randn(2, 8))
@@ -147,13 +150,12 @@ def test_module_with_a_pre_hook_keeps_the_pre_hook_path_and_its_order(tmp_path):
     assert t.steps(mode=tp.modes.EVAL) == [0, 1]
 
 
-def test_user_backward_hook_registered_before_falls_back(tmp_path):
+def test_user_backward_hook_registered_before_keeps_working(tmp_path):
     model = Net()
     calls = []
     handle = model.register_full_backward_hook(lambda m, gi, go: calls.append(1))
     hook = _hook(tmp_path, save_interval=1)
     hook.register_module(model)
-    assert not isinstance(model._backward_hooks, _step_counter.CountingHooks)  # the user's handle stays valid
     _step(model)
     handle.remove()
     _step(model)
@@ -162,35 +164,27 @@ def test_user_backward_hook_registered_before_falls_back(tmp_path):
     hook.close()
 
 
-def test_reregistering_a_parent_moves_the_counter(tmp_path):
+def test_registering_a_parent_makes_it_the_root(tmp_path):
     model = Net()
     hook = _hook(tmp_path, save_interval=1)
     hook.register_module(model.fc1)
-    assert isinstance(model.fc1._backward_hooks, _step_counter.CountingHooks)
     hook.register_module(model)
-    assert type(model.fc1._backward_hooks) is OrderedDict
-    assert isinstance(model._backward_hooks, _step_counter.CountingHooks)
     for _ in range(3):
-        model(torch.randn(1, 8))
+        model(torch.randn(1, 8))  # one step each, not two (fc1 is no longer a root)
     assert hook.step == 2
     hook.close()
 
 
 def test_known_quiet_steps_are_only_counted_and_steps_stay_exact(tmp_path):
-    """Between saving steps the counter counts forwards by itself; every read of the step, a mode switch,
-    a scalar saved mid-gap and the next saving step see the exact counts."""
+    """Between saving steps forwards are only counted; every read of the step, a mode switch, a scalar saved
+    mid-gap and the next saving step see the exact counts."""
     model = Net()
     hook = _hook(tmp_path, save_interval=10)
     hook.register_module(model)
     hook.set_mode(tp.modes.TRAIN)
-    counter = model._backward_hooks
-    for _ in range(3):
-        model(torch.randn(2, 8))  # steps 0 (saves), 1, 2
-    assert counter.left > 0  # armed: the following forwards up to step 9 are known to save nothing
-    model(torch.randn(2, 8))
-    model(torch.randn(2, 8))
-    assert counter.skipped == 3  # steps 2, 3, 4 (step 1 ended the saving step and armed the counter)
-    assert hook.step == 4 and hook.mode_steps[tp.modes.TRAIN] == 4  # read: the skipped forwards added
+    for _ in range(5):
+        model(torch.randn(2, 8))  # steps 0 (saves), 1, 2, 3, 4
+    assert hook.step == 4 and hook.mode_steps[tp.modes.TRAIN] == 4
     hook.save_scalar("lr", 0.5)  # lands on step 4
     for _ in range(8):
         model(torch.randn(2, 8))  # steps 5..12: step 10 saves
@@ -220,7 +214,6 @@ def test_a_stop_request_is_seen_within_a_long_quiet_gap(tmp_path):
     hook.register_module(model)
     for _ in range(3):
         model(torch.randn(2, 8))
-    assert model._backward_hooks.left > 0
     request_stop(str(tmp_path / "run"), rule="R", step=2, reason="test")
     import time
 
@@ -232,7 +225,7 @@ def test_a_stop_request_is_seen_within_a_long_quiet_gap(tmp_path):
     assert hook._closed
 
 
-def test_a_module_class_with_its_own_call_keeps_the_pre_hook(tmp_path):
+def test_a_module_class_with_its_own_call(tmp_path):
     class OwnCall(Net):
         def __call__(self, x):  # e.g. a wrapper class that adds behaviour around the call
             return super().__call__(x) * 1.0
@@ -240,42 +233,41 @@ def test_a_module_class_with_its_own_call_keeps_the_pre_hook(tmp_path):
     model = OwnCall()
     hook = _hook(tmp_path, save_interval=1)
     hook.register_module(model)
-    assert not isinstance(model._backward_hooks, _step_counter.CountingHooks)
-    assert len(model._forward_pre_hooks) == 1
     for _ in range(3):
         model(torch.randn(2, 8))
     assert hook.step == 2
     hook.close()
 
 
-def test_a_failing_step_counter_never_breaks_the_forward(tmp_path, caplog):
+def test_a_failing_step_start_never_breaks_the_forward(tmp_path, caplog):
     model = Net()
     hook = _hook(tmp_path, save_interval=1)
+    hook.register_module(model)
+    model(torch.randn(2, 8))
 
-    def broken(module, args):
+    def broken():
         raise RuntimeError("injected")
 
-    hook._root_pre_hook = broken  # what the counter calls on every forward that is not known quiet
-    hook.register_module(model)
+    hook.next_step = broken  # what the root's forward calls to begin a step
     for _ in range(3):
         out = model(torch.randn(2, 8))  # training goes on
     assert out.shape == (2, 4)
-    assert "the step counter failed" in caplog.text
-    assert model._backward_hooks.tick is None
+    assert caplog.text.count("turns itself off") == 1 and "injected" in caplog.text  # logged once
+    assert hook.error_count == 1
     hook.close()
 
 
-def test_a_counter_in_a_reference_cycle_is_collected():
-    import functools
+def test_a_closed_hook_lets_its_model_be_collected(tmp_path):
     import gc
     import weakref
 
     model = Net()
-    counter = _step_counter.install(model, functools.partial(id, model))  # module -> counter -> tick -> module
-    assert counter is not None
+    hook = _hook(tmp_path, save_interval=1)
+    hook.register_module(model)
     model(torch.randn(2, 8))
+    hook.close()
     ref = weakref.ref(model)
-    del model, counter
+    del model
     gc.collect()
     assert ref() is None
 
