@@ -50,6 +50,7 @@ class _TensortapCallbackMixin:
         self._stepped = False
         self._eval_metrics: set[str] = set()  # names logged during evaluation (saved at its end)
         self._names_before: set[str] = set()
+        self._distributed = False  # (several processes: a stop is decided together)
 
     # --- set-up and end -------------------------------------------------------------------------
 
@@ -64,6 +65,8 @@ class _TensortapCallbackMixin:
             self.capture.start(pl_module, rank=trainer.global_rank, world_size=trainer.world_size)
         else:
             self.capture.set_model(pl_module)
+        self._distributed = trainer.world_size > 1
+        self.capture.start_writer()
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.capture.run("on_train_start", self._hook_optimizers, trainer)
@@ -146,7 +149,7 @@ class _TensortapCallbackMixin:
 
     def _check_stop(self, trainer: Any) -> None:
         cap = self.capture
-        if trainer.world_size > 1:
+        if self._distributed:
             if trainer.global_step % DISTRIBUTED_STOP_EVERY:
                 return
             local = cap.check_stop() is not None

@@ -163,6 +163,13 @@ class TrainerCapture:
         if rank == 0 and self.rule_specs and self.hook.active:
             self._start_rules()
 
+    def start_writer(self) -> None:
+        """Start the writer now, before the trainer's first step (the trainer's set-up, not its training thread's
+        first saving step, pays its start)."""
+        h = self.hook
+        if h is not None and h.active and not h.dry_run:
+            h._get_writer()
+
     def set_model(self, model: Any) -> None:
         name = type(model).__name__
         self._model_version += 1
