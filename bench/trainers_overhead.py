@@ -17,7 +17,6 @@ arm / plain; the table gives the medians over rounds and their spread.
 from __future__ import annotations
 
 import argparse
-import glob
 import logging
 import os
 import shutil
@@ -44,15 +43,10 @@ def _clocks() -> tuple[float, float]:
 
 
 def _process_cpu(pid: int) -> float:
-    """CPU time (s) of every thread of process `pid` so far (its scheduler statistics: ns, user and system)."""
-    total = 0
-    for f in glob.glob(f"/proc/{pid}/task/*/schedstat"):
-        try:
-            with open(f) as fh:
-                total += int(fh.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass
-    return total / 1e9
+    """CPU time (s) of every thread of process `pid` so far (its scheduler statistics: user and system)."""
+    from writer_process import cpu_ns  # bench/ is the script's directory
+
+    return cpu_ns(pid) / 1e9
 
 
 def _figures(timer: object, start: tuple[float, float]) -> dict[str, float]:
