@@ -59,7 +59,7 @@ def main() -> None:
 
     def block(kind: str) -> float:
         if kind == "plain":
-            hooks = _HookSwitch([model, loss_fn], optimizer_hooks=True)
+            hooks = _HookSwitch([model, loss_fn])
             hooks.off()
         else:
             switch(hook, model, kind == "B")

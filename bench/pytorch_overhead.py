@@ -126,16 +126,15 @@ class _HookSwitch:
     _MODULE = ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks")
     _PARAM = ("_backward_hooks", "_post_accumulate_grad_hooks")
 
-    def __init__(self, roots, optimizer_hooks: bool = False):
+    def __init__(self, roots):
+        from torch.optim import optimizer as o
+
         self.modules = [m for r in roots for m in r.modules()]
         self.params = [p for r in roots for p in r.parameters()]
         self.saved: list = []
         self.swapped: list = []
-        self.globals: list = []
-        if optimizer_hooks:  # (the flight recorder's work runs in a global optimizer step hook too)
-            from torch.optim import optimizer as o
-
-            self.globals = [o._global_optimizer_pre_hooks, o._global_optimizer_post_hooks]
+        # (tensortap follows the optimizer's step, and the floor computes, in global optimizer step hooks: off too)
+        self.globals = [o._global_optimizer_pre_hooks, o._global_optimizer_post_hooks]
 
     def off(self) -> None:
         for objs, attrs in ((self.modules, self._MODULE), (self.params, self._PARAM)):
@@ -228,8 +227,7 @@ def child(lib: str, interval: str, model_name: str, pairs: int, steps: int) -> d
         hook.register_loss(loss_fn)
     if lib.startswith("floor"):
         _floor(model, loss_fn, outputs=lib == "floor-outputs")
-    switch = _HookSwitch([model, loss_fn],
-                         optimizer_hooks=lib.startswith(("tensortap-flight", "floor", "tensortap-noflight")))
+    switch = _HookSwitch([model, loss_fn])
     anomaly = lib == "anomaly"  # hooked blocks: torch's anomaly mode, no hook
     on_cpu: dict[int, int] = {}  # the CPU the training thread ran on at the end of each block
 
