@@ -363,9 +363,11 @@ class TorchFlight:
             tensors: list[torch.Tensor] = weights + gl
             n_t = len(tensors)
             values = np.zeros((n_out + n_t, 2), dtype=np.float64)
-            _roots(values[n_out:], _c_squares(plan.kind, sources, values[n_out:]), tensors)
+            t_bad = _c_squares(plan.kind, sources, values[n_out:])
+            _roots(values[n_out:], t_bad, tensors)
             done = True
         else:
+            t_bad = None  # (not known: read from `values`)
             # (as they are: torch's statistics detach them, `_statistics`; checked when registered)
             tensors = list(weights)
             sharded = self.sharded
@@ -429,7 +431,7 @@ class TorchFlight:
         rec.record(step_id, layout, values)
         names = plan.names
         bad_value = None
-        if values[:, 1].any():
+        if any(nfs) or ((t_bad is None or t_bad) and values[n_out:, 1].any()):
             detail, bad_value = self._provenance(calls, plan, tensors, values, held)
         else:
             detail = None
@@ -446,8 +448,7 @@ class TorchFlight:
             loss = float(values[plan.loss, 0]) if plan.loss is not None else None  # (|loss|: its l2)
             gnorm = None
             if plan.n_grads:
-                g = values[-plan.n_grads:, 0]
-                gnorm = float(np.sqrt(np.dot(g, g)))
+                gnorm = math.hypot(*values[-plan.n_grads:, 0].tolist())
             rec.observe(step_id, loss, gnorm, raw, names[plan.loss] if plan.loss is not None else None)
         rec.poll(step_id)
 
