@@ -4,10 +4,11 @@
 Every step, whatever the save interval: each registered module's outputs (a forward hook per module that only
 keeps a reference), then at the optimizer's step (its pre-hook: gradients as the optimizer consumes them, weights
 as the forward used them) or, for EVAL/PREDICT steps and loops with no optimizer, when the next step's forward
-begins, the statistics of all of them are computed where they live in one batched pass (`torch._foreach_norm`) and
-brought to the host in one transfer. A step with a non-finite value names where it first appeared: the first
-module in forward order whose output went non-finite, else the first parameter in backward order (the reverse of
-registration) whose gradient did, else a parameter itself.
+begins, the statistics of all of them are computed where they live: on the CPU the norms in one pass of the C helper
+(`tensortap.capture._moments.squares`) per output and one call for all weights and gradients, else in one batched
+pass (`torch._foreach_norm`) brought to the host in one transfer. A step with a non-finite value names where it
+first appeared: the first module in forward order whose output went non-finite, else the first parameter in backward
+order (the reverse of registration) whose gradient did, else a parameter itself.
 """
 
 from __future__ import annotations
@@ -213,26 +214,24 @@ class TorchFlight:
             if type(output) is _Tensor and output.is_cpu and output.layout is _STRIDED and not output.is_nested:
                 # (the common case, measured here without the general walk: one dense CPU tensor)
                 dt = output.dtype
-                stored = _STORED.get(dt)
-                if stored is not None:
-                    kind = self.square_kinds.get(dt)
-                    if kind is not None and (output.is_contiguous() or _dense(output)):
-                        sq = self.squares_out
-                        _c_squares(kind, ((output.data_ptr(), output.numel()),), sq)
-                        ok = sq[0] <= _DBL_MAX  # (False for inf and NaN)
-                        row = math.sqrt(sq[0]) if ok else 0.0
-                    elif self.full:
-                        row = _stats_row(output.detach(), True).tolist()
+                kind = self.square_kinds.get(dt)
+                if kind is not None and (output.is_contiguous() or _dense(output)):
+                    sq = self.squares_out
+                    _c_squares(kind, ((output.data_ptr(), output.numel()),), sq)
+                    if sq[0] <= _DBL_MAX:  # (not inf or NaN)
+                        call = (self.sig1.get((idx, dt)) or self._sig1(idx, dt), (math.sqrt(sq[0]),), _NF0,
+                                (output.shape,), (), None, None)
+                elif dt in _STORED:
+                    t = output.detach()
+                    if self.full:
+                        row = _stats_row(t, True).tolist()
                         ok = math.isfinite(row[0]) and math.isfinite(row[4]) and math.isfinite(row[1])
                     else:
-                        t = output.detach()
                         row = (_vnorm(t, dtype=torch.float32) if dt in _LOW_PRECISION else _vnorm(t)).item()
                         ok = math.isfinite(row)
                     if ok:
-                        sig = self.sig1.get((idx, dt))
-                        if sig is None:
-                            sig = self.sig1[(idx, dt)] = (idx, 1, _SLOT0, (stored,))
-                        call = (sig, (row,), _NF0, (output.shape,), (), None, None)
+                        call = (self.sig1.get((idx, dt)) or self._sig1(idx, dt), (row,), _NF0, (output.shape,), (),
+                                None, None)
             self.calls.append(call if call is not None else self._measure(idx, inputs, output))
             if idx in self.roots:
                 hook = self.hook
@@ -252,6 +251,11 @@ class TorchFlight:
                 self.mark = len(self.calls)
         except Exception as e:  # noqa: BLE001
             self.rec.fail("forward hook", e)
+
+    def _sig1(self, idx: int, dt: torch.dtype) -> tuple:
+        """The signature of a call of module `idx` whose output is one tensor of dtype `dt`."""
+        sig = self.sig1[(idx, dt)] = (idx, 1, _SLOT0, (_STORED[dt],))
+        return sig
 
     def _measure(self, idx: int, inputs: Any, output: Any) -> tuple:
         """One call's outputs: on the CPU their statistics now, while they are in the cache (no reference is kept:
