@@ -374,3 +374,38 @@ def test_step_with_a_closure_saves_what_the_closure_computed(tmp_path, caplog, r
         for n in NAMES:
             assert np.array_equal(trial.tensor(f"gradient/Net_{n}").value(k), grads[n].numpy()), (k, n)
             assert np.array_equal(trial.tensor(f"Net_{n}").value(k), weights[n].numpy()), (k, n)
+
+
+@pytest.mark.parametrize("loop", ["accumulation", "two_optimizer_steps", "eval_pass_after_step", "plain"])
+def test_quiet_steps_between_saving_steps_are_counted_exactly(tmp_path, loop):
+    """Between saving steps the steps are only counted (the engine's quiet window), wherever they begin (a
+    forward, an optimizer step with no forward before it): the saving steps, their gradients and the step count
+    are those of a hook that saves at every step."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = tp.Hook(out_dir=str(tmp_path), writer="thread", save_config=tp.SaveConfig(save_interval=4),
+                   include_collections=["weights", "gradients"])
+    hook.register_module(model)
+    hook.register_optimizer(opt)  # (else the micro-batches before the optimizer's first step are steps)
+    grads: list[dict] = []  # what each optimizer step consumed
+    _grad_recorder(opt, model, grads)
+    for i in range(10):
+        x, y = _batch(i)
+        opt.zero_grad()
+        for _ in range(3 if loop == "accumulation" else 1):
+            nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if loop == "two_optimizer_steps":
+            opt.step()  # (the same gradients again: a second optimizer step, no forward before it)
+        if loop == "eval_pass_after_step":
+            with torch.no_grad():
+                model(_batch(100 + i)[0])  # (an eval pass, no set_mode: it runs inside the next step)
+    steps = len(grads)
+    assert hook.step == steps - 1 + (loop == "eval_pass_after_step")  # (the last eval pass began a step)
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    saving = list(range(0, steps, 4))
+    assert t.tensor("gradient/Net_fc1.weight").steps() == saving
+    assert t.tensor("Net_fc1.weight").steps() == saving
+    _assert_grads(t, saving, [grads[s] for s in saving])
