@@ -41,6 +41,21 @@ def _grad_recorder(opt, model, store: list) -> None:
         lambda o, a, k: store.append({n: p.grad.clone() for n, p in model.named_parameters()}))
 
 
+def _registered(tmp_path, interval: int, collections: list[str]):
+    """A seeded Net, its SGD optimizer and a writer-thread hook saving `collections` every `interval` steps, both
+    registered; and the list the optimizer's own pre-hook fills with what each of its steps consumes."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = tp.Hook(out_dir=str(tmp_path), writer="thread", save_config=tp.SaveConfig(save_interval=interval),
+                   include_collections=collections)
+    hook.register_module(model)
+    hook.register_optimizer(opt)
+    grads: list[dict] = []
+    _grad_recorder(opt, model, grads)
+    return model, opt, hook, grads
+
+
 def _assert_grads(t, steps: list[int], grads: list[dict]) -> None:
     for s, g in zip(steps, grads, strict=True):
         for n in NAMES:
@@ -184,15 +199,7 @@ def test_grad_scaler_skips_found_from_its_public_state(tmp_path, case):
 def test_two_calls_and_an_eval_pass_per_step(tmp_path):
     """A siamese step (the model called twice) with an eval pass inside the TRAIN step, no set_mode: one step
     per optimizer step, gradients at every step, each call's outputs under its own name."""
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    hook = tp.Hook(out_dir=str(tmp_path), writer="thread", save_config=tp.SaveConfig(save_interval=1),
-                   include_collections=["gradients", "relu_output"])
-    hook.register_module(model)
-    hook.register_optimizer(opt)
-    grads: list[dict] = []
-    _grad_recorder(opt, model, grads)
+    model, opt, hook, grads = _registered(tmp_path, 1, ["gradients", "relu_output"])
     relu_out: list[torch.Tensor] = []
     model.relu.register_forward_hook(lambda m, i, o: relu_out.append(o.detach().clone()))
     for step in range(4):
@@ -381,15 +388,8 @@ def test_quiet_steps_between_saving_steps_are_counted_exactly(tmp_path, loop):
     """Between saving steps the steps are only counted (the engine's quiet window), wherever they begin (a
     forward, an optimizer step with no forward before it): the saving steps, their gradients and the step count
     are those of a hook that saves at every step."""
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    hook = tp.Hook(out_dir=str(tmp_path), writer="thread", save_config=tp.SaveConfig(save_interval=4),
-                   include_collections=["weights", "gradients"])
-    hook.register_module(model)
-    hook.register_optimizer(opt)  # (else the micro-batches before the optimizer's first step are steps)
-    grads: list[dict] = []  # what each optimizer step consumed
-    _grad_recorder(opt, model, grads)
+    # (the optimizer registered: else the micro-batches before its first step are steps)
+    model, opt, hook, grads = _registered(tmp_path, 4, ["weights", "gradients"])
     for i in range(10):
         x, y = _batch(i)
         opt.zero_grad()
