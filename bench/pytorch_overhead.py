@@ -25,6 +25,9 @@ through shared memory) side by side.
     .venv/bin/python bench/pytorch_overhead.py --models mlp --libs none,tensortap --writer thread,process
     .venv/bin/python bench/pytorch_overhead.py --models mlp --libs tensortap,tensortap-tb --intervals 10
 
+`tensortap@PATH` (any tensortap library name, e.g. `tensortap-thread@PATH`) runs that library with the tensortap
+of the checkout at PATH (imported from there, run from there): before/after comparisons in one run.
+
 `tensortap-tb` is the default hook with `export_tensorboard=True` (issue #24: the export costs the step nothing).
 `tensortap-flight` is a hook with its flight recorder on (statistics of every weight, gradient and module output at
 every step, docs/pytorch.md), `tensortap-flight-full` the same with `statistics="full"`,
@@ -303,10 +306,12 @@ def _floor(model, loss_fn, outputs: bool) -> None:
 
 
 def _run_child(python: str, lib: str, interval: str, model: str, pairs: int, steps: int) -> dict | None:
+    lib, _at, tree = lib.partition("@")  # `tensortap@PATH`: the tensortap of another checkout, run from there
+    tree = os.path.abspath(tree) if tree else os.path.dirname(HERE)
     cmd = [python, os.path.abspath(__file__), "--child", lib, interval, model, str(pairs), str(steps)]
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE))
+    env = dict(os.environ, PYTHONPATH=tree)
     env.pop("TENSORTAP_DISABLE", None)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, cwd=tree)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
             res = json.loads(line)
@@ -384,7 +389,7 @@ def main() -> None:
         for m, lib, iv in configs:  # alternate every configuration within each round
             steps = args.steps or 100
             pairs = args.pairs * 3 if iv == "100" and not args.steps else args.pairs
-            res = _run_child(pythons[lib], lib, iv, m, pairs, steps)
+            res = _run_child(pythons[lib.partition("@")[0]], lib, iv, m, pairs, steps)
             if res is not None:
                 results[(m, lib, iv)].append(res)
                 print(f"round {r} {m:4s} {lib:17s} interval={iv:5s} plain={res['plain_us']:8.1f}us "

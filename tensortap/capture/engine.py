@@ -278,6 +278,9 @@ class StepEngine:
             if target != current + 1:
                 steps[clock.mode] = target - 1
             clock.advance()
+            armed = self._armed
+            if armed is not None:  # (the window an armed tally may still count shrinks by the steps counted here)
+                armed.left = max(0, armed.left - (target - current))
             return True
         return False
 

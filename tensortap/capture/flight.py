@@ -159,29 +159,36 @@ class SpikeDetector:
         found = None
         s = self.sorted
         n = len(s)
-        if n >= c.spike_min_history:
+        if n >= c.spike_min_history:  # (so running_max > 0)
             med = s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
-            ratio = value / self.running_max if self.running_max > 0 else 0.0
-            why = []
-            z = 0.0
-            mad = None
-            if lv - med > c.spike_z * _MIN_LOG_SPREAD or ratio > c.spike_ratio:
-                mad = float(np.median(np.abs(np.asarray(s) - med)))
-                z = (lv - med) / max(1.4826 * mad, _MIN_LOG_SPREAD)
-                if z > c.spike_z:
-                    why.append(f"robust z-score of the log {z:.1f} > {c.spike_z:g}")
-                if ratio > c.spike_ratio:
-                    why.append(f"{ratio:.1f}x the largest value before > {c.spike_ratio:g}x")
-            if why and not self.spiking:
-                found = {"value": value, "median": math.exp(med), "mad": mad, "z": z,
-                         "running_max": self.running_max, "ratio": ratio, "why": "; ".join(why)}
-            self.spiking = bool(why)
+            if lv - med > c.spike_z * _MIN_LOG_SPREAD or value / self.running_max > c.spike_ratio:
+                found = self._judge(value, lv, med)
+            else:
+                self.spiking = False
         if n >= c.spike_window:
             del s[bisect.bisect_left(s, self.window.popleft())]
         self.window.append(lv)
         bisect.insort(s, lv)
         if value > self.running_max:
             self.running_max = value
+        return found
+
+    def _judge(self, value: float, lv: float, med: float) -> dict[str, Any] | None:
+        """A value that could be a spike (its log `lv`, the window's median `med`): the spike, when it starts."""
+        c = self.config
+        ratio = value / self.running_max
+        mad = float(np.median(np.abs(np.asarray(self.sorted) - med)))
+        z = (lv - med) / max(1.4826 * mad, _MIN_LOG_SPREAD)
+        why = []
+        if z > c.spike_z:
+            why.append(f"robust z-score of the log {z:.1f} > {c.spike_z:g}")
+        if ratio > c.spike_ratio:
+            why.append(f"{ratio:.1f}x the largest value before > {c.spike_ratio:g}x")
+        found = None
+        if why and not self.spiking:
+            found = {"value": value, "median": math.exp(med), "mad": mad, "z": z,
+                     "running_max": self.running_max, "ratio": ratio, "why": "; ".join(why)}
+        self.spiking = bool(why)
         return found
 
 

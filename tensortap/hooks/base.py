@@ -312,6 +312,9 @@ class Hook(ValueSaving):
                 "tensortap: error in %s; the hook turns itself off and training continues", where, exc_info=e
             )
         self.disabled = True
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.disarm()  # (no step is counted any more, not even by an adapter's tally)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

@@ -4,17 +4,22 @@
 Every step, whatever the save interval: each registered module's outputs (a forward hook per module that only
 keeps a reference), then at the optimizer's step (its pre-hook: gradients as the optimizer consumes them, weights
 as the forward used them) or, for EVAL/PREDICT steps and loops with no optimizer, when the next step's forward
-begins, the statistics of all of them are computed where they live in one batched pass (`torch._foreach_norm`) and
-brought to the host in one transfer. A step with a non-finite value names where it first appeared: the first
-module in forward order whose output went non-finite, else the first parameter in backward order (the reverse of
-registration) whose gradient did, else a parameter itself.
+begins, the statistics of all of them are computed where they live: on the CPU the norms in one pass of the C helper
+(`tensortap.capture._moments.squares`) per output and one call for all weights and gradients, else in one batched
+pass (`torch._foreach_norm`) brought to the host in one transfer. A step with a non-finite value names where it
+first appeared: the first module in forward order whose output went non-finite, else the first parameter in backward
+order (the reverse of registration) whose gradient did, else a parameter itself.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
+import operator
+import sys
+from array import array
 from typing import Any
 
 import numpy as np
@@ -44,6 +49,19 @@ def _no_graph_task() -> int:
 
 
 _graph_task_id = getattr(torch._C, "_current_graph_task_id", _no_graph_task)
+
+try:  # Σx² and the non-finite count of CPU tensors in one pass (tensortap/capture/_moments.c), built at install
+    from tensortap.capture._moments import squares as _c_squares
+except ImportError:  # pragma: no cover - no compiler at install time: torch's norms
+    _c_squares = None
+#: element types `_c_squares` reads (its `kind`)
+_SQUARE_KINDS = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2}
+_DBL_MAX = sys.float_info.max
+_chain = itertools.chain
+_GRAD = operator.attrgetter("grad")
+_DATA_PTR = torch.Tensor.data_ptr
+_IS_CONTIGUOUS = torch.Tensor.is_contiguous
+_PLAIN = frozenset({torch.Tensor, nn.Parameter})  # (tensor types read by address: no subclass, no None)
 
 
 def _usable(t: Any) -> bool:
@@ -87,16 +105,17 @@ class _StepPlan:
     """The names and roles of a step's tensors (outputs, then weights, then gradients), for steps alike."""
 
     __slots__ = ("names", "dtypes", "n_out", "n_weights", "n_grads", "out_calls", "loss", "layouts", "batched",
-                 "tensor_shapes")
+                 "tensor_shapes", "kind")
 
     def __init__(self, names: tuple[str, ...], dtypes: tuple[np.dtype, ...], n_out: int, n_weights: int,
                  n_grads: int, out_calls: list[int], loss: int | None, batched: bool,
-                 tensor_shapes: tuple[tuple[int, ...], ...]):
+                 tensor_shapes: tuple[tuple[int, ...], ...], kind: int | None):
         self.names, self.dtypes, self.n_out, self.n_weights, self.n_grads = names, dtypes, n_out, n_weights, n_grads
         self.out_calls, self.loss = out_calls, loss
         self.layouts: dict[tuple, Layout] = {}  # by the outputs' shapes
         self.batched = batched  # the weights' and gradients' statistics in one foreach pass (one dtype, real, dense)
         self.tensor_shapes = tensor_shapes
+        self.kind = kind  # the weights' and gradients' norms in one pass of `_c_squares` (CPU, one dtype it reads)
 
 
 # One call of a watched module in the pending step, as a tuple:
@@ -116,6 +135,12 @@ class TorchFlight:
         self.hook = hook
         self.rec = FlightRecorder(config, hook, self._raw_now, self._flush)
         self.full = config.statistics == "full"
+        #: the dtypes whose norms `_c_squares` takes on the CPU (none with the full statistics: torch's passes)
+        self.square_kinds = _SQUARE_KINDS if _c_squares is not None and not self.full else {}
+        self.squares_out = array("d", (0.0, 0.0))  # (Σx², non-finite count) of one CPU output
+        self.w_ptrs: list[int] | None = None  # the weights' addresses when `w_kind` was found
+        self.w_kind: int | None = None  # the C helper's kind that reads every weight (None: not all of them)
+        self.w_numels: list[int] = []
         self.modules: list[str] = []  # forward-hook index: the module's name (a root by its class name)
         self.roots: set[int] = set()  # indices of registered roots (their forward ends a model call)
         self.losses: set[int] = set()  # indices of registered loss modules
@@ -189,8 +214,14 @@ class TorchFlight:
             if type(output) is _Tensor and output.is_cpu and output.layout is _STRIDED and not output.is_nested:
                 # (the common case, measured here without the general walk: one dense CPU tensor)
                 dt = output.dtype
-                stored = _STORED.get(dt)
-                if stored is not None:
+                kind = self.square_kinds.get(dt)
+                if kind is not None and (output.is_contiguous() or _dense(output)):
+                    sq = self.squares_out
+                    _c_squares(kind, ((output.data_ptr(), output.numel()),), sq)
+                    if sq[0] <= _DBL_MAX:  # (not inf or NaN)
+                        call = (self.sig1.get((idx, dt)) or self._sig1(idx, dt), (math.sqrt(sq[0]),), _NF0,
+                                (output.shape,), (), None, None)
+                elif dt in _STORED:
                     t = output.detach()
                     if self.full:
                         row = _stats_row(t, True).tolist()
@@ -199,10 +230,8 @@ class TorchFlight:
                         row = (_vnorm(t, dtype=torch.float32) if dt in _LOW_PRECISION else _vnorm(t)).item()
                         ok = math.isfinite(row)
                     if ok:
-                        sig = self.sig1.get((idx, dt))
-                        if sig is None:
-                            sig = self.sig1[(idx, dt)] = (idx, 1, _SLOT0, (stored,))
-                        call = (sig, (row,), _NF0, (output.shape,), (), None, None)
+                        call = (self.sig1.get((idx, dt)) or self._sig1(idx, dt), (row,), _NF0, (output.shape,), (),
+                                None, None)
             self.calls.append(call if call is not None else self._measure(idx, inputs, output))
             if idx in self.roots:
                 hook = self.hook
@@ -223,6 +252,11 @@ class TorchFlight:
         except Exception as e:  # noqa: BLE001
             self.rec.fail("forward hook", e)
 
+    def _sig1(self, idx: int, dt: torch.dtype) -> tuple:
+        """The signature of a call of module `idx` whose output is one tensor of dtype `dt`."""
+        sig = self.sig1[(idx, dt)] = (idx, 1, _SLOT0, (_STORED[dt],))
+        return sig
+
     def _measure(self, idx: int, inputs: Any, output: Any) -> tuple:
         """One call's outputs: on the CPU their statistics now, while they are in the cache (no reference is kept:
         the memory of an output autograd does not keep is freed as without the recorder), and where one is not
@@ -233,30 +267,35 @@ class TorchFlight:
         slots, rows, nfs, shapes, dtypes, held = [], [], [], [], [], []
         keep_inputs = None
         bad = None
-        with torch.no_grad():
-            for i, t in enumerate(outs):
-                stored = _STORED.get(t.dtype)
-                if stored is None or t.layout is not _STRIDED or not _usable(t):
-                    continue
-                slots.append(i)
-                shapes.append(t.shape)
-                dtypes.append(stored)
-                if not t.is_cpu:
-                    rows.append(_stats_row(t, full))
-                    nfs.append(-1)
-                    held.append(t)
-                    keep_inputs = inputs
-                    continue
-                row = _stats_row(t, full).tolist()
-                nf = 0
-                if not all(math.isfinite(v) for v in row):
-                    nf = int((~torch.isfinite(t)).sum())
-                    if nf == 0:  # (a sum of powers past the dtype's range)
-                        row = _stats_row(t.double(), full).tolist()
-                    elif bad is None:
-                        bad = _bad_output(self.modules[idx], i, inputs, t)
-                rows.append(row if full else row[0])
-                nfs.append(nf)
+        for i, t in enumerate(outs):
+            stored = _STORED.get(t.dtype)
+            if stored is None or t.layout is not _STRIDED or not _usable(t):
+                continue
+            slots.append(i)
+            shapes.append(t.shape)
+            dtypes.append(stored)
+            if not t.is_cpu:
+                rows.append(_stats_row(t.detach(), full))
+                nfs.append(-1)
+                held.append(t)
+                keep_inputs = inputs
+                continue
+            kind = self.square_kinds.get(t.dtype)
+            if kind is not None and (t.is_contiguous() or _dense(t)):
+                sq = self.squares_out
+                _c_squares(kind, ((t.data_ptr(), t.numel()),), sq)
+                row = [math.sqrt(sq[0])]
+            else:
+                row = _stats_row(t.detach(), full).tolist()
+            nf = 0
+            if not all(math.isfinite(v) for v in row):
+                nf = int((~torch.isfinite(t)).sum())
+                if nf == 0:  # (a sum of powers past the dtype's range)
+                    row = _stats_row(t.detach().double(), full).tolist()
+                elif bad is None:
+                    bad = _bad_output(self.modules[idx], i, inputs, t)
+            rows.append(row if full else row[0])
+            nfs.append(nf)
         return ((idx, len(outs), tuple(slots), tuple(dtypes)), rows, nfs, tuple(shapes), held, keep_inputs, bad)
 
     def _optimizer_pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -302,79 +341,93 @@ class TorchFlight:
                            "compiled?): weights and gradients are recorded, module outputs are not", step_id[0])
         full = self.full
         held: list[tuple[int, torch.Tensor]] = []  # (position, output) of the accelerator outputs
-        if all(c[_NF] is _NF0 for c in calls):  # (one finite CPU tensor per call: the common case)
-            sig = [c[_SIG] for c in calls]
-            rows: list[Any] = [c[_ROWS][0] for c in calls]  # per recorded output: its row (see _RAW_COLUMNS)
-            nfs: Any = 0
-            shapes = [c[_SHAPES][0] for c in calls]
-        else:
-            sig, rows, nfs, shapes = [], [], [], []  # (nfs: per output its non-finite count, -1: not known yet)
+        # per call its fields, then per recorded output its row, non-finite count (-1: not known yet) and shape
+        sig, c_rows, c_nfs, c_shapes, c_held, _inputs, _bad = zip(*calls, strict=True) if calls else ((),) * 7
+        rows: list[Any] = list(_chain(*c_rows))
+        nfs = list(_chain(*c_nfs))
+        shapes = tuple(_chain(*c_shapes))
+        if any(c_held):  # (accelerator outputs)
+            pos = 0
             for c in calls:
-                sig.append(c[_SIG])
-                if c[_HELD]:
-                    it = iter(c[_HELD])
-                    pos = len(rows)
-                    for j, nf in enumerate(c[_NF]):
-                        if nf < 0:
-                            held.append((pos + j, next(it)))
-                rows.extend(c[_ROWS])
-                nfs.extend(c[_NF])
-                shapes.extend(c[_SHAPES])
+                it = iter(c[_HELD])
+                for j, nf in enumerate(c[_NF]):
+                    if nf < 0:
+                        held.append((pos + j, next(it)))
+                pos += len(c[_NF])
         n_out = len(rows)
-        # (detached: no autograd record of the statistics; checked when registered)
-        tensors: list[torch.Tensor] = [p.detach() for p in self.weights]
-        sharded = self.sharded
-        if sharded:  # (a DTensor's local shard, where it lies noted for the reader)
-            local = self.hook._local
-            for i in sharded:
-                tensors[i] = local(self.weight_names[i], self.weights[i])
-        gmask: Any = False
-        gl: list[Any] = []
-        if grads:
-            gl = [p.grad for p in self.weights]
-            gmask = True
-            for g in gl:
-                if g is None or g.layout is not _STRIDED:  # (a sparse gradient is left out)
-                    gmask = tuple(g is not None and g.layout is _STRIDED for g in gl)
-                    break
-            gd = [g.detach() if g is not None else None for g in gl]  # (create_graph=True: requires grad)
-            for i in sharded:
-                if gl[i] is not None:
-                    gd[i] = local("gradient/" + self.weight_names[i], gl[i])
-            if gmask is True:
-                tensors += gd
-            else:
-                tensors.extend(d for d, ok in zip(gd, gmask, strict=True) if ok)
-        key = (tuple(sig), gmask)
-        plan = self.plans.get(key)
-        if plan is None:
-            plan = self._plan(key, calls, tensors, n_out, shapes, gl if grads else None)
-        n_t = len(tensors)
-        if n_out + n_t == 0:
-            return
         cols = _RAW_COLUMNS[full]
-        values = np.empty((n_out + n_t, 6 if full else 2), dtype=np.float64)
-        host, t_nf = self._statistics(tensors, plan, [rows[i] for i, _t in held])
-        if n_out:
-            for (i, t), row in zip(held, host[n_t:], strict=True):
+        weights = self.weights
+        gl: list[Any] = list(map(_GRAD, weights)) if grads else []
+        # the common case: CPU weights and gradients of one dtype, read by the C helper in one call from addresses
+        # checked cheaply (`_sources`), for steps whose plan is known
+        sources = self._sources(gl if grads else None) if self.square_kinds and not held and not self.sharded \
+            else None
+        plan = self.plans.get((sig, grads)) if sources is not None else None
+        if plan is not None and plan.kind == self.w_kind:
+            tensors: list[torch.Tensor] = weights + gl
+            n_t = len(tensors)
+            values = np.zeros((n_out + n_t, 2), dtype=np.float64)
+            t_bad = _c_squares(plan.kind, sources, values[n_out:])
+            _roots(values[n_out:], t_bad, tensors)
+            done = True
+        else:
+            t_bad = None  # (not known: read from `values`)
+            # (as they are: torch's statistics detach them, `_statistics`; checked when registered)
+            tensors = list(weights)
+            sharded = self.sharded
+            if sharded:  # (a DTensor's local shard, where it lies noted for the reader)
+                local = self.hook._local
+                for i in sharded:
+                    tensors[i] = local(self.weight_names[i], weights[i])
+            gmask: Any = False
+            if grads:
+                gmask = True
+                for g in gl:
+                    if g is None or g.layout is not _STRIDED:  # (a sparse gradient is left out)
+                        gmask = tuple(g is not None and g.layout is _STRIDED for g in gl)
+                        break
+                gd = list(gl)
+                for i in sharded:
+                    if gl[i] is not None:
+                        gd[i] = local("gradient/" + self.weight_names[i], gl[i])
+                if gmask is True:
+                    tensors += gd
+                else:
+                    tensors.extend(d for d, ok in zip(gd, gmask, strict=True) if ok)
+            key = (sig, gmask)
+            plan = self.plans.get(key)
+            if plan is None:
+                plan = self._plan(key, calls, tensors, n_out, shapes, gl if grads else None)
+            n_t = len(tensors)
+            if n_out + n_t == 0:
+                return
+            values = np.zeros((n_out + n_t, 6 if full else 2), dtype=np.float64)
+            # the weights' and gradients' statistics: on the CPU in one call of the C helper, else (and with the
+            # accelerator outputs' rows) torch's in one transfer
+            done = not n_t or (plan.kind is not None and not held and self._squares(tensors, plan, values[n_out:]))
+        if not done or held:
+            host, t_nf = self._statistics(tensors if not done else [], plan, [rows[i] for i, _t in held])
+            n_h = 0 if done else n_t
+            for (i, t), row in zip(held, host[n_h:], strict=True):
                 nfs[i] = _nonfinite(t, row, full) if not np.isfinite(row).all() else 0
                 rows[i] = row if full else row[0]
+            if not done:
+                if full:
+                    values[n_out:, cols] = host[:n_t]
+                else:
+                    values[n_out:, 0] = host[:n_t, 0]
+                values[n_out:, 1] = t_nf
+        if n_out:
             if full:
                 values[:n_out, cols] = rows
             else:
                 values[:n_out, 0] = rows
             values[:n_out, 1] = nfs
-        if full:
-            values[n_out:, cols] = host[:n_t]
-        else:
-            values[n_out:, 0] = host[:n_t, 0]
-        values[n_out:, 1] = t_nf
-        shape_key = tuple(shapes)
-        layout = plan.layouts.get(shape_key)
+        layout = plan.layouts.get(shapes)
         if layout is None:
             if len(plan.layouts) > 64:
                 plan.layouts.clear()
-            layout = plan.layouts[shape_key] = Layout(plan.names, shape_key + plan.tensor_shapes, plan.dtypes)
+            layout = plan.layouts[shapes] = Layout(plan.names, shapes + plan.tensor_shapes, plan.dtypes)
         if full:  # (count of non-zero elements -> of zeros; sqrt(Σx⁴) -> l4)
             values[:, 4] = layout.numels - values[:, 4]
             np.sqrt(values[:, 5], out=values[:, 5])
@@ -382,7 +435,7 @@ class TorchFlight:
         rec.record(step_id, layout, values)
         names = plan.names
         bad_value = None
-        if values[:, 1].any():
+        if any(nfs) or ((t_bad is None or t_bad) and values[n_out:, 1].any()):
             detail, bad_value = self._provenance(calls, plan, tensors, values, held)
         else:
             detail = None
@@ -399,8 +452,7 @@ class TorchFlight:
             loss = float(values[plan.loss, 0]) if plan.loss is not None else None  # (|loss|: its l2)
             gnorm = None
             if plan.n_grads:
-                g = values[-plan.n_grads:, 0]
-                gnorm = float(np.sqrt(np.dot(g, g)))
+                gnorm = math.hypot(*values[-plan.n_grads:, 0].tolist())
             rec.observe(step_id, loss, gnorm, raw, names[plan.loss] if plan.loss is not None else None)
         rec.poll(step_id)
 
@@ -434,8 +486,10 @@ class TorchFlight:
         dtypes.extend(_STORED[t.dtype] for t in tensors)
         batched = (len({t.dtype for t in tensors}) <= 1 and len({t.device for t in tensors}) <= 1
                    and all(t.dtype in (torch.float32, torch.float64) and t.numel() for t in tensors))
+        kinds = {self.square_kinds.get(t.dtype) for t in tensors}
+        kind = kinds.pop() if len(kinds) == 1 and all(t.is_cpu for t in tensors) else None
         plan = _StepPlan(tuple(names), tuple(dtypes), n_out, len(self.weight_names), n_grads, out_calls, loss,
-                         batched, tuple(tuple(t.shape) for t in tensors))
+                         batched, tuple(tuple(t.shape) for t in tensors), kind)
         if len(self.plans) > 256:
             self.plans.clear()
         self.plans[key] = plan
@@ -451,6 +505,7 @@ class TorchFlight:
         n = len(tensors)
         parts = []
         if n:
+            tensors = [t.detach() for t in tensors]  # (create_graph=True: a gradient requires grad)
             if not plan.batched:
                 parts.append(torch.stack([_stats_row(t, full) for t in tensors]))
             elif not full:
@@ -479,6 +534,55 @@ class TorchFlight:
             for i in np.flatnonzero(~np.isfinite(host[:n]).all(axis=1)).tolist():
                 nf[i] = _nonfinite(tensors[i], host[i], full)
         return host, nf
+
+    def _squares(self, tensors: list[torch.Tensor], plan: _StepPlan, out: np.ndarray) -> bool:
+        """The norms and non-finite counts of `tensors` (CPU, of the one dtype `plan.kind` names) into `out` (one row
+        each, C-contiguous) in one call of the C helper: float64 Σx², then its root. False (nothing done) where a
+        tensor is not such a tensor (then torch's, for this plan from now on)."""
+        kept = []  # (contiguous copies of the rare tensor that is not: alive until the call is over)
+        sources = []
+        dtype = tensors[0].dtype
+        for t in tensors:
+            if not t.is_cpu or t.dtype is not dtype:
+                plan.kind = None  # (moved to a device, or another dtype)
+                return False
+            if not t.is_contiguous() and not _dense(t):
+                t = t.contiguous()
+                kept.append(t)
+            sources.append((t.data_ptr(), t.numel()))
+        _roots(out, _c_squares(plan.kind, sources, out), tensors)
+        return True
+
+    def _sources(self, gl: list[Any] | None) -> list[tuple[int, int]] | None:
+        """(address, element count) of each weight, then of each gradient in `gl` (None: none), where the weights
+        are dense CPU tensors of one dtype the C helper reads (checked again when an address changes: `.data` set,
+        moved, converted), and every gradient is a dense tensor (torch gives a parameter's gradient its dtype,
+        device and shape); else None."""
+        ptrs = list(map(_DATA_PTR, self.weights))
+        if ptrs != self.w_ptrs:
+            self._check_weights(ptrs)
+        if self.w_kind is None:
+            return None
+        sources = list(zip(ptrs, self.w_numels, strict=True))
+        if gl is not None:
+            if not set(map(type, gl)) <= _PLAIN:  # (a gradient is None, or not a plain tensor)
+                return None
+            if not all(map(_IS_CONTIGUOUS, gl)) and not all(
+                    g.layout is _STRIDED and (g.is_contiguous() or _dense(g)) for g in gl):  # (sparse, strided)
+                return None
+            sources += zip(map(_DATA_PTR, gl), self.w_numels, strict=True)
+        return sources
+
+    def _check_weights(self, ptrs: list[int]) -> None:
+        """`w_kind`: the kind of the C helper that reads all weights (None: none does), for weights at `ptrs`."""
+        ws = self.weights
+        self.w_ptrs, self.w_kind = ptrs, None
+        if not ws or not all(type(w) in _PLAIN and w.is_cpu and (w.is_contiguous() or _dense(w)) for w in ws):
+            return
+        kinds = {self.square_kinds.get(w.dtype) for w in ws}
+        if len(kinds) == 1:
+            self.w_numels = [w.numel() for w in ws]
+            self.w_kind = kinds.pop()
 
     def _provenance(self, calls: list[tuple], plan: _StepPlan, tensors: list[torch.Tensor], values: np.ndarray,
                     held: list[tuple[int, torch.Tensor]]) -> tuple[dict[str, Any], tuple[str, np.ndarray] | None]:
@@ -544,6 +648,33 @@ class TorchFlight:
             for i, t in zip(kept, c[_HELD], strict=True):
                 out.append((f"{self.modules[idx]}_output_{k * n + i}", host_numpy(t.detach().cpu())))
         return out
+
+
+def _roots(out: np.ndarray, bad: int, tensors: list[torch.Tensor]) -> None:
+    """`out` (per tensor Σx² and the non-finite count, from the C helper; `bad`: how many Σx² are not finite) to
+    the tensors' norms: where a float64 tensor's Σx² passed its range, computed again by torch in float64."""
+    col = out[:, 0]
+    if bad:
+        for i in np.flatnonzero(~(col <= _DBL_MAX)).tolist():
+            if out[i, 1] == 0:
+                col[i] = float(_stats_row(tensors[i].detach().double(), False)) ** 2
+    np.sqrt(col, out=col)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether the elements of `t` are the `t.numel()` consecutive ones from `t.data_ptr()` in some order (its
+    strides a permutation of a contiguous tensor's: a transposed or channels-last tensor)."""
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride(), strict=True), key=_by_stride):
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
+    return True
+
+
+def _by_stride(size_stride: tuple[int, int]) -> int:
+    return size_stride[1]
 
 
 def _nonfinite(t: torch.Tensor, row: np.ndarray, full: bool) -> int:

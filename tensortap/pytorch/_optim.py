@@ -92,6 +92,9 @@ class OptimizerSteps:
 
     def _optimizer_pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """The optimizer is about to consume the gradients: capture them (the step's gradients)."""
+        if not self._opt_stepped and not self.engine.saving and self.clock.in_step and id(optimizer) in self._opts \
+                and not self._forward_unseen and not self._scalers:
+            return  # a step that saves nothing, begun at its forward: nothing to begin, capture or check
         if self.disabled or self._closed or not self._ours(optimizer):
             return
         if self.clock.mode in _NO_GRAD_MODES:

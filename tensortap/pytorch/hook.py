@@ -16,13 +16,14 @@ from __future__ import annotations
 import functools
 import logging
 import os as _os
+from time import monotonic
 from typing import Any
 
 import torch
 from torch import nn
 
 from tensortap.capture.batch import BatchSpec
-from tensortap.capture.engine import BACKWARD_END, FORWARD_END, TensorSpec
+from tensortap.capture.engine import BACKWARD_END, FORWARD_END, Tally, TensorSpec
 from tensortap.collection import ACTIVATION_COLLECTIONS, Collection, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.format.records import StatisticsRows
@@ -58,24 +59,58 @@ __all__ = ["GRADIENT_PREFIX", "INPUT_SUFFIX", "OPTIMIZER_PREFIX", "OUTPUT_SUFFIX
 logger = logging.getLogger("tensortap")
 
 
-class _StepStart:
-    """A registered root's forward pre-hook: each forward begins a step (`Hook._root_pre_hook`).
+class _Eager:
+    """A hook of a registered root that runs in eager code only (its forward hook while the lifecycle is listened
+    to; `_StepStart` below). Code that dynamo traces (a model compiled after registering) reads `is_compiling()` as
+    a constant and skips the call, so compiled code never calls into the hook and no graph breaks; eager code pays
+    one call, without the cost of a `torch.compiler.disable` wrapper (which switches the frame evaluator at every
+    call).
 
     A copy of the module (`copy.deepcopy`, a whole-model `torch.save`) gets `{}.get` in its place, which returns
     the forward's inputs unchanged: the copy's forwards are not the job's steps, and loading a saved model does not
     need tensortap."""
 
-    __slots__ = ("begin",)
+    __slots__ = ("fn",)
 
-    def __init__(self, begin: Any) -> None:
-        self.begin = begin
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
 
-    def __call__(self, module: nn.Module, args: Any) -> None:
+    def __call__(self, *args: Any) -> None:
         if not _is_compiling():
-            self.begin(module, args)
+            self.fn(*args)
 
     def __reduce__(self) -> tuple:
         return getattr, ({}, "get")
+
+
+class _StepStart(_Eager):
+    """A registered root's forward pre-hook (eager only, as `_Eager`): each forward begins a step
+    (`Hook._root_pre_hook`), except that a new step in the engine's quiet window is only counted, here, on the
+    tally the engine armed (`Tally.take`, inlined: this runs at every step of every job)."""
+
+    __slots__ = ("hook", "quiet")
+
+    def __init__(self, hook: Any) -> None:
+        super().__init__(hook._root_pre_hook)
+        self.hook = hook
+        self.quiet = hook._quiet
+
+    def __call__(self, module: nn.Module, args: Any) -> None:
+        if _is_compiling():
+            return
+        hook = self.hook
+        quiet = self.quiet
+        left = quiet.left
+        # a new step (the optimizer stepped, or no optimizer is followed) in the quiet window: only counted (what
+        # `engine.count_quiet()` would do; the engine closes the window when the step, mode or plan changes or the
+        # hook turns off)
+        if left > 0 and (hook._opt_stepped or not hook._opts) and monotonic() < quiet.deadline:
+            quiet.left = left - 1
+            quiet.skipped += 1
+            hook._opt_stepped = False
+            hook._forward_seen = True
+            return
+        self.fn(module, args)
 
 
 class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
@@ -149,7 +184,10 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
         self._first_step_handles: list[Any] = []  # the registered losses' watch for the first step
         self._activation_keys: dict[str, str] = {}  # "<module>_output_": its activation collection
         # the lifecycle's forward_end and backward_end, seen while someone listens (StepEngine.add_listener)
-        self._lifecycle_hook = torch.compiler.disable(self._forward_end_hook)
+        self._lifecycle_hook = _Eager(self._forward_end_hook)
+        # the quiet window's steps, counted at the roots' forwards (`_root_pre_hook`; armed by `on_step_begin`)
+        self._quiet = Tally()
+        self.clock.tally = self._quiet
         self._lifecycle_handles: list[Any] = []
         self._backward_queued = False
         self.engine.watch_listeners(self._listeners_changed)
@@ -238,7 +276,7 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
                 io_hooks.append((m, functools.partial(self._io_hook, n if n else root_name)))
                 self._note_activation(n if n else root_name, m)
         root = _Root(module, root_name, params, io_hooks, compiled)
-        root.handles.append(module.register_forward_pre_hook(_StepStart(torch.compiler.disable(self._root_pre_hook))))
+        root.handles.append(module.register_forward_pre_hook(_StepStart(self)))
         self._roots.append(root)
         if self._lifecycle_handles:
             self._lifecycle_handles.append(module.register_forward_hook(self._lifecycle_hook))
@@ -305,7 +343,7 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
 
     def _root_pre_hook(self, module: nn.Module, args: Any) -> None:
         """A forward of a registered root begins a step. A step after a step that saved nothing, itself known to
-        save nothing, is only counted: readers learn it passed when a later step ends."""
+        save nothing, is only counted (here or by `_StepStart`): readers learn it passed when a later step ends."""
         if self.disabled or self._closed:
             return
         clock = self.clock
@@ -385,6 +423,7 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
     def on_step_begin(self) -> None:
         engine = self.engine
         if not engine.saving:
+            engine.arm(self._quiet)  # (the steps after this one that save nothing either: counted by the roots)
             kept = self._handles_plan
             if kept is not None and (kept.io or not self.active
                                      or engine.next_save - self.clock.mode_step > _KEEP_HANDLES):

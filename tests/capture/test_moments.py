@@ -129,3 +129,77 @@ def test_bad_arguments_raise():
         moments(0, [(a.ctypes.data, 3)] * 2, out)
     with pytest.raises(TypeError):
         moments(0, [(a.ctypes.data,)], out)
+
+
+#: `squares` (the flight recorder's pass); a helper built from an older checkout lacks it
+needs_squares = pytest.mark.skipif(not hasattr(_moments, "squares"), reason="the C helper was built before "
+                                   "squares() existed: rebuild it (setup.py build_ext --inplace)")
+
+
+def _squares(kind: int, arrays: list[np.ndarray]) -> tuple[np.ndarray, int]:
+    out = np.full(len(arrays) * 2, -12345.0)
+    bad = _moments.squares(kind, [(a.ctypes.data, a.size) for a in arrays], out)
+    return out.reshape(len(arrays), 2), bad
+
+
+@needs_squares
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_squares_against_an_exact_reference(dtype):
+    """`squares` (the flight recorder's pass): Σx² within the bound of `moments` and its exact non-finite count,
+    on every length around the vector and block sizes, unaligned addresses included."""
+    rng = np.random.default_rng(3)
+    arrays = [(rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4)).astype(dtype) for n in SIZES]
+    base = rng.standard_normal(4103).astype(dtype)
+    arrays += [base[1:], base[3:2050], np.full(5000, 0.1, dtype=dtype)]
+    rows, bad = _squares(KINDS[np.dtype(dtype)], arrays)
+    assert bad == 0
+    for (s2, nf), a in zip(rows, arrays, strict=True):
+        x = a.astype(np.float64)
+        assert nf == 0
+        assert abs(s2 - math.fsum(x * x)) <= _bound(x.size, x * x)
+    # the same sums as `moments` gives, to its bound
+    full = _run(KINDS[np.dtype(dtype)], arrays)
+    for (s2, _nf), row, a in zip(rows, full, arrays, strict=True):
+        x = a.astype(np.float64)
+        assert abs(s2 - row[3]) <= 2 * _bound(x.size, x * x)
+
+
+@needs_squares
+def test_squares_count_nonfinite_elements_and_tensors():
+    inf, nan = float("inf"), float("nan")
+    f32 = [np.array([1.0, inf, -2.0], np.float32), np.array([-inf, 0.5] * 20, np.float32),
+           np.array([3.0] * 30 + [nan] + [4.0] * 30, np.float32), np.ones(17, np.float32)]
+    rows, bad = _squares(0, f32)
+    assert bad == 3
+    assert list(rows[:, 1]) == [1, 20, 1, 0]
+    assert rows[0, 0] == inf and np.isnan(rows[2, 0]) and rows[3, 0] == 17.0
+    # float64: Σx² past the range with every element finite: not finite, no element counted
+    rows, bad = _squares(1, [np.array([1e200, -1e200, 2.0]), np.array([nan, inf, -inf, 1.0])])
+    assert bad == 2
+    assert rows[0, 0] == inf and rows[0, 1] == 0 and rows[1, 1] == 3
+
+
+@needs_squares
+def test_squares_of_bfloat16():
+    rng = np.random.default_rng(4)
+    bits = _bfloat16(rng.standard_normal(3001) * 4)
+    parts = [bits[:17], bits[18:], bits[1:40]]
+    rows, bad = _squares(2, parts)
+    assert bad == 0
+    for (s2, nf), p in zip(rows, parts, strict=True):
+        x = _from_bfloat16(p)
+        assert nf == 0 and abs(s2 - math.fsum(x * x)) <= _bound(x.size, x * x)
+    bits[5] = 0x7F80  # +inf
+    rows, bad = _squares(2, [bits[:17]])
+    assert bad == 1 and rows[0, 1] == 1
+
+
+@needs_squares
+def test_squares_bad_arguments_raise():
+    out = np.empty(2)
+    with pytest.raises(ValueError, match="squares: kind 3"):
+        _moments.squares(3, [], out)
+    a = np.ones(3, np.float32)
+    with pytest.raises(ValueError, match="need"):
+        _moments.squares(0, [(a.ctypes.data, 3)] * 2, out)
+    assert _moments.squares(0, [], out) == 0

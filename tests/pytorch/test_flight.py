@@ -745,3 +745,105 @@ def test_fsdp2_parameters_are_recorded_as_shards_and_read_whole(tmp_path):
         assert float(tensor.reduction_value(step, "max", abs=True)) == pytest.approx(np.abs(t).max(), rel=1e-6)
         checked += 1
     assert checked == 4 * 8  # (4 steps, 4 weights and 4 gradients)
+
+
+class _Transposed(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return x.t(), None
+
+
+class _Strided(nn.Module):
+    def forward(self, x: tuple[torch.Tensor, None]) -> torch.Tensor:
+        return x[0][:, ::2]
+
+
+class _BFloat16(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.bfloat16)
+
+
+class _Layouts(nn.Module):
+    """Tensors of every layout the norms are read from: a channels-last convolution (its weight and gradient dense,
+    not contiguous), a layer used only on odd steps (no gradient on even ones), and outputs transposed (dense, in a
+    tuple with a None), strided (not dense) and bfloat16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1).to(memory_format=torch.channels_last)
+        self.lin = nn.Linear(4 * 6 * 6, 8)
+        self.odd = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 3)
+        self.extra = nn.Sequential(_Transposed(), _Strided(), _BFloat16())
+
+    def forward(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        h = self.conv(x.to(memory_format=torch.channels_last)).relu().flatten(1)
+        h = self.lin(h)
+        if step % 2:
+            h = self.odd(h)
+        out = self.head(h)
+        self.extra(out)
+        return out
+
+
+def test_norms_of_every_layout_equal_what_torch_computes(tmp_path):
+    """statistics="norms" (the default): the l2 norm and non-finite count of every weight, gradient and module
+    output at every step of the ring equal torch's on the tensors the script reads itself, whatever their layout
+    (contiguous, channels-last, transposed, strided, bfloat16), with a parameter that has no gradient on some
+    steps, after weights are replaced (`.data` set; one by a view that is not dense) and after the model is
+    converted to float64 mid-run."""
+    torch.manual_seed(0)
+    model = _Layouts()
+    loss_fn = nn.CrossEntropyLoss()
+    hook = _hook(str(tmp_path), steps=16)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    seen: dict[int, dict[str, torch.Tensor]] = {}
+    step = 0
+
+    def keep(name: str, t: torch.Tensor | None) -> None:
+        if t is not None:
+            seen.setdefault(step, {})[name] = t.detach().clone().double()
+
+    for name, m in model.named_modules():
+        m.register_forward_hook(lambda m, a, o, name=name or "_Layouts": keep(
+            f"{name}_output_0", o if torch.is_tensor(o) else o[0]))
+
+    def before_step(o, a, k) -> None:
+        for n, p in model.named_parameters():
+            keep(f"_Layouts_{n}", p)
+            keep(f"gradient/_Layouts_{n}", p.grad)
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt.register_step_pre_hook(before_step)
+    dtype = torch.float32
+    with pytest.raises(RuntimeError, match="stop here"):
+        with hook:
+            for step in range(12):
+                if step == 4:
+                    model.lin.weight.data = model.lin.weight.data * 2  # (a new address)
+                if step == 5:
+                    w = model.head.weight.data
+                    model.head.weight.data = torch.cat([w, -w], 1)[:, ::2]  # (a weight not dense)
+                if step == 8:
+                    model.double()  # (new addresses and another dtype)
+                    dtype = torch.float64
+                g = torch.Generator().manual_seed(step)
+                x, y = torch.randn(5, 3, 6, 6, generator=g, dtype=dtype), torch.randint(0, 3, (5,), generator=g)
+                opt.zero_grad()
+                out = model(x, step)
+                loss_fn(out, y).backward()
+                opt.step()
+            raise RuntimeError("stop here")
+    assert hook.error_count == 0
+    trial = create_trial(str(tmp_path))
+    checked = 0
+    for s in range(12):
+        assert ("gradient/_Layouts_odd.weight" in seen[s]) == (s % 2 == 1)
+        for name, t in seen[s].items():
+            tensor = trial.tensor(name)
+            assert float(tensor.reduction_value(s, "l2")) == pytest.approx(t.norm().item(), rel=1e-6), (name, s)
+            assert int(tensor.reduction_value(s, "nonfinite")) == 0
+            checked += 1
+    assert {"gradient/_Layouts_conv.weight", "extra.0_output_0", "extra.1_output_0", "extra.2_output_0"} <= set(
+        n for v in seen.values() for n in v)
+    assert checked == sum(len(v) for v in seen.values()) > 12 * 20

@@ -41,6 +41,21 @@ def _grad_recorder(opt, model, store: list) -> None:
         lambda o, a, k: store.append({n: p.grad.clone() for n, p in model.named_parameters()}))
 
 
+def _registered(tmp_path, interval: int, collections: list[str]):
+    """A seeded Net, its SGD optimizer and a writer-thread hook saving `collections` every `interval` steps, both
+    registered; and the list the optimizer's own pre-hook fills with what each of its steps consumes."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = tp.Hook(out_dir=str(tmp_path), writer="thread", save_config=tp.SaveConfig(save_interval=interval),
+                   include_collections=collections)
+    hook.register_module(model)
+    hook.register_optimizer(opt)
+    grads: list[dict] = []
+    _grad_recorder(opt, model, grads)
+    return model, opt, hook, grads
+
+
 def _assert_grads(t, steps: list[int], grads: list[dict]) -> None:
     for s, g in zip(steps, grads, strict=True):
         for n in NAMES:
@@ -184,15 +199,7 @@ def test_grad_scaler_skips_found_from_its_public_state(tmp_path, case):
 def test_two_calls_and_an_eval_pass_per_step(tmp_path):
     """A siamese step (the model called twice) with an eval pass inside the TRAIN step, no set_mode: one step
     per optimizer step, gradients at every step, each call's outputs under its own name."""
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    hook = tp.Hook(out_dir=str(tmp_path), writer="thread", save_config=tp.SaveConfig(save_interval=1),
-                   include_collections=["gradients", "relu_output"])
-    hook.register_module(model)
-    hook.register_optimizer(opt)
-    grads: list[dict] = []
-    _grad_recorder(opt, model, grads)
+    model, opt, hook, grads = _registered(tmp_path, 1, ["gradients", "relu_output"])
     relu_out: list[torch.Tensor] = []
     model.relu.register_forward_hook(lambda m, i, o: relu_out.append(o.detach().clone()))
     for step in range(4):
@@ -374,3 +381,31 @@ def test_step_with_a_closure_saves_what_the_closure_computed(tmp_path, caplog, r
         for n in NAMES:
             assert np.array_equal(trial.tensor(f"gradient/Net_{n}").value(k), grads[n].numpy()), (k, n)
             assert np.array_equal(trial.tensor(f"Net_{n}").value(k), weights[n].numpy()), (k, n)
+
+
+@pytest.mark.parametrize("loop", ["accumulation", "two_optimizer_steps", "eval_pass_after_step", "plain"])
+def test_quiet_steps_between_saving_steps_are_counted_exactly(tmp_path, loop):
+    """Between saving steps the steps are only counted (the engine's quiet window), wherever they begin (a
+    forward, an optimizer step with no forward before it): the saving steps, their gradients and the step count
+    are those of a hook that saves at every step."""
+    # (the optimizer registered: else the micro-batches before its first step are steps)
+    model, opt, hook, grads = _registered(tmp_path, 4, ["weights", "gradients"])
+    for i in range(10):
+        x, y = _batch(i)
+        opt.zero_grad()
+        for _ in range(3 if loop == "accumulation" else 1):
+            nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if loop == "two_optimizer_steps":
+            opt.step()  # (the same gradients again: a second optimizer step, no forward before it)
+        if loop == "eval_pass_after_step":
+            with torch.no_grad():
+                model(_batch(100 + i)[0])  # (an eval pass, no set_mode: it runs inside the next step)
+    steps = len(grads)
+    assert hook.step == steps - 1 + (loop == "eval_pass_after_step")  # (the last eval pass began a step)
+    hook.close()
+    t = tp.create_trial(str(tmp_path))
+    saving = list(range(0, steps, 4))
+    assert t.tensor("gradient/Net_fc1.weight").steps() == saving
+    assert t.tensor("Net_fc1.weight").steps() == saving
+    _assert_grads(t, saving, [grads[s] for s in saving])
