@@ -11,7 +11,17 @@ time (`time.thread_time()`: both trainers run their loop on the calling thread; 
 counted, but on a shared machine it competes for the same cores), and the wall clock. A round's ratio is
 arm / plain; the table gives the medians over rounds and their spread.
 
+Separate fits differ by several per cent even on the CPU clock (the load of a shared machine drifts between them),
+which is as much as the target allows. `--blocks B` (Lightning) therefore also measures inside one fit: its steps
+run in blocks of B, each block with the callback in the trainer's callback list (and its optimizer hook on) or
+without it, in the rotating order callback / plain / plain again (the A/A control); each block is charged the
+training thread's CPU time per step, a ratio is a block's to the plain block beside it, medians over all blocks of
+`--rounds` fits of `--steps` steps (the first three blocks left out). Blocks start 5 steps after a saving step, so
+each callback block holds B/10 saving steps and the steps after them; the writer process runs through the whole
+fit (in the plain blocks it idles, or finishes the previous block's last saving step).
+
     .venv/bin/python bench/trainers_overhead.py --rounds 30 --steps 220
+    .venv/bin/python bench/trainers_overhead.py --trainers lightning --blocks 100 --rounds 4 --steps 3020
 """
 
 from __future__ import annotations
@@ -96,6 +106,101 @@ def lightning_job(steps: int, callback: object | None) -> dict[str, float]:
     return _figures(timer, t)
 
 
+BLOCK_ARMS = ("callback", "plain", "plain again")
+
+
+def lightning_blocks(steps: int, block: int, callback: object) -> dict[str, list[float]]:
+    """One Lightning fit whose blocks of `block` steps run with `callback` or without it (see the docstring): the
+    training thread's CPU time per step of each block, by arm, in the order they ran (one entry per rotation)."""
+    import lightning as L
+
+    class Switch(L.Callback):
+        """First in the callback list: at each block's first step, puts `callback` in the list or takes it out."""
+
+        def __init__(self):
+            self.marks: list[tuple[int, str, float]] = []
+
+        def on_train_batch_start(self, trainer, *a):
+            step = trainer.global_step
+            if step % block != 5 % block:
+                return
+            k = step // block
+            arm = BLOCK_ARMS[(k + k // 3) % 3]  # (each arm first in turn)
+            self.marks.append((step, arm, time.thread_time()))
+            listed = callback in trainer.callbacks
+            if arm == "callback" and not listed:
+                trainer.callbacks.append(callback)  # (called from this hook on: the list is read as it goes)
+                callback._hook_optimizers(trainer)
+            elif arm != "callback" and listed:
+                trainer.callbacks.remove(callback)
+                for h in callback._handles:
+                    h.remove()
+                callback._handles = []
+
+        def on_train_end(self, trainer, *a):
+            self.marks.append((trainer.global_step, "", time.thread_time()))
+
+    class MLP(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                                     nn.Linear(256, 10))
+
+        def training_step(self, batch, i):
+            x, y = batch
+            return nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    torch.manual_seed(0)
+    x, y = torch.randn(64 * 50, 64), torch.randint(0, 10, (64 * 50,))
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64)
+    switch = Switch()
+    trainer = L.Trainer(max_steps=steps, max_epochs=-1, callbacks=[switch, callback], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        accelerator="cpu", devices=1)
+    trainer.fit(MLP(), data)
+    per_step: dict[str, list[float]] = {a: [] for a in BLOCK_ARMS}
+    marks = switch.marks[3:]  # (the first blocks: warm-up)
+    for (s0, arm, t0), (s1, _next, t1) in zip(marks, marks[1:], strict=False):
+        if s1 - s0 == block:
+            per_step[arm].append((t1 - t0) / block)
+    return per_step
+
+
+def blocks_table(args: argparse.Namespace) -> None:
+    from tensortap.lightning import TensortapCallback
+
+    lightning_job(WARMUP + 20, None)  # warm-up
+    ratios: dict[str, list[float]] = {"callback": [], "plain again": []}
+    plain: list[float] = []
+    for _r in range(args.rounds):
+        out = tempfile.mkdtemp(prefix="tt-bench-")
+        cb = TensortapCallback(out_dir=out, save_config=10, include_collections=["weights", "gradients", "losses"])
+        got = lightning_blocks(args.steps, args.blocks, cb)
+        cb.capture.close()
+        shutil.rmtree(out, ignore_errors=True)
+        n = min(len(v) for v in got.values())
+        for i in range(n):
+            for arm in ratios:
+                ratios[arm].append(got[arm][i] / got["plain"][i])
+            plain.append(got["plain"][i])
+
+    def cell(rs: list[float]) -> str:
+        q = statistics.quantiles(rs, n=4)
+        return f"x{statistics.median(rs):.3f} ({q[0]:.3f}-{q[2]:.3f})"
+
+    print(f"load average {os.getloadavg()[0]:.1f}; {args.rounds} fits of {args.steps} steps, blocks of {args.blocks} "
+          f"steps: {len(plain)} blocks per arm")
+    print("Block / the plain block beside it, training thread's CPU time, medians over blocks (in brackets: "
+          "quartiles)")
+    print("| trainer | A/A control | callback | plain per step |")
+    print("|---|---:|---:|---:|")
+    print(f"| lightning, blocks of {args.blocks} | {cell(ratios['plain again'])} | **{cell(ratios['callback'])}** | "
+          f"{statistics.median(plain) * 1e3:.3f} ms |")
+
+
 def hf_job(steps: int, callback: object | None) -> dict[str, float]:
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "trainers"))
     from _hf_job import dataset, model
@@ -141,7 +246,15 @@ def main() -> None:
                     help="also time the callback with dry_run=True (no writer: its process's work is left out)")
     ap.add_argument("--floor", action="store_true",
                     help="also time a callback that does nothing (the trainer's own cost of calling one)")
+    ap.add_argument("--blocks", type=int, default=0,
+                    help="Lightning: measure inside each fit, in alternating blocks of this many steps (a multiple "
+                         "of 10), instead of whole fits")
     args = ap.parse_args()
+    if args.blocks:
+        if args.blocks % 10 or args.trainers != "lightning":
+            raise SystemExit("--blocks: give a multiple of 10, with --trainers lightning")
+        blocks_table(args)
+        return
     jobs = {"lightning": lightning_job, "huggingface": hf_job}
     print(f"load average {os.getloadavg()[0]:.1f}; {args.rounds} rounds of {args.steps} steps")
     print("Ratios to the round's plain run, medians over rounds (in brackets: min-max); cpu = the training thread's "

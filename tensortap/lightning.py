@@ -144,6 +144,7 @@ class _TensortapCallbackMixin:
             if metrics:
                 groups.append((metrics, "metrics", False))
             cap.save_scalar_groups(groups)
+            cap.end_saving_step()  # (the step after it is then as cheap as any quiet one)
             self._losses = []
             self._stepped = False
 

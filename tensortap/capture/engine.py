@@ -343,6 +343,23 @@ class StepEngine:
             tally.deadline = self.deadline
             self._armed = tally
 
+    def arm_after(self, tally: Any) -> None:
+        """`arm` once the step has ended (an adapter that ends a saving step as soon as it handed everything over):
+        `tally` counts the steps after it, up to the next saving step of its mode and the window's deadline, none
+        of them begun; the next step that begins then ends no open one."""
+        clock = self.clock
+        if clock.in_step or self._every_step or not self.host.active:
+            return
+        clock.sync()
+        mode = clock.mode
+        current = clock.mode_steps[mode]
+        left = self.schedule.next_saving_step(mode, current + 1) - current - 1
+        if left > 0:
+            self.deadline = self.host.counting_deadline()
+            tally.left = int(min(left, _MAX_LEFT))
+            tally.deadline = self.deadline
+            self._armed = tally
+
     def disarm(self) -> None:
         """Every later step goes through the adapter again (the step, mode or plan changes)."""
         armed = self._armed

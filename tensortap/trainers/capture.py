@@ -144,6 +144,7 @@ class TrainerCapture:
         self.saving = False
         self._quiet = Tally()  # TRAIN steps of the engine's quiet window, counted by `begin_train`
         self._train_open = -1  # the TRAIN step open (begun or counted), -1 when the open step is not TRAIN
+        self._unmarked = False  # steps passed since the last step mark, none of them open (end_saving_step)
         self._message: tuple[Any, _StepPlan] | None = None  # the step's message, its weights in, its gradients due
 
     # --- life ---------------------------------------------------------------------------------
@@ -208,6 +209,7 @@ class TrainerCapture:
                 self.close()
             else:
                 self.hook.end_step()
+                self._mark_counted()
                 self.hook.flush()
         except Exception as e:  # noqa: BLE001 - never break training
             self.fail("end of training", e)
@@ -217,6 +219,9 @@ class TrainerCapture:
             message, self._message = self._message, None
             if message is not None and message[0]:
                 message[0].cancel()  # (the trainer failed inside the step)
+            if not self.hook.clock.in_step:
+                self.hook.end_step()  # (the counted steps are added to the clock before their mark)
+                self._mark_counted()
             self.hook.close()
         self._finish_rules(RULES_GRACE if wait_for_rules else 0.0)
 
@@ -236,9 +241,30 @@ class TrainerCapture:
             return  # (the step engine's quiet window)
         self._settle_message()
         h.begin(mode, mode_step)
+        self._unmarked = False  # (the mark that ends this step covers every step before it)
         self.saving = saving = h.engine.saving
         if train and not saving:
             h.engine.arm(self._quiet)  # (the TRAIN steps before the next saving one are only counted: begin_train)
+
+    def end_saving_step(self) -> None:
+        """The open step saved and its last hand-off is made (a TRAIN step's loss and metrics): end it now, so
+        that readers learn at once that it passed, and only count the steps up to the next saving one, none of
+        them begun (`begin_train`): the step after a saving step costs what any quiet step does. Their mark is
+        the one that ends the next step to begin (or `_mark_counted` at the end of training)."""
+        h = self.hook
+        if not self.active or not h.clock.in_step:
+            return
+        self._settle_message()
+        h.end_step()
+        self.saving = False
+        self._unmarked = True
+        h.engine.arm_after(self._quiet)
+
+    def _mark_counted(self) -> None:
+        """Steps counted after the last mark with no step open (see `end_saving_step`): readers learn they passed."""
+        if self._unmarked and not self.hook.clock.in_step:
+            self._unmarked = False
+            self.hook._send_step_mark()
 
     def begin_train(self, step: int) -> bool:
         """TRAIN step `step` (the trainer's global step) is under way: begin it unless it is the open one (another

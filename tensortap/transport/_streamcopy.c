@@ -3,9 +3,11 @@
  * gather(dst_address, [(src_address, nbytes), ...]) copies the sources back to back to dst in one call (memcpy
  * each; the GIL released from 1 MiB): a saving step's hundreds of tensors cost one Python call, not one
  * ctypes.memmove each (bench/speed_paths.py --path gather). The caller guarantees the addresses are valid,
- * contiguous and do not overlap. (Non-temporal stores, once used here to keep the step's working set in the
- * cache, bought no gain above the benchmarks' noise: bench/RESULTS.md, "Speed paths kept".) The ring's shared
- * counters are read and written with the atomics below (see docs/transport.md).
+ * contiguous and do not overlap. gather_stream(...) does the same with non-temporal stores on x86-64 (sources of
+ * 4 KiB or more): the copy into the writer process's ring, which the training process never reads back, does not
+ * push the step's working set (weights, gradients, activations) out of the training core's caches
+ * (bench/trainers_overhead.py --blocks: ~2% of a small Lightning job's step time, measured beside memcpy). The
+ * ring's shared counters are read and written with the atomics below (see docs/transport.md).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -22,6 +24,50 @@ static void copy_all(char *d, const uint64_t *addr, Py_ssize_t n)
         d += addr[2 * i + 1];
     }
 }
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+
+#define STREAM_MIN_BYTES 4096
+
+/* n bytes from s to d: non-temporal 16-byte stores from d's first 16-byte boundary on, memcpy for the edges */
+static void stream_one(char *d, const char *s, size_t n)
+{
+    if (n < STREAM_MIN_BYTES) {
+        memcpy(d, s, n);
+        return;
+    }
+    size_t lead = (16 - ((uintptr_t)d & 15)) & 15;
+    memcpy(d, s, lead);
+    d += lead;
+    s += lead;
+    n -= lead;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
+        __m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
+        _mm_stream_si128((__m128i *)(d + i), a);
+        _mm_stream_si128((__m128i *)(d + i + 16), b);
+        _mm_stream_si128((__m128i *)(d + i + 32), c);
+        _mm_stream_si128((__m128i *)(d + i + 48), e);
+    }
+    memcpy(d + i, s + i, n - i);
+}
+
+/* copy_all with non-temporal stores; the fence orders them before the stores that publish the copy */
+static void stream_all(char *d, const uint64_t *addr, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        stream_one(d, (const char *)(uintptr_t)addr[2 * i], (size_t)addr[2 * i + 1]);
+        d += addr[2 * i + 1];
+    }
+    _mm_sfence();
+}
+#else
+#define stream_all copy_all
+#endif
 
 /* The (address, nbytes) pairs of `sources` into a new array (PyMem_Free it); NULL with an exception set */
 static uint64_t *parse_sources(PyObject *sources, Py_ssize_t *n_out, uint64_t *total_out)
@@ -54,32 +100,44 @@ static uint64_t *parse_sources(PyObject *sources, Py_ssize_t *n_out, uint64_t *t
     return addr;
 }
 
-static void copy_sources(char *d, const uint64_t *addr, Py_ssize_t n, uint64_t total)
+static void copy_sources(char *d, const uint64_t *addr, Py_ssize_t n, uint64_t total,
+                         void (*copy)(char *, const uint64_t *, Py_ssize_t))
 {
     if (total >= RELEASE_GIL_BYTES) {
         Py_BEGIN_ALLOW_THREADS
-        copy_all(d, addr, n);
+        copy(d, addr, n);
         Py_END_ALLOW_THREADS
     } else {
-        copy_all(d, addr, n);
+        copy(d, addr, n);
     }
 }
 
-static PyObject *gather(PyObject *self, PyObject *args)
+static PyObject *gather_with(PyObject *args, const char *format, void (*copy)(char *, const uint64_t *, Py_ssize_t))
 {
-    (void)self;
     unsigned long long dst;
     PyObject *sources;
-    if (!PyArg_ParseTuple(args, "KO:gather", &dst, &sources))
+    if (!PyArg_ParseTuple(args, format, &dst, &sources))
         return NULL;
     Py_ssize_t n;
     uint64_t total;
     uint64_t *addr = parse_sources(sources, &n, &total);
     if (addr == NULL)
         return NULL;
-    copy_sources((char *)(uintptr_t)dst, addr, n, total);
+    copy_sources((char *)(uintptr_t)dst, addr, n, total, copy);
     PyMem_Free(addr);
     return PyLong_FromUnsignedLongLong(total);
+}
+
+static PyObject *gather(PyObject *self, PyObject *args)
+{
+    (void)self;
+    return gather_with(args, "KO:gather", copy_all);
+}
+
+static PyObject *gather_stream(PyObject *self, PyObject *args)
+{
+    (void)self;
+    return gather_with(args, "KO:gather_stream", stream_all);
 }
 
 /* The ring's shared counters (head, tail, the step mark's seqlock) are int64 slots written by one process and
@@ -148,6 +206,8 @@ static PyObject *get_mark(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"gather", gather, METH_VARARGS,
      "gather(dst_address, [(src_address, nbytes), ...]) -> bytes copied, in one call"},
+    {"gather_stream", gather_stream, METH_VARARGS,
+     "gather_stream(dst_address, [(src_address, nbytes), ...]) -> bytes copied, with non-temporal stores"},
     {"store_release", store_release, METH_VARARGS, "store_release(address, value): an int64 store, release"},
     {"load_acquire", load_acquire, METH_VARARGS, "load_acquire(address) -> int64, acquire"},
     {"put_mark", put_mark, METH_VARARGS, "put_mark(address, seq, 6 int64 fields): a seqlock-protected write"},

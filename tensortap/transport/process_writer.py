@@ -39,7 +39,7 @@ from tensortap.format.records import Record, RecordBatch, ScalarRows, Statistics
 from tensortap.storage import open_storage
 from tensortap.storage.base import Storage
 from tensortap.transport import ring as R
-from tensortap.transport.copy import gather_into as _gather
+from tensortap.transport.copy import gather_stream_into as _gather
 from tensortap.transport.copy import load_acquire, put_mark, store_release
 from tensortap.transport.thread_writer import PROMPT_GAP
 

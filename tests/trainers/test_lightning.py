@@ -159,6 +159,36 @@ def test_global_steps_and_a_parameter_without_gradient(tmp_path, writer):
                                   record[k]["grads"][pname].numpy()), (k, pname)
 
 
+@pytest.mark.parametrize("close", [False, True])
+def test_steps_between_saving_ones_have_passed_when_fit_returns(tmp_path, close):
+    """A job that ends between two saving steps (and one whose validation runs there): readers learn that every
+    step the trainer ran has passed, with nothing saved at the steps that save nothing (and, before close, not a
+    step more), right after fit (no close) and after close."""
+    from tensortap.trials.trial import StepState
+
+    for name, kw, last_train, evals in (("window", dict(limit_val_batches=0), 24, 0),
+                                        ("val", dict(limit_val_batches=2, val_check_interval=13), 24, 2)):
+        torch.manual_seed(5)
+        seq = _Sequence()
+        out = str(tmp_path / name)
+        cb = TensortapCallback(out_dir=out, save_config=10, include_collections=["weights", "gradients", "losses"])
+        trainer = _trainer([seq, cb], max_steps=last_train + 1, **kw)
+        trainer.fit(make_module(L), *loaders(n=240))
+        if close:
+            cb.capture.close()
+        trial = create_trial(out)
+        last = len(seq.seq) - 1
+        assert seq.seq[-1] == ("TRAIN", last_train) and seq.evals == evals
+        assert trial.tensor("loss").steps(mode=modes.TRAIN) == [0, 10, 20], name
+        assert trial.has_passed_step(last) == StepState.UNAVAILABLE, name
+        assert trial.has_passed_step(last_train, mode=modes.TRAIN) == StepState.UNAVAILABLE, name
+        assert trial.has_passed_step(15, mode=modes.TRAIN) == StepState.UNAVAILABLE, name
+        assert trial.has_passed_step(20, mode=modes.TRAIN) == StepState.AVAILABLE, name
+        if not close:  # (a closed job has passed every step: it ended)
+            assert trial.has_passed_step(last + 1) == StepState.NOT_YET_AVAILABLE, name
+            assert trial.has_passed_step(last_train + 1, mode=modes.TRAIN) == StepState.NOT_YET_AVAILABLE, name
+
+
 def test_bad_arguments_are_one_line_errors(tmp_path):
     with pytest.raises(InvalidConfiguration, match="out_dir"):
         TensortapCallback(out_dir=3)

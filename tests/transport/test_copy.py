@@ -14,6 +14,7 @@ def test_extension_is_built_here():
     import tensortap.transport._streamcopy  # noqa: F401
 
     assert _copy.gather_into is _copy._c_gather and _copy.store_release is _copy._c_store_release
+    assert _copy.gather_stream_into is _copy._c_gather_stream
     assert _copy.put_mark is _copy._c_put_mark and _copy.ORDERED
 
 
@@ -25,10 +26,10 @@ def _sources(seed: int) -> list[np.ndarray]:
     return srcs
 
 
-@pytest.mark.parametrize("gather", ["c", "python"])
+@pytest.mark.parametrize("gather", ["c", "c_stream", "python"])
 @pytest.mark.parametrize("dst_offset", [0, 1, 8, 17, 64])
 def test_gather_copies_every_size_and_alignment(gather, dst_offset):
-    fn = _copy._c_gather if gather == "c" else _copy._memmove_gather
+    fn = {"c": _copy._c_gather, "c_stream": _copy._c_gather_stream, "python": _copy._memmove_gather}[gather]
     srcs = _sources(dst_offset)
     total = sum(s.nbytes for s in srcs)
     dst = np.full(total + dst_offset + 64, 0xAB, dtype=np.uint8)
@@ -43,6 +44,8 @@ def test_gather_rejects_bad_arguments():
         _copy._c_gather(0, [(1,)])
     with pytest.raises(TypeError):
         _copy._c_gather(0, 5)
+    with pytest.raises(TypeError):
+        _copy._c_gather_stream(0, [(1,)])
 
 
 @pytest.mark.parametrize("impl", ["c", "python"])
