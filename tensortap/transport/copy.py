@@ -10,13 +10,16 @@ import struct
 
 try:  # built at install where a compiler is present
     from tensortap.transport._streamcopy import gather as _c_gather
-    from tensortap.transport._streamcopy import gather_stream as _c_gather_stream
     from tensortap.transport._streamcopy import get_mark as _c_get_mark
     from tensortap.transport._streamcopy import load_acquire as _c_load_acquire
     from tensortap.transport._streamcopy import put_mark as _c_put_mark
     from tensortap.transport._streamcopy import store_release as _c_store_release
 except ImportError:  # pragma: no cover - no compiler at install time
-    _c_gather = _c_gather_stream = _c_get_mark = _c_load_acquire = _c_put_mark = _c_store_release = None
+    _c_gather = _c_get_mark = _c_load_acquire = _c_put_mark = _c_store_release = None
+try:  # (a helper built before gather_stream existed keeps the others: rebuild it for the streaming copy)
+    from tensortap.transport._streamcopy import gather_stream as _c_gather_stream
+except ImportError:  # pragma: no cover
+    _c_gather_stream = None
 
 #: a ring message's header (see docs/transport.md): message size, meta size, payload offset, step, mode, mode step
 MESSAGE_HEADER = struct.Struct("<6q")
@@ -65,7 +68,7 @@ def _py_get_mark(address: int) -> tuple[int, ...] | None:
 gather_into = _c_gather if _c_gather is not None else _memmove_gather
 #: gather_into for memory this process does not read back (the writer process's ring): non-temporal stores where
 #: built on x86-64, so the copy leaves the training core's caches to the training step
-gather_stream_into = _c_gather_stream if _c_gather_stream is not None else _memmove_gather
+gather_stream_into = _c_gather_stream if _c_gather_stream is not None else gather_into
 #: store_release(address, value) / load_acquire(address): an int64 slot of the ring's header
 store_release = _c_store_release if _c_store_release is not None else _py_store
 load_acquire = _c_load_acquire if _c_load_acquire is not None else _py_load
