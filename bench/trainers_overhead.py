@@ -70,16 +70,10 @@ def _figures(timer: object, start: tuple[float, float]) -> dict[str, float]:
 WARMUP = 20
 
 
-def lightning_job(steps: int, callback: object | None) -> dict[str, float]:
+def _fit_mlp(steps: int, callbacks: list) -> tuple[float, float]:
+    """Fit the Lightning MLP (64->256->256->10, batch 64, SGD, seeded data) for `steps` steps on the CPU with
+    `callbacks`, no logger, checkpoint or progress bar; the clocks (`_clocks()`) as the fit began."""
     import lightning as L
-
-    class Timer(L.Callback):
-        def on_train_batch_start(self, trainer, *a):
-            if trainer.global_step == WARMUP and not hasattr(self, "t0"):
-                self.t0 = _clocks()
-
-        def on_train_end(self, *a):
-            self.t1 = _clocks()
 
     class MLP(L.LightningModule):
         def __init__(self):
@@ -97,13 +91,28 @@ def lightning_job(steps: int, callback: object | None) -> dict[str, float]:
     torch.manual_seed(0)
     x, y = torch.randn(64 * 50, 64), torch.randint(0, 10, (64 * 50,))
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64)
-    timer = Timer()
-    cbs = [timer] + ([callback] if callback is not None else [])
-    trainer = L.Trainer(max_steps=steps, max_epochs=-1, callbacks=cbs, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1)
-    t = _clocks()
+    trainer = L.Trainer(max_steps=steps, max_epochs=-1, callbacks=callbacks, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        accelerator="cpu", devices=1)
+    start = _clocks()
     trainer.fit(MLP(), data)
-    return _figures(timer, t)
+    return start
+
+
+def lightning_job(steps: int, callback: object | None) -> dict[str, float]:
+    import lightning as L
+
+    class Timer(L.Callback):
+        def on_train_batch_start(self, trainer, *a):
+            if trainer.global_step == WARMUP and not hasattr(self, "t0"):
+                self.t0 = _clocks()
+
+        def on_train_end(self, *a):
+            self.t1 = _clocks()
+
+    timer = Timer()
+    start = _fit_mlp(steps, [timer] + ([callback] if callback is not None else []))
+    return _figures(timer, start)
 
 
 BLOCK_ARMS = ("callback", "plain", "plain again")
@@ -140,27 +149,8 @@ def lightning_blocks(steps: int, block: int, callback: object) -> dict[str, list
         def on_train_end(self, trainer, *a):
             self.marks.append((trainer.global_step, "", time.thread_time()))
 
-    class MLP(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                                     nn.Linear(256, 10))
-
-        def training_step(self, batch, i):
-            x, y = batch
-            return nn.functional.cross_entropy(self.net(x), y)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.01)
-
-    torch.manual_seed(0)
-    x, y = torch.randn(64 * 50, 64), torch.randint(0, 10, (64 * 50,))
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64)
     switch = Switch()
-    trainer = L.Trainer(max_steps=steps, max_epochs=-1, callbacks=[switch, callback], logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        accelerator="cpu", devices=1)
-    trainer.fit(MLP(), data)
+    _fit_mlp(steps, [switch, callback])
     per_step: dict[str, list[float]] = {a: [] for a in BLOCK_ARMS}
     marks = switch.marks[3:]  # (the first blocks: warm-up)
     for (s0, arm, t0), (s1, _next, t1) in zip(marks, marks[1:], strict=False):
