@@ -9,6 +9,7 @@ bench/pytorch_overhead.py to resolve is worth keeping.
 
     .venv/bin/python bench/pytorch_ab.py aa --interval 100 --cycles 1 --rounds 20 [--no-optimizer]
     .venv/bin/python bench/pytorch_ab.py prompt_marks --interval 1 --rounds 30
+    .venv/bin/python bench/pytorch_ab.py stream_copy --interval 1 --rounds 30
 """
 
 from __future__ import annotations
@@ -32,11 +33,19 @@ def _prompt_marks(hook, model, on: bool) -> None:
     (hook._writer if hook._writer is not None else hook._get_writer()).prompt_marks = on
 
 
+def _stream_copy(hook, model, on: bool) -> None:
+    """B: the writer process's ring filled with non-temporal stores (`copy.gather_stream_into`); A: by memcpy
+    (`copy.gather_into`)."""
+    from tensortap.transport import copy, process_writer
+
+    process_writer._gather = copy.gather_stream_into if on else copy.gather_into
+
+
 def _aa(hook, model, on: bool) -> None:
     """The A/A control: A and B are the same hook."""
 
 
-VARIANTS = {"prompt_marks": _prompt_marks, "aa": _aa}
+VARIANTS = {"prompt_marks": _prompt_marks, "stream_copy": _stream_copy, "aa": _aa}
 
 
 def main() -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import logging
 import os as _os
-from time import monotonic
 from typing import Any
 
 import torch
@@ -85,8 +84,9 @@ class _Eager:
 
 class _StepStart(_Eager):
     """A registered root's forward pre-hook (eager only, as `_Eager`): each forward begins a step
-    (`Hook._root_pre_hook`), except that a new step in the engine's quiet window is only counted, here, on the
-    tally the engine armed (`Tally.take`, inlined: this runs at every step of every job)."""
+    (`Hook._root_pre_hook`), except that a new step (the optimizer stepped, or no optimizer is followed) in the
+    engine's quiet window is only counted, on the tally the engine armed (what `engine.count_quiet()` would do; the
+    engine closes the window when the step, mode or plan changes or the hook turns off)."""
 
     __slots__ = ("hook", "quiet")
 
@@ -99,14 +99,7 @@ class _StepStart(_Eager):
         if _is_compiling():
             return
         hook = self.hook
-        quiet = self.quiet
-        left = quiet.left
-        # a new step (the optimizer stepped, or no optimizer is followed) in the quiet window: only counted (what
-        # `engine.count_quiet()` would do; the engine closes the window when the step, mode or plan changes or the
-        # hook turns off)
-        if left > 0 and (hook._opt_stepped or not hook._opts) and monotonic() < quiet.deadline:
-            quiet.left = left - 1
-            quiet.skipped += 1
+        if (hook._opt_stepped or not hook._opts) and self.quiet.take():
             hook._opt_stepped = False
             hook._forward_seen = True
             return
