@@ -159,8 +159,8 @@ def job_diagnosis(job: Any, wait: float | None = None) -> Diagnosis | None:
 def _diagnoses(jobs: list[Any], wait: float) -> list[Diagnosis | Exception | None]:
     """Each job's diagnosis (job_diagnosis), waiting `wait` seconds for all of them together, and for each at most
     until `wait` seconds after its process started (a large job's, minutes long, delays only the request that
-    started it); not at all when a job waits its turn, unless `wait` is infinite. A job whose turn comes while
-    others are waited for is started then."""
+    started it); not at all when a job waits its turn (processes of other views take the turns), unless `wait` is
+    infinite: then it waits for its turn too. A job whose turn comes while others are waited for is started then."""
     making = {id(j): _ask(j) for j in jobs}
     if wait != math.inf and any(m.proc is None and m.result is None for m in making.values()):
         wait = 0.0  # some wait their turn: not all can be ready soon, the page shows them as they come
@@ -168,8 +168,11 @@ def _diagnoses(jobs: list[Any], wait: float) -> list[Diagnosis | Exception | Non
     out: list[Diagnosis | Exception | None] = []
     for j in jobs:
         m = making[id(j)]
-        if m.proc is None and m.result is None:  # waited for a turn: the jobs before it may have ended
+        while m.proc is None and m.result is None:  # waits for a turn: the jobs before it may have ended
             m = _ask(j)
+            if m.proc is not None or m.result is not None or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
         out.append(_result(m, deadline if wait == math.inf else min(deadline, m.started_at + wait)))
     return out
 

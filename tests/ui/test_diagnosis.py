@@ -25,10 +25,13 @@ from tensortap.ui.views import render_view  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _wait_for_the_diagnosis(monkeypatch):
-    """These tests read the diagnosis in the first answer: the view waits for the process making it."""
+    """These tests read the diagnosis in the first answer: the view waits for the process making it, and for its
+    turn when diagnoses started by other tests' views still take the turns (as the report does)."""
+    import math
+
     import tensortap.ui.diagnosis as diagnosis
 
-    monkeypatch.setattr(diagnosis, "WAIT_S", 600.0)
+    monkeypatch.setattr(diagnosis, "WAIT_S", math.inf)
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +52,27 @@ def test_the_overview_opens_with_the_diagnosis(spiky):
     tries = [b["text"] for b in blocks if b["type"] == "note" and b["text"].startswith("To try: ")]
     assert any("lowering the learning rate" in t for t in tries)
     assert any(b["type"] == "figure" for b in blocks)  # the curves follow
+
+
+def test_a_view_that_waits_waits_for_its_turn_too(spiky, monkeypatch):
+    """Diagnoses started elsewhere hold every turn (here a process that ends in 2 s holds the only one): the view
+    told to wait (as the report is) waits for the turn, then for its own diagnosis."""
+    import subprocess
+    import tempfile
+
+    import tensortap.ui.diagnosis as diagnosis
+
+    monkeypatch.setattr(diagnosis, "MAX_MAKING", 1)
+    holder = diagnosis._Making()
+    holder.out, holder.err = tempfile.TemporaryFile(mode="w+"), tempfile.TemporaryFile(mode="w+")
+    holder.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
+    diagnosis._RUNNING.add(holder)
+    try:
+        blocks = render_view(JobSet([spiky]), "overview", {})
+        assert holder.proc is None  # the turn was waited for, not taken
+        assert blocks[0] == {"type": "note", "text": "Diagnosis: 2 findings: 2 spikes."}
+    finally:
+        holder.stop()
 
 
 def test_the_report_s_first_section_is_the_diagnosis(spiky):
