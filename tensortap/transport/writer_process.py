@@ -31,14 +31,15 @@ from tensortap.transport.copy import get_mark, load_acquire, store_release
 
 logger = logging.getLogger("tensortap")
 
-# The child looks at the ring this often; the training process rings its bell only for control messages
-# or when a quarter of the ring is waiting. A bell costs the training thread ~30 us here (a pipe write
-# that wakes another process), ~20 us per step when it rang every other saving step. On this 2-vCPU KVM
-# machine every wake-up of the child costs ~85 us of CPU and slows the training threads beside it, so it
-# wakes seldom, also while data keeps coming (it then handles several saving steps at once, in one write):
-# readers see data at the flush interval, which the child keeps on its own clock, and flushes, drains and
-# close ring the bell.
+# The child looks at the ring this often while nothing comes; the training process rings its bell only for control
+# messages, a step mark that asks for an index block (docs/transport.md §4), or when a quarter of the ring is waiting.
+# A bell costs the training thread ~30 us here (a pipe write that wakes another process), so hand-offs do not ring.
+# On this 2-vCPU KVM machine every wake-up of the child costs ~85 us of CPU, so an idle child wakes seldom.
 POLL = 0.05
+# After a look that found messages the next comes this soon, then twice as late each time nothing came, up to POLL.
+# A step mark that asks for an index block waits until every message before it is written, so a backlog the child
+# slept over would be written while the training thread waits (docs/transport.md §4).
+BUSY_POLL = 0.002
 # Payload runs of at least this many bytes that start on a page of the ring are written with direct I/O: the
 # disk reads them from the ring, so the child neither copies them into the page cache nor takes that memory
 # traffic away from the training process (measured here: 97 us of CPU per 680 KB against 321 us for a buffered
@@ -253,18 +254,22 @@ class RingReader:
         enc = self.encoder
         h[R.STATE] = R.RUNNING
         last_flush = time.monotonic()
+        poll = POLL
         try:
             while True:
                 target = self._target()
                 if self._tail >= target:
                     wait = max(0.0, self.flush_interval - (time.monotonic() - last_flush))
-                    r, _w, _x = select.select([self._bell], [], [], min(wait, POLL))
+                    r, _w, _x = select.select([self._bell], [], [], min(wait, poll))
+                    poll = min(POLL, poll * 2)
                     if r and os.read(self._bell, 65536) == b"":
                         self._parent_gone = True
                     target = self._target()
                     self._slept_bytes = target - self._tail
                 else:
                     self._slept_bytes = 0
+                if self._tail < target:
+                    poll = BUSY_POLL
                 while self._tail < target and not self._stop:
                     self._one()
                     if (self._flush_due or enc.block_bytes > BLOCK_BYTES
