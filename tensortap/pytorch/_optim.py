@@ -72,10 +72,17 @@ class OptimizerSteps:
         parameters and capture at their steps."""
         if self._opt_handles:
             return
-        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         self._opt_handles.append(register_optimizer_step_pre_hook(self._optimizer_pre_hook))
-        self._opt_handles.append(register_optimizer_step_post_hook(self._optimizer_hook))
+        self._post_hook_on()
+
+    def _post_hook_on(self) -> None:
+        """(Re)install the global optimizer step post-hook (`_optimizer_hook`): always there but in quiet steps."""
+        if len(self._opt_handles) == 1:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            self._opt_handles.append(register_optimizer_step_post_hook(self._optimizer_hook))
 
     def _ours(self, optimizer: torch.optim.Optimizer) -> bool:
         key = id(optimizer)
@@ -93,8 +100,17 @@ class OptimizerSteps:
     def _optimizer_pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """The optimizer is about to consume the gradients: capture them (the step's gradients)."""
         if not self._opt_stepped and not self.engine.saving and self.clock.in_step and id(optimizer) in self._opts \
-                and not self._forward_unseen and not self._scalers:
-            return  # a step that saves nothing, begun at its forward: nothing to begin, capture or check
+                and not self._forward_unseen and not self._scalers and len(args) < 2 and not kwargs \
+                and not self._opt_listened:
+            # A step that saves nothing, begun at its forward, no closure (`args`: the optimizer alone): nothing to
+            # begin, capture or check. What the post-hook would do is done here (the optimizer stepped: the next
+            # forward begins the next step), and the post-hook is taken out until a step that is not such a one
+            # (torch reads its post-hooks after the step: put back below, it runs for this step).
+            self._opt_stepped = True
+            if len(self._opt_handles) == 2:
+                self._opt_handles.pop().remove()
+            return
+        self._post_hook_on()
         if self.disabled or self._closed or not self._ours(optimizer):
             return
         if self.clock.mode in _NO_GRAD_MODES:

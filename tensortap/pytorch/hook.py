@@ -6,9 +6,10 @@ module is named by its class), losses `<LossClass>_output_0`. Optimizer state is
 `optimizer/param_group_<g>/<key>` and `optimizer/<RootClass>_<param>/<state key>`.
 
 Steps known to save nothing cost one forward pre-hook call on the root module, which only counts them
-(`StepEngine.count_quiet`); per-module forward hooks and per-parameter gradient hooks are only installed for
-steps that save them. With the writer process, a saving step hands its weights, gradients and loss over in
-one message of shared memory (`tensortap.capture.batch.StepLayout`).
+(`StepEngine.count_quiet`), and one optimizer step pre-hook call, which returns at once; per-module forward
+hooks and per-parameter gradient hooks are only installed for steps that save them. With the writer process, a
+saving step hands its weights, gradients and loss over in one message of shared memory
+(`tensortap.capture.batch.StepLayout`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from torch import nn
 
 from tensortap.capture.batch import BatchSpec
-from tensortap.capture.engine import BACKWARD_END, FORWARD_END, Tally, TensorSpec
+from tensortap.capture.engine import BACKWARD_END, FORWARD_END, OPTIMIZER_STEP, Tally, TensorSpec
 from tensortap.collection import ACTIVATION_COLLECTIONS, Collection, CollectionKeys
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.format.records import StatisticsRows
@@ -133,7 +134,8 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
         self._module_ids: set[int] = set()  # every module inside a registered root
         self._param_names: dict[int, str] = {}
         self._losses: list[tuple[nn.Module, Any]] = []  # (loss module, its forward hook in saving steps)
-        self._opt_handles: list[Any] = []
+        self._opt_handles: list[Any] = []  # the global optimizer step pre-hook, then its post-hook (not in quiet steps)
+        self._opt_listened = False  # someone listens to the lifecycle's optimizer_step
         self._step_handles: list[Any] = []  # hooks installed for this step only
         self._plan_handles: list[Any] = []  # module and parameter hooks of the saving plan `_handles_plan`
         self._handles_plan: _Plan | None = None
@@ -366,6 +368,7 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
     def _listeners_changed(self, events: frozenset[str]) -> None:
         """Install what it takes to see forward_end and backward_end while they are listened to (a forward hook on
         each registered root: torch's slower call path for those modules), remove it when nobody listens."""
+        self._opt_listened = OPTIMIZER_STEP in events
         want = FORWARD_END in events or BACKWARD_END in events
         if want and not self._lifecycle_handles:
             for root in self._roots:

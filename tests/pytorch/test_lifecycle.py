@@ -67,6 +67,33 @@ def test_removed_listeners_leave_the_quiet_window_to_count_steps_again(tmp_path)
     assert trial.last_complete_step == 8
 
 
+def test_an_optimizer_step_listener_added_among_quiet_steps_hears_every_later_step(tmp_path):
+    """Steps that save nothing run without the optimizer's post-hook: a listener added then hears every later
+    optimizer step, and a later saving step still saves the optimizer's state after its step."""
+    hook = tp.pytorch.Hook(str(tmp_path / "run"), save_config=tp.SaveConfig(save_interval=6),
+                           include_collections=["weights", "optimizer_variables"], writer="thread")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    hook.register_module(model)
+    heard: list[int] = []
+    momentum = {}
+    for step in range(14):
+        if step == 3:
+            hook.add_listener("optimizer_step", lambda ev: heard.append(ev.step))
+        opt.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        momentum[step] = opt.state[model[0].weight]["momentum_buffer"].clone()
+    hook.close()
+    assert heard == list(range(3, 14))
+    trial = tp.create_trial(str(tmp_path / "run"))
+    t = trial.tensor("optimizer/Sequential_0.weight/momentum_buffer")
+    assert t.steps() == [0, 6, 12]
+    for s in (0, 6, 12):
+        assert (t.value(s) == momentum[s].numpy()).all()
+
+
 def test_a_failing_listener_is_removed_and_training_and_capture_go_on(tmp_path, caplog):
     hook = tp.pytorch.Hook(str(tmp_path / "run"), save_config=tp.SaveConfig(save_interval=1),
                            include_collections=["weights"], writer="thread")
