@@ -201,6 +201,7 @@ class ProcessChunkWriter:
         os.set_blocking(self._token, False)
         self._storage = storage
         self._flush_interval = flush_interval
+        self._prompt_time = time.monotonic()  # (the first step mark that asks for an index block: as later ones)
         self._opts = dict(num_workers=num_workers, flush_interval=flush_interval, chunk_bytes=chunk_bytes,
                           max_pending_bytes=max_pending_bytes, metadata=metadata or {},
                           tensorboard_dir=tensorboard_dir)

@@ -135,9 +135,10 @@ class ChunkWriter:
     ):
         """`first_seq`: the first free chunk number when the caller knows it (else the writer thread lists the
         worker's folder). `start_after`: the writer thread starts at the first hand-off or step mark at least
-        this many seconds after the writer was made (or at a flush, a drain, or a backlog of `_KICK_BYTES`);
-        until then hand-offs wait in the queue, and a writer closed before its thread started writes on the
-        closing thread (docs/format.md §7). 0: the thread starts at once. `exporter`: a sink the caller attaches
+        this many seconds after the writer was made (or at a drain, or a backlog of `_KICK_BYTES`); until then
+        hand-offs wait in the queue, a flush or a step mark that asks for an index block writes them on the
+        calling thread, and a writer closed before its thread started writes on the closing thread
+        (docs/format.md §7). 0: the thread starts at once. `exporter`: a sink the caller attaches
         (the TensorBoard export, tensortap.tensorboard.export.EventExporter) given every record written, off the
         training thread; its `behind` is set to a function telling whether this writer has a backlog.
         `gather`: the copy a reservation's `copy_in` uses (default: `memmove_gather`)."""
@@ -158,6 +159,7 @@ class ChunkWriter:
         self.worker = worker
         self.num_workers = num_workers
         self.flush_interval = flush_interval
+        self._prompt_time = time.monotonic()  # (the first step mark that asks for an index block: as later ones)
         self.max_pending_bytes = max_pending_bytes
         self.backpressure = backpressure
         self.block_timeout = block_timeout
@@ -333,6 +335,8 @@ class ChunkWriter:
             # The step handed something over: readable by the time the next step ends (docs/format.md §7).
             self._prompt_time = time.monotonic()
             self._prompt_submitted = self._submitted
+            if self._start_by != _NEVER and self._write_here():
+                return  # (readable now)
             self._prompt_seq += 1
             self._start()
             self._kick.set()
@@ -365,9 +369,46 @@ class ChunkWriter:
         ev = threading.Event()
         self._prompt_submitted = self._submitted  # (what was handed over is readable: the next mark asks for none)
         self._queue.put(("flush", ev))
+        if self._start_by != _NEVER and self._write_here():
+            return ev.is_set()
         self._start()
         self._kick.set()
         return ev.wait(timeout)
+
+    def _write_here(self) -> bool:
+        """A flush, or a step mark that asks for an index block, while the writer thread has not started: what
+        waits is encoded and its block written on the calling thread, which would wait for that anyway (no
+        thread is started for it: a short job that flushes when training ends, then closes, never starts one).
+        What waits is small: a backlog of `_KICK_BYTES` starts the thread. False when the thread has started
+        meanwhile."""
+        with self._room:  # (a hand-off on another thread that would start the thread waits for this)
+            if self._start_by == _NEVER or self._closed or self.error is not None:
+                return False
+            try:
+                blocked = False
+                while True:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if isinstance(item, tuple) and item[0] == "collections":
+                        self.encoder.take_collections(item[1])
+                    elif isinstance(item, tuple) and item[0] == "flush":
+                        self._flush_events.append(item[1])
+                        self._block()
+                        blocked = True
+                    else:
+                        self._take(item)
+                        blocked = False
+                if not blocked:
+                    self._block()
+            except BaseException as e:  # never raise into training; the hook checks .error
+                self.error = e
+                logger.exception("tensortap: the writer of %s failed; no more data will be saved", self.worker)
+                for ev in self._flush_events:
+                    ev.set()
+                self._flush_events.clear()
+            return True
 
     def close(self, timeout: float | None = 60.0) -> None:
         """Flush, write the end-of-job block and stop the thread."""

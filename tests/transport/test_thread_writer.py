@@ -99,6 +99,30 @@ def test_a_flush_before_the_thread_starts_makes_the_data_visible(tmp_path):
         w.close()
 
 
+def test_before_its_thread_starts_flushes_and_asking_step_marks_write_on_the_calling_thread(tmp_path):
+    """A short job: a step mark that asks for an index block and a flush make the data readable when they return,
+    written on the calling thread: no writer thread is started for them (nor for close())."""
+    import threading
+
+    out = str(tmp_path / "run")
+    before = set(threading.enumerate())
+    w = ChunkWriter(LocalStorage(out), "worker_0", start_after=60.0, flush_interval=0.05)
+    try:
+        w.submit(Record("loss", 0, tt.modes.TRAIN.value, 0, np.array(1.5)))
+        time.sleep(0.01)  # (a mark asks at most once per tenth of the flush interval, from the writer's start)
+        w.mark_step_passed(0, {"TRAIN": 0})
+        assert tt.create_trial(out).tensor("loss").value(0) == 1.5  # (readable when the mark returned)
+        w.submit(Record("loss", 1, tt.modes.TRAIN.value, 1, np.array(2.5)))
+        assert w.flush(timeout=30)
+        assert tt.create_trial(out).tensor("loss").value(1) == 2.5
+        assert set(threading.enumerate()) - before == set()
+    finally:
+        w.close()
+    assert set(threading.enumerate()) - before == set()
+    trial = tt.create_trial(out)
+    assert trial.loaded_all_steps and trial.tensor("loss").steps() == [0, 1]
+
+
 def test_a_writer_started_late_makes_its_data_visible_within_its_flush_interval(tmp_path):
     """No flush, no close: a hand-off once `start_after` has passed starts the thread, which then writes what
     waited and what comes, each within the flush interval."""
