@@ -416,10 +416,11 @@ class ChunkWriter:
             return
         self._closed = True
         self._queue.put(_STOP)
-        if self._start_by != _NEVER:  # (never started: what was handed off is written here)
-            self._start_by = _NEVER
-            self._run()
-            return
+        with self._room:  # (after a write on another thread that holds it, `_write_here`)
+            if self._start_by != _NEVER:  # (never started: what was handed off is written here)
+                self._start_by = _NEVER
+                self._run()
+                return
         self._kick.set()
         self._thread.join(timeout)
 
