@@ -206,6 +206,41 @@ def test_known_quiet_steps_are_only_counted_and_steps_stay_exact(tmp_path):
     assert t.steps() == [0, 4, 10, 13, 23]
 
 
+def test_quiet_steps_of_an_optimizer_loop_stay_exact_through_inspection_user_hooks_and_copies(tmp_path):
+    """With an optimizer, between saving steps: a library inspecting the root's hooks between the optimizer's step
+    and the next forward, a user's pre-hook added and removed mid-gap, a copy of the model run mid-gap and a scalar
+    saved between the backward and the optimizer's step: every forward is one step, the user's hook runs at every
+    forward while it is registered and at none after, and what is saved lands on the script's own steps."""
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = _hook(tmp_path, save_interval=10)
+    hook.register_module(model)
+    seen, grads, handle = [], {}, None
+    for i in range(25):
+        if i == 5:
+            handle = model.register_forward_pre_hook(lambda m, a: seen.append(i) if m is model else None)
+        if i == 15:
+            handle.remove()
+        if i == 12:
+            copy.deepcopy(model)(torch.randn(2, 8))  # (a copy's forwards are not the job's steps)
+        opt.zero_grad()
+        loss = _step(model)
+        if i == 7:
+            hook.save_scalar("loss_seen", loss)  # between the backward and the optimizer's step: step 7
+        grads[i] = model.fc1.weight.grad.clone()
+        opt.step()
+        for _ in range(3):
+            bool(model._forward_pre_hooks)  # e.g. a library inspecting the module's hooks
+        assert hook.step == i
+    assert seen == list(range(5, 15))
+    hook.close()
+    t = tp.create_trial(str(tmp_path / "run"))
+    assert t.steps() == [0, 7, 10, 20]
+    assert t.tensor("scalar/loss_seen").steps() == [7]
+    for s in (0, 10, 20):
+        assert np.array_equal(t.tensor("gradient/Net_fc1.weight").value(s), grads[s].numpy())
+
+
 def test_a_stop_request_is_seen_within_a_long_quiet_gap(tmp_path):
     from tensortap.rules.actions import TrainingStopped, request_stop
 
