@@ -145,9 +145,10 @@ class _HookSwitch:
                 for a in attrs:
                     d = getattr(o, a, None)
                     if d is not None and type(d) not in (dict, OrderedDict):
-                        # a dict that does work of its own (tensortap's step counter): swapped out whole
+                        # a dict that does work of its own (tensortap's step counter, holding the hook's
+                        # pre-hook): swapped out whole for an empty one
                         self.swapped.append((o, a, d))
-                        setattr(o, a, OrderedDict(d))
+                        setattr(o, a, OrderedDict())
                     elif d:
                         self.saved.append((d, dict(d)))
                         d.clear()

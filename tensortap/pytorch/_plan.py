@@ -126,15 +126,11 @@ class _Root:
     io_hooks: list[tuple[nn.Module, Any]]  # (module, forward hook) for steps saving I/O
     compiled: bool
     handles: list[Any] = field(default_factory=list)
-    stops: list[Any] = field(default_factory=list)  # (callables that undo what is not a handle)
 
     def unhook(self) -> None:
         for h in self.handles:
             h.remove()
         self.handles.clear()
-        for stop in self.stops:
-            stop()
-        self.stops.clear()
 
 
 @dataclass

@@ -5,9 +5,8 @@ Names follow smdebug's PyTorch naming: parameters `<RootClass>_<param>`, gradien
 module is named by its class), losses `<LossClass>_output_0`. Optimizer state is saved as
 `optimizer/param_group_<g>/<key>` and `optimizer/<RootClass>_<param>/<state key>`.
 
-Steps known to save nothing are only counted (`StepEngine.count_quiet`): in the truth test torch makes of the
-root's forward pre-hooks at each call (`_RootPreHooks`), else in the root's forward pre-hook; the optimizer's step
-pre-hook returns at once; per-module forward
+Steps known to save nothing cost one forward pre-hook call on the root module, which only counts them
+(`StepEngine.count_quiet`), and one optimizer step pre-hook call, which returns at once; per-module forward
 hooks and per-parameter gradient hooks are only installed for steps that save them. With the writer process, a
 saving step hands its weights, gradients and loss over in one message of shared memory
 (`tensortap.capture.batch.StepLayout`).
@@ -18,8 +17,6 @@ from __future__ import annotations
 import functools
 import logging
 import os as _os
-import sys as _sys
-from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -108,61 +105,6 @@ class _StepStart(_Eager):
             hook._forward_seen = True
             return
         self.fn(module, args)
-
-
-class _RootPreHooks(OrderedDict):
-    """A registered root's forward pre-hooks (torch's `Module._forward_pre_hooks`, put in place of the module's own
-    empty dict), whose truth test counts a quiet step. `Module._call_impl` tests the dict at every call of the
-    module and takes its hook path (~5 µs a step in the MLP bench, the cost of a quiet step) only when it is true:
-    in the engine's quiet window, once the optimizer stepped, a truth test made by `_call_impl` itself (its code
-    object is the caller's: a library inspecting the module's hooks counts nothing) on a root whose only pre-hook is
-    `_StepStart` counts the new step here, as `_StepStart` would, and answers "no hooks". Otherwise it answers as a
-    dict does and `_StepStart` runs. Under dynamo the dict is what it holds (dynamo reads its length). A copy
-    (`copy()`, `copy.deepcopy`, a whole-model `torch.save`) is a plain dict that counts nothing."""
-
-    start: _StepStart | None = None  # (None: a plain dict; the hook's root was unhooked)
-
-    def __bool__(self) -> bool:
-        start = self.start
-        if start is not None and len(self) == 1 and _getframe(1).f_code is _CALL_IMPL and not _is_compiling():
-            hook = start.hook
-            if hook._opt_stepped and start.quiet.take():
-                hook._opt_stepped = False
-                hook._forward_seen = True
-                return False
-        return len(self) > 0
-
-    def __reduce__(self) -> tuple:
-        return OrderedDict, (list(self.items()),)
-
-
-def _no_frames(depth: int = 0) -> Any:
-    raise ValueError("no frames")
-
-
-_getframe = getattr(_sys, "_getframe", _no_frames)
-#: the code whose truth test of a module's hooks is a call of the module (None: never counted in a truth test)
-_CALL_IMPL = getattr(nn.Module._call_impl, "__code__", None)
-
-
-def _count_in_truth_test(module: nn.Module, start: _StepStart) -> Any:
-    """Put a `_RootPreHooks` counting for `start` in place of `module`'s forward pre-hooks while it has none (a
-    user's hooks there keep their handles on torch's dict: left alone, `_StepStart` counts). Returns a callable that
-    stops the counting."""
-    hooks = module.__dict__.get("_forward_pre_hooks")
-    if _CALL_IMPL is None or _getframe is _no_frames:
-        return lambda: None
-    if type(hooks) is OrderedDict and not hooks:
-        hooks = _RootPreHooks()
-        module._forward_pre_hooks = hooks
-    elif type(hooks) is not _RootPreHooks or hooks.start is not None:
-        return lambda: None
-    hooks.start = start
-
-    def stop() -> None:
-        if hooks.start is start:
-            hooks.start = None
-    return stop
 
 
 class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
@@ -329,10 +271,7 @@ class Hook(OptimizerSteps, GradientCapture, TensorCapture, BaseHook):
                 io_hooks.append((m, functools.partial(self._io_hook, n if n else root_name)))
                 self._note_activation(n if n else root_name, m)
         root = _Root(module, root_name, params, io_hooks, compiled)
-        start = _StepStart(self)
-        if not compiled:
-            root.stops.append(_count_in_truth_test(module, start))
-        root.handles.append(module.register_forward_pre_hook(start))
+        root.handles.append(module.register_forward_pre_hook(_StepStart(self)))
         self._roots.append(root)
         if self._lifecycle_handles:
             self._lifecycle_handles.append(module.register_forward_hook(self._lifecycle_hook))
