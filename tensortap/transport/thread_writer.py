@@ -391,15 +391,7 @@ class ChunkWriter:
                         item = self._queue.get_nowait()
                     except queue.Empty:
                         break
-                    if isinstance(item, tuple) and item[0] == "collections":
-                        self.encoder.take_collections(item[1])
-                    elif isinstance(item, tuple) and item[0] == "flush":
-                        self._flush_events.append(item[1])
-                        self._block()
-                        blocked = True
-                    else:
-                        self._take(item)
-                        blocked = False
+                    blocked = self._handle(item)
                 if not blocked:
                     self._block()
             except BaseException as e:  # never raise into training; the hook checks .error
@@ -462,6 +454,18 @@ class ChunkWriter:
             self._pending_bytes -= size
             self._room.notify_all()
 
+    def _handle(self, item: Any) -> bool:
+        """Take one queued item (collections, a flush, records); True when it was a flush (a block written)."""
+        if isinstance(item, tuple) and item[0] == "collections":
+            self.encoder.take_collections(item[1])
+        elif isinstance(item, tuple) and item[0] == "flush":
+            self._flush_events.append(item[1])
+            self._block()
+            return True
+        else:
+            self._take(item)
+        return False
+
     def _run(self) -> None:
         last_flush = self._made  # (a thread started late writes what waited at once)
         enc = self.encoder
@@ -482,16 +486,8 @@ class ChunkWriter:
                     self._block(end=True)
                     enc.drain_unpublished(deadline=time.monotonic() + self.close_timeout)
                     break
-                if item is None:
-                    pass
-                elif isinstance(item, tuple) and item[0] == "collections":
-                    enc.take_collections(item[1])
-                elif isinstance(item, tuple) and item[0] == "flush":
-                    self._flush_events.append(item[1])
-                    self._block()
+                if item is not None and self._handle(item):
                     last_flush = time.monotonic()
-                else:
-                    self._take(item)
                 item = None  # (drop the arrays now: the hook reuses their buffers)
                 prompt = self._prompt_seq
                 if prompt != self._prompt_done and self._queue.empty():
