@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from tensortap import modes as _modes
@@ -34,9 +35,20 @@ logger = logging.getLogger("tensortap")
 #: with several processes a stop is decided together, at TRAIN steps that are multiples of this
 DISTRIBUTED_STOP_EVERY = 10
 
+# Lightning calls each hook of every callback at every training batch, for its own price (~2 µs each, a profiler
+# context per call) unless the callback's attribute is not callable (`_call_callback_hooks`, Lightning >= 2.2).
+# So the hooks a step does not need are hidden from it: those this callback never uses for the whole fit, and those
+# only a saving step uses in the other steps (docs/internals.md).
+_UNUSED_BATCH_HOOKS = ("on_before_backward", "on_after_backward", "on_before_zero_grad")
+_SAVING_STEP_HOOKS = ("on_before_optimizer_step", "on_train_batch_end")
+#: the first Lightning release whose trainer skips a callback attribute that is not callable, as far as tested
+_HIDING_SINCE = (2, 2)
+
 
 class _TensortapCallbackMixin:
     """The callback's behaviour, on whichever Lightning package's Callback class (see `callback_class`)."""
+
+    _hides_hooks = False  # (set per Lightning package by `callback_class`)
 
     def __init__(self, out_dir: str, save_config: Any = None, include_collections: Any = None,
                  reduction_config: Any = None, rules: Any = None, stop_on_issue: bool = True,
@@ -67,6 +79,10 @@ class _TensortapCallbackMixin:
             self.capture.set_model(pl_module)
         self._distributed = trainer.world_size > 1
         self.capture.start_writer()
+        if self._hides_hooks:
+            for name in _UNUSED_BATCH_HOOKS:
+                setattr(self, name, None)
+            self._show_saving_hooks(self.capture.saving)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.capture.run("on_train_start", self._hook_optimizers, trainer)
@@ -80,6 +96,8 @@ class _TensortapCallbackMixin:
         for h in self._handles:
             h.remove()
         self._handles = []
+        for name in (*_UNUSED_BATCH_HOOKS, *_SAVING_STEP_HOOKS):
+            self.__dict__.pop(name, None)  # (the class's hooks again)
         self.capture.end_of_training(job_ends=stage == "fit")
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
@@ -95,9 +113,23 @@ class _TensortapCallbackMixin:
     # metrics, handed to the writer as two messages, the tensors in one copy straight from the parameters.)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if self.capture.begin_train(trainer.global_step):
+        cap = self.capture
+        if cap.begin_train(trainer.global_step):
             self._losses = []
             self._stepped = False
+            if self._hides_hooks:
+                self._show_saving_hooks(cap.saving)
+        self._check_stop(trainer)
+
+    def _show_saving_hooks(self, saving: bool) -> None:
+        """The hooks only a saving step needs, shown to Lightning in such a step and hidden in the others (an
+        instance attribute None, which Lightning does not call; deleted, the class's method again)."""
+        if saving:
+            for name in _SAVING_STEP_HOOKS:
+                self.__dict__.pop(name, None)
+        else:
+            for name in _SAVING_STEP_HOOKS:
+                setattr(self, name, None)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         if self.capture.saving:
@@ -123,7 +155,6 @@ class _TensortapCallbackMixin:
             self.capture.run("on_train_batch_end", self._saving_batch_end, trainer, pl_module, outputs)
         else:
             self._stepped = False
-        self._check_stop(trainer)
 
     def _saving_batch_end(self, trainer: Any, pl_module: Any, outputs: Any) -> None:
         cap = self.capture
@@ -147,6 +178,8 @@ class _TensortapCallbackMixin:
             cap.end_saving_step()  # (the step after it is then as cheap as any quiet one)
             self._losses = []
             self._stepped = False
+            if self._hides_hooks:
+                self._show_saving_hooks(False)
 
     def _check_stop(self, trainer: Any) -> None:
         cap = self.capture
@@ -247,8 +280,19 @@ def callback_class(callback_base: Any) -> type:
     cls = _classes.get(callback_base)
     if cls is None:
         cls = _classes[callback_base] = type("TensortapCallback", (_TensortapCallbackMixin, callback_base),
-                                             {"__module__": __name__, "__doc__": _TensortapCallbackMixin.__doc__})
+                                             {"__module__": __name__, "__doc__": _TensortapCallbackMixin.__doc__,
+                                              "_hides_hooks": _skips_uncallable_hooks(callback_base)})
     return cls
+
+
+def _skips_uncallable_hooks(callback_base: Any) -> bool:
+    """Whether the Lightning package of `callback_base` skips a callback hook that is not callable (its version)."""
+    package = sys.modules.get(callback_base.__module__.split(".")[0])
+    try:
+        release = tuple(int(part) for part in str(package.__version__).split(".")[:2])
+    except (AttributeError, ValueError):
+        return False
+    return release >= _HIDING_SINCE
 
 
 def _lightning_callback_base() -> Any:
