@@ -18,10 +18,12 @@ without it, in the rotating order callback / plain / plain again (the A/A contro
 training thread's CPU time per step, a ratio is a block's to the plain block beside it, medians over all blocks of
 `--rounds` fits of `--steps` steps (the first three blocks left out). Blocks start 5 steps after a saving step, so
 each callback block holds B/10 saving steps and the steps after them; the writer process runs through the whole
-fit (in the plain blocks it idles, or finishes the previous block's last saving step).
+fit (in the plain blocks it idles, or finishes the previous block's last saving step). With `--shown` a fourth arm
+runs the same callback with none of its hooks hidden from Lightning (docs/internals.md): what hiding them buys.
 
     .venv/bin/python bench/trainers_overhead.py --rounds 30 --steps 220
     .venv/bin/python bench/trainers_overhead.py --trainers lightning --blocks 100 --rounds 4 --steps 3020
+    .venv/bin/python bench/trainers_overhead.py --trainers lightning --blocks 100 --rounds 8 --steps 4020 --shown
 """
 
 from __future__ import annotations
@@ -115,16 +117,18 @@ def lightning_job(steps: int, callback: object | None) -> dict[str, float]:
     return _figures(timer, start)
 
 
-BLOCK_ARMS = ("callback", "plain", "plain again")
-
-
-def lightning_blocks(steps: int, block: int, callback: object) -> dict[str, list[float]]:
-    """One Lightning fit whose blocks of `block` steps run with `callback` or without it (see the docstring): the
-    training thread's CPU time per step of each block, by arm, in the order they ran (one entry per rotation)."""
+def lightning_blocks(steps: int, block: int, callbacks: dict[str, object]) -> dict[str, list[float]]:
+    """One Lightning fit whose blocks of `block` steps run with one of `callbacks` ({arm: callback}) or none (see
+    the docstring): the training thread's CPU time per step of each block, by arm ("plain", "plain again" and
+    those of `callbacks`), in the order they ran (one entry per rotation)."""
     import lightning as L
 
+    arms = (*callbacks, "plain", "plain again")
+    n = len(arms)
+
     class Switch(L.Callback):
-        """First in the callback list: at each block's first step, puts `callback` in the list or takes it out."""
+        """First in the callback list: at each block's first step, puts the block's callback in the list and takes
+        the others out."""
 
         def __init__(self):
             self.marks: list[tuple[int, str, float]] = []
@@ -134,25 +138,26 @@ def lightning_blocks(steps: int, block: int, callback: object) -> dict[str, list
             if step % block != 5 % block:
                 return
             k = step // block
-            arm = BLOCK_ARMS[(k + k // 3) % 3]  # (each arm first in turn)
+            arm = arms[(k + k // n) % n]  # (each arm first in turn)
             self.marks.append((step, arm, time.thread_time()))
-            listed = callback in trainer.callbacks
-            if arm == "callback" and not listed:
-                trainer.callbacks.append(callback)  # (called from this hook on: the list is read as it goes)
-                callback._hook_optimizers(trainer)
-            elif arm != "callback" and listed:
-                trainer.callbacks.remove(callback)
-                for h in callback._handles:
-                    h.remove()
-                callback._handles = []
+            for name, callback in callbacks.items():
+                listed = callback in trainer.callbacks
+                if name == arm and not listed:
+                    trainer.callbacks.append(callback)  # (called from this hook on: the list is read as it goes)
+                    callback._hook_optimizers(trainer)
+                elif name != arm and listed:
+                    trainer.callbacks.remove(callback)
+                    for h in callback._handles:
+                        h.remove()
+                    callback._handles = []
 
         def on_train_end(self, trainer, *a):
             self.marks.append((trainer.global_step, "", time.thread_time()))
 
     switch = Switch()
-    _fit_mlp(steps, [switch, callback])
-    per_step: dict[str, list[float]] = {a: [] for a in BLOCK_ARMS}
-    marks = switch.marks[3:]  # (the first blocks: warm-up)
+    _fit_mlp(steps, [switch, *callbacks.values()])
+    per_step: dict[str, list[float]] = {a: [] for a in arms}
+    marks = switch.marks[n:]  # (the first blocks: warm-up)
     for (s0, arm, t0), (s1, _next, t1) in zip(marks, marks[1:], strict=False):
         if s1 - s0 == block:
             per_step[arm].append((t1 - t0) / block)
@@ -163,14 +168,24 @@ def blocks_table(args: argparse.Namespace) -> None:
     from tensortap.lightning import TensortapCallback
 
     lightning_job(WARMUP + 20, None)  # warm-up
-    ratios: dict[str, list[float]] = {"callback": [], "plain again": []}
+    shown = "callback, hooks shown"
+    arms = ["callback", *([shown] if args.shown else []), "plain again"]
+    ratios: dict[str, list[float]] = {a: [] for a in arms}
     plain: list[float] = []
     for _r in range(args.rounds):
-        out = tempfile.mkdtemp(prefix="tt-bench-")
-        cb = TensortapCallback(out_dir=out, save_config=10, include_collections=["weights", "gradients", "losses"])
-        got = lightning_blocks(args.steps, args.blocks, cb)
-        cb.capture.close()
-        shutil.rmtree(out, ignore_errors=True)
+        outs = [tempfile.mkdtemp(prefix="tt-bench-") for _ in arms]
+        made = {"callback": TensortapCallback(out_dir=outs[0], save_config=10,
+                                              include_collections=["weights", "gradients", "losses"])}
+        if args.shown:
+            # (the same callback with every hook a method Lightning calls at every batch: what hiding them buys)
+            made[shown] = TensortapCallback(out_dir=outs[1], save_config=10,
+                                            include_collections=["weights", "gradients", "losses"])
+            made[shown]._hides_hooks = False
+        got = lightning_blocks(args.steps, args.blocks, made)
+        for cb in made.values():
+            cb.capture.close()
+        for out in outs:
+            shutil.rmtree(out, ignore_errors=True)
         n = min(len(v) for v in got.values())
         for i in range(n):
             for arm in ratios:
@@ -185,10 +200,10 @@ def blocks_table(args: argparse.Namespace) -> None:
           f"steps: {len(plain)} blocks per arm")
     print("Block / the plain block beside it, training thread's CPU time, medians over blocks (in brackets: "
           "quartiles)")
-    print("| trainer | A/A control | callback | plain per step |")
-    print("|---|---:|---:|---:|")
+    print("| trainer | A/A control | callback | " + (f"{shown} | " if args.shown else "") + "plain per step |")
+    print("|---|---:|---:|" + ("---:|" if args.shown else "") + "---:|")
     print(f"| lightning, blocks of {args.blocks} | {cell(ratios['plain again'])} | **{cell(ratios['callback'])}** | "
-          f"{statistics.median(plain) * 1e3:.3f} ms |")
+          + (f"{cell(ratios[shown])} | " if args.shown else "") + f"{statistics.median(plain) * 1e3:.3f} ms |")
 
 
 def hf_job(steps: int, callback: object | None) -> dict[str, float]:
@@ -239,6 +254,8 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=0,
                     help="Lightning: measure inside each fit, in alternating blocks of this many steps (a multiple "
                          "of 10), instead of whole fits")
+    ap.add_argument("--shown", action="store_true",
+                    help="--blocks: also the callback with every hook shown to Lightning (none hidden)")
     args = ap.parse_args()
     if args.blocks:
         if args.blocks % 10 or args.trainers != "lightning":

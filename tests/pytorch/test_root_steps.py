@@ -215,10 +215,11 @@ def test_quiet_steps_of_an_optimizer_loop_stay_exact_through_inspection_user_hoo
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     hook = _hook(tmp_path, save_interval=10)
     hook.register_module(model)
-    seen, grads, handle = [], {}, None
+    seen, grads, handle, now = [], {}, None, [0]
     for i in range(25):
+        now[0] = i  # (the iteration the user's hook sees)
         if i == 5:
-            handle = model.register_forward_pre_hook(lambda m, a: seen.append(i) if m is model else None)
+            handle = model.register_forward_pre_hook(lambda m, a: seen.append(now[0]) if m is model else None)
         if i == 15:
             handle.remove()
         if i == 12:
