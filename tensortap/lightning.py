@@ -48,7 +48,9 @@ _HIDING_SINCE = (2, 2)
 class _TensortapCallbackMixin:
     """The callback's behaviour, on whichever Lightning package's Callback class (see `callback_class`)."""
 
-    _hides_hooks = False  # (set per Lightning package by `callback_class`)
+    _hides_hooks = False  # (set per Lightning package by `callback_class`, with `_callback_base`)
+    _callback_base: Any = None
+    _hidden: tuple[str, ...] = ()  # the saving step's hooks hidden in the other steps (those not overridden)
 
     def __init__(self, out_dir: str, save_config: Any = None, include_collections: Any = None,
                  reduction_config: Any = None, rules: Any = None, stop_on_issue: bool = True,
@@ -80,8 +82,13 @@ class _TensortapCallbackMixin:
         self._distributed = trainer.world_size > 1
         self.capture.start_writer()
         if self._hides_hooks:
+            cls = type(self)
+            # (a hook a subclass overrides is its own: never hidden)
             for name in _UNUSED_BATCH_HOOKS:
-                setattr(self, name, None)
+                if getattr(cls, name) is getattr(self._callback_base, name):
+                    setattr(self, name, None)
+            self._hidden = tuple(n for n in _SAVING_STEP_HOOKS
+                                 if getattr(cls, n) is getattr(_TensortapCallbackMixin, n))
             self._show_saving_hooks(self.capture.saving)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -125,10 +132,10 @@ class _TensortapCallbackMixin:
         """The hooks only a saving step needs, shown to Lightning in such a step and hidden in the others (an
         instance attribute None, which Lightning does not call; deleted, the class's method again)."""
         if saving:
-            for name in _SAVING_STEP_HOOKS:
+            for name in self._hidden:
                 self.__dict__.pop(name, None)
         else:
-            for name in _SAVING_STEP_HOOKS:
+            for name in self._hidden:
                 setattr(self, name, None)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
@@ -281,7 +288,8 @@ def callback_class(callback_base: Any) -> type:
     if cls is None:
         cls = _classes[callback_base] = type("TensortapCallback", (_TensortapCallbackMixin, callback_base),
                                              {"__module__": __name__, "__doc__": _TensortapCallbackMixin.__doc__,
-                                              "_hides_hooks": _skips_uncallable_hooks(callback_base)})
+                                              "_hides_hooks": _skips_uncallable_hooks(callback_base),
+                                              "_callback_base": callback_base})
     return cls
 
 

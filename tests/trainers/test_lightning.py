@@ -189,40 +189,49 @@ def test_steps_between_saving_ones_have_passed_when_fit_returns(tmp_path, close)
             assert trial.has_passed_step(last_train + 1, mode=modes.TRAIN) == StepState.NOT_YET_AVAILABLE, name
 
 
-def test_hooks_hidden_in_quiet_steps_and_shown_in_saving_steps(tmp_path):
+def test_hooks_hidden_in_quiet_steps_and_shown_in_saving_steps(tmp_path, monkeypatch):
     """Lightning calls only the hooks a step needs: in a step that saves nothing just `on_train_batch_start`, in
     a saving step (each of its micro-batches) the optimizer-step and batch-end hooks too, the per-batch hooks the
     callback never uses not at all; the saved values are still what the optimizer consumed, and after `fit` the
-    callback's hooks are its methods again (a later `validate` with it saves its losses)."""
+    callback's hooks are its methods again (a later `validate` with it saves its losses). A hook that a subclass
+    overrides is called at every batch."""
+    from tensortap.lightning import _TensortapCallbackMixin
+
     calls = []
 
-    class Counting(TensortapCallback):
-        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-            calls.append(("before_optimizer_step", trainer.global_step))
-            super().on_before_optimizer_step(trainer, pl_module, optimizer)
+    def counting(owner, name):
+        original = getattr(owner, name)
 
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            calls.append(("train_batch_end", trainer.global_step))
-            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        def hook(self, trainer, *args, **kwargs):
+            calls.append((name, trainer.global_step))
+            return original(self, trainer, *args, **kwargs)
 
-        def on_before_backward(self, trainer, pl_module, loss):
-            calls.append(("before_backward", trainer.global_step))
+        monkeypatch.setattr(owner, name, hook)
 
-        def on_before_zero_grad(self, trainer, pl_module, optimizer):
-            calls.append(("before_zero_grad", trainer.global_step))
+    counting(_TensortapCallbackMixin, "on_before_optimizer_step")
+    counting(_TensortapCallbackMixin, "on_train_batch_end")
+    counting(L.Callback, "on_before_backward")
+    counting(L.Callback, "on_before_zero_grad")
+
+    class Own(TensortapCallback):
+        def on_after_backward(self, trainer, pl_module):
+            calls.append(("own after_backward", trainer.global_step))
 
     torch.manual_seed(6)
     record = []
     module = make_module(L, record)
     out = str(tmp_path / "job")
-    cb = Counting(out_dir=out, save_config=4, include_collections=["gradients", "losses"])
+    cb = Own(out_dir=out, save_config=4, include_collections=["gradients", "losses"])
     trainer = _trainer([cb], max_steps=12, accumulate_grad_batches=2, limit_val_batches=2, val_check_interval=10)
     trainer.fit(module, *loaders(n=240))
     assert trainer.global_step == 12
+    own = [c for c in calls if c[0] == "own after_backward"]
+    assert [s for _n, s in own] == [k // 2 for k in range(24)]  # (the subclass's hook: every micro-batch)
     # (the first micro-batch ends before the optimizer steps; the second after it, at the next global step)
-    assert calls == [("train_batch_end", 0), ("before_optimizer_step", 0), ("train_batch_end", 1),
-                     ("train_batch_end", 4), ("before_optimizer_step", 4), ("train_batch_end", 5),
-                     ("train_batch_end", 8), ("before_optimizer_step", 8), ("train_batch_end", 9)]
+    assert [c for c in calls if c[0] != "own after_backward"] == [
+        ("on_train_batch_end", 0), ("on_before_optimizer_step", 0), ("on_train_batch_end", 1),
+        ("on_train_batch_end", 4), ("on_before_optimizer_step", 4), ("on_train_batch_end", 5),
+        ("on_train_batch_end", 8), ("on_before_optimizer_step", 8), ("on_train_batch_end", 9)]
     trial = create_trial(out)
     assert trial.tensor("gradient/Tiny_net.2.weight").steps(mode=modes.TRAIN) == [0, 4, 8]
     for k in (0, 4, 8):
@@ -230,7 +239,7 @@ def test_hooks_hidden_in_quiet_steps_and_shown_in_saving_steps(tmp_path):
                               record[k]["grads"]["net.2.weight"].numpy())
     for name in ("on_before_optimizer_step", "on_train_batch_end", "on_before_backward", "on_after_backward",
                  "on_before_zero_grad"):
-        assert getattr(cb, name).__func__ is getattr(Counting, name), name
+        assert getattr(cb, name).__func__ is getattr(Own, name), name
     evals = len(trial.tensor("loss").steps(mode=modes.EVAL))
     trainer.validate(module, loaders(n=240)[1])
     assert len(create_trial(out).tensor("loss").steps(mode=modes.EVAL)) == evals + 2  # (limit_val_batches=2)
