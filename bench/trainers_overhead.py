@@ -257,6 +257,8 @@ def main() -> None:
     ap.add_argument("--shown", action="store_true",
                     help="--blocks: also the callback with every hook shown to Lightning (none hidden)")
     args = ap.parse_args()
+    if args.shown and not args.blocks:
+        raise SystemExit("--shown is an arm of the block runs: give it with --blocks")
     if args.blocks:
         if args.blocks % 10 or args.trainers != "lightning":
             raise SystemExit("--blocks: give a multiple of 10, with --trainers lightning")
