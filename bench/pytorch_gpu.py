@@ -1,7 +1,10 @@
 """tensortap's PyTorch hook on a GPU: step-time ratio hooked / no hook for an MLP and a small transformer
 encoder trained on CUDA, saving every 1, 10 and 100 steps, raw (weights, biases, gradients, loss: copied
 asynchronously into pinned host memory, waited for at the step's end) or statistics only (l2, min, max, mean
-computed on the GPU, one transfer per step). Self-contained: run it anywhere with torch and tensortap; without
+computed on the GPU, one transfer per step); the flight recorder alone (statistics of every output, weight and
+gradient at every step, nothing saved); the floor (statistics-only's values computed in the loop by hand with
+`torch._foreach_norm` / `torch._foreach_max`, one transfer per saving step); and A/A (a second plain model in place
+of the hooked one). Self-contained: run it anywhere with torch and tensortap; without
 a GPU it runs on the CPU and says so.
 
 Each configuration alternates blocks of `--steps` steps without and with the hook (the hook's hooks switched
@@ -57,13 +60,22 @@ def measure(name: str, interval: int, kind: str, device, rounds: int, steps: int
 
     import tensortap.pytorch as tp
 
-    def run(model, opt, loss_fn, x, y, n: int, hook=None) -> float:
+    def floor(model) -> list[float]:
+        """The statistics tensortap saves (l2, max, min, mean of every weight and gradient), computed in the loop:
+        batched where torch can, brought to the host in one transfer."""
+        ts = [p.detach() for p in model.parameters()] + [p.grad for p in model.parameters()]
+        return torch.stack([*torch._foreach_norm(ts), *torch._foreach_max(ts),
+                            *[t.min() for t in ts], *[t.mean() for t in ts]]).tolist()
+
+    def run(model, opt, loss_fn, x, y, n: int, hook=None, every: int = 0) -> float:
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         sync()
         t0 = time.perf_counter()
-        for _ in range(n):
+        for i in range(n):
             opt.zero_grad(set_to_none=True)
             loss_fn(model(x), y).backward()
+            if every and i % every == 0:
+                floor(model)
             opt.step()
         sync()
         if hook is not None:
@@ -72,25 +84,31 @@ def measure(name: str, interval: int, kind: str, device, rounds: int, steps: int
 
     plain = build(name, device)
     hooked = build(name, device)
-    rc = None
-    if kind == "stats":
-        rc = tp.ReductionConfig(norms=["l2"], reductions=["max", "min", "mean"], save_raw_tensor=False)
+    hook = None
     out = tempfile.mkdtemp(dir=root)
-    hook = tp.Hook(out_dir=out, save_config=tp.SaveConfig(save_interval=interval), reduction_config=rc,
-                   include_collections=["weights", "biases", "gradients", "losses"])
-    hook.register_module(hooked[0])
-    hook.register_loss(hooked[2])
-    hook.register_optimizer(hooked[1])
+    every = interval if kind == "floor" else 0
+    if kind not in ("aa", "floor"):  # (A/A: the second model trained with no hook; floor: statistics by hand)
+        rc = None
+        if kind == "stats":
+            rc = tp.ReductionConfig(norms=["l2"], reductions=["max", "min", "mean"], save_raw_tensor=False)
+        flight = kind == "flight"
+        hook = tp.Hook(out_dir=out, save_config=tp.SaveConfig(save_interval=10 ** 9 if flight else interval),
+                       reduction_config=rc, flight_recorder=True if flight else None,
+                       include_collections=[] if flight else ["weights", "biases", "gradients", "losses"])
+        hook.register_module(hooked[0])
+        hook.register_loss(hooked[2])
+        hook.register_optimizer(hooked[1])
     run(*plain, 5)
-    run(*hooked, 5, hook)
+    run(*hooked, 5, hook, every)
     ratios, base = [], []
     for _ in range(rounds):
         a = run(*plain, steps)
-        b = run(*hooked, steps, hook)
+        b = run(*hooked, steps, hook, every)
         ratios.append(b / a)
         base.append(a / steps * 1e3)
-    hook.close()
-    assert hook.error_count == 0, hook.first_error
+    if hook is not None:
+        hook.close()
+        assert hook.error_count == 0, hook.first_error
     shutil.rmtree(out, ignore_errors=True)
     return statistics.median(ratios), statistics.median(base)
 
@@ -101,7 +119,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--models", default="mlp,transformer")
     ap.add_argument("--intervals", default="1,10,100")
-    ap.add_argument("--kinds", default="raw,stats")
+    ap.add_argument("--kinds", default="aa,raw,stats,flight")
     args = ap.parse_args()
     import torch
 
@@ -114,7 +132,8 @@ def main() -> None:
     try:
         for name in args.models.split(","):
             for kind in args.kinds.split(","):
-                for interval in (int(i) for i in args.intervals.split(",")):
+                once = kind in ("aa", "flight")  # (every step whatever the interval)
+                for interval in (1,) if once else (int(i) for i in args.intervals.split(",")):
                     r, ms = measure(name, interval, kind, device, args.rounds, args.steps, root)
                     print(f"| {name} | {ms:.2f} | {kind} | {interval} | ×{r:.3f} |", flush=True)
     finally:

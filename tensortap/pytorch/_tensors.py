@@ -146,7 +146,7 @@ class HostBatch:
             event = None
             if pin:
                 event = torch.cuda.Event()
-                event.record()
+                event.record(torch.cuda.current_stream(device))  # (the stream the copy was queued on)
             self._groups.append((idx, _layout(parts), host, event, flat_src))
 
     def arrays(self) -> list[np.ndarray]:
@@ -349,7 +349,11 @@ class ReductionProgram:
                     d[at] = k
                 self.divisor, self.numels = torch.tensor(d, dtype=vector.dtype), numels
             vector = vector / self.divisor
-        return Reduced(self, vector.cpu().numpy())  # (the one transfer to the host)
+        if numpy_dtype(vector.dtype) is None:
+            vector = vector.to(torch.float64)  # (bfloat16, float8: stored as float64, out_dtypes says so)
+        if vector.is_cpu:
+            return Reduced(self, vector.numpy())
+        return Reduced.transfer(self, vector)  # (the one transfer to the host)
 
     def layout(self, names: tuple[str, ...], vector: np.dtype) -> StatisticsLayout:
         """How a run's vector is stored for tensors `names` (built once per names and vector dtype)."""
@@ -369,12 +373,39 @@ def same_dtype(dtypes: tuple[torch.dtype, ...]) -> bool:
 class Reduced(Sequence):
     """A run's statistics, as brought to the host in one vector: per tensor {(name, abs): value} (`[i]`, values of
     the tensor's numpy dtype, int64 for `nonfinite`, as format.records.compute_reduction's), or all of them as one
-    hand-off to a writer (`rows`)."""
+    hand-off to a writer (`rows`). From a CUDA device the vector is copied asynchronously into pinned memory and
+    waited for when it is first read (`host`), normally when the step's statistics are handed off as it ends: the
+    training thread does not wait for the device in the middle of the step."""
 
-    __slots__ = ("program", "host")
+    __slots__ = ("program", "_host", "_copy")
 
     def __init__(self, program: ReductionProgram, host: np.ndarray):
-        self.program, self.host = program, host
+        self.program, self._host = program, host
+        self._copy: tuple[torch.Tensor, Any] | None = None
+
+    @classmethod
+    def transfer(cls, program: ReductionProgram, vector: torch.Tensor) -> Reduced:
+        """The statistics in device vector `vector`, on their way to the host."""
+        if vector.device.type != "cuda":
+            return cls(program, vector.cpu().numpy())
+        pinned = torch.empty(vector.shape, dtype=vector.dtype, pin_memory=True)
+        pinned.copy_(vector, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(vector.device))  # (the stream the copy was queued on)
+        out = cls(program, None)  # type: ignore[arg-type]
+        out._copy = (pinned, event)
+        return out
+
+    @property
+    def host(self) -> np.ndarray:
+        """The vector on the host (waits for its copy from the device, the first time)."""
+        host = self._host
+        if host is None:
+            pinned, event = self._copy
+            event.synchronize()
+            host = self._host = pinned.numpy()
+            self._copy = None
+        return host
 
     def __len__(self) -> int:
         return len(self.program.keys)

@@ -142,6 +142,37 @@ def test_one_pass_statistics_of_bfloat16_are_float64():
         assert float(rv[("l2", False)]) == pytest.approx(math.sqrt(math.fsum(a * a)), rel=1e-14)
 
 
+def test_statistics_only_of_a_bfloat16_model_through_torchs_reductions(tmp_path, monkeypatch):
+    """Without the one pass (as on an accelerator): a bfloat16 model's statistics are torch's values, stored as
+    float64 (numpy has no bfloat16), and the hook stays on."""
+    monkeypatch.setattr(_tensors, "_c_moments", None)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)).bfloat16()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rc = tp.ReductionConfig(reductions=["min", "max"], norms=["l2"], save_raw_tensor=False)
+    hook = tp.Hook(out_dir=str(tmp_path), writer="process", save_config=tp.SaveConfig(save_interval=1),
+                   include_collections=["weights", "biases", "gradients"], reduction_config=rc)
+    hook.register_module(model)
+    hook.register_optimizer(opt)
+    grads: list[dict] = []
+    opt.register_step_pre_hook(lambda o, a, k: grads.append(
+        {n: p.grad.clone() for n, p in model.named_parameters()}))
+    for _step in range(2):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(torch.randn(4, 6).bfloat16()).float(), torch.randint(0, 3, (4,))).backward()
+        opt.step()
+    hook.close()
+    assert hook.error_count == 0, hook.first_error
+    t = tp.create_trial(str(tmp_path))
+    for step, g in enumerate(grads):
+        for n, x in g.items():
+            tt = t.tensor(f"gradient/Sequential_{n}")
+            assert tt.reduction_value(step, "max").dtype == np.float64
+            assert float(tt.reduction_value(step, "max")) == x.max().item()
+            assert float(tt.reduction_value(step, "min")) == x.min().item()
+            assert float(tt.reduction_value(step, "l2")) == torch._foreach_norm([x])[0].item()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_means_are_torch_means_bit_for_bit(dtype, torch_path):
     """Without the one pass: a mean is taken as a sum divided by the element count with the other tensors'
