@@ -13,6 +13,7 @@ ends with `torch.cuda.synchronize()` and the hook's writer caught up (`hook.flus
 over `--rounds` pairs.
 
     python bench/pytorch_gpu.py [--rounds 5] [--steps 50] [--models mlp,transformer] [--intervals 1,10,100]
+                                [--kinds aa,raw,stats,flight,floor] [--read-loss]
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def build(name: str, device):
     return model, torch.optim.SGD(model.parameters(), lr=1e-3), nn.CrossEntropyLoss(), x.to(device), y.to(device)
 
 
-def measure(name: str, interval: int, kind: str, device, rounds: int, steps: int, root: str) -> tuple[float, float]:
+def measure(name: str, interval: int, kind: str, device, rounds: int, steps: int, root: str,
+            read_loss: bool = False) -> tuple[float, float]:
     """(median ratio hooked / plain, median plain ms per step)."""
     import torch
 
@@ -73,7 +75,10 @@ def measure(name: str, interval: int, kind: str, device, rounds: int, steps: int
         t0 = time.perf_counter()
         for i in range(n):
             opt.zero_grad(set_to_none=True)
-            loss_fn(model(x), y).backward()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            if read_loss:
+                loss.item()  # (the loop's own wait for the GPU, as a progress bar's)
             if every and i % every == 0:
                 floor(model)
             opt.step()
@@ -120,12 +125,15 @@ def main() -> None:
     ap.add_argument("--models", default="mlp,transformer")
     ap.add_argument("--intervals", default="1,10,100")
     ap.add_argument("--kinds", default="aa,raw,stats,flight")
+    ap.add_argument("--read-loss", action="store_true",
+                    help="the loop reads the loss every step (loss.item(): it waits for the GPU, as most loops do)")
     args = ap.parse_args()
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     what = torch.cuda.get_device_name() if device.type == "cuda" else "no GPU: the CPU"
-    print(f"torch {torch.__version__}, {what}; {args.rounds} pairs of {args.steps}-step blocks\n")
+    loop = ", the loop reads the loss every step" if args.read_loss else ""
+    print(f"torch {torch.__version__}, {what}; {args.rounds} pairs of {args.steps}-step blocks{loop}\n")
     print("| model | plain ms/step | saved | every | hooked / plain |")
     print("|---|---|---|---|---|")
     root = tempfile.mkdtemp(prefix="tt-gpu-")
@@ -134,7 +142,7 @@ def main() -> None:
             for kind in args.kinds.split(","):
                 once = kind in ("aa", "flight")  # (every step whatever the interval)
                 for interval in (1,) if once else (int(i) for i in args.intervals.split(",")):
-                    r, ms = measure(name, interval, kind, device, args.rounds, args.steps, root)
+                    r, ms = measure(name, interval, kind, device, args.rounds, args.steps, root, args.read_loss)
                     print(f"| {name} | {ms:.2f} | {kind} | {interval} | ×{r:.3f} |", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)

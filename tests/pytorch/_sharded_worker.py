@@ -4,6 +4,8 @@ itself reads: the full weights before each step's forward, the full gradients in
 pre-hook (`full_tensor()`), the loss and `get_total_norm` of the full gradients.
 
     python _sharded_worker.py OUT_DIR WRITER KIND INCLUDE_WORKERS RECORD.npz
+
+With TT_TEST_DEVICE=cuda: on the GPU (one per rank) over NCCL.
 """
 
 import json
@@ -19,11 +21,14 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_modul
 import tensortap.pytorch as tp
 
 out_dir, writer, kind, include_workers, rec_path = sys.argv[1:6]
-dist.init_process_group("gloo")
+device = os.environ.get("TT_TEST_DEVICE", "cpu")
+dist.init_process_group("nccl" if device == "cuda" else "gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
+if device == "cuda":
+    torch.cuda.set_device(rank)
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(6, 10), nn.ReLU(), nn.Linear(10, 3))
-mesh = init_device_mesh("cpu", (world,))
+model = nn.Sequential(nn.Linear(6, 10), nn.ReLU(), nn.Linear(10, 3)).to(device)
+mesh = init_device_mesh(device, (world,))
 if kind == "fsdp":
     from torch.distributed.fsdp import fully_shard
 
@@ -52,11 +57,16 @@ rec = {}
 step_now = [0]
 
 
+def host(t):
+    """What the script reads: the full tensor, on the host."""
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu().numpy().copy()
+
+
 def read_grads(optimizer, args, kwargs):
     s = step_now[0]
     grads = [p.grad for p in model.parameters()]
     for n, g in zip(names, grads, strict=True):
-        rec[f"g{s}/{n}"] = g.full_tensor().numpy().copy() if isinstance(g, DTensor) else g.numpy().copy()
+        rec[f"g{s}/{n}"] = host(g)
     rec[f"total{s}"] = np.asarray(torch.nn.utils.get_total_norm(
         [g.full_tensor() if isinstance(g, DTensor) else g for g in grads]).item())
 
@@ -65,14 +75,13 @@ opt.register_step_pre_hook(read_grads)
 for step in range(3):
     step_now[0] = step
     for n, p in model.named_parameters():
-        rec[f"w{step}/{n}"] = p.full_tensor().detach().numpy().copy() if isinstance(p, DTensor) else \
-            p.detach().numpy().copy()
+        rec[f"w{step}/{n}"] = host(p)
     torch.manual_seed(100 + step)
-    x, y = torch.randn(4, 6), torch.randint(0, 3, (4,))
+    x, y = torch.randn(4, 6).to(device), torch.randint(0, 3, (4,)).to(device)
     opt.zero_grad()
     loss = loss_fn(model(x), y)
     loss.backward()
-    rec[f"loss{step}"] = loss.detach().numpy().copy()
+    rec[f"loss{step}"] = host(loss)
     opt.step()
 hook.close()
 if rank == 0:

@@ -1,5 +1,6 @@
 """The PyTorch hook on a CUDA device: saved values equal what the script reads there (raw, statistics, GradScaler with
-float16 autocast, bfloat16, an inductor-compiled model, Lightning's 16-mixed), no synchronising CUDA call (a
+float16 autocast, bfloat16, an inductor-compiled model, FSDP2 and DTensor parameters over NCCL, Lightning's
+16-mixed), no synchronising CUDA call (a
 transfer the host waits for) in any step, and the flight recorder naming a layer. Skipped where torch sees
 no CUDA device (CI); run on a GPU machine with `python -m pytest tests/pytorch/test_cuda.py`."""
 
@@ -339,3 +340,13 @@ def test_lightning_16_mixed_on_gpu_saves_what_the_optimizer_consumed(tmp_path):
             assert np.array_equal(got, record[s]["grads"][pname].cpu().numpy()), (s, pname)
     assert trial.tensor("loss").steps(mode=modes.TRAIN)
     assert trial.tensor("loss").steps(mode=modes.EVAL)
+
+
+@pytest.mark.parametrize("kind", ["fsdp", "dtensor"])
+def test_sharded_parameters_over_nccl(tmp_path, kind):
+    """FSDP2 (`fully_shard`) and DTensor parameters on the GPU, one process over NCCL: the saved values are the
+    full tensors the script reads, bit for bit (test_sharded.py's checks)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_sharded import _check, _run
+
+    _check(*_run(tmp_path, 1, "process", kind, device="cuda"))

@@ -30,13 +30,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(tmp_path: Path, world: int, writer: str, kind: str, include_workers: str = "all") -> tuple[str, dict]:
+def _run(tmp_path: Path, world: int, writer: str, kind: str, include_workers: str = "all",
+         device: str = "cpu") -> tuple[str, dict]:
     out, rec = str(tmp_path / "run"), str(tmp_path / "rec.npz")
     port = _free_port()
     procs = []
     for rank in range(world):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+                   WORLD_SIZE=str(world), OMP_NUM_THREADS="1", TT_TEST_DEVICE=device)
         env.pop("TENSORTAP_DISABLE", None)
         procs.append(subprocess.Popen([sys.executable, str(WORKER), out, writer, kind, include_workers, rec],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
