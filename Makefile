@@ -64,8 +64,10 @@ $(SMD_STAMP): requirements/smdebug.txt
 smdebug-venv: $(SMD_STAMP)
 
 # The differential test runs against smdebug when its venv could be built, and is skipped (saying why) otherwise.
-# The MXNet tests run first in their own environment; the whole suite's summary is the last line.
+# The MXNet tests run first in their own environment; the whole suite's summary is the last line. ruff first: a
+# lint finding fails the suite as a test does.
 test: install
+	$(VPY) -m ruff check tensortap tests bench
 	$(MAKE) spark
 	$(MAKE) test-mxnet
 	$(MAKE) smdebug-venv || echo "smdebug 1.0.34 environment could not be built: tests/differential will be skipped"

@@ -245,6 +245,35 @@ def test_hooks_hidden_in_quiet_steps_and_shown_in_saving_steps(tmp_path, monkeyp
     assert len(create_trial(out).tensor("loss").steps(mode=modes.EVAL)) == evals + 2  # (limit_val_batches=2)
 
 
+@pytest.mark.parametrize("case", ["bf16-mixed", "compiled"])
+def test_mixed_precision_and_a_compiled_module(tmp_path, case):
+    """precision="bf16-mixed" (autocast on the CPU) and a LightningModule whose network is compiled
+    (`self.net.compile()`): every saved gradient is what the optimizer consumed, steps are global steps, the loss
+    is saved at each saving step."""
+    torch.manual_seed(0)
+    record: list[dict] = []
+    module = make_module(L, record)
+    if case == "compiled":
+        module.net.compile(backend="aot_eager")
+    out = str(tmp_path / "job")
+    cb = TensortapCallback(out_dir=out, save_config=3,
+                           include_collections=["weights", "biases", "gradients", "losses"])
+    kw = {"precision": "bf16-mixed"} if case == "bf16-mixed" else {}
+    trainer = _trainer([cb], max_steps=9, limit_val_batches=0, **kw)
+    trainer.fit(module, loaders()[0])
+    assert trainer.global_step == len(record) == 9
+    assert cb.capture.hook.error_count == 0
+    trial = create_trial(out)
+    assert trial.tensor("gradient/Tiny_net.0.weight").steps(mode=modes.TRAIN) == [0, 3, 6]
+    assert trial.tensor("loss").steps(mode=modes.TRAIN) == [0, 3, 6]
+    for k in (0, 3, 6):
+        for pname in ("net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"):
+            got = trial.tensor(f"gradient/Tiny_{pname}").value(k, mode=modes.TRAIN)
+            assert np.array_equal(got, record[k]["grads"][pname].numpy()), (k, pname)
+            w = trial.tensor(f"Tiny_{pname}").value(k, mode=modes.TRAIN)
+            assert np.array_equal(w, record[k]["weights"][pname].numpy()), (k, pname)
+
+
 def test_bad_arguments_are_one_line_errors(tmp_path):
     with pytest.raises(InvalidConfiguration, match="out_dir"):
         TensortapCallback(out_dir=3)
