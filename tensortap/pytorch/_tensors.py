@@ -111,9 +111,9 @@ _STRIDED = torch.strided
 class HostBatch:
     """Host copies of several tensors: one copy per (device, dtype) group.
 
-    CPU groups are copied at once. Other devices are copied asynchronously into pinned memory (when the
-    accelerator supports it) and waited for in `arrays()`, normally at the end of the step, long after the
-    copy finished.
+    CPU groups are copied at once. Tensors on other devices are copied one by one, asynchronously where the
+    accelerator supports it (CUDA), into one pinned host buffer per group (nothing is allocated on the device)
+    and waited for in `arrays()`, normally at the end of the step, long after the copies finished.
     """
 
     __slots__ = ("_groups", "_n", "_flat")
@@ -139,15 +139,18 @@ class HostBatch:
                 host = torch.cat([p.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].reshape(-1).clone()
                 self._groups.append((idx, _layout(parts), host, None, None))
                 continue
-            flat_src = torch.cat([p.reshape(-1) for p in parts]) if len(parts) > 1 else parts[0].reshape(-1)
             pin = device.type == "cuda"
-            host = torch.empty(flat_src.shape, dtype=flat_src.dtype, pin_memory=pin)
-            host.copy_(flat_src, non_blocking=pin)
+            layout = _layout(parts)
+            host = torch.empty(layout[-1][1], dtype=_dtype, pin_memory=pin)
+            # each tensor straight into its place in the host buffer: no concatenation on the device, whose copy
+            # of everything saved would add the saved bytes to the device's peak memory
+            for p, (a, b, shape) in zip(parts, layout, strict=True):
+                host[a:b].view(shape).copy_(p, non_blocking=pin)
             event = None
             if pin:
                 event = torch.cuda.Event()
-                event.record(torch.cuda.current_stream(device))  # (the stream the copy was queued on)
-            self._groups.append((idx, _layout(parts), host, event, flat_src))
+                event.record(torch.cuda.current_stream(device))  # (the stream the copies were queued on)
+            self._groups.append((idx, layout, host, event, parts))
 
     def arrays(self) -> list[np.ndarray]:
         """Host arrays in the order of the tensors given (views of private buffers: the caller owns them)."""

@@ -1,8 +1,8 @@
 """The PyTorch hook on a CUDA device: saved values equal what the script reads there (raw, statistics, GradScaler with
 float16 autocast, bfloat16, an inductor-compiled model, FSDP2 and DTensor parameters over NCCL, Lightning's
-16-mixed), no synchronising CUDA call (a
-transfer the host waits for) in any step, and the flight recorder naming a layer. Skipped where torch sees
-no CUDA device (CI); run on a GPU machine with `python -m pytest tests/pytorch/test_cuda.py`."""
+16-mixed), no synchronising CUDA call (a transfer the host waits for) in any step, no device memory taken by a
+saving step, and the flight recorder naming a layer. Skipped where torch sees no CUDA device (CI); run on a GPU
+machine with `python -m pytest tests/pytorch/test_cuda.py`."""
 
 from __future__ import annotations
 
@@ -94,6 +94,35 @@ def test_raw_values_bit_for_bit_with_accumulation_and_clipping(tmp_path, writer)
         loss_name = "CrossEntropyLoss_output_0"
         assert t.tensor(loss_name).value(s).tobytes() in {v.tobytes() for v in losses[s]}
     assert t.tensor("gradient/Sequential_0.weight").steps() == [0, 2, 4, 6]
+
+
+def test_a_saving_step_takes_no_device_memory(tmp_path):
+    """Raw weights and gradients go to pinned host memory tensor by tensor: a saving step's peak device memory is
+    a quiet step's (a concatenation on the device would add the 33 MB saved)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(4)]).to(CUDA)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    hook = tp.Hook(out_dir=str(tmp_path), writer="thread", save_config=tp.SaveConfig(save_interval=2),
+                   include_collections=["weights", "biases", "gradients"])
+    hook.register_module(model)
+    hook.register_optimizer(opt)
+    x = torch.randn(64, 1024, device=CUDA)
+    peaks = []
+    for _step in range(8):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+    hook.close()
+    assert hook.error_count == 0, hook.first_error
+    assert create_trial(str(tmp_path)).tensor("gradient/Sequential_0.weight").steps() == [0, 2, 4, 6]
+    saving, quiet = max(peaks[2::2]), max(peaks[3::2])  # (steps 2, 4, 6 save; 3, 5, 7 do not)
+    print("peak device memory above the step's start, saving / quiet:", saving, quiet)
+    assert saving - quiet < 1 << 20, (saving, quiet)
 
 
 def _sync_counts(hook_kw: dict, tmp_path, steps: int = 9) -> tuple[list[int], list[int]]:

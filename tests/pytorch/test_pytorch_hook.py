@@ -424,6 +424,21 @@ def test_async_copy_path_gives_identical_values(tmp_path):
         assert np.array_equal(t.tensor("Net_output_0").value(s), rec[s]["out"].numpy())
 
 
+def test_host_batch_through_the_accelerator_path_copies_every_layout():
+    """The accelerator path of HostBatch (each tensor copied into its place in one host buffer per dtype) on CPU
+    tensors: non-contiguous, zero-dimensional, empty and mixed-dtype tensors come back equal, in order."""
+    from tensortap.pytorch._tensors import HostBatch
+
+    g = torch.Generator().manual_seed(0)
+    ts = [torch.randn(3, 4, generator=g).t(), torch.tensor(2.5), torch.empty(0, 3), torch.arange(6).reshape(2, 3),
+          torch.randn(5, generator=g)[::2], torch.randn(2, 2, generator=g)]
+    got = HostBatch(ts, force_async=True).arrays()
+    assert len(got) == len(ts)
+    for t, a in zip(ts, got, strict=True):
+        assert a.shape == tuple(t.shape) and a.dtype == t.numpy().dtype
+        assert np.array_equal(a, t.numpy())
+
+
 def test_bfloat16_parameters(tmp_path):
     pytest.importorskip("ml_dtypes")
     model = Net().to(torch.bfloat16)
