@@ -109,7 +109,7 @@ _STRIDED = torch.strided
 
 
 class HostBatch:
-    """Host copies of several tensors: one copy per (device, dtype) group.
+    """Host copies of several tensors: one host buffer per (device, dtype) group.
 
     CPU groups are copied at once. Tensors on other devices are copied one by one, asynchronously where the
     accelerator supports it (CUDA), into one pinned host buffer per group (nothing is allocated on the device)
