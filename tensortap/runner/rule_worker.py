@@ -88,7 +88,10 @@ def run(job: dict[str, Any]) -> int:
             st.write_status(storage, label, offline, rule=spec.name, params=spec.params, **state)
             last_write[0] = time.monotonic()
 
+    stop_requested = [False]
+
     def on_term(signum: int, frame: Any) -> None:
+        stop_requested[0] = True
         raise KeyboardInterrupt
 
     if threading.current_thread() is threading.main_thread():  # not in a thread of a Dask worker (tensortap.dask)
@@ -135,15 +138,22 @@ def run(job: dict[str, Any]) -> int:
         publish(force=True, status=st.ISSUES_FOUND, first_step=e.step, last_step=e.step, message=msg, report=report)
         return 1
     except KeyboardInterrupt:
-        judged = {}
-        if rule is not None:  # what it had judged when stopped
-            judged = {"report": rule.report.to_dict()}
-        publish(force=True, status=st.STOPPED, message="stopped before the job ended", **judged)
-        return 2
+        return _stopped(rule, publish)
     except Exception as e:  # noqa: BLE001 - any failure of the rule is its status, not a crash of the run
+        if stop_requested[0]:  # (the stop, raised inside code that turned it into another exception)
+            return _stopped(rule, publish)
         publish(force=True, status=st.ERROR, message=f"{type(e).__name__}: {e}",
                 traceback=traceback.format_exc(limit=8))
         return 2
+
+
+def _stopped(rule: Any, publish: Any) -> int:
+    """Publish Stopped, with what the rule had judged when stopped; the exit status of an interrupted rule."""
+    judged = {}
+    if rule is not None:
+        judged = {"report": rule.report.to_dict()}
+    publish(force=True, status=st.STOPPED, message="stopped before the job ended", **judged)
+    return 2
 
 
 def _write_report(storage: Any, label: str, rule: Any, offline: bool) -> None:

@@ -22,6 +22,7 @@ from tensortap.runner.spec import JobSpec, RuleSpec
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(__file__), "bootstrap")
 KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL
+RULES_STOP_WAIT = 2.0  # seconds the rules may take to write Stopped and exit before training is interrupted
 INTERRUPT_WAIT = 10.0  # seconds training may take to unwind after SIGINT before it gets SIGTERM
 PROGRESS_INTERVAL = 5.0  # seconds between progress lines when stdout is not a terminal
 #: signals that stop a run as Ctrl-C does (`timeout`, `docker stop`, Kubernetes and SLURM send SIGTERM; a
@@ -458,17 +459,25 @@ class Runner:
             raise KeyboardInterrupt
 
     def interrupt(self) -> None:
-        """Stop training as Ctrl-C would (SIGINT to its process group, so the script unwinds and its hook
-        closes and frees its shared memory; SIGTERM, then SIGKILL, if it does not), stop the rules (they
-        write Stopped), and read their last statuses."""
+        """Stop the rules (they write Stopped), then training as Ctrl-C would (SIGINT to its process group, so
+        the script unwinds and its hook closes and frees its shared memory; SIGTERM, then SIGKILL, if it does
+        not), and read the rules' last statuses. The rules go first, for at most RULES_STOP_WAIT: a rule that
+        still ran when training's hook marked the job ended would judge the steps left and finish as if the job
+        had ended by itself."""
         self._stopping = True
         self.interrupted = True
         self.say(f"[tensortap] {self.signal_name or 'interrupted'}: stopping training and rules")
+        running = [r.proc for r in self.rules if r.proc is not None and r.proc.poll() is None]
+        for proc in running:
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + RULES_STOP_WAIT
+        for proc in running:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                break  # (stopped below, after training)
         if self.training is not None and self.training.poll() is None:
             _signal_group(self.training, signal.SIGINT)
-        for r in self.rules:
-            if r.proc is not None and r.proc.poll() is None:
-                _signal_group(r.proc, signal.SIGTERM)
         if self.training is not None:
             try:
                 self.training.wait(INTERRUPT_WAIT)

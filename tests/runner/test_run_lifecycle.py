@@ -118,7 +118,7 @@ def test_a_stop_signal_stops_training_and_rules_and_prints_the_summary(tmp_path,
     assert f"stopped by {name}" in text
     for rule in ("vanishing_gradient", "exploding_tensor"):
         s = _status(out, rule)
-        assert s["status"] == "Stopped", s
+        assert s["status"] == "Stopped", (s["status"], s.get("message"), s.get("traceback"))
         assert s["report"]["steps_evaluated"] >= 3  # what it had judged when stopped
         assert f"[tensortap] {rule}: Stopped" in text
     # training unwound as after Ctrl-C: its hook closed and freed its shared memory
