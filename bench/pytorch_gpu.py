@@ -118,6 +118,10 @@ def measure(name: str, interval: int, kind: str, device, rounds: int, steps: int
     return statistics.median(ratios), statistics.median(base)
 
 
+KINDS = ("aa", "raw", "stats", "flight", "floor")
+MODELS = ("mlp", "transformer")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
@@ -128,6 +132,16 @@ def main() -> None:
     ap.add_argument("--read-loss", action="store_true",
                     help="the loop reads the loss every step (loss.item(): it waits for the GPU, as most loops do)")
     args = ap.parse_args()
+    for opt, given, allowed in (("--kinds", args.kinds, KINDS), ("--models", args.models, MODELS)):
+        bad = sorted(set(given.split(",")) - set(allowed))
+        if bad:
+            ap.error(f"{opt} {','.join(bad)}: allowed are {', '.join(allowed)}")
+    try:
+        intervals = [int(i) for i in args.intervals.split(",")]
+    except ValueError:
+        intervals = [0]
+    if min(intervals) < 1:
+        ap.error(f"--intervals {args.intervals}: whole numbers of steps, 1 or more, separated by commas")
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -141,7 +155,7 @@ def main() -> None:
         for name in args.models.split(","):
             for kind in args.kinds.split(","):
                 once = kind in ("aa", "flight")  # (every step whatever the interval)
-                for interval in (1,) if once else (int(i) for i in args.intervals.split(",")):
+                for interval in (1,) if once else intervals:
                     r, ms = measure(name, interval, kind, device, args.rounds, args.steps, root, args.read_loss)
                     print(f"| {name} | {ms:.2f} | {kind} | {interval} | ×{r:.3f} |", flush=True)
     finally:
