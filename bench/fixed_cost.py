@@ -15,7 +15,9 @@ A/A line compares two `none` runs of each round (the machine's noise on this mea
 
 Peak RSS: the training process's peak after close minus its peak before the hook was made (ru_maxrss), and the
 writer process's peak before close (VmHWM), with the part of it that is ring pages it has read (RssShmem: memory
-shared with the training process, counted in both).
+shared with the training process, counted in both). Writer CPU: the writer process's CPU time (all its threads)
+from its start to just before close: its start-up (interpreter, imports) and what it wrote by then, on the other
+core, beside the training thread.
 
     .venv/bin/python bench/fixed_cost.py [--rounds 7] [--steps 100]
 """
@@ -84,6 +86,9 @@ def child(config: str, steps: int) -> dict:
         status = _status(proc.pid)
         result["rss_writer_kb"] = status.get("VmHWM", 0)
         result["rss_writer_ring_kb"] = status.get("RssShmem", 0)
+        from writer_process import cpu_ns  # bench/ is the script's directory
+
+        result["cpu_writer"] = cpu_ns(proc.pid) / 1e9
     if hook is not None:
         hook.close()
     e = time.perf_counter()
@@ -153,12 +158,14 @@ def main() -> None:
           f"{aa * ms:+.1f} ms")
     print("\n| hook | construct | first step | close | construct + close | "
           f"{args.steps} steps + construct + close, over no hook | peak RSS training | peak RSS writer | "
-          "saved steps |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "writer CPU | saved steps |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     first_none = med("none", "first_step")
     for c in CONFIGS:
         writer_rss, ring = med(c, "rss_writer_kb"), med(c, "rss_writer_ring_kb")
         writer = "-" if writer_rss != writer_rss else f"{writer_rss / 1024:.0f} MB ({ring / 1024:.0f} MB ring)"
+        cpu = med(c, "cpu_writer")
+        writer += " | -" if cpu != cpu else f" | {cpu * ms:.0f} ms"
         print(f"| {c} | {med(c, 'construct') * ms:.1f} ms | {med(c, 'first_step') * ms:.1f} ms "
               f"(none {first_none * ms:.1f}) | {med(c, 'close') * ms:.1f} ms | "
               f"{(med(c, 'construct') + med(c, 'close')) * ms:.1f} ms | {med(c, 'extra') * ms:+.1f} ms | "

@@ -19,6 +19,7 @@ from typing import Any
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.runner import status as st
 from tensortap.runner.spec import JobSpec, RuleSpec
+from tensortap.transport import ONE_BLAS_THREAD
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(__file__), "bootstrap")
 KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL
@@ -321,7 +322,7 @@ class Runner:
                 json.dump(job, f)
             with self._signals_deferred():
                 r.proc = subprocess.Popen([sys.executable, "-m", "tensortap.runner.rule_worker", path],
-                                          env=dict(os.environ), start_new_session=True)
+                                          env={**os.environ, **ONE_BLAS_THREAD}, start_new_session=True)
 
     def _terminate(self, proc: subprocess.Popen | None, wait: float = KILL_WAIT) -> None:
         if proc is None or proc.poll() is not None:

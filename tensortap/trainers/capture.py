@@ -38,6 +38,7 @@ from tensortap.collection import CollectionKeys as K
 from tensortap.config import ReductionConfig, SaveConfig
 from tensortap.exceptions import InvalidConfiguration
 from tensortap.hooks.base import Hook, check_out_dir
+from tensortap.transport import ONE_BLAS_THREAD
 
 logger = logging.getLogger("tensortap")
 
@@ -543,6 +544,7 @@ class TrainerCapture:
 
         self._rules_tmp = tempfile.mkdtemp(prefix="tensortap-rules-")
         env = {k: v for k, v in os.environ.items() if k not in ("TENSORTAP_AUTO", "TENSORTAP_CONFIG")}
+        env.update(ONE_BLAS_THREAD)
         for label, spec in zip(_labels(self.rule_specs), self.rule_specs, strict=True):
             job = {"out_dir": self.out_dir, "label": label, "rule": spec.to_json(),
                    "stop_on_issue": self.stop_on_issue, "offline": False}

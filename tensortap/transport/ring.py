@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from tensortap.format import codec
+from tensortap.transport import ONE_BLAS_THREAD
 from tensortap.transport.copy import MESSAGE_HEADER
 
 logger = logging.getLogger("tensortap")
@@ -221,6 +222,7 @@ def start_child(cfg: dict[str, Any], pass_fds: tuple[int, ...]) -> subprocess.Po
     root = os.path.dirname(os.path.dirname(os.path.abspath(tensortap.__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(ONE_BLAS_THREAD)
     # (-P: the working directory is not put first on sys.path, so that the writer process imports this tensortap,
     # not another one that the directory the job was started in may hold)
     return subprocess.Popen([sys.executable, "-P", "-c", CHILD_BOOT, json.dumps(cfg)], stdin=subprocess.DEVNULL,

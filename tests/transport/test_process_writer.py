@@ -378,6 +378,23 @@ def test_idle_writer_process_backs_off_and_still_answers_at_once(tmp_path):
     assert t.tensor("x").steps() == [0, 1] and t.tensor("x").value(1).tolist() == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the writer process's threads from /proc")
+def test_the_writer_process_runs_one_thread_whatever_blas_threads_the_job_asks_for(tmp_path, monkeypatch):
+    # numpy's BLAS would start a pool of its own in the child (one thread per core, spinning at start-up beside the
+    # training thread); the child does no linear algebra. The job's own setting is for the job.
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "8")
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    storage = open_storage(str(tmp_path / "run"))
+    w = ProcessChunkWriter(storage, "worker_0")
+    try:
+        assert w.submit(Record(name="x", step=0, mode=1, mode_step=0, value=np.arange(4.0)))
+        assert w.flush(timeout=30)  # (the child has imported everything and written)
+        assert sorted(os.listdir(f"/proc/{w._proc.pid}/task")) == [str(w._proc.pid)]
+    finally:
+        w.close()
+    assert tt.create_trial(str(tmp_path / "run")).tensor("x").value(0).tolist() == [0, 1, 2, 3]
+
+
 def test_the_child_answers_a_control_message_once_everything_before_it_is_handled(tmp_path):
     """drain() and flush() sleep until the child answers on a pipe (one wake-up), not in a loop of sleeps."""
     storage = open_storage(str(tmp_path / "run"))
