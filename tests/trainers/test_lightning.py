@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -334,6 +335,47 @@ def test_a_rule_stops_training_through_the_trainer(tmp_path):
     assert list(ckpt_dir.glob("*.ckpt")), "the trainer's checkpoint was not written"
     status = cb.rule_statuses()["exploding_tensor"]
     assert status["status"] == "IssuesFound" and status["first_step"] >= 3, status
+
+
+class _RuleThreads(L.Callback):
+    """At step `at`, once each rule worker beside training has imported numpy (its BLAS, if it starts a pool,
+    starts it then), the threads of each rule worker process."""
+
+    def __init__(self, cb: object, at: int) -> None:
+        self.cb, self.at, self.threads = cb, at, {}
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step != self.at:
+            return
+        for label, proc in self.cb.capture._rule_procs:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and proc.poll() is None:
+                with open(f"/proc/{proc.pid}/maps") as f:
+                    if "_multiarray_umath" in f.read():
+                        break
+                time.sleep(0.05)
+            else:
+                continue
+            time.sleep(0.3)
+            self.threads[label] = sorted(os.listdir(f"/proc/{proc.pid}/task")), str(proc.pid)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the rule worker's threads from /proc")
+def test_rule_workers_beside_training_run_one_thread_whatever_blas_threads_the_job_asks_for(tmp_path, monkeypatch):
+    """A rule worker imports numpy, whose BLAS would start a pool of its own (one thread per core, spinning at its
+    start beside the training thread); the job's setting is for the job."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "8")
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    torch.manual_seed(0)
+    cb = TensortapCallback(out_dir=str(tmp_path / "job"), save_config=1, rules=["exploding_tensor"])
+    look = _RuleThreads(cb, at=5)
+    trainer = L.Trainer(callbacks=[cb, look], max_steps=8, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False, accelerator="cpu", devices=1,
+                        limit_val_batches=0, max_epochs=-1)
+    trainer.fit(make_module(L), loaders(n=64)[0])
+    assert list(look.threads) == ["exploding_tensor"], "the rule worker was not seen with numpy imported"
+    for label, (tids, pid) in look.threads.items():
+        assert tids == [pid], (label, tids)
 
 
 _SCRIPT = textwrap.dedent("""
