@@ -16,8 +16,8 @@ A/A line compares two `none` runs of each round (the machine's noise on this mea
 Peak RSS: the training process's peak after close minus its peak before the hook was made (ru_maxrss), and the
 writer process's peak before close (VmHWM), with the part of it that is ring pages it has read (RssShmem: memory
 shared with the training process, counted in both). Writer CPU: the writer process's CPU time (all its threads)
-from its start to just before close: its start-up (interpreter, imports) and what it wrote by then, on the other
-core, beside the training thread.
+from its start to just before close: as much of its start-up (interpreter, imports) as it did by then, and what it
+wrote, on the other core, beside the training thread.
 
     .venv/bin/python bench/fixed_cost.py [--rounds 7] [--steps 100]
 """
