@@ -21,7 +21,12 @@ each callback block holds B/10 saving steps and the steps after them; the writer
 fit (in the plain blocks it idles, or finishes the previous block's last saving step). With `--shown` a fourth arm
 runs the same callback with none of its hooks hidden from Lightning (docs/internals.md): what hiding them buys.
 
+`--per-step` (Lightning's whole fits) also prints where in a fit each arm's CPU goes: the training thread's CPU of
+each step, its median over rounds at each step index, averaged over classes of steps (the first 20, the next 20,
+saving steps, the step after one, the others), over the plain arm's.
+
     .venv/bin/python bench/trainers_overhead.py --rounds 30 --steps 220
+    .venv/bin/python bench/trainers_overhead.py --trainers lightning --rounds 60 --steps 220 --no-writer --per-step
     .venv/bin/python bench/trainers_overhead.py --trainers lightning --blocks 100 --rounds 4 --steps 3020
     .venv/bin/python bench/trainers_overhead.py --trainers lightning --blocks 100 --rounds 8 --steps 4020 --shown
 """
@@ -105,16 +110,43 @@ def lightning_job(steps: int, callback: object | None) -> dict[str, float]:
     import lightning as L
 
     class Timer(L.Callback):
+        def __init__(self):
+            self.marks: list[float] = []  # the training thread's CPU time at each batch's start, then at the end
+
         def on_train_batch_start(self, trainer, *a):
+            self.marks.append(time.thread_time())
             if trainer.global_step == WARMUP and not hasattr(self, "t0"):
                 self.t0 = _clocks()
 
         def on_train_end(self, *a):
             self.t1 = _clocks()
+            self.marks.append(self.t1[0])
 
     timer = Timer()
     start = _fit_mlp(steps, [timer] + ([callback] if callback is not None else []))
-    return _figures(timer, start)
+    return {**_figures(timer, start), "marks": timer.marks}
+
+
+def per_step_table(runs: list[dict[str, dict]], arms: list[str], steps: int) -> None:
+    """`--per-step`: where in a fit an arm's CPU goes. Each step's training-thread CPU (batch start to the next),
+    its median over the rounds at each step index, then per class of steps the mean over its steps, minus the plain
+    arm's."""
+    import numpy as np
+
+    per_arm = {a: np.median(np.array([np.diff(g[a]["marks"])[:steps] for g in runs]), axis=0) for a in arms}
+    i = np.arange(steps)
+    classes = {"steps 0-19 (the writer starts)": i < 20, "steps 20-39": (i >= 20) & (i < 40),
+               "saving steps (40 on)": (i >= 40) & (i % 10 == 0), "the step after": (i >= 40) & (i % 10 == 1),
+               "the other 8 (40 on)": (i >= 40) & (i % 10 >= 2)}
+    shown = [a for a in arms if a != "plain"]
+    print("\nPer step, µs of the training thread's CPU over the plain arm (medians over rounds per step index, "
+          "means over the steps of each class; plain's own in the last column)")
+    print("| steps | " + " | ".join(shown) + " | plain |")
+    print("|---|" + "---:|" * (len(shown) + 1))
+    for label, sel in classes.items():
+        base = per_arm["plain"][sel].mean()
+        cells = [f"{(per_arm[a][sel].mean() - base) * 1e6:+.0f}" for a in shown]
+        print(f"| {label} | " + " | ".join(cells) + f" | {base * 1e6:.0f} |")
 
 
 def lightning_blocks(steps: int, block: int, callbacks: dict[str, object]) -> dict[str, list[float]]:
@@ -254,9 +286,13 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=0,
                     help="Lightning: measure inside each fit, in alternating blocks of this many steps (a multiple "
                          "of 10), instead of whole fits")
+    ap.add_argument("--per-step", action="store_true",
+                    help="Lightning whole fits: also where in the fit each arm's CPU goes, by class of step")
     ap.add_argument("--shown", action="store_true",
                     help="--blocks: also the callback with every hook shown to Lightning (none hidden)")
     args = ap.parse_args()
+    if args.per_step and (args.blocks or "lightning" not in args.trainers.split(",")):
+        raise SystemExit("--per-step is for Lightning's whole fits: give it with --trainers lightning (no --blocks)")
     if args.shown and not args.blocks:
         raise SystemExit("--shown is an arm of the block runs: give it with --blocks")
     if args.blocks:
@@ -315,6 +351,8 @@ def main() -> None:
             print(f"| {name} | {clock} | {ratio('plain again', 'train_' + clock)} | "
                   f"**{ratio('callback', 'train_' + clock)}** | {ratio('callback', 'whole_' + clock)} | {floor}"
                   f"{per_step * 1e3:.3f} ms |")
+        if args.per_step and name == "lightning":
+            per_step_table(runs, arms, args.steps)
         if writer_cpu:
             saving = -(-args.steps // 10)
             print(f"{name}: the writer process's CPU in a job with the callback (its start included, all its threads): "
