@@ -7,23 +7,32 @@ first.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
 
-try:
-    from torch.distributed.tensor import DTensor as _DTensor
-except ImportError:  # pragma: no cover - a torch built without distributed
-    _DTensor = None
+# The DTensor class, once `torch.distributed.tensor` has been imported. It is looked up there rather than imported:
+# that import costs ~0.5 s and ~60 MB (it brings sympy), and a job that never imported it has no DTensor (FSDP2,
+# `distribute_module` and tensor parallelism import it before they make one).
+_DTensor: type | None = None
+
+
+def _dtensor_class() -> type | None:
+    global _DTensor
+    module = sys.modules.get("torch.distributed.tensor")
+    _DTensor = getattr(module, "DTensor", None)  # (None while the package is still being imported)
+    return _DTensor
 
 
 def is_dtensor(t: Any) -> bool:
-    return _DTensor is not None and isinstance(t, _DTensor)
+    cls = _DTensor or _dtensor_class()
+    return cls is not None and isinstance(t, cls)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
     """The tensor's own data on this worker (`t` itself when it is not a DTensor), detached."""
-    if _DTensor is not None and isinstance(t, _DTensor):
+    if is_dtensor(t):
         return t.to_local().detach()
     return t.detach()
 
@@ -31,7 +40,7 @@ def local(t: torch.Tensor) -> torch.Tensor:
 def shard_meta(t: Any) -> dict[str, Any] | None:
     """Where this worker's local shard of DTensor `t` lies in the full tensor (docs/format.md §10); None for a
     tensor that is not a DTensor. `partial`: the full tensor is the sum of the workers' local values."""
-    if _DTensor is None or not isinstance(t, _DTensor):
+    if not is_dtensor(t):
         return None
     placements = tuple(t.placements)
     global_shape = [int(s) for s in t.shape]

@@ -16,11 +16,20 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor, init_device_mesh
 
 import tensortap.pytorch as tp
 
 out_dir, writer, kind, include_workers, rec_path = sys.argv[1:6]
+# (after tensortap, as in a script that imports it first: it must know the DTensors made below all the same)
+from torch.distributed.tensor import (  # noqa: E402
+    DTensor,
+    Replicate,
+    Shard,
+    distribute_module,
+    distribute_tensor,
+    init_device_mesh,
+)
+
 device = os.environ.get("TT_TEST_DEVICE", "cpu")
 dist.init_process_group("nccl" if device == "cuda" else "gloo")
 rank, world = dist.get_rank(), dist.get_world_size()

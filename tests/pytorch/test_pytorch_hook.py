@@ -7,6 +7,7 @@ import json
 import logging
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -672,6 +673,38 @@ def test_import_tensortap_does_not_import_torch():
     code = "import sys, tensortap; assert 'torch' not in sys.modules; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_a_plain_job_imports_no_dtensor_machinery(tmp_path):
+    """A job that never uses DTensors (no FSDP2, no tensor parallelism) pays nothing for them: importing
+    tensortap.pytorch and saving weights and gradients imports neither torch.distributed.tensor nor sympy, which
+    it brings (~0.5 s and ~40 MB at import). (The job updates its weights itself: making a torch optimizer imports
+    torch._dynamo, which imports them.)"""
+    code = textwrap.dedent("""
+        import sys
+        import torch
+        import tensortap.pytorch as tp
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+        hook = tp.Hook(out_dir=sys.argv[1], save_config=tp.SaveConfig(save_interval=1),
+                       include_collections=["weights", "gradients", "losses"])
+        hook.register_module(model)
+        loss_fn = torch.nn.MSELoss()
+        hook.register_loss(loss_fn)
+        for _ in range(2):
+            model.zero_grad()
+            loss_fn(model(torch.randn(5, 4)), torch.randn(5, 2)).backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.1 * p.grad
+        hook.close()
+        print(sorted(m for m in ("torch.distributed.tensor", "sympy") if m in sys.modules))
+    """)
+    out = str(tmp_path / "run")
+    done = subprocess.run([sys.executable, "-c", code, out], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
+    t = tp.create_trial(out)
+    assert t.tensor("gradient/Sequential_0.weight").steps() == [0, 1]
 
 
 @pytest.mark.parametrize("writer", ["thread", "process"])
