@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 # The DTensor class, once `torch.distributed.tensor` has been imported. It is looked up there rather than imported:
-# that import costs ~0.5 s and ~60 MB (it brings sympy), and a job that never imported it has no DTensor (FSDP2,
+# that import costs ~0.5 s and ~40 MB (it brings sympy), and a job that never imported it has no DTensor (FSDP2,
 # `distribute_module` and tensor parallelism import it before they make one).
 _DTensor: type | None = None
 
