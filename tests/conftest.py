@@ -46,3 +46,29 @@ def s3_url(s3_server):
     bucket = f"tt-{uuid.uuid4().hex[:12]}"
     boto3.client("s3").create_bucket(Bucket=bucket)
     return f"s3://{bucket}/jobs/{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def writer_processes():
+    """A function giving the pids of this process's children that run a tensortap writer process (read through
+    /proc: the test is skipped where there is none)."""
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("finds writer processes through /proc")
+
+    def find() -> list[int]:
+        me, found = str(os.getpid()), []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    ppid = f.read().rsplit(")", 1)[1].split()[1]
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if ppid == me and b"_child_main" in cmd:
+                found.append(int(pid))
+        return found
+
+    return find

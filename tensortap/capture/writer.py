@@ -112,8 +112,9 @@ def open_writer(kind: str, storage: Any, worker: str, *, tensorboard_dir: str | 
 
     A writer process needs ordered shared counters (the C helper, or an x86-64 CPU) and room for its ring; where
     it cannot start, one warning and a writer thread instead (`Writer.kind` says which). `tensorboard_dir`: the
-    TensorBoard export, a sink attached to the encoder (in the writer process, by the child). `first_seq` and
-    `start_after` are the writer thread's (see `ChunkWriter`); `options` are both writers' (num_workers,
+    TensorBoard export, a sink attached to the encoder (in the writer process, by the child). `first_seq` is the
+    writer thread's (see `ChunkWriter`); `start_after` (seconds: a late start of the writer thread, or of the writer
+    process, see `ProcessChunkWriter`) and `options` are both writers' (num_workers,
     flush_interval, chunk_bytes, max_pending_bytes, backpressure, metadata, ...)."""
     if kind not in ("thread", "process"):
         raise ValueError(f"writer must be 'thread' or 'process', not {kind!r}")
@@ -127,7 +128,8 @@ def open_writer(kind: str, storage: Any, worker: str, *, tensorboard_dir: str | 
             from tensortap.transport.process_writer import ProcessChunkWriter
 
             try:
-                return ProcessChunkWriter(storage, worker, tensorboard_dir=tensorboard_dir, **options)
+                return ProcessChunkWriter(storage, worker, tensorboard_dir=tensorboard_dir, start_after=start_after,
+                                          **options)
             except OSError as e:  # e.g. /dev/shm too small, no way to start a process: the thread
                 logger.warning("tensortap: cannot start the writer process (%s); writing from a thread instead", e)
     from tensortap.transport.copy import gather_into

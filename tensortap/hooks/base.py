@@ -206,6 +206,9 @@ class Hook(ValueSaving):
     #: a thread writer starts its thread only at the first hand-off a flush interval after it was made; a job
     #: closed sooner is written by close() (ChunkWriter's `start_after`)
     _late_writer_thread = False
+    #: a writer process starts a flush interval after the writer was made (ProcessChunkWriter's `start_after`): a
+    #: job that ends sooner starts none, and the start of one that runs longer is not beside its first steps
+    _late_writer_process = False
 
     # --- identity (the engine's WorkerIdentity) ---------------------------------------------
 
@@ -572,7 +575,8 @@ class Hook(ValueSaving):
             engine = self.engine
             if engine.storage is None:
                 engine.storage = open_storage(self.out_dir)
-            start_after = self._writer_opts["flush_interval"] if self._late_writer_thread else 0.0
+            late = self._late_writer_thread if self.writer_kind == "thread" else self._late_writer_process
+            start_after = self._writer_opts["flush_interval"] if late else 0.0
             self._writer = open_writer(self.writer_kind, engine.storage, self.worker, tensorboard_dir=self._tb_dir,
                                        first_seq=engine.first_seq, start_after=start_after,
                                        num_workers=self.num_workers, metadata=self._writer_metadata(),

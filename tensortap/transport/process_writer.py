@@ -85,6 +85,57 @@ class Reservation:
         self._w.shrink(self, names, dtype, shapes, reductions)
 
 
+class _NotStarted:
+    """`ProcessChunkWriter._proc` before a late start (`start_after`): no process yet, so none has ended."""
+
+    pid = None
+
+    def poll(self) -> None:
+        return None
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+    def kill(self) -> None:
+        pass
+
+
+_NOT_STARTED = _NotStarted()
+
+
+class _ReaderThread:
+    """`ProcessChunkWriter._proc` once a thread of the training process reads the ring (`_read_here`): the
+    writer process's loop (`RingReader.run`), asked what a process would be asked."""
+
+    pid = None
+
+    def __init__(self, reader: Any, fds: tuple[int, int]) -> None:
+        self._reader = reader
+        self._fds = fds
+        self._thread = threading.Thread(target=self._run, name="tensortap-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._reader.run()
+        finally:
+            self._reader.release()
+            for fd in self._fds:
+                os.close(fd)
+
+    def poll(self) -> int | None:
+        if self._thread.is_alive():
+            return None
+        return 1 if self._reader.error is not None else 0
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self._thread.join(timeout)
+        return self.poll()
+
+    def kill(self) -> None:
+        self._reader._stop = True  # (it ends after the message at hand, writing the end of the job)
+
+
 _new_reservation = object.__new__
 _RECORDS = object()  # (see ProcessChunkWriter._hand)
 
@@ -127,7 +178,10 @@ class ProcessChunkWriter:
         metadata: dict[str, Any] | None = None,
         ring_bytes: int = 64 << 20,
         tensorboard_dir: str | None = None,
+        start_after: float = 0.0,
     ):
+        """`start_after` > 0: the writer process starts that many seconds after this writer is made (see
+        `_start_late`), not now."""
         if backpressure not in ("block", "drop"):
             raise ValueError(f"backpressure must be 'block' or 'drop', not {backpressure!r}")
         if tensorboard_dir:  # the child's EventExporter reads its budget from the environment: refuse a bad one here
@@ -178,7 +232,6 @@ class ProcessChunkWriter:
         #: address of the ring's first byte in this process (to copy payloads to at `Reservation.offset`)
         self.ring_address: int = self._u8.ctypes.data
         self._hdr_addr = self.ring_address - R.HDR
-        self._prefault()
         self._layouts: dict[tuple, tuple[bytes, int, int, int]] = {}  # -> (encoded meta, bytes, room, records)
         self._stat_metas: dict[int, tuple[StatisticsLayout, bytes]] = {}  # id(layout) -> (layout, encoded meta)
         for i in range(R.SLOTS):
@@ -205,22 +258,87 @@ class ProcessChunkWriter:
         self._opts = dict(num_workers=num_workers, flush_interval=flush_interval, chunk_bytes=chunk_bytes,
                           max_pending_bytes=max_pending_bytes, metadata=metadata or {},
                           tensorboard_dir=tensorboard_dir)
-        cfg = dict(url=self.url, worker=worker, ring=self._ring_fd, size=R.HDR + cap, bell=rfd, answer=wfd,
-                   token=self._token, **self._opts)
-        try:
-            self._proc = R.start_child(cfg, (rfd, wfd, self._ring_fd, self._token))
-        except BaseException:
-            for fd in (rfd, wfd, self._bell, self._answer, self._token):
-                os.close(fd)
-            self._release_ring()
-            raise
-        os.close(rfd)
-        os.close(wfd)
+        self._cfg = dict(url=self.url, worker=worker, ring=self._ring_fd, size=R.HDR + cap, bell=rfd, answer=wfd,
+                         token=self._token, **self._opts)
+        self._child_fds: tuple[int, int] | None = (rfd, wfd)  # (the child's ends of the bell and the answer)
+        self._proc: Any = _NOT_STARTED
+        self._start_lock = threading.Lock()
+        self._start_wake = threading.Event()
+        self._start_cancelled = False
+        self._late = start_after > 0
+        if self._late:
+            self._backlog = -1
+            self._prefaulting = threading.Thread(target=self._start_late, args=(float(start_after),),
+                                                 name="tensortap-writer-start", daemon=True)
+            self._prefaulting.start()
+        else:
+            self._prefaulting = R.prefault(self._hdr_addr, R.HDR + cap, lambda: self._u8)
+            try:
+                self._start_child()
+            except BaseException:
+                for fd in (rfd, wfd, self._bell, self._answer, self._token):
+                    os.close(fd)
+                self._child_fds = None
+                self._release_ring()
+                raise
         _LIVE.add(self)
 
-    def _prefault(self) -> None:
-        """Map every page of the ring once, on a thread of its own (see ring.prefault)."""
-        self._prefaulting = R.prefault(self._hdr_addr, R.HDR + self._cap, lambda: self._u8)
+    def _start_child(self) -> None:
+        """Start the writer process (what was handed over meanwhile waits in the ring)."""
+        rfd, wfd = self._child_fds
+        if self._backlog is not None:
+            self._backlog = self._head
+        self._proc = R.start_child(self._cfg, (rfd, wfd, self._ring_fd, self._token))
+        self._child_fds = None
+        os.close(rfd)
+        os.close(wfd)
+
+    def _start_late(self, delay: float) -> None:
+        """The writer's own thread when the writer process starts late (`start_after`): map the ring's first
+        quarter (ring.populate), wait `delay` seconds, then start the process, unless a quarter of the ring waits
+        sooner (it starts then), or a flush or a drain made this process the ring's reader (`_read_here`), or the
+        writer was closed first (close() then writes the ring itself): a job shorter than `delay` starts no
+        process. The rest of the ring is mapped once the ring has a reader (a job that ends sooner touches only
+        the quarter it can fill before the process starts)."""
+        pages = lambda: self._u8  # noqa: E731
+        first = R.HDR + self._bell_at
+        R.populate(self._hdr_addr, first, pages)
+        self._start_wake.wait(delay)
+        with self._start_lock:
+            if self._start_cancelled:
+                return
+            if self._proc is _NOT_STARTED:
+                try:
+                    self._start_child()
+                except OSError as e:  # (no way to start a process now: what waits in the ring is written here)
+                    logger.warning("tensortap: cannot start the writer process (%s); writing from a thread instead",
+                                   e)
+                    self._read_here()
+        R.populate(self._hdr_addr + first, R.HDR + self._cap - first, pages)
+
+    def _reader_now(self) -> None:
+        """Something must wait for the ring to be read (a flush, a drain) and the writer process has not started:
+        this process becomes the ring's reader rather than wait for a process to start."""
+        with self._start_lock:
+            if self._proc is _NOT_STARTED and not self._start_cancelled:
+                self._read_here()
+        self._start_wake.set()
+
+    def _read_here(self) -> None:
+        """A thread of this process reads the ring from now on (the loop the writer process would run); called
+        with `_start_lock` held, before the process has started."""
+        try:
+            os.read(self._token, 1)  # (the ring's reader is whoever holds the token)
+        except (BlockingIOError, OSError):
+            return
+        rfd, wfd = self._child_fds
+        self._child_fds = None
+        self._backlog = self._head
+        os.set_blocking(wfd, False)
+        from tensortap.transport.writer_process import RingReader
+
+        self._proc = _ReaderThread(RingReader(self._storage, self.worker, self._mm, rfd, wfd, **self._opts),
+                                   (rfd, wfd))
 
     # --- status ------------------------------------------------------------------------------
 
@@ -254,6 +372,8 @@ class ProcessChunkWriter:
         with self._lock:
             if not self._open and self._h[R.HEAD] == self._head and not self.pending_bytes:
                 return True  # the child has handled everything: no bell (a system call and a wake-up)
+            if self._proc is _NOT_STARTED:
+                self._reader_now()
             self._publish(urgent=True)
         deadline = time.monotonic() + timeout
         while self.pending_bytes:
@@ -443,6 +563,8 @@ class ProcessChunkWriter:
         head = self._open[0].start if self._open else self._head
         if head != self._h[R.HEAD]:
             store_release(self._hdr_addr + 8 * R.HEAD, head)  # (after the messages it publishes are written)
+            if self._proc is _NOT_STARTED and head - self._h[R.TAIL] >= self._bell_at:
+                self._start_wake.set()  # (a late start: the process starts now)
         if urgent:
             self._h[R.URGENT] += 1
         elif head - self._h[R.TAIL] < self._bell_at or head - self._last_bell < self._bell_at // 2:
@@ -547,8 +669,11 @@ class ProcessChunkWriter:
             head = self._head
             h = self._h
             store_release(self._hdr_addr + 8 * R.HEAD, head)
-            if head - h[R.TAIL] >= self._bell_at and head - self._last_bell >= self._bell_at // 2:
-                self._ring_bell(head)
+            if head - h[R.TAIL] >= self._bell_at:
+                if self._proc is _NOT_STARTED:
+                    self._start_wake.set()  # (a late start: the process starts now)
+                if head - self._last_bell >= self._bell_at // 2:
+                    self._ring_bell(head)
 
     def shrink(self, res: Reservation, names: tuple[str, ...], dtype: np.dtype,
                shapes: tuple[tuple[int, ...], ...], reductions: tuple | None = None) -> None:
@@ -599,6 +724,8 @@ class ProcessChunkWriter:
                 if not control:
                     self._lose(n_records)
                 return None
+            if self._proc is _NOT_STARTED:
+                self._start_wake.set()
             if self.backpressure == "drop" and not control:
                 self._drop(n_records)
                 return None
@@ -615,6 +742,8 @@ class ProcessChunkWriter:
                   n_records: int, hdr: tuple[int, int, int]) -> bool:
         """A message larger than half the ring: its payload in a segment of its own."""
         limit = max(self.max_pending_bytes - self._cap, self._cap)
+        if self._proc is _NOT_STARTED:
+            self._start_wake.set()
         deadline = time.monotonic() + self.block_timeout
         while self._big_sent - self._h[R.BIG_DONE] + payload_bytes > limit and self._big_sent > self._h[R.BIG_DONE]:
             if self._proc.poll() is not None:
@@ -658,12 +787,28 @@ class ProcessChunkWriter:
             self._await_prompt()  # (the step before this one handed something over: it is readable when this ends)
         if self._accepted != self._prompt_accepted and self.prompt_marks and (
                 time.monotonic() - self._prompt_time >= self._flush_interval * PROMPT_GAP):
+            if self._backlog is not None and self._in_backlog():
+                return
             # The step handed something over: readable by the time the next step ends (docs/format.md §7).
             self._prompt_time = time.monotonic()
             self._prompt_accepted, self._prompt_mark = self._accepted, self._mark_seq
             self._h[R.ASKED] = self._mark_seq
             self._ring_bell(self._head)
 
+    def _in_backlog(self) -> bool:
+        """A late start: whether the ring's reader has not started yet or not yet read what waited for it when it
+        was started (`_backlog`: the head then). Meanwhile a step mark asks for no index block, which the next one
+        would wait for while the backlog is written: those steps are readable once it is, or at the reader's flush
+        interval (docs/format.md §7)."""
+        end = self._backlog
+        if end < 0 or self._h[R.STATE] != R.RUNNING or self._h[R.TAIL] < end:
+            return True
+        self._backlog = None
+        return False
+
+    #: a late start (`start_after`): the head when the ring's reader was started (-1 before), None once it has read
+    #: that far (see `_in_backlog`)
+    _backlog: int | None = None
     #: a step mark with records handed over since the last asks for an index block at once (False: the caller
     #: closes the writer next, which writes everything)
     prompt_marks = True
@@ -688,6 +833,8 @@ class ProcessChunkWriter:
         """Write out everything handed off so far; True when done within `timeout`."""
         if not self._accepting():
             return False
+        if self._proc is _NOT_STARTED:
+            self._reader_now()
         self._flush_seq += 1
         seq = self._flush_seq
         if not self._send(("flush", seq), 0, [], 0, control=True):
@@ -711,6 +858,10 @@ class ProcessChunkWriter:
         if self._forked:
             self._closed = True  # the parent's writer: not ours to stop
             return
+        if self._late:
+            with self._start_lock:
+                self._start_cancelled = True  # (from here on `_proc` stays what it is)
+            self._start_wake.set()
         for res in list(self._open):
             self.cancel(res)
         if not self._dead and self._proc.poll() is None and self._h[R.STATE] != R.FAILED:
@@ -725,7 +876,8 @@ class ProcessChunkWriter:
             self._proc.kill()
         # Its exit (and the ring's memory, freed when the last holder lets go) is not waited for: the process is
         # reaped when it has gone.
-        R.reap_later(self._proc)
+        if self._proc.pid is not None:
+            R.reap_later(self._proc)
         if self._h[R.STATE] != R.ENDED and self._h[R.STATE] != R.FAILED:
             self._died()
         elif not self._child_dropped_counted:
@@ -737,11 +889,12 @@ class ProcessChunkWriter:
         for cum, name in self._big_names:  # segments the child never took
             if cum > done:
                 R.unlink_segment(name)
-        for fd in (self._bell, self._answer, self._token):
+        for fd in (self._bell, self._answer, self._token, *(self._child_fds or ())):
             try:
                 os.close(fd)
             except OSError:
                 pass
+        self._child_fds = None
         self._release_ring()
 
     def _take_ring(self) -> bool:

@@ -139,37 +139,38 @@ def unlink_segment(name: str) -> None:
         pass
 
 
-def prefault(addr: int, size: int, pages: Any) -> threading.Thread:
+def populate(addr: int, size: int, pages: Any) -> None:
     """Map every page of the ring (at `addr`, `size` bytes) once, rather than taking a page fault per 4 KB inside
     saving steps until the ring has wrapped once (measured: the copy of a saving step that writes fresh ring pages
-    takes ~3x as long). On a thread of its own that does not hold the GIL (50 ms for 64 MB on a loaded machine):
-    the training thread goes on; a copy that meets a page not mapped yet maps it itself. `pages()`: the ring as a
-    uint8 array (None once released), touched page by page where madvise cannot populate."""
+    takes ~3x as long). Meant for a thread of its own, which does not hold the GIL meanwhile (50 ms for 64 MB on a
+    loaded machine): the training thread goes on; a copy that meets a page not mapped yet maps it itself.
+    `pages()`: the ring as a uint8 array (None once released), touched page by page where madvise cannot
+    populate."""
+    try:
+        import ctypes
 
-    def populate() -> None:
-        try:
-            import ctypes
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+        # 1 MB at a time: the call holds the process's memory-map lock, which the training thread's own
+        # allocations (and thread starts) may need meanwhile
+        step = 1 << 20
+        for at in range(0, size, step):
+            if madvise(ctypes.c_void_p(addr + at), ctypes.c_size_t(min(step, size - at)), _MADV_POPULATE_WRITE) != 0:
+                break
+        else:
+            return
+        if at:
+            return  # (the ring was released meanwhile)
+    except (AttributeError, OSError):  # not Linux
+        pass
+    u8 = pages()  # kernel < 5.14: touch each page
+    if u8 is not None:
+        for at in range(0, len(u8), 1 << 20):
+            u8[at:at + (1 << 20):PAGE] = 0
 
-            madvise = ctypes.CDLL(None, use_errno=True).madvise
-            # 1 MB at a time: the call holds the process's memory-map lock, which the training thread's own
-            # allocations (and thread starts) may need meanwhile
-            step = 1 << 20
-            for at in range(0, size, step):
-                if madvise(ctypes.c_void_p(addr + at), ctypes.c_size_t(min(step, size - at)),
-                           _MADV_POPULATE_WRITE) != 0:
-                    break
-            else:
-                return
-            if at:
-                return  # (the ring was released meanwhile)
-        except (AttributeError, OSError):  # not Linux
-            pass
-        u8 = pages()  # kernel < 5.14: touch each page
-        if u8 is not None:
-            for at in range(0, len(u8), 1 << 20):
-                u8[at:at + (1 << 20):PAGE] = 0
 
-    thread = threading.Thread(target=populate, name="tensortap-ring-pages", daemon=True)
+def prefault(addr: int, size: int, pages: Any) -> threading.Thread:
+    """`populate` on a thread of its own."""
+    thread = threading.Thread(target=populate, args=(addr, size, pages), name="tensortap-ring-pages", daemon=True)
     thread.start()
     return thread
 

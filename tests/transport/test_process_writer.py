@@ -663,3 +663,72 @@ def test_a_step_larger_than_half_the_ring_is_not_reserved_in_it(tmp_path):
     finally:
         w.close()
     assert w.error is None
+
+
+def _late_job(w: ProcessChunkWriter, steps: range, rng: np.random.Generator) -> dict[int, list[np.ndarray]]:
+    """Steps of 80 KB each."""
+    return {s: _send_step(w, ("a", "b"), ((256, 64), (4096,)), s, rng) for s in steps}
+
+
+def _check_job(out: str, saved: dict[int, list[np.ndarray]]) -> None:
+    t = tt.create_trial(out)
+    assert t.steps() == sorted(saved)
+    for s, (a, b) in saved.items():
+        assert t.tensor("a").value(s).tobytes() == a.tobytes()
+        assert t.tensor("b").value(s).tobytes() == b.tobytes()
+
+
+def test_a_late_writer_closed_before_its_start_starts_no_process_and_loses_nothing(tmp_path, writer_processes):
+    """start_after: a job that ends before the writer process was due starts none; close() writes the ring."""
+    out = str(tmp_path / "run")
+    before = writer_processes()
+    w = ProcessChunkWriter(open_storage(out), "worker_0", start_after=60.0)
+    saved = _late_job(w, range(5), np.random.default_rng(0))
+    assert writer_processes() == before
+    w.close()
+    assert writer_processes() == before
+    assert w.dropped_records == 0
+    _check_job(out, saved)
+
+
+def test_a_flush_before_the_late_start_writes_from_this_process_and_everything_after_it_too(tmp_path,
+                                                                                          writer_processes):
+    """A flush (a trainer's end of training) before the writer process was due does not wait for a process to
+    start: this process reads the ring from then on. Steps before and after the flush are all readable."""
+    out = str(tmp_path / "run")
+    before = writer_processes()
+    w = ProcessChunkWriter(open_storage(out), "worker_0", start_after=60.0)
+    rng = np.random.default_rng(1)
+    saved = _late_job(w, range(3), rng)
+    assert w.flush(timeout=30)
+    _check_job(out, saved)  # (readable after the flush, before close)
+    saved.update(_late_job(w, range(3, 6), rng))
+    assert w.drain(timeout=30)
+    w.close()
+    assert writer_processes() == before
+    assert w.dropped_records == 0
+    _check_job(out, saved)
+
+
+@pytest.mark.parametrize("why", ["its time came", "a quarter of the ring waits"])
+def test_a_late_writer_process_starts_when_due_and_loses_nothing(tmp_path, why, writer_processes):
+    """The writer process starts `start_after` seconds after the writer was made, or at once when a quarter of the
+    ring waits (a heavy job does not fill its ring before a process reads it)."""
+    out = str(tmp_path / "run")
+    before = writer_processes()
+    start_after = 0.05 if why == "its time came" else 60.0
+    w = ProcessChunkWriter(open_storage(out), "worker_0", start_after=start_after, ring_bytes=1 << 20)
+    rng = np.random.default_rng(2)
+    saved = _late_job(w, range(2), rng)  # (160 KB: under a quarter of the 1 MiB ring)
+    if why == "its time came":
+        time.sleep(0.3)
+        saved.update(_late_job(w, range(2, 3), rng))  # (240 KB: still under)
+    else:
+        saved.update(_late_job(w, range(2, 6), rng))  # (480 KB: past a quarter)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not [p for p in writer_processes() if p not in before]:
+        time.sleep(0.01)
+    assert [p for p in writer_processes() if p not in before], "no writer process started"
+    w.close()
+    assert w.dropped_records == 0
+    _check_job(out, saved)
