@@ -58,6 +58,9 @@ class TrainerHook(Hook):
     default_include_collections = (K.LOSSES, K.METRICS, K.SCALARS)
     #: saved whatever include_collections names (smdebug's framework defaults: the loss and the metrics)
     always_include_collections = (K.LOSSES, K.METRICS)
+    #: the writer process starts a flush interval after the trainer's set-up: not beside a fit's first steps, and
+    #: not at all for a fit that ends sooner (its data is written when training ends)
+    _late_writer_process = True
 
     def __init__(self, out_dir: str, **kwargs: Any):
         super().__init__(out_dir, **kwargs)
@@ -166,8 +169,8 @@ class TrainerCapture:
             self._start_rules()
 
     def start_writer(self) -> None:
-        """Start the writer now, before the trainer's first step (the trainer's set-up, not its training thread's
-        first saving step, pays its start)."""
+        """Make the writer now, before the trainer's first step (the trainer's set-up, not its training thread's
+        first saving step, pays for its ring; its process starts a flush interval later: `_late_writer_process`)."""
         h = self.hook
         if h is not None and h.active and not h.dry_run:
             h._get_writer()

@@ -190,6 +190,51 @@ def test_steps_between_saving_ones_have_passed_when_fit_returns(tmp_path, close)
             assert trial.has_passed_step(last_train + 1, mode=modes.TRAIN) == StepState.NOT_YET_AVAILABLE, name
 
 
+class _WriterProcesses(L.Callback):
+    """The writer processes of this process at the last training step (waiting up to 30 s for one to show when
+    `expected`)."""
+
+    def __init__(self, find, last: int, expected: bool) -> None:
+        self.find, self.last, self.expected, self.seen = find, last, expected, None
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step != self.last:
+            return
+        deadline = time.monotonic() + (30 if self.expected else 0)
+        self.seen = self.find()
+        while not self.seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+            self.seen = self.find()
+
+
+@pytest.mark.parametrize("fit", ["shorter", "longer"])
+def test_the_writer_process_starts_a_flush_interval_into_the_fit(tmp_path, fit, writer_processes):
+    """The writer process starts a flush interval after the trainer's set-up: a fit that ends sooner starts none
+    (its data is written from the training process when training ends), a longer one starts it. Either way every
+    saved step is readable right after fit, bit for bit."""
+    torch.manual_seed(0)
+    record = []
+    out = str(tmp_path / "job")
+    kw = {} if fit == "shorter" else {"flush_interval": 0.05}
+    cb = TensortapCallback(out_dir=out, save_config=2, include_collections=["weights", "gradients", "losses"], **kw)
+    steps = 8 if fit == "shorter" else 200
+    probe = _WriterProcesses(writer_processes, steps - 1, expected=fit == "longer")
+    before = writer_processes()
+    _trainer([probe, cb], max_steps=steps, limit_val_batches=0).fit(make_module(L, record), loaders(n=64)[0])
+    if fit == "shorter":
+        assert probe.seen == before and writer_processes() == before
+    else:
+        assert [p for p in probe.seen if p not in before], "no writer process started"
+    trial = create_trial(out)  # right after fit, no close()
+    saved = list(range(0, steps, 2))
+    assert trial.tensor("gradient/Tiny_net.0.weight").steps(mode=modes.TRAIN) == saved
+    for k in saved:
+        assert np.array_equal(trial.tensor("gradient/Tiny_net.0.weight").value(k, mode=modes.TRAIN),
+                              record[k]["grads"]["net.0.weight"].numpy()), k
+    cb.capture.close()
+    assert cb.capture.hook.dropped_records == 0
+
+
 def test_hooks_hidden_in_quiet_steps_and_shown_in_saving_steps(tmp_path, monkeypatch):
     """Lightning calls only the hooks a step needs: in a step that saves nothing just `on_train_batch_start`, in
     a saving step (each of its micro-batches) the optimizer-step and batch-end hooks too, the per-batch hooks the
