@@ -4,9 +4,8 @@ process that reads it (`process_writer`), and the copies into the ring (`copy`, 
 """
 
 #: the environment of a process tensortap starts beside training (the writer process, rule workers): one thread for
-#: every library numpy may carry as its BLAS. Such a process does little or no linear algebra, and a BLAS pool of
-#: its own starts with numpy's import, one thread per core, each spinning ~0.1 s for work that never comes: on a
-#: 2-core machine ~80 ms more CPU at the writer process's start (130 ms), beside the training thread, in the job's
-#: first steps (bench/RESULTS.md, "Fixed costs").
+#: every library numpy may carry as its BLAS. Such a process does little or no linear algebra; a BLAS pool would
+#: start with numpy's import, one thread per core, each spinning ~0.1 s for work that never comes, beside the
+#: training thread.
 ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                    "BLIS_NUM_THREADS": "1", "VECLIB_MAXIMUM_THREADS": "1"}

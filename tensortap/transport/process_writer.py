@@ -184,6 +184,8 @@ class ProcessChunkWriter:
         `_start_late`), not now."""
         if backpressure not in ("block", "drop"):
             raise ValueError(f"backpressure must be 'block' or 'drop', not {backpressure!r}")
+        if isinstance(start_after, bool) or not isinstance(start_after, int | float) or not start_after >= 0:
+            raise ValueError(f"start_after must be a number of seconds >= 0, not {start_after!r}")
         if tensorboard_dir:  # the child's EventExporter reads its budget from the environment: refuse a bad one here
             from tensortap.tensorboard.export import histogram_budget_from_env
 
@@ -301,7 +303,8 @@ class ProcessChunkWriter:
         process. The rest of the ring is mapped once the ring has a reader (a job that ends sooner touches only
         the quarter it can fill before the process starts)."""
         pages = lambda: self._u8  # noqa: E731
-        first = R.HDR + self._bell_at
+        size = R.HDR + self._cap
+        first = min(size, (R.HDR + self._bell_at + R.PAGE - 1) // R.PAGE * R.PAGE)  # (madvise takes whole pages)
         R.populate(self._hdr_addr, first, pages)
         self._start_wake.wait(delay)
         with self._start_lock:
@@ -310,11 +313,12 @@ class ProcessChunkWriter:
             if self._proc is _NOT_STARTED:
                 try:
                     self._start_child()
-                except OSError as e:  # (no way to start a process now: what waits in the ring is written here)
+                except Exception as e:  # noqa: BLE001 - no process now: what waits in the ring is written here
                     logger.warning("tensortap: cannot start the writer process (%s); writing from a thread instead",
                                    e)
                     self._read_here()
-        R.populate(self._hdr_addr + first, R.HDR + self._cap - first, pages)
+        if first < size:
+            R.populate(self._hdr_addr + first, size - first, pages)
 
     def _reader_now(self) -> None:
         """Something must wait for the ring to be read (a flush, a drain) and the writer process has not started:

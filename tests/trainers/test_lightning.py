@@ -221,10 +221,11 @@ def test_the_writer_process_starts_a_flush_interval_into_the_fit(tmp_path, fit, 
     probe = _WriterProcesses(writer_processes, steps - 1, expected=fit == "longer")
     before = writer_processes()
     _trainer([probe, cb], max_steps=steps, limit_val_batches=0).fit(make_module(L, record), loaders(n=64)[0])
+    # (only processes started here count: another test's writer process may still be exiting)
     if fit == "shorter":
-        assert probe.seen == before and writer_processes() == before
+        assert not set(probe.seen) - set(before) and not set(writer_processes()) - set(before)
     else:
-        assert [p for p in probe.seen if p not in before], "no writer process started"
+        assert set(probe.seen) - set(before), "no writer process started"
     trial = create_trial(out)  # right after fit, no close()
     saved = list(range(0, steps, 2))
     assert trial.tensor("gradient/Tiny_net.0.weight").steps(mode=modes.TRAIN) == saved

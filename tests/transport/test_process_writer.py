@@ -96,6 +96,9 @@ def test_writer_value_is_validated(tmp_path):
     from tensortap.hooks.base import default_writer
 
     assert default_writer("s3://bucket/run") == "thread"  # object stores: the writer thread
+    for bad in (-1, "soon", True, float("nan")):
+        with pytest.raises(ValueError, match=r"start_after must be a number of seconds >= 0, not"):
+            ProcessChunkWriter(open_storage(str(tmp_path / "e")), "worker_0", start_after=bad)
 
 
 def test_flush_makes_steps_visible_and_passed(tmp_path):
@@ -684,9 +687,9 @@ def test_a_late_writer_closed_before_its_start_starts_no_process_and_loses_nothi
     before = writer_processes()
     w = ProcessChunkWriter(open_storage(out), "worker_0", start_after=60.0)
     saved = _late_job(w, range(5), np.random.default_rng(0))
-    assert writer_processes() == before
+    assert not set(writer_processes()) - set(before)
     w.close()
-    assert writer_processes() == before
+    assert not set(writer_processes()) - set(before)
     assert w.dropped_records == 0
     _check_job(out, saved)
 
@@ -705,7 +708,7 @@ def test_a_flush_before_the_late_start_writes_from_this_process_and_everything_a
     saved.update(_late_job(w, range(3, 6), rng))
     assert w.drain(timeout=30)
     w.close()
-    assert writer_processes() == before
+    assert not set(writer_processes()) - set(before)  # (only new ones: an earlier test's may still be exiting)
     assert w.dropped_records == 0
     _check_job(out, saved)
 
