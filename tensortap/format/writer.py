@@ -106,6 +106,10 @@ class ChunkEncoder:
         self.dropped_records = 0  # records taken and not saved: the disk is full, or an object store stayed down
         self.written_records = 0  # records taken into a block (in memory or written)
         self.durable_records = 0  # records in index blocks written (what a reader finds; object stores: published)
+        #: told, before an index write that makes records durable, (durable_records once it lands, the chunk
+        #: whose index it writes, that index's size once it lands): a process that outlives a crash between the
+        #: write and the next look at durable_records learns from the store whether it landed
+        self.on_index_write: Any = None
         self.full = False  # the storage ran out of space: no more payloads are written
         self.outage = False  # publishing is failing; sealed chunks wait (bounded by max_pending_bytes)
         self.block_bytes = 0  # payload bytes since the last index block
@@ -661,6 +665,8 @@ class ChunkEncoder:
         else:
             self._dat.sync()
             start = self._idx_size
+            if self.on_index_write is not None:
+                self.on_index_write(self.written_records, self._seq, start + len(block))
             try:
                 write_all(self._idx, block)  # one append (a short write is continued)
             except OSError:
@@ -722,6 +728,8 @@ class ChunkEncoder:
             try:
                 if dat:
                     self.storage.write(layout.chunk_key(self.worker, seq, layout.DATA_SUFFIX), dat)
+                if self.on_index_write is not None:
+                    self.on_index_write(self.durable_records + records, seq, len(idx))
                 self.storage.write(layout.chunk_key(self.worker, seq, layout.INDEX_SUFFIX), idx)
             except Exception as e:  # noqa: BLE001 - the store is unreachable: buffer and retry
                 if not self.outage:

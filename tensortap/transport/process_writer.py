@@ -440,12 +440,29 @@ class ProcessChunkWriter:
         code = self._proc.poll()
         # Everything accepted is either in an index block the child wrote, dropped by the child, or lost now.
         child_dropped = int(self._h[R.DROPPED])
-        lost = max(0, self._accepted - int(self._h[R.DURABLE]) - child_dropped)
+        lost = max(0, self._accepted - self._durable_at_death() - child_dropped)
         self.dropped_records += lost + child_dropped
         self._child_dropped_counted = True
         logger.error("tensortap: the writer process of %s ended unexpectedly (exit code %s); %d records it had "
                      "not indexed are lost, later ones are dropped and counted (dropped_records), and no more data "
                      "will be saved. Training continues.", self.worker, code, lost)
+
+    def _durable_at_death(self) -> int:
+        """Records in index blocks the dead child wrote: DURABLE, or more when an index write it began had landed
+        before it died (it tells DURABLE only after the write)."""
+        h = self._h
+        durable = int(h[R.DURABLE])
+        records = int(h[R.INDEX_RECORDS])
+        if records > durable:
+            from tensortap.format import layout
+
+            try:
+                size = self._storage.size(layout.chunk_key(self.worker, int(h[R.INDEX_CHUNK]), layout.INDEX_SUFFIX))
+            except Exception:  # noqa: BLE001 - the store cannot say: those records count as lost
+                size = None
+            if size is not None and size >= h[R.INDEX_SIZE]:
+                return records
+        return durable
 
     _accepted = 0  # records accepted (instance attribute once the first one is)
     _child_dropped_counted = False

@@ -39,7 +39,12 @@ DURABLE = 17  # records in index blocks the child has written (what readers find
 DROPPED = 18  # records the child dropped (its storage is full)
 PROMPTED = 19  # the newest step mark the child has adopted and made readable (an index block written)
 ASKED = 20  # the newest step mark the training process asked to be made readable at once
-SLOTS = 21
+# An index write under way: DURABLE once it lands, the chunk whose index it writes, that index's size once it
+# lands (a child killed between the write and DURABLE: the training process asks the store whether it landed)
+INDEX_RECORDS = 21
+INDEX_CHUNK = 22
+INDEX_SIZE = 23
+SLOTS = 24
 ERR_AT = 256  # error text of a failed child
 ERR_MAX = 3840
 HDR = 4096  # the ring starts here

@@ -213,6 +213,13 @@ class RingReader:
         self.encoder = ChunkEncoder(storage, worker, num_workers=num_workers, chunk_bytes=chunk_bytes,
                                     max_pending_bytes=max_pending_bytes, metadata=metadata, sink=sink,
                                     data_file=self._data_file)
+        self.encoder.on_index_write = self._index_write
+
+    def _index_write(self, records: int, chunk: int, size: int) -> None:
+        h = self._hv
+        h[R.INDEX_CHUNK] = chunk
+        h[R.INDEX_SIZE] = size
+        h[R.INDEX_RECORDS] = records
 
     def _data_file(self, storage: Storage, key: str) -> RingDataFile:
         self._data = RingDataFile(storage, key, self)

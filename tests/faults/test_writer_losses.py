@@ -302,3 +302,47 @@ def test_a_writer_process_catching_up_on_a_backlog_writes_index_blocks_as_it_goe
     for s, v in values.items():
         assert np.array_equal(v, np.full(shape, s, dtype=np.float32)), s
     assert len(values) + w.dropped_records == 150
+
+
+@pytest.mark.parametrize("index_write", ["landed", "cut short"])
+def test_a_writer_process_killed_between_an_index_write_and_saying_so_counts_its_losses_exactly(tmp_path,
+                                                                                                 index_write):
+    """The child says what is indexed (DURABLE) after each index write; killed in between, what that write indexed
+    is readable and counts as saved ("landed": the training process asks the store), and an index write cut short
+    leaves its records counted as lost ("cut short")."""
+    from tensortap.storage import open_storage
+    from tensortap.transport import process_writer as pw
+    from tensortap.transport import ring
+
+    out = str(tmp_path / "run")
+    w = pw.ProcessChunkWriter(open_storage(out), "worker_0", flush_interval=0.003)
+    shape = (256,)
+
+    def hand_over(steps: range) -> None:
+        for step in steps:
+            res = w.reserve_batch(("x",), np.dtype(np.float32), (shape,), step, 1, step)
+            res.payload[:] = np.full(shape, step, dtype=np.float32).view(np.uint8)
+            w.commit(res)
+            w.mark_steps(step, step, -1, -1, step)
+
+    try:
+        hand_over(range(40))
+        assert w.flush(timeout=30)
+        os.kill(w._proc.pid, signal.SIGSTOP)
+        h = w._h
+        assert h[ring.INDEX_RECORDS] == h[ring.DURABLE] == 40
+        if index_write == "landed":  # (its last index write done, DURABLE not yet told)
+            h[ring.DURABLE] = 30
+        else:  # (five more records handed over; the index write of them began and never landed)
+            hand_over(range(40, 45))
+            h[ring.INDEX_RECORDS] = 45
+            h[ring.INDEX_SIZE] += 1 << 20
+        os.kill(w._proc.pid, signal.SIGKILL)
+        w._proc.wait(10)
+    finally:
+        w.close(timeout=10)
+    values = _readable(out)
+    assert sorted(values) == list(range(40))
+    for s, v in values.items():
+        assert np.array_equal(v, np.full(shape, s, dtype=np.float32)), s
+    assert w.dropped_records == (0 if index_write == "landed" else 5)
