@@ -103,7 +103,7 @@ class TensortapCallback(TrainerCallback):
 
     def _pre_optimizer_step(self) -> None:
         cap = self.capture
-        if cap.current() is not None and cap.current()[0] is _modes.TRAIN:
+        if cap.in_train_step():
             cap.save_weights()
             cap.save_gradients()  # (with the weights: one message)
 
@@ -112,7 +112,7 @@ class TensortapCallback(TrainerCallback):
 
     def _step_end(self, args: Any, state: Any, control: Any) -> None:
         cap = self.capture
-        if self._pending and cap.current() is not None and cap.current()[0] is _modes.TRAIN:
+        if self._pending and cap.in_train_step():
             n = len(self._pending)
             value = sum(self._pending) if self._shared_loss else sum(self._pending) / n
             cap.save_scalars({LOSS: value}, "losses")

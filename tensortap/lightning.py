@@ -28,7 +28,7 @@ import sys
 from typing import Any
 
 from tensortap import modes as _modes
-from tensortap.trainers.capture import LOSS, TrainerCapture
+from tensortap.trainers.capture import LOSS, TrainerCapture, _as_float
 
 logger = logging.getLogger("tensortap")
 
@@ -144,7 +144,7 @@ class _TensortapCallbackMixin:
 
     def _before_optimizer_step(self) -> None:
         cap = self.capture
-        if cap.current() is not None and cap.current()[0] is _modes.TRAIN:
+        if cap.in_train_step():
             cap.save_weights()
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -154,7 +154,7 @@ class _TensortapCallbackMixin:
 
     def _after_step(self) -> None:
         cap = self.capture
-        if cap.current() is not None and cap.current()[0] is _modes.TRAIN:
+        if cap.in_train_step():
             cap.save_gradients()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -271,8 +271,6 @@ class _TensortapCallbackMixin:
 
 
 def _loss_of(outputs: Any) -> float | None:
-    from tensortap.trainers.capture import _as_float
-
     if isinstance(outputs, dict):
         outputs = outputs.get("loss")
     return None if outputs is None else _as_float(outputs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tensortap.modes import GLOBAL, ModeKeys
+from tensortap.modes import EVAL, GLOBAL, PREDICT, TRAIN, ModeKeys
 
 _MODE_NAMES = {m: m.name for m in ModeKeys}  # (Enum.name is a slow property, and this runs every step)
 
@@ -54,3 +54,10 @@ class StepClock:
             if s >= 0:
                 passed[_MODE_NAMES[m]] = s
         return passed
+
+    def mark_fields(self) -> tuple[int, int, int, int, int]:
+        """`passed()` as the numbers of a step mark: (global step, TRAIN, EVAL, PREDICT, GLOBAL mode step), -1 for
+        a mode that has not begun (see `Writer.mark_steps`)."""
+        self.sync()
+        steps = self.mode_steps
+        return self.step, steps[TRAIN], steps[EVAL], steps[PREDICT], steps[GLOBAL]

@@ -99,6 +99,9 @@ class Writer(Protocol):
     def mark_step_passed(self, step: int, mode_steps: dict[str, int]) -> None:
         """Nothing more comes for `step` (and these mode steps); readers learn it once its records are written."""
 
+    def mark_steps(self, step: int, train: int, eval_: int, predict: int, global_: int) -> None:
+        """`mark_step_passed` with the mode steps as numbers (a negative one: that mode has not begun)."""
+
     def set_collections(self, collections_json: dict[str, Any]) -> None: ...
 
     def flush(self, timeout: float | None = 30.0) -> bool: ...

@@ -534,11 +534,10 @@ class Hook(ValueSaving):
             if engine.collections_dirty:
                 w.set_collections(self.collection_manager.to_json_dict())
                 engine.collections_dirty = False
-            if step is None:
-                clock = self.clock
-                passed = clock.passed()  # (adds steps counted elsewhere: before the global step is read)
-                step = clock.step
-            w.mark_step_passed(step, passed)
+            if step is None:  # (the clock's: its mode steps as numbers, no dict per step)
+                w.mark_steps(*self.clock.mark_fields())
+            else:
+                w.mark_step_passed(step, passed)
         except InvalidConfiguration:
             raise
         except Exception as e:  # noqa: BLE001 - never break the training job

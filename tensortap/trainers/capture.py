@@ -79,8 +79,9 @@ class TrainerHook(Hook):
     def begin(self, mode: _modes.ModeKeys, mode_step: int | None = None) -> None:
         """End the current step and begin one in `mode`: step `mode_step` of that mode (the trainer's count), or
         the mode's next step."""
-        self.set_mode(mode)
         clock = self.clock
+        if mode is not clock.mode:
+            self.set_mode(mode)
         if mode_step is not None:
             clock.sync()
             clock.mode_steps[mode] = int(mode_step) - 1
@@ -140,7 +141,7 @@ class TrainerCapture:
         self.stop_request: dict[str, Any] | None = None
         self._next_stop_check = 0.0
         self._params: list[tuple[str, Any]] = []
-        self._model_version = 0  # (set_model's count: the key of the step plans)
+        self._plan_key: tuple[str, int] = ("trainer", 0)  # (the step plans' key: set_model's count)
         self._rule_procs: list[tuple[str, subprocess.Popen]] = []
         self._rules_tmp: str | None = None
         self._failed = False
@@ -177,7 +178,7 @@ class TrainerCapture:
 
     def set_model(self, model: Any) -> None:
         name = type(model).__name__
-        self._model_version += 1
+        self._plan_key = ("trainer", self._plan_key[1] + 1)
         self._params = [(f"{name}_{n}", p) for n, p in model.named_parameters()]
 
     @property
@@ -201,6 +202,7 @@ class TrainerCapture:
         else:
             logger.error("tensortap: trainer callback (%s) failed and is off: %s", where, e)
         self._failed = True
+        self.saving = False
 
     def end_of_training(self, job_ends: bool) -> None:
         """Training returned: everything saved is made readable; with rules, when the job ends (`job_ends`), the
@@ -219,6 +221,7 @@ class TrainerCapture:
             self.fail("end of training", e)
 
     def close(self, wait_for_rules: bool = True) -> None:
+        self.saving = False
         if self.hook is not None:
             message, self._message = self._message, None
             if message is not None and message[0]:
@@ -283,6 +286,11 @@ class TrainerCapture:
         self.run("begin", self.begin, _modes.TRAIN, step)
         return True
 
+    def in_train_step(self) -> bool:
+        """Whether the open step is a TRAIN step (False when none is open)."""
+        h = self.hook
+        return h is not None and h.clock.in_step and h.clock.mode is _modes.TRAIN
+
     def current(self) -> tuple[_modes.ModeKeys, int] | None:
         """(mode, mode step) of the open step, or None."""
         h = self.hook
@@ -302,7 +310,8 @@ class TrainerCapture:
         called later in the same step, both go to the writer as one message (see `_StepPlan`)."""
         if not self.saving:
             return
-        self._settle_message()  # (a second call in one step: the first message goes as it is)
+        if self._message is not None:
+            self._settle_message()  # (a second call in one step: the first message goes as it is)
         plan = self._step_plan()
         if plan is None:
             return
@@ -367,11 +376,12 @@ class TrainerCapture:
                            "")
 
     def _step_plan(self) -> _StepPlan | None:
+        """The open saving step's plan (None when no step is open); callers test `saving` first."""
         h = self.hook
-        if not self.active or not h.clock.in_step:
+        if not h.clock.in_step or h.disabled:
             return None
         engine = h.engine
-        return engine.plans.get(engine.now, ("trainer", self._model_version), self._make_plan)
+        return engine.plans.get(engine.now, self._plan_key, self._make_plan)
 
     def _make_plan(self, now: Any, key: Any) -> _StepPlan:
         h = self.hook
@@ -391,13 +401,16 @@ class TrainerCapture:
         """Room in the writer for `spec` at the open step: a reservation, False when dropped under backpressure
         (counted by the writer), None when it cannot go that way (then the tensors go by `_save_tensors`)."""
         h = self.hook
-        if h.dry_run:
-            return None
-        writer = h._writer if h._writer is not None else h._get_writer()
+        writer = h._writer
+        if writer is None or h.dry_run:
+            if h.dry_run:
+                return None
+            writer = h._get_writer()
         if nbytes < writer.reserve_min_bytes:
             return None  # (a writer thread takes small values cheaper as host arrays)
-        h.clock.sync()
-        return spec.reserve(writer, h.clock)
+        clock = h.clock
+        clock.sync()
+        return spec.reserve(writer, clock)
 
     def _send_weights_alone(self, message: tuple[Any, _StepPlan]) -> None:
         res, plan = message
@@ -702,8 +715,11 @@ def _fill(res: Any, sources: list[tuple[int, int]]) -> None:
 
 
 def _ring_sources(tensors: list[Any], shapes: Any) -> Any:
+    """`tensortap.pytorch._tensors.ring_sources` (imported at the first saving step: it imports torch)."""
+    global _ring_sources
     from tensortap.pytorch._tensors import ring_sources
 
+    _ring_sources = ring_sources
     return ring_sources(tensors, shapes)
 
 
