@@ -216,7 +216,9 @@ class RingReader:
         self.encoder.on_index_write = self._index_write
 
     def _index_write(self, records: int, chunk: int, size: int) -> None:
+        """An index write begins (see ring.INDEX_RECORDS): every earlier one has landed."""
         h = self._hv
+        h[R.DURABLE] = self.encoder.durable_records
         h[R.INDEX_CHUNK] = chunk
         h[R.INDEX_SIZE] = size
         h[R.INDEX_RECORDS] = records
