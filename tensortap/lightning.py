@@ -37,10 +37,12 @@ DISTRIBUTED_STOP_EVERY = 10
 
 # Lightning calls each hook of every callback at every training batch, for its own price (~2 µs each, a profiler
 # context per call) unless the callback's attribute is not callable (`_call_callback_hooks`, Lightning >= 2.2).
-# So the hooks a step does not need are hidden from it: those this callback never uses for the whole fit, and those
-# only a saving step uses in the other steps (docs/internals.md).
+# So the hooks a step does not need are hidden from it: those this callback never uses for the whole fit, those
+# only a saving step uses in the other steps, and the batch start in the steps the step engine only counts, which
+# the optimizer's step hook counts instead (docs/internals.md).
 _UNUSED_BATCH_HOOKS = ("on_before_backward", "on_after_backward", "on_before_zero_grad")
 _SAVING_STEP_HOOKS = ("on_before_optimizer_step", "on_train_batch_end")
+_BATCH_START = "on_train_batch_start"
 #: the first Lightning release whose trainer skips a callback attribute that is not callable, as far as tested
 _HIDING_SINCE = (2, 2)
 
@@ -65,6 +67,11 @@ class _TensortapCallbackMixin:
         self._eval_metrics: set[str] = set()  # names logged during evaluation (saved at its end)
         self._names_before: set[str] = set()
         self._distributed = False  # (several processes: a stop is decided together)
+        self._trainer: Any = None
+        #: the batch starts of steps the engine only counts may be hidden (`_hide_batch_starts`): the optimizer's step
+        #: hook sees every step of the fit (one optimizer, automatic optimization, no gradient scaler, one process)
+        self._counts_steps = False
+        self._counting = False  # the batch start is hidden: the optimizer's step hook counts the steps
 
     # --- set-up and end -------------------------------------------------------------------------
 
@@ -98,13 +105,21 @@ class _TensortapCallbackMixin:
         for h in self._handles:
             h.remove()
         self._handles = [opt.register_step_post_hook(self._after_optimizer_step) for opt in trainer.optimizers]
+        self._trainer = trainer
+        plugin = getattr(trainer, "precision_plugin", None)
+        # (a step the gradient scaler skips, or a second optimizer, does not reach the hook as one step)
+        self._counts_steps = (self._hides_hooks and len(self._handles) == 1 and not self._distributed
+                              and getattr(trainer.lightning_module, "automatic_optimization", False) is True
+                              and plugin is not None and getattr(plugin, "scaler", None) is None
+                              and type(self).on_train_batch_start is _TensortapCallbackMixin.on_train_batch_start)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
-        for name in (*_UNUSED_BATCH_HOOKS, *_SAVING_STEP_HOOKS):
+        for name in (*_UNUSED_BATCH_HOOKS, *_SAVING_STEP_HOOKS, _BATCH_START):
             self.__dict__.pop(name, None)  # (the class's hooks again)
+        self._counting = False
         self.capture.end_of_training(job_ends=stage == "fit")
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
@@ -126,6 +141,32 @@ class _TensortapCallbackMixin:
             self._stepped = False
             if self._hides_hooks:
                 self._show_saving_hooks(cap.saving)
+            if not cap.saving:
+                self._hide_batch_starts()
+        self._check_stop(trainer)
+
+    def _hide_batch_starts(self) -> None:
+        """The open TRAIN step saves nothing and the engine may only count the steps after it: their batch starts
+        are hidden from Lightning, and the optimizer's step hook counts them (`_count_step`) until the step that
+        cannot be only counted, whose batch start is shown again."""
+        if self._counts_steps and self.capture._quiet.left > 0:
+            setattr(self, _BATCH_START, None)
+            self._counting = True
+
+    def _count_step(self) -> None:
+        """The optimizer stepped in a step whose batch start was hidden: that step (the trainer's global step, not
+        yet advanced) is counted (or begun: after an evaluation), and the stop requests looked for."""
+        cap = self.capture
+        trainer = self._trainer
+        if cap.begin_train(trainer.global_step) and cap.saving:
+            # (the schedule changed since the batch starts were hidden: this step saves, its weights already
+            # stepped; its gradients are read here, its loss where the batch ends)
+            self._losses = []
+            self._show_saving_hooks(True)
+            self._after_step()
+        if cap._quiet.left <= 0:
+            self.__dict__.pop(_BATCH_START, None)
+            self._counting = False
         self._check_stop(trainer)
 
     def _show_saving_hooks(self, saving: bool) -> None:
@@ -149,7 +190,9 @@ class _TensortapCallbackMixin:
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._stepped = True
-        if self.capture.saving:
+        if self._counting:  # (an evaluation in between may have left `saving` set: its step's)
+            self.capture.run("optimizer step", self._count_step)
+        elif self.capture.saving:
             self.capture.run("optimizer step", self._after_step)
 
     def _after_step(self) -> None:
@@ -168,10 +211,10 @@ class _TensortapCallbackMixin:
         loss = _loss_of(outputs)  # (a host sync on a GPU: only where it is saved)
         if loss is not None:
             self._losses.append(loss)
-        current = cap.current()
-        if current is None or current[0] is not _modes.TRAIN:
+        open_step = cap.open_train_step()
+        if open_step < 0:
             return
-        if self._stepped or trainer.global_step != current[1]:  # (the step's last micro-batch)
+        if self._stepped or trainer.global_step != open_step:  # (the step's last micro-batch)
             groups = []
             if self._losses:
                 automatic = getattr(pl_module, "automatic_optimization", True)
@@ -187,6 +230,7 @@ class _TensortapCallbackMixin:
             self._stepped = False
             if self._hides_hooks:
                 self._show_saving_hooks(False)
+            self._hide_batch_starts()
 
     def _check_stop(self, trainer: Any) -> None:
         cap = self.capture

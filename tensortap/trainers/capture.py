@@ -80,6 +80,16 @@ class TrainerHook(Hook):
         """End the current step and begin one in `mode`: step `mode_step` of that mode (the trainer's count), or
         the mode's next step."""
         clock = self.clock
+        if (mode_step is not None and mode is clock.mode and not clock.in_step and self._prepared
+                and not self._stop.watching and not self._outside_scalars):
+            # (a trainer's next step after a step that ended, usually a saving step after counted ones: what
+            # next_step does, with no step to end, nothing to prepare and no stop request to look for)
+            engine = self.engine
+            engine.disarm()  # (the counted steps are added to the clock)
+            clock.mode_steps[mode] = int(mode_step) - 1
+            clock.advance()
+            engine.begin_step()
+            return
         if mode is not clock.mode:
             self.set_mode(mode)
         if mode_step is not None:
@@ -246,7 +256,8 @@ class TrainerCapture:
         self._train_open = int(mode_step) if train and mode_step is not None else -1
         if h.engine.count_quiet(mode, None if mode_step is None else int(mode_step)):
             return  # (the step engine's quiet window)
-        self._settle_message()
+        if self._message is not None:
+            self._settle_message()
         h.begin(mode, mode_step)
         self._unmarked = False  # (the mark that ends this step covers every step before it)
         self.saving = saving = h.engine.saving
@@ -261,7 +272,8 @@ class TrainerCapture:
         h = self.hook
         if not self.active or not h.clock.in_step:
             return
-        self._settle_message()
+        if self._message is not None:
+            self._settle_message()
         h.end_step()
         self.saving = False
         self._unmarked = True
@@ -290,6 +302,15 @@ class TrainerCapture:
         """Whether the open step is a TRAIN step (False when none is open)."""
         h = self.hook
         return h is not None and h.clock.in_step and h.clock.mode is _modes.TRAIN
+
+    def open_train_step(self) -> int:
+        """The open TRAIN step (the trainer's global step), -1 when no TRAIN step is open."""
+        h = self.hook
+        if h is None or not h.clock.in_step or h.clock.mode is not _modes.TRAIN:
+            return -1
+        clock = h.clock
+        clock.sync()
+        return clock.mode_steps[_modes.TRAIN]
 
     def current(self) -> tuple[_modes.ModeKeys, int] | None:
         """(mode, mode step) of the open step, or None."""
@@ -322,7 +343,7 @@ class TrainerCapture:
                        else self._reserve(plan.wspec, plan.head))
                 if res is not None:
                     if res:  # (False: dropped under backpressure, counted by the writer)
-                        _fill(res, found[0])
+                        _fill(res, found[0], plan.head)
                         plan.note(self.hook, plan.witems)
                         if not plan.grads:
                             res.commit()
@@ -357,14 +378,14 @@ class TrainerCapture:
                 if message is not None:
                     res = message[0]
                     if res:
-                        res.copy_in(found[0], plan.head)
+                        res.copy_in(found[0], plan.head, plan.gbytes)
                         res.commit()
                         plan.note(self.hook, plan.gitems)
                     return
                 res = self._reserve(plan.gspec, plan.gbytes)
                 if res is not None:
                     if res:
-                        _fill(res, found[0])
+                        _fill(res, found[0], plan.gbytes)
                         res.commit()
                         plan.note(self.hook, plan.gitems)
                     return
@@ -410,7 +431,12 @@ class TrainerCapture:
             return None  # (a writer thread takes small values cheaper as host arrays)
         clock = h.clock
         clock.sync()
-        return spec.reserve(writer, clock)
+        layout = spec.layout
+        if layout is None or layout[0] is not writer or layout[1] is not spec.shapes:
+            return spec.reserve(writer, clock)  # (the writer's layout of the spec, kept in it)
+        mode = clock.mode
+        return writer.reserve_batch(spec.names, spec.np_dtype, spec.shapes, clock.step, mode._value_,
+                                    clock.mode_steps[mode], layout[3], spec.reductions)
 
     def _send_weights_alone(self, message: tuple[Any, _StepPlan]) -> None:
         res, plan = message
@@ -704,11 +730,11 @@ class _ScalarPlan:
                 hook._note_membership(name, colls)
 
 
-def _fill(res: Any, sources: list[tuple[int, int]]) -> None:
-    """Copy `sources` into a new reservation; on an error it is cancelled (an open one holds back every later
-    message)."""
+def _fill(res: Any, sources: list[tuple[int, int]], nbytes: int | None = None) -> None:
+    """Copy `sources` (`nbytes` in all, when known) into a new reservation; on an error it is cancelled (an open
+    one holds back every later message)."""
     try:
-        res.copy_in(sources)
+        res.copy_in(sources, 0, nbytes)
     except BaseException:
         res.cancel()
         raise

@@ -237,11 +237,12 @@ def test_the_writer_process_starts_a_flush_interval_into_the_fit(tmp_path, fit, 
 
 
 def test_hooks_hidden_in_quiet_steps_and_shown_in_saving_steps(tmp_path, monkeypatch):
-    """Lightning calls only the hooks a step needs: in a step that saves nothing just `on_train_batch_start`, in
-    a saving step (each of its micro-batches) the optimizer-step and batch-end hooks too, the per-batch hooks the
-    callback never uses not at all; the saved values are still what the optimizer consumed, and after `fit` the
-    callback's hooks are its methods again (a later `validate` with it saves its losses). A hook that a subclass
-    overrides is called at every batch."""
+    """Lightning calls only the hooks a step needs: in a saving step (each of its micro-batches) the batch-start,
+    optimizer-step and batch-end hooks, in a step that saves nothing none of them (the optimizer's step hook counts
+    it, also across an evaluation), the per-batch hooks the callback never uses not at all; the saved values are
+    still what the optimizer consumed at the trainer's global steps, and after `fit` the callback's hooks are its
+    methods again (a later `validate` with it saves its losses). A hook that a subclass overrides is called at
+    every batch."""
     from tensortap.lightning import _TensortapCallbackMixin
 
     calls = []
@@ -255,6 +256,7 @@ def test_hooks_hidden_in_quiet_steps_and_shown_in_saving_steps(tmp_path, monkeyp
 
         monkeypatch.setattr(owner, name, hook)
 
+    counting(_TensortapCallbackMixin, "on_train_batch_start")
     counting(_TensortapCallbackMixin, "on_before_optimizer_step")
     counting(_TensortapCallbackMixin, "on_train_batch_end")
     counting(L.Callback, "on_before_backward")
@@ -275,21 +277,78 @@ def test_hooks_hidden_in_quiet_steps_and_shown_in_saving_steps(tmp_path, monkeyp
     own = [c for c in calls if c[0] == "own after_backward"]
     assert [s for _n, s in own] == [k // 2 for k in range(24)]  # (the subclass's hook: every micro-batch)
     # (the first micro-batch ends before the optimizer steps; the second after it, at the next global step)
+    # (validation runs after step 4, batch 10: the steps after it are counted all the same)
     assert [c for c in calls if c[0] != "own after_backward"] == [
-        ("on_train_batch_end", 0), ("on_before_optimizer_step", 0), ("on_train_batch_end", 1),
-        ("on_train_batch_end", 4), ("on_before_optimizer_step", 4), ("on_train_batch_end", 5),
-        ("on_train_batch_end", 8), ("on_before_optimizer_step", 8), ("on_train_batch_end", 9)]
+        ("on_train_batch_start", 0), ("on_train_batch_end", 0), ("on_train_batch_start", 0),
+        ("on_before_optimizer_step", 0), ("on_train_batch_end", 1),
+        ("on_train_batch_start", 4), ("on_train_batch_end", 4), ("on_train_batch_start", 4),
+        ("on_before_optimizer_step", 4), ("on_train_batch_end", 5),
+        ("on_train_batch_start", 8), ("on_train_batch_end", 8), ("on_train_batch_start", 8),
+        ("on_before_optimizer_step", 8), ("on_train_batch_end", 9)]
     trial = create_trial(out)
     assert trial.tensor("gradient/Tiny_net.2.weight").steps(mode=modes.TRAIN) == [0, 4, 8]
     for k in (0, 4, 8):
         assert np.array_equal(trial.tensor("gradient/Tiny_net.2.weight").value(k, mode=modes.TRAIN),
                               record[k]["grads"]["net.2.weight"].numpy())
-    for name in ("on_before_optimizer_step", "on_train_batch_end", "on_before_backward", "on_after_backward",
-                 "on_before_zero_grad"):
+    for name in ("on_train_batch_start", "on_before_optimizer_step", "on_train_batch_end", "on_before_backward",
+                 "on_after_backward", "on_before_zero_grad"):
         assert getattr(cb, name).__func__ is getattr(Own, name), name
     evals = len(trial.tensor("loss").steps(mode=modes.EVAL))
     trainer.validate(module, loaders(n=240)[1])
     assert len(create_trial(out).tensor("loss").steps(mode=modes.EVAL)) == evals + 2  # (limit_val_batches=2)
+
+
+def test_a_gradient_scaler_that_skips_steps(tmp_path):
+    """fp16 mixed precision with a gradient scaler whose first scales overflow: the optimizer skips those steps
+    (the trainer's global step advances all the same). Steps are still the trainer's global steps: the loss is
+    saved at every saving step, gradients where the optimizer stepped, equal to what it consumed."""
+    from lightning.pytorch.plugins import MixedPrecision
+
+    torch.manual_seed(0)
+    record, stepped = [], []
+    module = make_module(L, record)
+
+    class Stepped(L.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if len(record) > len(stepped):
+                stepped.append(trainer.global_step - 1)
+
+    out = str(tmp_path / "job")
+    cb = TensortapCallback(out_dir=out, save_config=3, include_collections=["gradients", "losses"])
+    scaler = torch.amp.GradScaler("cpu", init_scale=1e7)
+    trainer = _trainer([Stepped(), cb], max_steps=12, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
+    trainer.fit(module, *loaders())
+    assert trainer.global_step == 12 and 0 < len(stepped) < 12 and stepped[0] > 3, stepped  # (first steps skipped)
+    trial = create_trial(out)
+    assert trial.tensor("loss").steps(mode=modes.TRAIN) == [0, 3, 6, 9]
+    saved = [k for k in stepped if k % 3 == 0]
+    assert trial.tensor("gradient/Tiny_net.0.weight").steps(mode=modes.TRAIN) == saved
+    for k in saved:
+        assert np.array_equal(trial.tensor("gradient/Tiny_net.0.weight").value(k, mode=modes.TRAIN),
+                              record[stepped.index(k)]["grads"]["net.0.weight"].numpy()), k
+
+
+def test_a_stop_request_between_saving_steps_ends_the_fit(tmp_path):
+    """A stop request written while the callback only counts steps (their batch starts hidden from Lightning) is
+    seen when the optimizer steps: fit returns normally, long before the next saving step."""
+    from tensortap.format.control import request_stop
+
+    torch.manual_seed(0)
+    module = make_module(L)
+    out = str(tmp_path / "job")
+    at = {}
+
+    class Ask(L.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 5 and not at:
+                at["step"] = trainer.global_step
+                request_stop(out, reason="asked by the test")
+
+    cb = TensortapCallback(out_dir=out, save_config=100_000, include_collections=["losses"])
+    trainer = _trainer([Ask(), cb], max_steps=100_000, max_epochs=-1, limit_val_batches=0)
+    trainer.fit(module, loaders(n=64)[0])
+    assert at and 5 < trainer.global_step < 20_000, trainer.global_step
+    assert create_trial(out).tensor("loss").steps(mode=modes.TRAIN) == [0]
 
 
 @pytest.mark.parametrize("case", ["bf16-mixed", "compiled"])
