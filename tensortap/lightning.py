@@ -120,6 +120,7 @@ class _TensortapCallbackMixin:
         for name in (*_UNUSED_BATCH_HOOKS, *_SAVING_STEP_HOOKS, _BATCH_START):
             self.__dict__.pop(name, None)  # (the class's hooks again)
         self._counting = False
+        self._trainer = None
         self.capture.end_of_training(job_ends=stage == "fit")
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
@@ -149,7 +150,7 @@ class _TensortapCallbackMixin:
         """The open TRAIN step saves nothing and the engine may only count the steps after it: their batch starts
         are hidden from Lightning, and the optimizer's step hook counts them (`_count_step`) until the step that
         cannot be only counted, whose batch start is shown again."""
-        if self._counts_steps and self.capture._quiet.left > 0:
+        if self._counts_steps and self.capture.quiet_steps_left() > 0:
             setattr(self, _BATCH_START, None)
             self._counting = True
 
@@ -164,7 +165,7 @@ class _TensortapCallbackMixin:
             self._losses = []
             self._show_saving_hooks(True)
             self._after_step()
-        if cap._quiet.left <= 0:
+        if cap.quiet_steps_left() <= 0:
             self.__dict__.pop(_BATCH_START, None)
             self._counting = False
         self._check_stop(trainer)

@@ -312,6 +312,10 @@ class TrainerCapture:
         clock.sync()
         return clock.mode_steps[_modes.TRAIN]
 
+    def quiet_steps_left(self) -> int:
+        """How many TRAIN steps after the open (or last counted) one `begin_train` may still only count."""
+        return self._quiet.left
+
     def current(self) -> tuple[_modes.ModeKeys, int] | None:
         """(mode, mode step) of the open step, or None."""
         h = self.hook
