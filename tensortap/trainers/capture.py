@@ -80,16 +80,6 @@ class TrainerHook(Hook):
         """End the current step and begin one in `mode`: step `mode_step` of that mode (the trainer's count), or
         the mode's next step."""
         clock = self.clock
-        if (mode_step is not None and mode is clock.mode and not clock.in_step and self._prepared
-                and not self._stop.watching and not self._outside_scalars):
-            # (a trainer's next step after a step that ended, usually a saving step after counted ones: what
-            # next_step does, with no step to end, nothing to prepare and no stop request to look for)
-            engine = self.engine
-            engine.disarm()  # (the counted steps are added to the clock)
-            clock.mode_steps[mode] = int(mode_step) - 1
-            clock.advance()
-            engine.begin_step()
-            return
         if mode is not clock.mode:
             self.set_mode(mode)
         if mode_step is not None:
@@ -435,12 +425,7 @@ class TrainerCapture:
             return None  # (a writer thread takes small values cheaper as host arrays)
         clock = h.clock
         clock.sync()
-        layout = spec.layout
-        if layout is None or layout[0] is not writer or layout[1] is not spec.shapes:
-            return spec.reserve(writer, clock)  # (the writer's layout of the spec, kept in it)
-        mode = clock.mode
-        return writer.reserve_batch(spec.names, spec.np_dtype, spec.shapes, clock.step, mode._value_,
-                                    clock.mode_steps[mode], layout[3], spec.reductions)
+        return spec.reserve(writer, clock)
 
     def _send_weights_alone(self, message: tuple[Any, _StepPlan]) -> None:
         res, plan = message
