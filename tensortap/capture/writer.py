@@ -40,10 +40,9 @@ class Reservation(Protocol):
 
     nbytes: int  # the payload's size: the tensors' bytes, back to back
 
-    def copy_in(self, sources: Sequence[tuple[int, int]], at: int = 0, nbytes: int | None = None) -> None:
+    def copy_in(self, sources: Sequence[tuple[int, int]], at: int = 0) -> None:
         """Copy each (address, byte count) back to back into the payload from byte `at` on (ValueError if they
-        do not fit; `nbytes`: their byte counts' sum, when the caller knows it). The caller guarantees the
-        addresses are readable for that many bytes."""
+        do not fit). The caller guarantees the addresses are readable for that many bytes."""
 
     def commit(self) -> None:
         """The payload is filled in: hand it to the writer."""

@@ -306,15 +306,6 @@ class TrainerCapture:
         """How many TRAIN steps after the open (or last counted) one `begin_train` may still only count."""
         return self._quiet.left
 
-    def current(self) -> tuple[_modes.ModeKeys, int] | None:
-        """(mode, mode step) of the open step, or None."""
-        h = self.hook
-        if h is None or not h.clock.in_step:
-            return None
-        clock = h.clock
-        clock.sync()
-        return clock.mode, clock.mode_steps[clock.mode]
-
     def saves(self, collection: str) -> bool:
         """Whether `collection` saves anything at the open step."""
         h = self.hook
@@ -337,7 +328,7 @@ class TrainerCapture:
                        else self._reserve(plan.wspec, plan.head))
                 if res is not None:
                     if res:  # (False: dropped under backpressure, counted by the writer)
-                        _fill(res, found[0], plan.head)
+                        _fill(res, found[0])
                         plan.note(self.hook, plan.witems)
                         if not plan.grads:
                             res.commit()
@@ -372,14 +363,14 @@ class TrainerCapture:
                 if message is not None:
                     res = message[0]
                     if res:
-                        res.copy_in(found[0], plan.head, plan.gbytes)
+                        res.copy_in(found[0], plan.head)
                         res.commit()
                         plan.note(self.hook, plan.gitems)
                     return
                 res = self._reserve(plan.gspec, plan.gbytes)
                 if res is not None:
                     if res:
-                        _fill(res, found[0], plan.gbytes)
+                        _fill(res, found[0])
                         res.commit()
                         plan.note(self.hook, plan.gitems)
                     return
@@ -719,22 +710,19 @@ class _ScalarPlan:
                 hook._note_membership(name, colls)
 
 
-def _fill(res: Any, sources: list[tuple[int, int]], nbytes: int | None = None) -> None:
-    """Copy `sources` (`nbytes` in all, when known) into a new reservation; on an error it is cancelled (an open
-    one holds back every later message)."""
+def _fill(res: Any, sources: list[tuple[int, int]]) -> None:
+    """Copy `sources` into a new reservation; on an error it is cancelled (an open one holds back every later
+    message)."""
     try:
-        res.copy_in(sources, 0, nbytes)
+        res.copy_in(sources)
     except BaseException:
         res.cancel()
         raise
 
 
 def _ring_sources(tensors: list[Any], shapes: Any) -> Any:
-    """`tensortap.pytorch._tensors.ring_sources` (imported at the first saving step: it imports torch)."""
-    global _ring_sources
     from tensortap.pytorch._tensors import ring_sources
 
-    _ring_sources = ring_sources
     return ring_sources(tensors, shapes)
 
 

@@ -65,10 +65,9 @@ class Reservation:
         """The payload bytes (a uint8 view of the ring)."""
         return self._u8[self.offset:self.offset + self.nbytes]
 
-    def copy_in(self, sources: list[tuple[int, int]], at: int = 0, nbytes: int | None = None) -> None:
-        """Copy each (address, byte count) of `sources` back to back into the payload, from byte `at` on
-        (`nbytes`: their byte counts' sum, when the caller knows it)."""
-        if at + (sum(n for _a, n in sources) if nbytes is None else nbytes) > self.nbytes:
+    def copy_in(self, sources: list[tuple[int, int]], at: int = 0) -> None:
+        """Copy each (address, byte count) of `sources` back to back into the payload, from byte `at` on."""
+        if at + sum(n for _a, n in sources) > self.nbytes:
             raise ValueError("copy_in: the sources do not fit the reservation")
         _gather(self._w.ring_address + self.offset + at, sources)
 

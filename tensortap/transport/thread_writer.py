@@ -67,8 +67,8 @@ class HostReservation:
         self._step, self._mode, self._mode_step = step, mode, mode_step
         self._done = False
 
-    def copy_in(self, sources: list[tuple[int, int]], at: int = 0, nbytes: int | None = None) -> None:
-        if at + (sum(n for _a, n in sources) if nbytes is None else nbytes) > self.nbytes:
+    def copy_in(self, sources: list[tuple[int, int]], at: int = 0) -> None:
+        if at + sum(n for _a, n in sources) > self.nbytes:
             raise ValueError("copy_in: the sources do not fit the reservation")
         self._writer.gather(self._flat.ctypes.data + at, sources)
 
