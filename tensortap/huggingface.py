@@ -34,6 +34,8 @@ logger = logging.getLogger("tensortap")
 
 #: with several processes a stop is decided together, at TRAIN steps that are multiples of this
 DISTRIBUTED_STOP_EVERY = 10
+#: losses of forwards no step has taken yet, kept at most (a step's micro-batches are far fewer)
+_MAX_PENDING = 256
 
 
 class TensortapCallback(TrainerCallback):
@@ -46,6 +48,8 @@ class TensortapCallback(TrainerCallback):
                                       reduction_config=reduction_config, rules=rules,
                                       stop_on_issue=stop_on_issue, include_workers=include_workers, **hook_kwargs)
         self._handle: Any = None
+        self._watched: Any = None  # the model whose forwards are read (`watch`)
+        self._training = False  # inside train()
         self._pending: list[float] = []  # losses of the forwards since the last look
         self._shared_loss = False  # the model's losses are shares of the window's (num_items_in_batch)
         self._saved_here: set[str] = set()
@@ -53,7 +57,21 @@ class TensortapCallback(TrainerCallback):
 
     # --- life ---------------------------------------------------------------------------------
 
+    def on_init_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+        self.capture.run("on_init_end", self.watch, model)
+
+    def watch(self, model: Any) -> None:
+        """Read the loss of `model`'s forwards (a forward hook, kept for the Trainer's life: an `evaluate()` or a
+        `predict()` before or after `train()` has its losses too). The Trainer's model, once per model."""
+        if model is None or model is self._watched:
+            return
+        if self._handle is not None:
+            self._handle.remove()  # (`model_init`: train() made a new model)
+        self._handle = model.register_forward_hook(self._after_forward, with_kwargs=True)
+        self._watched = model
+
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+        self._training = True
         self.capture.run("on_train_begin", self._begin, args, model)
 
     def _begin(self, args: Any, model: Any) -> None:
@@ -61,15 +79,20 @@ class TensortapCallback(TrainerCallback):
 
         auto.detach()  # (under `tensortap run`: this callback captures the Trainer's job)
         if self.capture.hook is None:
-            self.capture.start(model, rank=int(args.process_index), world_size=int(args.world_size))
+            self._start(args, model)
         else:
             self.capture.set_model(model)
-        if self._handle is None:
-            self._handle = model.register_forward_hook(self._after_forward, with_kwargs=True)
+        self.watch(model)
+
+    def _start(self, args: Any, model: Any) -> None:
+        self.capture.start(model, rank=int(args.process_index), world_size=int(args.world_size))
 
     def _after_forward(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
-        if module.training and not self.capture.saving:
+        cap = self.capture
+        if module.training and not cap.saving:
             return  # (a loss is read, a host sync on a GPU, only where it is saved; eval steps begin after it)
+        if cap.hook is not None and not cap.active:
+            return  # (closed or off: the model's later forwards cost nothing)
         try:
             loss = getattr(output, "loss", None)
             if loss is None and isinstance(output, dict):
@@ -77,15 +100,16 @@ class TensortapCallback(TrainerCallback):
             x = _as_float(loss) if loss is not None else None
             if x is not None:
                 self._model_gives_loss = True
+                if len(self._pending) >= _MAX_PENDING:
+                    self._pending.clear()  # (forwards outside the Trainer's steps: nothing takes them)
                 self._pending.append(x)
                 self._shared_loss = kwargs.get("num_items_in_batch") is not None
         except Exception as e:  # noqa: BLE001
-            self.capture.fail("forward hook", e)
+            cap.fail("forward hook", e)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        self._training = False
+        self._pending.clear()
         self.capture.end_of_training(job_ends=True)
 
     # --- training -------------------------------------------------------------------------------
@@ -141,10 +165,13 @@ class TensortapCallback(TrainerCallback):
 
     # --- evaluation and logs ----------------------------------------------------------------------
 
-    def on_prediction_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.capture.run("on_prediction_step", self._prediction_step)
+    def on_prediction_step(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+        self.capture.run("on_prediction_step", self._prediction_step, args, model)
 
-    def _prediction_step(self) -> None:
+    def _prediction_step(self, args: Any, model: Any) -> None:
+        if self.capture.hook is None and model is not None:  # (an evaluation before any training)
+            self._start(args, model)
+            self.watch(model)
         self.capture.begin(_modes.EVAL)
         self._saved_here = set()
         if self._pending:
@@ -153,7 +180,16 @@ class TensortapCallback(TrainerCallback):
         self._pending = []
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kw: Any) -> None:
-        self.capture.run("on_evaluate", self._save_logs, metrics)
+        self.capture.run("on_evaluate", self._evaluation_end, metrics)
+
+    def on_predict(self, args: Any, state: Any, control: Any, metrics: Any = None, **kw: Any) -> None:
+        self.capture.run("on_predict", self._evaluation_end, metrics)  # (`test_loss` and the other `test_*`)
+
+    def _evaluation_end(self, metrics: Any) -> None:
+        self._save_logs(metrics)
+        self._pending.clear()
+        if not self._training:  # (`evaluate()`/`predict()` returns now: what it saved is readable)
+            self.capture.end_of_training(job_ends=False)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
         self.capture.run("on_log", self._save_logs, logs)
@@ -196,7 +232,9 @@ def attach(module: Any) -> None:
             if not any(isinstance(c, TensortapCallback) for c in self.callback_handler.callbacks):
                 from tensortap.hook_config import load_hook_config
 
-                self.add_callback(TensortapCallback(load_hook_config().out_dir))
+                callback = TensortapCallback(load_hook_config().out_dir)
+                self.add_callback(callback)
+                callback.watch(self.model)  # (its on_init_end has passed)
         except Exception as e:  # noqa: BLE001 - never break the training script
             logger.error("tensortap: could not add the Trainer callback: %s", e)
 

@@ -100,6 +100,39 @@ def test_values_steps_modes_logs_with_accumulation_and_clipping(tmp_path):
     assert [trial.tensor("eval_loss").value(s, mode=modes.EVAL) for s in (1, 3)] == pytest.approx(evals)
 
 
+def test_evaluation_and_prediction_after_training_and_without_it(tmp_path):
+    """`evaluate()` and `predict()` after `train()`, and `evaluate()` with no training at all, as scripts call them:
+    each batch is an EVAL step with the model's loss, and the Trainer's metrics (`eval_*`, `test_*`) are saved."""
+    m = model()
+    losses = _Losses(m)
+    out = str(tmp_path / "job")
+    trainer = Trainer(model=m, args=_args(tmp_path, max_steps=2, eval_strategy="steps", eval_steps=2),
+                      train_dataset=dataset(), eval_dataset=dataset(16, seed=1), callbacks=[TensortapCallback(out)])
+    trainer.train()  # (one evaluation of two batches inside: EVAL steps 0 and 1)
+    after = trainer.evaluate()
+    predicted = trainer.predict(dataset(24, seed=2))
+    assert len(losses.eval) == 2 + 2 + 3
+    trial = create_trial(out)
+    loss = trial.tensor("loss")
+    assert loss.steps(mode=modes.EVAL) == list(range(7))
+    assert [loss.value(s, mode=modes.EVAL) for s in range(7)] == pytest.approx(losses.eval, rel=1e-6)
+    assert trial.tensor("eval_loss").steps(mode=modes.EVAL) == [1, 3]
+    assert trial.tensor("eval_loss").value(3, mode=modes.EVAL) == pytest.approx(after["eval_loss"])
+    assert trial.tensor("test_loss").steps(mode=modes.EVAL) == [6]
+    assert trial.tensor("test_loss").value(6, mode=modes.EVAL) == pytest.approx(predicted.metrics["test_loss"])
+
+    m2 = model(seed=1)
+    losses2 = _Losses(m2)
+    out2 = str(tmp_path / "eval_only")
+    only = Trainer(model=m2, args=_args(tmp_path), eval_dataset=dataset(16, seed=1),
+                   callbacks=[TensortapCallback(out2)])
+    metrics = only.evaluate()
+    trial = create_trial(out2)
+    assert trial.tensor("loss").steps(mode=modes.EVAL) == [0, 1]
+    assert [trial.tensor("loss").value(s, mode=modes.EVAL) for s in (0, 1)] == pytest.approx(losses2.eval, rel=1e-6)
+    assert trial.tensor("eval_loss").value(1, mode=modes.EVAL) == pytest.approx(metrics["eval_loss"])
+
+
 def test_bad_arguments_are_one_line_errors(tmp_path):
     with pytest.raises(InvalidConfiguration, match="out_dir"):
         TensortapCallback(out_dir=None)
