@@ -64,6 +64,8 @@ class _TensortapCallbackMixin:
         self._handles: list[Any] = []
         self._losses: list[float] = []
         self._stepped = False
+        self._grads_taken: set[int] = set()  # (several optimizers) parameters whose gradients the open step saved
+        self._weights_taken = False  # the open step saved its weights (before the first of its optimizers stepped)
         self._eval_metrics: set[str] = set()  # names logged during evaluation (saved at its end)
         self._names_before: set[str] = set()
         self._distributed = False  # (several processes: a stop is decided together)
@@ -140,6 +142,8 @@ class _TensortapCallbackMixin:
         if cap.begin_train(trainer.global_step):
             self._losses = []
             self._stepped = False
+            self._grads_taken.clear()
+            self._weights_taken = False
             if self._hides_hooks:
                 self._show_saving_hooks(cap.saving)
             if not cap.saving:
@@ -186,7 +190,8 @@ class _TensortapCallbackMixin:
 
     def _before_optimizer_step(self) -> None:
         cap = self.capture
-        if cap.in_train_step():
+        if cap.in_train_step() and not self._weights_taken:
+            self._weights_taken = True
             cap.save_weights()
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -194,12 +199,31 @@ class _TensortapCallbackMixin:
         if self._counting:  # (an evaluation in between may have left `saving` set: its step's)
             self.capture.run("optimizer step", self._count_step)
         elif self.capture.saving:
-            self.capture.run("optimizer step", self._after_step)
+            self.capture.run("optimizer step", self._after_step, optimizer)
 
-    def _after_step(self) -> None:
+    def _after_step(self, optimizer: Any = None) -> None:
         cap = self.capture
         if cap.in_train_step():
-            cap.save_gradients()
+            cap.save_gradients(self._consumed_by(optimizer))
+
+    def _consumed_by(self, optimizer: Any) -> set[int] | None:
+        """With several optimizers (a GAN's, in manual optimization, each stepping after its own backward), the
+        parameters whose gradients `optimizer` has just consumed, not yet saved in this step (the first also takes
+        those of no optimizer); None with one: every gradient is what it consumed."""
+        trainer = self._trainer
+        optimizers = trainer.optimizers if trainer is not None else ()
+        if optimizer is None or len(optimizers) < 2:
+            return None
+        taken = self._grads_taken
+        if taken:
+            mine = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        else:
+            others = {id(p) for opt in optimizers if opt is not optimizer for group in opt.param_groups
+                      for p in group["params"]}
+            mine = {id(p) for _n, p in self.capture.parameters() if id(p) not in others}
+        mine -= taken
+        taken |= mine
+        return mine
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.capture.saving:

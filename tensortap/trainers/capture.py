@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -175,6 +175,10 @@ class TrainerCapture:
         h = self.hook
         if h is not None and h.active and not h.dry_run:
             h._get_writer()
+
+    def parameters(self) -> list[tuple[str, Any]]:
+        """The model's parameters as (saved name, parameter)."""
+        return self._params
 
     def set_model(self, model: Any) -> None:
         name = type(model).__name__
@@ -337,14 +341,21 @@ class TrainerCapture:
                     return
         self._save_tensors([(n, p, c) for n, p, c in plan.witems], "")
 
-    def save_gradients(self) -> None:
-        """The gradients as they are now (call where they are what the optimizer consumes)."""
+    def save_gradients(self, only: Container[int] | None = None) -> None:
+        """The gradients as they are now (call where they are what the optimizer consumes); with `only`, those of
+        the parameters whose ids it holds (one optimizer's of several: the others' are read where theirs step)."""
         if not self.saving:
             return
         plan = self._step_plan()
         if plan is None:
             return
         message, self._message = self._message, None
+        if only is not None:
+            if message is not None:
+                self._send_weights_alone(message)
+            self._save_tensors([(n, p.grad, c) for n, p, c in plan.gitems if id(p) in only and p.grad is not None],
+                               "")
+            return
         try:
             self._save_gradients(plan, message)
         except BaseException:

@@ -108,6 +108,60 @@ def test_manual_optimization_steps_and_gradients(tmp_path):
                               record[k]["grads"]["net.2.weight"].numpy())
 
 
+def test_two_optimizers_each_gradient_as_its_optimizer_consumed_it(tmp_path):
+    """A GAN's step (manual optimization): the discriminator's optimizer steps, then the generator's, each after
+    its own backward; the generator's gradients of the step are those its optimizer consumed, not the previous
+    step's still on the parameters when the discriminator stepped. Weights are those before either stepped."""
+
+    class GAN(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+            self.g, self.d = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+            self.consumed = []  # per batch: {parameter name: gradient} at each optimizer's step, weights before
+
+        def training_step(self, batch, batch_idx):
+            opt_g, opt_d = self.optimizers()
+            seen = {"weights": {n: p.detach().clone() for n, p in self.named_parameters()}, "grads": {}}
+            self.consumed.append(seen)
+            z = torch.randn(16, 4)
+            loss_d = (torch.nn.functional.softplus(-self.d(batch[0])).mean()
+                      + torch.nn.functional.softplus(self.d(self.g(z).detach())).mean())
+            opt_d.zero_grad()
+            self.manual_backward(loss_d)
+            seen["grads"].update({"d." + n: p.grad.clone() for n, p in self.d.named_parameters()})
+            opt_d.step()
+            loss_g = torch.nn.functional.softplus(-self.d(self.g(z))).mean()
+            opt_g.zero_grad()
+            self.manual_backward(loss_g)
+            seen["grads"].update({"g." + n: p.grad.clone() for n, p in self.g.named_parameters()})
+            opt_g.step()
+            self.log_dict({"loss_d": loss_d, "loss_g": loss_g})
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.g.parameters(), 1e-2), torch.optim.Adam(self.d.parameters(), 1e-2)
+
+    torch.manual_seed(0)
+    module = GAN()
+    out = str(tmp_path / "job")
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(128, 8)), batch_size=16)
+    trainer = _trainer([TensortapCallback(out_dir=out, save_config=4, include_collections=["weights", "biases",
+                                                                                          "gradients"])],
+                       max_steps=16)  # (two optimizer steps a batch: 8 batches, global steps 0, 2, .., 14)
+    trainer.fit(module, data)
+    trial = create_trial(out)
+    for part in ("g", "d"):
+        for pname in (f"{part}.weight", f"{part}.bias"):
+            g = trial.tensor(f"gradient/GAN_{pname}")
+            assert g.steps(mode=modes.TRAIN) == [0, 4, 8, 12]
+            for k in (0, 4, 8, 12):
+                batch = module.consumed[k // 2]
+                assert np.array_equal(g.value(k, mode=modes.TRAIN), batch["grads"][pname].numpy()), (k, pname)
+                assert np.array_equal(trial.tensor(f"GAN_{pname}").value(k, mode=modes.TRAIN),
+                                      batch["weights"][pname].numpy()), (k, pname)
+    assert trial.tensor("loss_g").steps(mode=modes.TRAIN) == [0, 4, 8, 12]
+
+
 class _Sequence(L.Callback):
     """The steps Lightning runs, in order: ("TRAIN", global_step) once per optimizer step, ("EVAL", i) per
     validation batch (the sanity check left out)."""
