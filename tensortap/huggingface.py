@@ -38,6 +38,13 @@ DISTRIBUTED_STOP_EVERY = 10
 _MAX_PENDING = 256
 
 
+def _eager(fn: Any) -> Any:
+    """`fn`, which torch.compile never traces (~0.3 us a call)."""
+    import torch
+
+    return torch.compiler.disable(fn)
+
+
 class TensortapCallback(TrainerCallback):
     """Saves a Trainer's weights, gradients, loss and logs into `out_dir`, and runs rules beside it."""
 
@@ -67,7 +74,9 @@ class TensortapCallback(TrainerCallback):
             return
         if self._handle is not None:
             self._handle.remove()  # (`model_init`: train() made a new model)
-        self._handle = model.register_forward_hook(self._after_forward, with_kwargs=True)
+        # (never traced: a model the Trainer compiles runs its hooks beside the compiled frames, and dynamo would
+        # otherwise compile this one as a frame of its own, again for each value of `saving`, and break at .item())
+        self._handle = model.register_forward_hook(_eager(self._after_forward), with_kwargs=True)
         self._watched = model
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:

@@ -133,6 +133,32 @@ def test_evaluation_and_prediction_after_training_and_without_it(tmp_path):
     assert trial.tensor("eval_loss").value(1, mode=modes.EVAL) == pytest.approx(metrics["eval_loss"])
 
 
+def test_a_compiled_model_has_its_loss_saved_without_a_graph_break(tmp_path):
+    """`torch_compile=True`: the Trainer compiles the model, whose forward hook (the callback's loss) runs beside
+    the compiled frames: dynamo compiles no frame more with the callback than without it (none of the callback's,
+    none again as `saving` changes), breaks no graph, and every saving step's loss is the one the Trainer logged."""
+    from torch._dynamo.utils import counters
+
+    def train(callbacks):
+        torch._dynamo.reset()
+        counters.clear()
+        trainer = Trainer(model=model(), args=_args(tmp_path, max_steps=6, logging_steps=1, torch_compile=True),
+                          train_dataset=dataset(), callbacks=callbacks)
+        trainer.train()
+        assert dict(counters["graph_break"]) == {}
+        return trainer, dict(counters["frames"])
+
+    _plain, frames = train([])
+    out = str(tmp_path / "job")
+    trainer, frames_with = train([TensortapCallback(out, save_config=2)])
+    assert frames_with == frames
+    trial = create_trial(out)
+    logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert trial.tensor("loss").steps(mode=modes.TRAIN) == [0, 2, 4]
+    assert [trial.tensor("loss").value(k, mode=modes.TRAIN) for k in (0, 2, 4)] == pytest.approx(
+        [logged[0], logged[2], logged[4]], rel=1e-5)
+
+
 def test_bad_arguments_are_one_line_errors(tmp_path):
     with pytest.raises(InvalidConfiguration, match="out_dir"):
         TensortapCallback(out_dir=None)
