@@ -81,9 +81,9 @@ class TensortapCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
         self._training = True
-        self.capture.run("on_train_begin", self._begin, args, model)
+        self.capture.run("on_train_begin", self._begin, args, state, model)
 
-    def _begin(self, args: Any, model: Any) -> None:
+    def _begin(self, args: Any, state: Any, model: Any) -> None:
         from tensortap.pytorch import auto
 
         auto.detach()  # (under `tensortap run`: this callback captures the Trainer's job)
@@ -92,6 +92,7 @@ class TensortapCallback(TrainerCallback):
         else:
             self.capture.set_model(model)
         self.watch(model)
+        self.capture.training_starts(int(state.global_step))
 
     def _start(self, args: Any, model: Any) -> None:
         self.capture.start(model, rank=int(args.process_index), world_size=int(args.world_size))

@@ -102,6 +102,7 @@ class _TensortapCallbackMixin:
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.capture.run("on_train_start", self._hook_optimizers, trainer)
+        self.capture.run("on_train_start", self.capture.training_starts, trainer.global_step)
 
     def _hook_optimizers(self, trainer: Any) -> None:
         for h in self._handles:

@@ -149,6 +149,8 @@ class TrainerCapture:
         self.saving = False
         self._quiet = Tally()  # TRAIN steps of the engine's quiet window, counted by `begin_train`
         self._train_open = -1  # the TRAIN step open (begun or counted), -1 when the open step is not TRAIN
+        self._last_train = -1  # the last TRAIN step open, whatever is open now
+        self._train_offset = 0  # added to the trainer's steps: see `training_starts`
         self._unmarked = False  # steps passed since the last step mark, none of them open (end_saving_step)
         self._message: tuple[Any, _StepPlan] | None = None  # the step's message, its weights in, its gradients due
 
@@ -247,6 +249,8 @@ class TrainerCapture:
             return
         h = self.hook
         train = mode is _modes.TRAIN
+        if self._train_open >= 0:
+            self._last_train = self._train_open
         self._train_open = int(mode_step) if train and mode_step is not None else -1
         if h.engine.count_quiet(mode, None if mode_step is None else int(mode_step)):
             return  # (the step engine's quiet window)
@@ -279,11 +283,26 @@ class TrainerCapture:
             self._unmarked = False
             self.hook._send_step_mark()
 
+    def training_starts(self, first_step: int) -> None:
+        """A training run begins at the trainer's step `first_step`. When this capture has already had TRAIN steps
+        at or past it (`train()` called again, a new trainer given the same callback), the run's steps are saved
+        after them, the trainer's step plus an offset (said once): over them, the earlier values would hide the
+        new ones."""
+        if not self.active:
+            return
+        last = max(self._train_open, self._last_train)
+        if last >= 0 and first_step + self._train_offset <= last:
+            self._train_offset = last + 1 - first_step
+            logger.warning("tensortap: training began again at step %d after TRAIN steps up to %d; this run's TRAIN "
+                           "steps are saved from %d on (the trainer's step + %d)", first_step, last, last + 1,
+                           self._train_offset)
+
     def begin_train(self, step: int) -> bool:
         """TRAIN step `step` (the trainer's global step) is under way: begin it unless it is the open one (another
         micro-batch) or a step of the quiet window (then only counted: the open step saved nothing, and neither
         does this one). True when it began here. (This runs at every batch: on a quiet step it tests two
         numbers.)"""
+        step += self._train_offset
         if step == self._train_open:
             return False
         if step == self._train_open + 1 and self._quiet.take():
@@ -304,7 +323,7 @@ class TrainerCapture:
             return -1
         clock = h.clock
         clock.sync()
-        return clock.mode_steps[_modes.TRAIN]
+        return clock.mode_steps[_modes.TRAIN] - self._train_offset
 
     def quiet_steps_left(self) -> int:
         """How many TRAIN steps after the open (or last counted) one `begin_train` may still only count."""

@@ -159,6 +159,28 @@ def test_a_compiled_model_has_its_loss_saved_without_a_graph_break(tmp_path):
         [logged[0], logged[2], logged[4]], rel=1e-5)
 
 
+def test_train_called_again_continues_the_steps(tmp_path, caplog):
+    """A second `train()` on the same Trainer counts its steps from 0 again: its TRAIN steps are saved after the
+    first run's (said once), not over them, where the first run's values would hide them."""
+    m = model()
+    losses = _Losses(m)
+    out = str(tmp_path / "job")
+    trainer = Trainer(model=m, args=_args(tmp_path, max_steps=4), train_dataset=dataset(),
+                      callbacks=[TensortapCallback(out, save_config=2, include_collections=["gradients"])])
+    trainer.train()
+    with caplog.at_level(logging.WARNING, logger="tensortap"):
+        trainer.train()
+    assert trainer.state.global_step == 4 and len(losses.train) == 8
+    said = [r.getMessage() for r in caplog.records if r.name == "tensortap"]
+    assert len(said) == 1 and "from 4" in said[0], said
+    trial = create_trial(out)
+    loss = trial.tensor("loss")
+    assert loss.steps(mode=modes.TRAIN) == [0, 2, 4, 6]
+    assert [loss.value(k, mode=modes.TRAIN) for k in (0, 2, 4, 6)] == pytest.approx(
+        [losses.train[k] for k in (0, 2, 4, 6)], rel=1e-6)
+    assert trial.tensor(f"gradient/{PREFIX}classifier.weight").steps(mode=modes.TRAIN) == [0, 2, 4, 6]
+
+
 def test_bad_arguments_are_one_line_errors(tmp_path):
     with pytest.raises(InvalidConfiguration, match="out_dir"):
         TensortapCallback(out_dir=None)

@@ -162,6 +162,23 @@ def test_two_optimizers_each_gradient_as_its_optimizer_consumed_it(tmp_path):
     assert trial.tensor("loss_g").steps(mode=modes.TRAIN) == [0, 4, 8, 12]
 
 
+def test_a_second_fit_with_the_same_callback_continues_the_steps(tmp_path, caplog):
+    """A new Trainer given the same callback counts from step 0 again: its TRAIN steps are saved after the first
+    fit's (said once), each gradient the one its optimizer consumed."""
+    record = []
+    out = str(tmp_path / "job")
+    cb = TensortapCallback(out_dir=out, save_config=3, include_collections=["gradients"])
+    _trainer([cb], max_steps=7, limit_val_batches=0).fit(make_module(L, record), loaders()[0])
+    with caplog.at_level(logging.WARNING, logger="tensortap"):
+        _trainer([cb], max_steps=7, limit_val_batches=0).fit(make_module(L, record), loaders()[0])
+    said = [r.getMessage() for r in caplog.records if r.name == "tensortap"]
+    assert len(said) == 1 and "from 7" in said[0], said
+    g = create_trial(out).tensor("gradient/Tiny_net.2.weight")
+    assert g.steps(mode=modes.TRAIN) == [0, 3, 6, 9, 12]
+    for k in (0, 3, 6, 9, 12):
+        assert np.array_equal(g.value(k, mode=modes.TRAIN), record[k]["grads"]["net.2.weight"].numpy()), k
+
+
 class _Sequence(L.Callback):
     """The steps Lightning runs, in order: ("TRAIN", global_step) once per optimizer step, ("EVAL", i) per
     validation batch (the sanity check left out)."""
