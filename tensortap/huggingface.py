@@ -70,6 +70,9 @@ class TensortapCallback(TrainerCallback):
     def watch(self, model: Any) -> None:
         """Read the loss of `model`'s forwards (a forward hook, kept for the Trainer's life: an `evaluate()` or a
         `predict()` before or after `train()` has its losses too). The Trainer's model, once per model."""
+        from tensortap.pytorch import auto
+
+        auto.detach()  # (under `tensortap run`: this callback captures the Trainer's job, before its first forward)
         if model is None or model is self._watched:
             return
         if self._handle is not None:
@@ -84,9 +87,6 @@ class TensortapCallback(TrainerCallback):
         self.capture.run("on_train_begin", self._begin, args, state, model)
 
     def _begin(self, args: Any, state: Any, model: Any) -> None:
-        from tensortap.pytorch import auto
-
-        auto.detach()  # (under `tensortap run`: this callback captures the Trainer's job)
         if self.capture.hook is None:
             self._start(args, model)
         else:

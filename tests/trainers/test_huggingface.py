@@ -254,6 +254,32 @@ def test_tensortap_run_saves_an_unmodified_hf_scripts_loss(tmp_path):
     assert all(np.isfinite(trial.tensor("loss").value(k, mode=modes.TRAIN)) for k in (0, 2, 4))
 
 
+def test_tensortap_run_saves_an_unmodified_evaluation_scripts_losses(tmp_path):
+    """A script that only evaluates (no train()): under `tensortap run` its batches are EVAL steps with their
+    losses, written by the Trainer's callback alone (one worker), eval_loss their mean."""
+    out = str(tmp_path / "job")
+    script = tmp_path / "evaluate.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(HERE)!r})
+        from _hf_job import dataset, model
+        from transformers import Trainer, TrainingArguments
+        args = TrainingArguments(output_dir={str(tmp_path / "hf")!r}, per_device_eval_batch_size=8, report_to=[],
+                                 use_cpu=True, save_strategy="no", disable_tqdm=True)
+        Trainer(model=model(), args=args, eval_dataset=dataset(16, seed=1)).evaluate()
+    """))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.run([sys.executable, "-m", "tensortap.cli.main", "run", "--out-dir", out, "--", sys.executable,
+                           str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    trial = create_trial(out)
+    assert trial.workers() == ["worker_0"]
+    losses = [trial.tensor("loss").value(s, mode=modes.EVAL) for s in trial.tensor("loss").steps(mode=modes.EVAL)]
+    assert len(losses) == 2
+    assert trial.tensor("eval_loss").value(1, mode=modes.EVAL) == pytest.approx(np.mean(losses), rel=1e-5)
+
+
 def test_tensortap_run_stops_an_unmodified_hf_script_through_the_trainer(tmp_path):
     """`tensortap run --stop-on-issue` on a script with no tensortap code whose loss turns NaN at step 3: the
     runner's rule asks for a stop, the callback the runner added ends train() through
