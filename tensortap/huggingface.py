@@ -70,10 +70,11 @@ class TensortapCallback(TrainerCallback):
     def watch(self, model: Any) -> None:
         """Read the loss of `model`'s forwards (a forward hook, kept for the Trainer's life: an `evaluate()` or a
         `predict()` before or after `train()` has its losses too). The Trainer's model, once per model."""
+        from tensortap.hooks.base import disabled_by_env
         from tensortap.pytorch import auto
 
         auto.detach()  # (under `tensortap run`: this callback captures the Trainer's job, before its first forward)
-        if model is None or model is self._watched:
+        if model is None or model is self._watched or disabled_by_env():
             return
         if self._handle is not None:
             self._handle.remove()  # (`model_init`: train() made a new model)

@@ -181,6 +181,20 @@ def test_train_called_again_continues_the_steps(tmp_path, caplog):
     assert trial.tensor(f"gradient/{PREFIX}classifier.weight").steps(mode=modes.TRAIN) == [0, 2, 4, 6]
 
 
+def test_the_disabling_variable_leaves_the_job_untouched(tmp_path, monkeypatch):
+    """With TENSORTAP_DISABLE=1 the callback writes nothing and puts no hook on the model; training and evaluation
+    run as without it."""
+    monkeypatch.setenv("TENSORTAP_DISABLE", "1")
+    m = model()
+    out = tmp_path / "job"
+    trainer = Trainer(model=m, args=_args(tmp_path, max_steps=2), train_dataset=dataset(),
+                      eval_dataset=dataset(16, seed=1), callbacks=[TensortapCallback(str(out), save_config=1)])
+    trainer.train()
+    trainer.evaluate()
+    assert trainer.state.global_step == 2
+    assert not m._forward_hooks and not out.exists()
+
+
 def test_bad_arguments_are_one_line_errors(tmp_path):
     with pytest.raises(InvalidConfiguration, match="out_dir"):
         TensortapCallback(out_dir=None)
