@@ -55,7 +55,7 @@ class TensortapCallback(TrainerCallback):
                                       reduction_config=reduction_config, rules=rules,
                                       stop_on_issue=stop_on_issue, include_workers=include_workers, **hook_kwargs)
         self._handle: Any = None
-        self._watched: Any = None  # the model whose forwards are read (`watch`)
+        self._watched: Any = None  # the model whose forwards are read (`_watch`)
         self._training = False  # inside train()
         self._pending: list[float] = []  # losses of the forwards since the last look
         self._shared_loss = False  # the model's losses are shares of the window's (num_items_in_batch)
@@ -65,9 +65,9 @@ class TensortapCallback(TrainerCallback):
     # --- life ---------------------------------------------------------------------------------
 
     def on_init_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
-        self.capture.run("on_init_end", self.watch, model)
+        self.capture.run("on_init_end", self._watch, model)
 
-    def watch(self, model: Any) -> None:
+    def _watch(self, model: Any) -> None:
         """Read the loss of `model`'s forwards (a forward hook, kept for the Trainer's life: an `evaluate()` or a
         `predict()` before or after `train()` has its losses too). The Trainer's model, once per model."""
         from tensortap.hooks.base import disabled_by_env
@@ -92,7 +92,7 @@ class TensortapCallback(TrainerCallback):
             self._start(args, model)
         else:
             self.capture.set_model(model)
-        self.watch(model)
+        self._watch(model)
         self.capture.training_starts(int(state.global_step))
 
     def _start(self, args: Any, model: Any) -> None:
@@ -182,7 +182,7 @@ class TensortapCallback(TrainerCallback):
     def _prediction_step(self, args: Any, model: Any) -> None:
         if self.capture.hook is None and model is not None:  # (an evaluation before any training)
             self._start(args, model)
-            self.watch(model)
+            self._watch(model)
         self.capture.begin(_modes.EVAL)
         self._saved_here = set()
         if self._pending:
@@ -245,7 +245,7 @@ def attach(module: Any) -> None:
 
                 callback = TensortapCallback(load_hook_config().out_dir)
                 self.add_callback(callback)
-                callback.watch(self.model)  # (its on_init_end has passed)
+                callback._watch(self.model)  # (its on_init_end has passed)
         except Exception as e:  # noqa: BLE001 - never break the training script
             logger.error("tensortap: could not add the Trainer callback: %s", e)
 

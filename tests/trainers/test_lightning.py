@@ -639,5 +639,6 @@ def test_tensortap_run_stops_an_unmodified_lightning_script_through_the_trainer(
                            "1", "--rule", "exploding_tensor", "--stop-on-issue", "--", sys.executable, str(script)],
                           env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("FIT RETURNED AT"))
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("FIT RETURNED AT")), None)
+    assert line is not None, proc.stdout[-3000:] + proc.stderr[-3000:]  # (the script's own end, or why not)
     assert 3 < int(line.split()[-1]) < 200_000

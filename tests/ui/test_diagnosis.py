@@ -244,8 +244,15 @@ def test_the_page_fills_several_jobs_diagnoses_in_one_place(page, tmp_path, ui, 
     try:
         ui.open_page(page, server.url)
         notes = "[...document.querySelectorAll('#view p.note')].map(p => p.textContent)"
-        assert page.js(notes)[0] == "Diagnosis of 2 jobs: 0 with findings, 0 with nothing wrong found, 2 being made."
-        assert page.js("document.querySelectorAll('#view div.pending').length") == 1
+        # (a diagnosis may be made before the page is drawn on a loaded machine: those still being made are pending)
+        first = page.js(notes)[0]
+        made = re.fullmatch(r"Diagnosis of 2 jobs: 0 with findings, ([01]) with nothing wrong found, "
+                            r"([12]) being made\.", first)
+        if made is not None:
+            assert int(made[1]) + int(made[2]) == 2, first
+            assert page.js("document.querySelectorAll('#view div.pending').length") == 1
+        else:
+            assert first == "Diagnosis of 2 jobs: 0 with findings, 2 with nothing wrong found.", first
         page.wait("!document.querySelector('#view div.pending')", timeout=300)
         got = [n for n in page.js(notes) if n.startswith(("Diagnosis", "Nothing", "Being"))]
         assert got == ["Diagnosis of 2 jobs: 0 with findings, 2 with nothing wrong found.",
