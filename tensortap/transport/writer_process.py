@@ -84,37 +84,55 @@ class _BatchPlan:
 class RingDataFile(DataFile):
     """A chunk's data file that writes payloads lying on ring pages straight from the ring with the storage's
     direct I/O (`Storage.open_direct`), at page-aligned offsets (the gaps stay holes: docs/format.md §2). The
-    ring space of such a payload is freed once it is written."""
+    ring space of such a payload is freed once it is written.
+
+    The direct writes are held and made together (one call, one run of the file) until `_hold` bytes wait, an
+    index block is written (`sync`, at least every flush interval) or the file closes: each direct write is
+    a disk request whose completion interrupts a CPU, perhaps the training thread's, so fewer and larger is
+    cheaper for training. Small payloads that come while a run is held (a step's loss between two steps'
+    tensors) join the run in page-aligned buffers of their own (`_tail`), so the run stays one write."""
 
     def __init__(self, storage: Storage, key: str, reader: RingReader):
         super().__init__(storage, key)
         self.reader = reader
         self.direct = storage.open_direct(key) if storage.supports_direct else None
-        self._regions: list[memoryview] = []  # ring regions to write at `_at`, in one call
+        self._regions: list[Any] = []  # the held run: ring regions and page buffers, to write at `_at` in one call
         self._at = 0
-        self._bytes = 0
+        self._bytes = 0  # (the run's bytes, the tail not included)
+        self._tail = bytearray()  # small payloads after the run, at `_at + _bytes` (written padded to a page)
+        #: a held run is written once this many bytes wait (at most an eighth of the ring: its space is freed only
+        #: when written)
+        self._hold = max(R.PAGE, min(_DIO_MAX, reader._rcap // 8))
 
     def append(self, buf: Any, address: int | None = None) -> int:
         r = self.reader
-        if self.direct is None or not isinstance(buf, np.ndarray) or buf.nbytes < _DIRECT_MIN:
+        n = memoryview(buf).nbytes
+        if self.direct is None:
+            return super().append(buf)
+        if self._regions and n < _DIRECT_MIN:
+            off = self.size  # (the run's end: small payloads join the run)
+            self._tail += memoryview(buf).cast("B")
+            self.size += n
+            if self._bytes + len(self._tail) >= self._hold:
+                self.write_regions()
+            return off
+        if not isinstance(buf, np.ndarray) or n < _DIRECT_MIN:
             self.write_regions()  # (buffered writes append at the end of the file)
             return super().append(buf)
         if address is None:
             address = buf.ctypes.data
-        if address != r.ring_addr + r.pay_pos or address % R.PAGE:
+        padded = R.align(n, R.PAGE)
+        if address != r.ring_addr + r.pay_pos or address % R.PAGE or padded > r.room_after:
             self.write_regions()  # (buffered writes append at the end of the file)
             return super().append(buf)
-        n = buf.nbytes
-        padded = R.align(n, R.PAGE)
-        if padded > r.room_after:
-            self.write_regions()
-            return super().append(buf)
         if self._pend:
-            self.write_regions()
-            self.write_pending()
+            self.write_pending()  # (no run is held: the file ends where they begin)
+        if self._tail:
+            self._close_tail()
         off = R.align(self.size, R.PAGE)  # the gap before it stays a hole in the file
         if self._regions and off != self._at + self._bytes:
             self.write_regions()
+            off = R.align(self.size, R.PAGE)
         region = r.ring[r.pay_pos:r.pay_pos + padded]
         # The page's tail beyond the payload belongs to this message: zeroed, but not the payload's own
         # bytes after `buf` (small tensors of the batch that the index holds, copied after this call).
@@ -124,19 +142,32 @@ class RingDataFile(DataFile):
         self._regions.append(memoryview(region))
         self._bytes += padded
         self.size = off + padded
-        if self._bytes >= _DIO_MAX or len(self._regions) >= 256:
+        if self._bytes >= self._hold or len(self._regions) >= 256:
             self.write_regions()
         return off
 
+    def _close_tail(self) -> None:
+        """The small payloads after the run go into it as whole pages (direct writes take page-aligned memory:
+        an anonymous map); the file's next payload starts after them, on a page."""
+        tail, self._tail = self._tail, bytearray()
+        padded = R.align(len(tail), R.PAGE)
+        page = mmap.mmap(-1, padded)
+        page[:len(tail)] = tail
+        self._regions.append(page)
+        self._bytes += padded
+        self.size = self._at + self._bytes
+
     def write_regions(self) -> None:
-        """Write the pending ring regions (one call), then free their ring space."""
+        """Write the held run (one call), then free its ring space."""
+        if self._tail:
+            self._close_tail()
         regions = self._regions
         if not regions:
             return
         self._regions = []
         self._bytes = 0
         try:
-            self.direct.write_at(regions, self._at)
+            self.direct.write_at([memoryview(v) for v in regions], self._at)
         except OSError as e:
             if not storage_full(e):
                 raise
@@ -158,6 +189,7 @@ class RingDataFile(DataFile):
         super().discard_pending()
         self._regions = []
         self._bytes = 0
+        self._tail = bytearray()
 
     def close(self) -> None:
         self.write_regions()  # (they go to the chunk they were laid out in)
@@ -287,8 +319,8 @@ class RingReader:
                         self._take_mark()
                         self._block()
                         last_flush = time.monotonic()
-                self._write_regions()
                 if self._answer_due and self._tail >= target:
+                    self._write_regions()  # (what a control message's sender waits for is written)
                     self._answer_due = False
                     self._say()
                 self._take_mark()

@@ -575,11 +575,84 @@ def pwritev(fd, buffers, offset, *a):
         f.write(f"{_calls[0]} {sum(len(b) for b in buffers)}\\n")
     if _calls[0] > 1:
         return _real(fd, buffers, offset, *a)
+    if _mode == "none":
+        return _real(fd, buffers, offset, *a)
     if _mode == "fail":
         raise OSError(22, "Invalid argument (injected)")
     return _real(fd, [memoryview(buffers[0])[:8192]], offset)  # (O_DIRECT writes whole blocks)
 os.pwritev = pwritev
 '''
+
+
+def _log_pwritev(tmp_path, monkeypatch) -> object:
+    """The writer process's os.pwritev calls (its direct writes), logged as "<call> <bytes>" lines."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(_PWRITEV_FAULT)
+    log = tmp_path / "pwritev.log"
+    monkeypatch.setenv("PYTHONPATH", str(inject))
+    monkeypatch.setenv("TT_TEST_PWRITEV", "none")
+    monkeypatch.setenv("TT_TEST_PWRITEV_LOG", str(log))
+    return log
+
+
+def test_a_trainers_steps_go_to_disk_in_few_direct_writes_and_read_back_whole(tmp_path, monkeypatch):
+    """A trainer's saving steps: a batch of tensors straight from the ring, then the step's loss (a small
+    payload). The direct writes are held and made several steps at a time (fewer disk requests beside
+    training), the losses joining them in whole pages; a flush writes what is held, and every value reads
+    back exactly, before and after it."""
+    log = _log_pwritev(tmp_path, monkeypatch)
+    storage = open_storage(str(tmp_path / "run"))
+    w = ProcessChunkWriter(storage, "worker_0", flush_interval=30.0)
+    rng = np.random.default_rng(11)
+    shapes = ((256, 64), (256,), (10, 256))  # 76 KB a step
+    expect, losses = {}, {}
+
+    def step(k: int) -> None:
+        expect[k] = _send_step(w, ("w", "b", "g"), shapes, k, rng)
+        losses[k] = rng.standard_normal(1)[0]
+        assert w.submit(Record(name="loss", step=k, mode=1, mode_step=k, value=np.float64(losses[k])))
+        w.mark_step_passed(k, {"TRAIN": k, "GLOBAL": k})
+        time.sleep(0.003)  # (the writer process looks at the ring between steps, as beside training)
+
+    for k in range(40):
+        step(k)
+    assert w.flush(10)
+    t = tt.create_trial(str(tmp_path / "run"))
+    assert t.steps() == list(range(40))
+    for k in range(40):
+        assert t.tensor("loss").value(k) == losses[k]
+        assert np.array_equal(t.tensor("g").value(k), expect[k][2])
+    for k in range(40, 100):
+        step(k)
+    w.close()
+    assert w.error is None and w.dropped_records == 0
+    if not log.exists():
+        pytest.skip(f"no O_DIRECT writes here ({tmp_path} does not take them, e.g. tmpfs)")
+    writes = log.read_text().splitlines()
+    assert len(writes) <= 100 // 4, writes  # several steps a write (one a step without holding)
+    t = tt.create_trial(str(tmp_path / "run"))
+    assert t.steps() == list(range(100))
+    for k in range(100):
+        assert t.tensor("loss").value(k) == losses[k], k
+        for name, v in zip(("w", "b", "g"), expect[k], strict=True):
+            assert np.array_equal(t.tensor(name).value(k), v), (name, k)
+
+
+def test_a_small_ring_holds_back_at_most_an_eighth_of_itself(tmp_path):
+    """With a ring of 2 MiB the held direct writes never keep the training process waiting for room that only
+    a flush would free (30 s away here, as long as backpressure waits before it drops): 40 steps of 300 KB go
+    through, nothing dropped, all read back."""
+    storage = open_storage(str(tmp_path / "run"))
+    w = ProcessChunkWriter(storage, "worker_0", flush_interval=30.0, ring_bytes=2 << 20)
+    rng = np.random.default_rng(12)
+    expect = {k: _send_step(w, ("w", "g"), ((300, 128), (300, 128)), k, rng) for k in range(40)}
+    w.close()
+    assert w.error is None and w.dropped_records == 0
+    t = tt.create_trial(str(tmp_path / "run"))
+    for k, vals in expect.items():
+        for name, v in zip(("w", "g"), vals, strict=True):
+            assert np.array_equal(t.tensor(name).value(k), v), (name, k)
 
 
 @pytest.mark.parametrize("fault", ["fail", "short"])
