@@ -45,9 +45,9 @@ BUSY_POLL = 0.002
 # traffic away from the training process (measured here: 97 us of CPU per 680 KB against 321 us for a buffered
 # append).
 _DIRECT_MIN = 1 << 16
-# The direct writes of the messages handled in one go are made with one call (up to this many bytes). Measured
-# here (a process writing beside the MLP training step): one 340 KB direct write every 3.7 ms slowed the training
-# thread by 5%, the same bytes as 680 KB every 7.4 ms by 1-2%.
+# Direct writes are held until this many bytes wait (at most an eighth of the ring) or an index block is due, and
+# made as one call: each is a disk request whose completion interrupts a CPU, perhaps the training thread's
+# (bench/RESULTS.md, "Trainer callbacks").
 _DIO_MAX = 8 << 20
 
 
