@@ -155,9 +155,11 @@ def populate(addr: int, size: int, pages: Any) -> None:
         import ctypes
 
         madvise = ctypes.CDLL(None, use_errno=True).madvise
-        # 1 MB at a time: the call holds the process's memory-map lock, which the training thread's own
-        # allocations (and thread starts) may need meanwhile
-        step = 1 << 20
+        # 8 MiB at a time: each call holds the process's memory-map lock (~1-2 ms), which the training thread's
+        # own allocations (and thread starts) may need meanwhile; and between calls this thread takes the GIL
+        # back, which makes the training thread give it up: few calls (1 MiB ones cost the training thread
+        # ~20 us a step over the ~200 steps they took: bench/RESULTS.md, "Trainer callbacks")
+        step = 8 << 20
         for at in range(0, size, step):
             if madvise(ctypes.c_void_p(addr + at), ctypes.c_size_t(min(step, size - at)), _MADV_POPULATE_WRITE) != 0:
                 break
